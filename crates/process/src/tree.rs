@@ -1,0 +1,211 @@
+//! A command's process tree and how to kill all of it.
+//!
+//! Membership is the union of three facts read from `/proc`, because each alone misses
+//! processes: descendants of the root (by parent pid), members of the root's terminal session
+//! (interactive bash puts background jobs in their own process groups, but in its session), and
+//! processes that carry the tree's marker variable in their environment (a grandchild that called
+//! `setsid` and was re-parented to the subreaper keeps its environment). Zombies are counted as
+//! dead.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+
+/// Environment variable set on every spawned command; its value identifies the tree.
+pub const TREE_MARKER_VAR: &str = "WARREN_TREE_ID";
+
+/// Identifies one command's process tree: the root pid (a session leader) and an optional
+/// marker value that was put in the root's environment as [`TREE_MARKER_VAR`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeId {
+    pub root_pid: i32,
+    pub marker: Option<String>,
+}
+
+impl TreeId {
+    pub fn new(root_pid: i32, marker: Option<String>) -> Self {
+        Self { root_pid, marker }
+    }
+
+    /// A fresh marker value for a command about to be spawned.
+    pub fn new_marker() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{nanos:x}-{n}", std::process::id())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ProcStat {
+    pid: i32,
+    ppid: i32,
+    pgid: i32,
+    sid: i32,
+    zombie: bool,
+}
+
+/// Parses `/proc/<pid>/stat`. The command name is in parentheses and may itself contain spaces
+/// and parentheses, so fields are read after the last `)`.
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    let pid = text.split_whitespace().next()?.parse().ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    let sid = fields.next()?.parse().ok()?;
+    Some(ProcStat { pid, ppid, pgid, sid, zombie: state == "Z" || state == "X" })
+}
+
+fn all_processes() -> Vec<ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|entry| {
+        let entry = entry.ok()?;
+        let name = entry.file_name();
+        let pid: i32 = name.to_str()?.parse().ok()?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        parse_stat(&text)
+    })
+    .collect()
+}
+
+fn has_marker(pid: i32, marker: &str) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+    let needle = format!("{TREE_MARKER_VAR}={marker}");
+    environ.split(|b| *b == 0).any(|var| var == needle.as_bytes())
+}
+
+/// Live (non-zombie) members of the tree, never including this process or its process group.
+pub fn tree_members(tree: &TreeId) -> Vec<i32> {
+    let procs = all_processes();
+    let me = std::process::id() as i32;
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for p in &procs {
+        children.entry(p.ppid).or_default().push(p.pid);
+    }
+    let mut members = BTreeSet::new();
+    let mut stack = vec![tree.root_pid];
+    while let Some(pid) = stack.pop() {
+        if members.insert(pid) {
+            if let Some(kids) = children.get(&pid) {
+                stack.extend(kids.iter().copied());
+            }
+        }
+    }
+    for p in &procs {
+        if p.sid == tree.root_pid {
+            members.insert(p.pid);
+        }
+    }
+    if let Some(marker) = &tree.marker {
+        for p in &procs {
+            if !members.contains(&p.pid) && has_marker(p.pid, marker) {
+                members.insert(p.pid);
+            }
+        }
+    }
+    let by_pid: HashMap<i32, ProcStat> = procs.iter().map(|p| (p.pid, *p)).collect();
+    members
+        .into_iter()
+        .filter(|pid| *pid != me)
+        .filter(|pid| by_pid.get(pid).is_some_and(|p| !p.zombie))
+        .collect()
+}
+
+/// Sends `signal` to every process group that has a member in the tree (so a job that forks
+/// after the scan is hit too), and to each member directly. The daemon's own group is never
+/// signalled as a group.
+fn signal_members(members: &[i32], signal: Signal) {
+    let own_pgid = rustix::process::getpgrp().as_raw_nonzero().get();
+    let mut groups = BTreeSet::new();
+    for pid in members {
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            if let Some(stat) = parse_stat(&text) {
+                if stat.pgid > 1 && stat.pgid != own_pgid {
+                    groups.insert(stat.pgid);
+                }
+            }
+        }
+    }
+    for pgid in groups {
+        if let Some(pgid) = Pid::from_raw(pgid) {
+            // A group may have vanished since the scan; ESRCH is expected and harmless.
+            let _ = rustix::process::kill_process_group(pgid, signal);
+        }
+    }
+    for pid in members {
+        if let Some(pid) = Pid::from_raw(*pid) {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+}
+
+/// What [`kill_tree`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KillReport {
+    /// Members found when the kill started.
+    pub n_members: usize,
+    /// SIGKILL was needed because something outlived the grace period.
+    pub escalated: bool,
+    /// Members still alive when the bounded wait gave up (should be empty).
+    pub survivors: Vec<i32>,
+}
+
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How long to keep re-sending SIGKILL and waiting for members to disappear.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Kills the whole tree: SIGTERM to every member's process group, up to `grace` for them to
+/// go, then SIGKILL (re-scanned until nothing is left or [`KILL_WAIT`] passes).
+///
+/// Blocking; call it from `spawn_blocking` in async code.
+pub fn kill_tree(tree: &TreeId, grace: Duration) -> KillReport {
+    let members = tree_members(tree);
+    let mut report = KillReport { n_members: members.len(), ..KillReport::default() };
+    if members.is_empty() {
+        return report;
+    }
+    signal_members(&members, Signal::TERM);
+    // Stopped processes never act on SIGTERM; wake them so the grace period means something.
+    signal_members(&members, Signal::CONT);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if tree_members(tree).is_empty() {
+            return report;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+    report.escalated = true;
+    let deadline = Instant::now() + KILL_WAIT;
+    loop {
+        let left = tree_members(tree);
+        if left.is_empty() {
+            return report;
+        }
+        if Instant::now() >= deadline {
+            report.survivors = left;
+            return report;
+        }
+        signal_members(&left, Signal::KILL);
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_stat_reads_fields_after_a_command_name_with_parens_and_spaces() {
+        let stat = parse_stat("42 (my (odd) name) S 7 42 40 34816 42 4194304").expect("parses");
+        assert_eq!((stat.pid, stat.ppid, stat.pgid, stat.sid, stat.zombie), (42, 7, 42, 40, false));
+        let zombie = parse_stat("9 (x) Z 1 9 9 0").expect("parses");
+        assert!(zombie.zombie);
+        assert!(parse_stat("garbage").is_none());
+    }
+}

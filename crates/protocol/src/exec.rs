@@ -1,0 +1,1 @@
+//! Wire types for the exec API (see ../shared/spec).

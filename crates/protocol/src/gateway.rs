@@ -1,0 +1,1 @@
+//! Wire types for the gateway API (see ../shared/spec).

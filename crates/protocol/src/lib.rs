@@ -1,0 +1,11 @@
+//! Wire types shared by Warren's servers and clients: PTY frames, exec arguments and results,
+//! OpenSandbox-compatible bodies, gateway events and the common error body.
+//!
+//! This crate holds data shapes only (serde derives and small constructors); it knows nothing
+//! about HTTP, processes or storage.
+
+pub mod error;
+pub mod exec;
+pub mod gateway;
+pub mod opensandbox;
+pub mod pty;

@@ -1,0 +1,1 @@
+//! Wire types for the opensandbox API (see ../shared/spec).

@@ -1,0 +1,1 @@
+//! Wire types for the pty API (see ../shared/spec).

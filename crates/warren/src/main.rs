@@ -1,0 +1,63 @@
+//! The `warren` binary: command-line parsing and wiring only. Each subcommand hands its parsed
+//! flags to the crate that owns the feature.
+
+mod bench;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "warren", version, about = "A sandbox runtime for AI agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the in-sandbox daemon: PTY sessions, exec API, files (default 127.0.0.1:44772).
+    Execd(warren_execd::Config),
+    /// Run benchmarks and print a table.
+    Bench(bench::BenchArgs),
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::error!("cannot install signal handlers; shutdown only by kill -9");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    }
+}
+
+async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
+    warren_process::reaper::start()?;
+    if config.access_token.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(listen = %config.listen, "listening on a non-loopback address without an access token");
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tracing::info!(listen = %listener.local_addr()?, "warren execd listening");
+    let execd = warren_execd::Execd::new(config);
+    warren_execd::serve(execd, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Command::Execd(config) => runtime.block_on(run_execd(config)),
+        Command::Bench(args) => runtime.block_on(bench::run(args)),
+    }
+}
