@@ -16,6 +16,14 @@ struct Cli {
 enum Command {
     /// Run the in-sandbox daemon: PTY sessions, exec API, files (default 127.0.0.1:44772).
     Execd(warren_execd::Config),
+    /// Serve the exec tools (exec_command, write_stdin, ...) as an MCP server on stdio.
+    Mcp(warren_mcp::McpArgs),
+    /// Run the gateway: devices, sessions, event streams, brains and hands.
+    Gateway(warren_gateway::GatewayArgs),
+    /// The gateway with every default filled in (data in ./warren-data, the built-in agent).
+    Serve(warren_gateway::GatewayArgs),
+    /// The built-in deterministic ACP agent (speaks ACP on stdio).
+    ShellAgent,
     /// Run benchmarks and print a table.
     Bench(bench::BenchArgs),
 }
@@ -58,6 +66,11 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
         Command::Execd(config) => runtime.block_on(run_execd(config)),
+        Command::Mcp(args) => runtime.block_on(warren_mcp::run(args)),
+        Command::Gateway(args) | Command::Serve(args) => {
+            runtime.block_on(warren_gateway::run(args, shutdown_signal()))
+        }
+        Command::ShellAgent => runtime.block_on(warren_brain::shell_agent::run()),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
     }
 }

@@ -1,5 +1,10 @@
 //! `warren bench <what>`: benchmarks that print one table measured in one run. Targets live
-//! here, never in timed unit tests.
+//! here, never in timed unit tests. Each benchmark is its own module.
+
+mod compat;
+mod exec;
+mod gateway;
+mod pty;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -11,10 +16,19 @@ pub struct BenchArgs {
 pub enum Bench {
     /// PTY session throughput, echo latency, viewer fan-out and idle memory.
     Pty,
+    /// exec_command overhead, pipeline throughput and daemon memory under load.
+    Exec,
+    /// OpenSandbox-compatible command round trips.
+    Compat,
+    /// Warm-brain handout, first-event latency, SSE fan-out and event-log append rate.
+    Gateway,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
-        Bench::Pty => anyhow::bail!("not implemented yet"),
+        Bench::Pty => pty::run().await,
+        Bench::Exec => exec::run().await,
+        Bench::Compat => compat::run().await,
+        Bench::Gateway => gateway::run().await,
     }
 }

@@ -1,0 +1,5 @@
+//! `warren bench exec`.
+
+pub async fn run() -> anyhow::Result<()> {
+    anyhow::bail!("warren bench exec is not implemented yet")
+}
