@@ -54,7 +54,11 @@ async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
         tracing::warn!(listen = %config.listen, "listening on a non-loopback address without an access token");
     }
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    tracing::info!(listen = %listener.local_addr()?, "warren execd listening");
+    let local_addr = listener.local_addr()?;
+    tracing::info!(listen = %local_addr, "warren execd listening");
+    // The first stdout line names the bound address, so a parent that asked for port 0 (the
+    // gateway starting hands, tests) learns the real one.
+    println!("warren execd listening on http://{local_addr}");
     let execd = warren_execd::Execd::new(config);
     warren_execd::serve(execd, listener, shutdown_signal()).await?;
     Ok(())
