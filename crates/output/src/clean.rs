@@ -1,0 +1,397 @@
+//! Stage 4, terminal cleaning: turn what a terminal would have shown into plain text.
+//!
+//! Carriage-return redraws keep only each line's final state (a five-minute progress bar becomes
+//! one line), backspaces apply, cursor movement and erase sequences are interpreted, colour (SGR)
+//! and OSC/DCS strings are removed. A full-screen program (alternate screen) is rendered as its
+//! final screen with `vt100`. Text without control characters is returned untouched, so
+//! cleaning only costs something where it changes something.
+//!
+//! The line model has no width: lines grow as needed and never wrap. Absolute cursor positions
+//! are taken relative to the last `rows` lines (the visible screen), and clearing the screen
+//! keeps what was printed before as scrollback, which is what an agent wants to read.
+
+use std::borrow::Cow;
+
+const ESC: char = '\x1b';
+
+/// Alternate-screen switches: `?1049`, `?1047` and `?47`, set (`h`) or reset (`l`).
+const ALT_ENTER: &[&str] = &["\x1b[?1049h", "\x1b[?1047h", "\x1b[?47h"];
+const ALT_LEAVE: &[&str] = &["\x1b[?1049l", "\x1b[?1047l", "\x1b[?47l"];
+
+/// True when `text` has anything the cleaner would act on.
+pub fn needs_cleaning(text: &str) -> bool {
+    text.bytes()
+        .any(|b| (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f)
+}
+
+/// Cleans `text` as a `rows` x `cols` terminal would have shown it.
+pub fn clean_terminal(text: &str, rows: u16, cols: u16) -> Cow<'_, str> {
+    if !needs_cleaning(text) {
+        return Cow::Borrowed(text);
+    }
+    let flattened = render_alternate_screens(text, rows, cols);
+    let mut screen = LineModel::new(usize::from(rows.max(1)));
+    screen.feed(&flattened);
+    Cow::Owned(screen.finish())
+}
+
+fn find_first(text: &str, needles: &[&str]) -> Option<(usize, usize)> {
+    needles
+        .iter()
+        .filter_map(|n| text.find(n).map(|at| (at, n.len())))
+        .min_by_key(|(at, _)| *at)
+}
+
+/// Replaces each alternate-screen region with the plain text of its final screen.
+fn render_alternate_screens(text: &str, rows: u16, cols: u16) -> Cow<'_, str> {
+    let Some(_) = find_first(text, ALT_ENTER) else {
+        return Cow::Borrowed(text);
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some((enter, enter_len)) = find_first(rest, ALT_ENTER) {
+        out.push_str(&rest[..enter]);
+        let region_start = enter + enter_len;
+        let (region, after) = match find_first(&rest[region_start..], ALT_LEAVE) {
+            Some((leave, leave_len)) => (
+                &rest[region_start..region_start + leave],
+                &rest[region_start + leave + leave_len..],
+            ),
+            None => (&rest[region_start..], ""),
+        };
+        let rows = std::num::NonZeroU16::new(rows).unwrap_or(std::num::NonZeroU16::MIN);
+        let cols = std::num::NonZeroU16::new(cols).unwrap_or(std::num::NonZeroU16::MIN);
+        let mut parser = vt100::Parser::new(rows, cols, 0);
+        parser.process(region.as_bytes());
+        let contents = parser.screen().contents();
+        let contents = contents.trim_end_matches(['\n', ' ']);
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push_str("\r\n");
+        }
+        out.push_str(contents);
+        if !contents.is_empty() {
+            out.push_str("\r\n");
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// A widthless terminal: a list of lines and a cursor.
+struct LineModel {
+    lines: Vec<Vec<char>>,
+    row: usize,
+    col: usize,
+    rows: usize,
+    /// Lines above this index are scrollback that cursor addressing never reaches.
+    floor: usize,
+    saved: (usize, usize),
+}
+
+impl LineModel {
+    fn new(rows: usize) -> Self {
+        Self {
+            lines: vec![Vec::new()],
+            row: 0,
+            col: 0,
+            rows,
+            floor: 0,
+            saved: (0, 0),
+        }
+    }
+
+    fn screen_top(&self) -> usize {
+        self.floor.max(self.lines.len().saturating_sub(self.rows))
+    }
+
+    fn ensure_row(&mut self, row: usize) {
+        while self.lines.len() <= row {
+            self.lines.push(Vec::new());
+        }
+    }
+
+    fn put(&mut self, c: char) {
+        let line = &mut self.lines[self.row];
+        if self.col < line.len() {
+            line[self.col] = c;
+        } else {
+            line.resize(self.col, ' ');
+            line.push(c);
+        }
+        self.col += 1;
+    }
+
+    fn newline(&mut self) {
+        self.row += 1;
+        self.ensure_row(self.row);
+        self.col = 0;
+    }
+
+    fn feed(&mut self, text: &str) {
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\n' => self.newline(),
+                '\r' => self.col = 0,
+                '\x08' => self.col = self.col.saturating_sub(1),
+                '\t' => self.put('\t'),
+                ESC => self.escape(&mut chars),
+                c if (c as u32) < 0x20 || c == '\x7f' => {}
+                c => self.put(c),
+            }
+        }
+    }
+
+    fn escape(&mut self, chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+        let Some(kind) = chars.next() else { return };
+        match kind {
+            '[' => self.csi(chars),
+            // OSC, DCS, SOS, PM, APC: strings ended by BEL or ESC \.
+            ']' | 'P' | 'X' | '^' | '_' => {
+                while let Some(c) = chars.next() {
+                    if c == '\x07' {
+                        break;
+                    }
+                    if c == ESC {
+                        if chars.peek() == Some(&'\\') {
+                            chars.next();
+                        }
+                        break;
+                    }
+                }
+            }
+            // Character set selection takes one more character.
+            '(' | ')' | '*' | '+' | '-' | '.' | '/' | '#' | '%' => {
+                chars.next();
+            }
+            '7' => self.saved = (self.row, self.col),
+            '8' => {
+                let (row, col) = self.saved;
+                self.row = row.min(self.lines.len() - 1);
+                self.col = col;
+            }
+            'M' => {
+                self.row = self
+                    .row
+                    .saturating_sub(1)
+                    .max(self.screen_top().min(self.row))
+            }
+            'E' => self.newline(),
+            'D' => {
+                let col = self.col;
+                self.newline();
+                self.col = col;
+            }
+            _ => {}
+        }
+    }
+
+    fn csi(&mut self, chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+        let mut params = String::new();
+        let mut final_char = None;
+        for c in chars.by_ref() {
+            if ('\x40'..='\x7e').contains(&c) {
+                final_char = Some(c);
+                break;
+            }
+            if params.len() < 64 {
+                params.push(c);
+            }
+        }
+        let Some(final_char) = final_char else { return };
+        if params.starts_with(['?', '>', '<', '=']) {
+            return; // private modes (cursor visibility, bracketed paste...) change no text
+        }
+        let numbers: Vec<usize> = params
+            .split(';')
+            .map(|p| p.trim().parse::<usize>().unwrap_or(0))
+            .collect();
+        let arg = |i: usize, default: usize| match numbers.get(i) {
+            Some(0) | None => default,
+            Some(n) => *n,
+        };
+        match final_char {
+            'A' => {
+                self.row = self
+                    .row
+                    .saturating_sub(arg(0, 1))
+                    .max(self.screen_top().min(self.row))
+            }
+            'B' | 'e' => {
+                self.row += arg(0, 1);
+                self.ensure_row(self.row);
+            }
+            'C' | 'a' => self.col += arg(0, 1),
+            'D' => self.col = self.col.saturating_sub(arg(0, 1)),
+            'E' => {
+                self.row += arg(0, 1);
+                self.ensure_row(self.row);
+                self.col = 0;
+            }
+            'F' => {
+                self.row = self
+                    .row
+                    .saturating_sub(arg(0, 1))
+                    .max(self.screen_top().min(self.row));
+                self.col = 0;
+            }
+            'G' | '`' => self.col = arg(0, 1) - 1,
+            'H' | 'f' => {
+                let top = self.screen_top();
+                self.row = top + arg(0, 1) - 1;
+                self.ensure_row(self.row);
+                self.col = arg(1, 1) - 1;
+            }
+            'd' => {
+                self.row = self.screen_top() + arg(0, 1) - 1;
+                self.ensure_row(self.row);
+            }
+            'K' => {
+                let line = &mut self.lines[self.row];
+                match numbers.first().copied().unwrap_or(0) {
+                    0 => line.truncate(self.col),
+                    1 => {
+                        let end = (self.col + 1).min(line.len());
+                        line[..end].fill(' ');
+                    }
+                    _ => line.clear(),
+                }
+            }
+            'J' => match numbers.first().copied().unwrap_or(0) {
+                0 => {
+                    self.lines[self.row].truncate(self.col);
+                    self.lines.truncate(self.row + 1);
+                }
+                1 => {}
+                _ => {
+                    // Clear screen: what was shown stays as scrollback; drawing restarts on
+                    // a fresh screen below it.
+                    let last_used = self.lines.iter().rposition(|l| !l.is_empty());
+                    if let Some(last_used) = last_used {
+                        self.lines.truncate(last_used + 1);
+                        self.lines.push(Vec::new());
+                        self.floor = self.lines.len() - 1;
+                        self.row = self.floor;
+                        self.col = 0;
+                    }
+                }
+            },
+            'X' => {
+                let line = &mut self.lines[self.row];
+                let end = (self.col + arg(0, 1)).min(line.len());
+                if self.col < end {
+                    line[self.col..end].fill(' ');
+                }
+            }
+            'P' => {
+                let line = &mut self.lines[self.row];
+                if self.col < line.len() {
+                    let end = (self.col + arg(0, 1)).min(line.len());
+                    line.drain(self.col..end);
+                }
+            }
+            '@' => {
+                let line = &mut self.lines[self.row];
+                if self.col < line.len() {
+                    let n = arg(0, 1);
+                    line.splice(self.col..self.col, std::iter::repeat_n(' ', n));
+                }
+            }
+            's' => self.saved = (self.row, self.col),
+            'u' => {
+                let (row, col) = self.saved;
+                self.row = row.min(self.lines.len() - 1);
+                self.col = col;
+            }
+            _ => {} // SGR colours ('m') and everything else leave the text alone
+        }
+    }
+
+    fn finish(self) -> String {
+        let n_chars: usize = self.lines.iter().map(|l| l.len() + 1).sum();
+        let mut out = String::with_capacity(n_chars);
+        for (i, line) in self.lines.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            out.extend(line.iter());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clean(text: &str) -> String {
+        clean_terminal(text, 24, 80).into_owned()
+    }
+
+    #[test]
+    fn cleans_like_a_terminal() {
+        let table = [
+            ("plain\ntext\n", "plain\ntext\n"),
+            ("tabs\tstay\n", "tabs\tstay\n"),
+            ("crlf\r\nline\r\n", "crlf\nline\n"),
+            (
+                " 10%|#   |\r 50%|##  |\r100%|####|\ndone\n",
+                "100%|####|\ndone\n",
+            ),
+            ("long line\rshort\n", "shortline\n"),
+            ("long line\r\x1b[Kshort\n", "short\n"),
+            ("abc\x08\x08X\n", "aXc\n"),
+            ("ab\x08\x08\x08\x08cd\n", "cd\n"),
+            (
+                "\x1b[31mred\x1b[0m and \x1b[1;32mgreen\x1b[m\n",
+                "red and green\n",
+            ),
+            ("\x1b]0;window title\x07prompt$ \n", "prompt$ \n"),
+            ("\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\\n", "link\n"),
+            ("a\x1b[5Cb\n", "a     b\n"),
+            ("abcdef\x1b[3D\x1b[K\n", "abc\n"),
+            ("abcdef\x1b[3G!\n", "ab!def\n"),
+            ("abcdef\x1b[2K\rnew\n", "new\n"),
+            ("x\x1b[1Ky\n", " y\n"),
+            ("bar 1\nbar 2\n\x1b[2A\rBAR 1\n\rBAR 2\n", "BAR 1\nBAR 2\n"),
+            ("line\x1b7 save\x1b8d\n", "linedsave\n"),
+            ("keep\n\x1b[H\x1b[2Jscreen\n", "keep\nscreen\n"),
+            ("bell\x07 and \x1b(Bcharset\n", "bell and charset\n"),
+            ("\x1b[?25lhidden cursor\x1b[?25h\n", "hidden cursor\n"),
+            ("abc\x1b[2D\x1b[2P\n", "a\n"),
+            ("abc\x1b[2D\x1b[2@\n", "a  bc\n"),
+            ("trailing escape \x1b[", "trailing escape "),
+            ("é\rx\n", "x\n"),
+        ];
+        for (input, expected) in table {
+            assert_eq!(clean(input), expected, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn plain_text_is_borrowed_untouched() {
+        assert!(matches!(
+            clean_terminal("no escapes here\n", 24, 80),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn alternate_screen_programs_show_their_final_screen() {
+        let table = [
+            (
+                "before\n\x1b[?1049h\x1b[H\x1b[2Jfirst frame\x1b[H\x1b[2J\x1b[1;1Htop\x1b[3;5Hmiddle\x1b[?1049lafter\n",
+                "before\ntop\n\n    middle\nafter\n",
+            ),
+            ("\x1b[?1049h\x1b[Hstill open", "still open\n"),
+            (
+                "\x1b[?47hx\x1b[?47l\x1b[?1049h\x1b[?1049ldone\n",
+                "x\ndone\n",
+            ),
+        ];
+        for (input, expected) in table {
+            assert_eq!(clean(input), expected, "input {input:?}");
+        }
+    }
+}
