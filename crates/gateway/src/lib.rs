@@ -1,5 +1,7 @@
 //! The gateway: devices, sessions, the event log, brains and hands.
 
+pub mod hands;
+
 /// `warren gateway` / `warren serve` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {}

@@ -1,0 +1,115 @@
+//! [`WorkerPool`]: agent processes started and `initialize`d ahead of time, so a new session gets
+//! a brain in well under 50 ms. Each [`Worker`] taken is replaced in the background; workers are
+//! never returned to the pool (one worker per session, never reused).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::worker::Worker;
+use crate::{AgentCommand, BrainError};
+
+/// Keeps `n_warm` initialized workers of one agent command ready.
+pub struct WorkerPool {
+    command: AgentCommand,
+    n_warm: usize,
+    warm: Mutex<VecDeque<Worker>>,
+    n_starting: AtomicUsize,
+    closed: AtomicBool,
+}
+
+impl WorkerPool {
+    /// Creates the pool and starts filling it in the background. Call inside a tokio runtime.
+    pub fn new(command: AgentCommand, n_warm: usize) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            command,
+            n_warm,
+            warm: Mutex::new(VecDeque::new()),
+            n_starting: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+        });
+        pool.refill();
+        pool
+    }
+
+    /// The agent command this pool starts.
+    pub fn command(&self) -> &AgentCommand {
+        &self.command
+    }
+
+    /// How many initialized workers are ready right now.
+    pub fn n_ready(&self) -> usize {
+        self.warm().len()
+    }
+
+    /// A worker for a new session: a warm one at once if there is one (its replacement starts in
+    /// the background), else a freshly spawned and initialized one.
+    pub async fn take(self: &Arc<Self>) -> Result<Worker, BrainError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(BrainError::PoolClosed);
+        }
+        let warm = loop {
+            let candidate = self.warm().pop_front();
+            match candidate {
+                Some(worker) if worker.is_alive() => break Some(worker),
+                Some(dead) => {
+                    tracing::warn!(pid = dead.pid(), "a warm agent worker died while idle");
+                }
+                None => break None,
+            }
+        };
+        self.refill();
+        match warm {
+            Some(worker) => Ok(worker),
+            None => Worker::spawn(&self.command).await,
+        }
+    }
+
+    /// Waits until `n` workers are ready (tests and benchmarks), or `timeout` passes.
+    pub async fn wait_ready(&self, n: usize, timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.n_ready() < n {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Stops every idle worker; later `take`s fail with [`BrainError::PoolClosed`].
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let workers: Vec<Worker> = self.warm().drain(..).collect();
+        futures_util::future::join_all(workers.into_iter().map(Worker::kill)).await;
+    }
+
+    fn warm(&self) -> std::sync::MutexGuard<'_, VecDeque<Worker>> {
+        self.warm
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts as many workers as needed to get back to `n_warm` (counting those starting).
+    fn refill(self: &Arc<Self>) {
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let have = self.warm().len() + self.n_starting.load(Ordering::SeqCst);
+        for _ in have..self.n_warm {
+            self.n_starting.fetch_add(1, Ordering::SeqCst);
+            let pool = self.clone();
+            tokio::spawn(async move {
+                let result = Worker::spawn(&pool.command).await;
+                pool.n_starting.fetch_sub(1, Ordering::SeqCst);
+                match result {
+                    Ok(worker) if !pool.closed.load(Ordering::SeqCst) => {
+                        pool.warm().push_back(worker)
+                    }
+                    Ok(worker) => worker.kill().await,
+                    Err(error) => tracing::warn!(%error, "cannot start a warm agent worker"),
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! [`BrainSession`]: one ACP session on its own worker. Runs turns (`session/prompt`), cancels
+//! them (`session/cancel`), and stops the worker (`session/close`, then kill).
+
+use std::sync::Arc;
+
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock, PromptRequest, SessionId, TextContent,
+};
+
+use crate::BrainError;
+use crate::worker::{Connection, close_session};
+
+/// How [`crate::Worker::resume_session`] continued the conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumed {
+    /// `session/resume` succeeded: the agent kept its context.
+    Resumed,
+    /// `session/load` succeeded: the agent rebuilt its context from its own history.
+    Loaded,
+    /// Neither was possible: a new ACP session; the agent's earlier context is lost.
+    ContextLost,
+}
+
+/// A live ACP session bound to one worker process.
+pub struct BrainSession {
+    conn: Arc<Connection>,
+    session_id: SessionId,
+    acp_session_id: String,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl BrainSession {
+    pub(crate) fn new(conn: Arc<Connection>, session_id: SessionId) -> Self {
+        let acp_session_id = session_id.0.to_string();
+        Self {
+            conn,
+            session_id,
+            acp_session_id,
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The agent's session id (store it to resume after the worker is stopped).
+    pub fn acp_session_id(&self) -> &str {
+        &self.acp_session_id
+    }
+
+    /// The agent process id.
+    pub fn pid(&self) -> u32 {
+        self.conn.pid()
+    }
+
+    /// False once the agent process has exited.
+    pub fn is_alive(&self) -> bool {
+        self.conn.exit_status().is_none()
+    }
+
+    /// Resolves with the exit status once the agent process has exited.
+    pub async fn exited(&self) -> String {
+        self.conn.wait_exit().await
+    }
+
+    /// Whether the agent can continue this session in a later worker (`session/resume` or
+    /// `session/load`).
+    pub fn can_resume(&self) -> bool {
+        self.conn.caps.resume_session || self.conn.caps.load_session
+    }
+
+    /// Runs one turn: sends `text` as the prompt and returns ACP's stop reason (`end_turn`,
+    /// `cancelled`, `max_tokens`, `refusal`, ...). Every `session/update` of the turn has reached
+    /// the sink when this returns. One turn at a time ([`BrainError::TurnInProgress`]).
+    pub async fn prompt(&self, text: String) -> Result<String, BrainError> {
+        let _turn = self
+            .turn
+            .try_lock()
+            .map_err(|_| BrainError::TurnInProgress)?;
+        self.conn.shared.start_turn();
+        let request = PromptRequest::new(
+            self.session_id.clone(),
+            vec![ContentBlock::Text(TextContent::new(text))],
+        );
+        let conn = &self.conn;
+        let response = conn
+            .call(
+                "session/prompt",
+                None,
+                conn.cx.send_request(request).block_task(),
+            )
+            .await?;
+        let stop_reason = match serde_json::to_value(response.stop_reason) {
+            Ok(serde_json::Value::String(reason)) => reason,
+            Ok(other) => other.to_string(),
+            Err(error) => format!("unknown ({error})"),
+        };
+        Ok(stop_reason)
+    }
+
+    /// Cancels the running turn: pending permission requests are answered `cancelled` and
+    /// `session/cancel` is sent. The running [`prompt`](Self::prompt) then returns the agent's
+    /// stop reason (`cancelled` for a well-behaved agent).
+    pub async fn cancel(&self) {
+        self.conn.shared.cancel_pending();
+        if let Err(error) = self
+            .conn
+            .cx
+            .send_notification(CancelNotification::new(self.session_id.clone()))
+        {
+            tracing::debug!(%error, "cannot send session/cancel");
+        }
+    }
+
+    /// Stops the worker: `session/close` if the agent supports it, then kills its process group.
+    pub async fn close(self) {
+        close_session(&self.conn, self.session_id.clone()).await;
+        self.conn.kill().await;
+    }
+}

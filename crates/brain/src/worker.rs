@@ -1,0 +1,707 @@
+//! One agent process and its ACP connection. [`Worker::spawn`] starts the process in its own
+//! process group (through the subreaper's `spawn_owned`), connects the ACP client to its stdio and
+//! sends `initialize`. Requests the agent sends (permission, `fs/*`, `terminal/*`) are answered
+//! from tasks outside the SDK's dispatch loop, so a slow permission answer never blocks the
+//! session's updates; updates themselves are handed to the sink inside the loop, which keeps them
+//! in the agent's order and before the `session/prompt` response.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    ClientCapabilities, CloseSessionRequest, CreateTerminalRequest, CreateTerminalResponse,
+    EnvVariable, FileSystemCapabilities, Implementation, InitializeRequest, KillTerminalRequest,
+    KillTerminalResponse, LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest,
+    ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    ResumeSessionRequest, SelectedPermissionOutcome, SessionId, SessionNotification,
+    TerminalExitStatus, TerminalId, TerminalOutputRequest, TerminalOutputResponse,
+    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest,
+    WriteTextFileResponse,
+};
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent, ByteStreams, Client, ErrorCode, JsonRpcResponse};
+use tokio::sync::{oneshot, watch};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+use warren_process::TreeId;
+
+use crate::host::{Host, HostError, PermissionOutcome, TerminalExit, TerminalSpec, TurnSink};
+use crate::session::{BrainSession, Resumed};
+use crate::{AgentCommand, BrainError, McpServerSpec};
+
+/// How long `initialize` and session setup may take before the worker is given up.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `session/close` may take before the worker is killed anyway.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// SIGTERM grace when stopping a worker's process tree.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// After the connection breaks, how long to wait for the process's exit status.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(3);
+
+/// A spawned, `initialize`d agent process, not yet bound to a session. Serves one session only.
+pub struct Worker {
+    pub(crate) conn: Arc<Connection>,
+}
+
+/// What the agent advertised in `initialize` that the gateway acts on.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AgentCaps {
+    pub load_session: bool,
+    pub resume_session: bool,
+    pub close_session: bool,
+}
+
+/// The session's host and sink, bound when the worker gets its session.
+struct Binding {
+    host: Arc<dyn Host>,
+    sink: Arc<dyn TurnSink>,
+}
+
+/// State shared between the connection's handlers and the session handle.
+pub(crate) struct Shared {
+    binding: RwLock<Option<Binding>>,
+    /// Bumped by every cancel; pending permission requests watch it.
+    cancel_generation: watch::Sender<u64>,
+    /// Set by cancel, cleared when a turn starts: a permission asked after a cancel in the same
+    /// turn is answered `cancelled` at once.
+    turn_cancelled: AtomicBool,
+    /// While `session/load` replays history, its updates are not forwarded (the gateway has them).
+    replaying: AtomicBool,
+}
+
+impl Shared {
+    fn host(&self) -> Option<Arc<dyn Host>> {
+        let binding = self
+            .binding
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        binding.as_ref().map(|b| b.host.clone())
+    }
+
+    fn sink(&self) -> Option<Arc<dyn TurnSink>> {
+        let binding = self
+            .binding
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        binding.as_ref().map(|b| b.sink.clone())
+    }
+
+    pub(crate) fn cancel_pending(&self) {
+        self.turn_cancelled.store(true, Ordering::SeqCst);
+        self.cancel_generation
+            .send_modify(|generation| *generation += 1);
+    }
+
+    pub(crate) fn start_turn(&self) {
+        self.turn_cancelled.store(false, Ordering::SeqCst);
+    }
+
+    fn on_update(&self, notification: SessionNotification) {
+        if self.replaying.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(sink) = self.sink() else {
+            tracing::debug!("session/update before a session was bound; dropped");
+            return;
+        };
+        match serde_json::to_value(&notification.update) {
+            Ok(update) => sink.update(update),
+            Err(error) => tracing::warn!(%error, "cannot serialize a session/update"),
+        }
+    }
+
+    async fn ask_permission(&self, request: RequestPermissionRequest) -> RequestPermissionOutcome {
+        let mut cancelled = self.cancel_generation.subscribe();
+        if self.turn_cancelled.load(Ordering::SeqCst) {
+            return RequestPermissionOutcome::Cancelled;
+        }
+        let Some(sink) = self.sink() else {
+            return RequestPermissionOutcome::Cancelled;
+        };
+        let (Ok(tool_call), Ok(options)) = (
+            serde_json::to_value(&request.tool_call),
+            serde_json::to_value(&request.options),
+        ) else {
+            tracing::warn!("cannot serialize a permission request; answering cancelled");
+            return RequestPermissionOutcome::Cancelled;
+        };
+        let answer = sink.request_permission(tool_call, options);
+        tokio::select! {
+            outcome = answer => match outcome {
+                PermissionOutcome::Selected(option_id) => RequestPermissionOutcome::Selected(
+                    SelectedPermissionOutcome::new(option_id),
+                ),
+                PermissionOutcome::Cancelled => RequestPermissionOutcome::Cancelled,
+            },
+            _ = cancelled.changed() => RequestPermissionOutcome::Cancelled,
+        }
+    }
+}
+
+/// The live connection to one agent process.
+pub(crate) struct Connection {
+    pub(crate) cx: ConnectionTo<Agent>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) caps: AgentCaps,
+    pid: u32,
+    tree: TreeId,
+    /// `Some(status)` once the process has exited.
+    exit: watch::Receiver<Option<String>>,
+    /// Dropping or firing this ends the ACP connection task (closes the agent's stdin).
+    stop_connection: Mutex<Option<oneshot::Sender<()>>>,
+    killed: AtomicBool,
+}
+
+impl Connection {
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub(crate) fn exit_status(&self) -> Option<String> {
+        self.exit.borrow().clone()
+    }
+
+    pub(crate) async fn wait_exit(&self) -> String {
+        let mut exit = self.exit.clone();
+        match exit.wait_for(Option::is_some).await {
+            Ok(status) => status.clone().unwrap_or_default(),
+            Err(_) => "unknown".to_owned(),
+        }
+    }
+
+    /// Awaits `request` unless the process exits first; maps every failure to a [`BrainError`].
+    pub(crate) async fn call<T>(
+        &self,
+        method: &'static str,
+        timeout: Option<Duration>,
+        request: impl std::future::Future<Output = Result<T, agent_client_protocol::Error>>,
+    ) -> Result<T, BrainError> {
+        let mut exit = self.exit.clone();
+        let exited = async move {
+            let _ = exit.wait_for(Option::is_some).await;
+        };
+        let limited =
+            async {
+                match timeout {
+                    Some(limit) => tokio::time::timeout(limit, request).await.map_err(|_| {
+                        BrainError::Timeout {
+                            method,
+                            timeout_ms: limit.as_millis() as u64,
+                        }
+                    }),
+                    None => Ok(request.await),
+                }
+            };
+        tokio::select! {
+            biased;
+            result = limited => match result? {
+                Ok(value) => Ok(value),
+                Err(error) => Err(self.map_error(method, error).await),
+            },
+            () = exited => Err(BrainError::WorkerExited {
+                status: self.exit_status().unwrap_or_default(),
+            }),
+        }
+    }
+
+    async fn map_error(
+        &self,
+        method: &'static str,
+        error: agent_client_protocol::Error,
+    ) -> BrainError {
+        let broken = agent_client_protocol::is_connection_terminated(&error)
+            || agent_client_protocol::is_incoming_transport_closed(&error);
+        if broken || self.exit_status().is_some() {
+            let status = tokio::time::timeout(EXIT_STATUS_WAIT, self.wait_exit())
+                .await
+                .unwrap_or_else(|_| "connection closed".to_owned());
+            return BrainError::WorkerExited { status };
+        }
+        BrainError::Agent {
+            method,
+            code: error.code.value(),
+            message: error.message,
+        }
+    }
+
+    /// Ends the connection and kills the process tree (SIGTERM, grace, SIGKILL). Idempotent.
+    pub(crate) async fn kill(&self) {
+        if self.killed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.end_connection();
+        if self.exit_status().is_none() {
+            let tree = self.tree.clone();
+            let _ =
+                tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, KILL_GRACE))
+                    .await;
+        }
+        let _ = tokio::time::timeout(EXIT_STATUS_WAIT, self.wait_exit()).await;
+    }
+
+    fn end_connection(&self) {
+        let sender = self
+            .stop_connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(sender) = sender {
+            let _ = sender.send(());
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // A worker dropped without `close` (a pool shut down, a gateway error path) must not
+        // leave an agent process behind.
+        if self.killed.load(Ordering::SeqCst) || self.exit_status().is_some() {
+            return;
+        }
+        self.end_connection();
+        let tree = self.tree.clone();
+        std::thread::spawn(move || warren_process::kill_tree(&tree, KILL_GRACE));
+    }
+}
+
+impl Worker {
+    /// Spawns the agent and sends `initialize`, offering `fs.readTextFile`, `fs.writeTextFile`
+    /// and `terminal`. Must be called inside a tokio runtime.
+    pub async fn spawn(command: &AgentCommand) -> Result<Self, BrainError> {
+        let marker = TreeId::new_marker();
+        let mut process = tokio::process::Command::new(&command.program);
+        process
+            .args(&command.args)
+            .env(warren_process::tree::TREE_MARKER_VAR, &marker)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = warren_process::reaper::spawn_owned(|| {
+            let child = process.spawn()?;
+            let pid = child.id();
+            Ok((child, pid))
+        })
+        .map_err(|source| BrainError::Spawn {
+            program: command.program.clone(),
+            source,
+        })?;
+        let pid = child.id().ok_or_else(|| BrainError::WorkerExited {
+            status: "exited at once".into(),
+        })?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(BrainError::Spawn {
+                program: command.program.clone(),
+                source: std::io::Error::other("stdio pipes missing"),
+            });
+        };
+
+        let (exit_tx, exit_rx) = watch::channel(None);
+        tokio::spawn(async move {
+            let status = match child.wait().await {
+                Ok(status) => status.to_string(),
+                Err(error) => format!("wait failed: {error}"),
+            };
+            warren_process::reaper::release(pid);
+            tracing::debug!(pid, %status, "agent process exited");
+            let _ = exit_tx.send(Some(status));
+        });
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::debug!(target: "warren_brain::agent_stderr", pid, "{line}");
+            }
+        });
+
+        let shared = Arc::new(Shared {
+            binding: RwLock::new(None),
+            cancel_generation: watch::channel(0).0,
+            turn_cancelled: AtomicBool::new(false),
+            replaying: AtomicBool::new(false),
+        });
+        let (cx_tx, cx_rx) = oneshot::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let transport = ByteStreams::new(stdin.compat_write(), stdout.compat());
+        let builder = client_builder(shared.clone());
+        tokio::spawn(async move {
+            let result = builder
+                .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
+                    let _ = cx_tx.send(cx.clone());
+                    tokio::select! {
+                        _ = stop_rx => {}
+                        () = cx.incoming_closed() => {}
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(error) = result {
+                tracing::debug!(pid, %error, "agent connection ended with an error");
+            }
+        });
+        let cx = cx_rx.await.map_err(|_| BrainError::WorkerExited {
+            status: "the ACP connection failed to start".into(),
+        })?;
+
+        let mut conn = Connection {
+            cx,
+            shared,
+            caps: AgentCaps::default(),
+            pid,
+            tree: TreeId::new(pid as i32, Some(marker)),
+            exit: exit_rx,
+            stop_connection: Mutex::new(Some(stop_tx)),
+            killed: AtomicBool::new(false),
+        };
+        let initialize = InitializeRequest::new(ProtocolVersion::V1)
+            .client_capabilities(
+                ClientCapabilities::new()
+                    .fs(FileSystemCapabilities::new()
+                        .read_text_file(true)
+                        .write_text_file(true))
+                    .terminal(true),
+            )
+            .client_info(Implementation::new("warren", env!("CARGO_PKG_VERSION")));
+        let response = conn
+            .call(
+                "initialize",
+                Some(SETUP_TIMEOUT),
+                conn.cx.send_request(initialize).block_task(),
+            )
+            .await;
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                conn.kill().await;
+                return Err(error);
+            }
+        };
+        let capabilities = &response.agent_capabilities;
+        conn.caps = AgentCaps {
+            load_session: capabilities.load_session,
+            resume_session: capabilities.session_capabilities.resume.is_some(),
+            close_session: capabilities.session_capabilities.close.is_some(),
+        };
+        tracing::debug!(pid, caps = ?conn.caps, "agent initialized");
+        Ok(Self {
+            conn: Arc::new(conn),
+        })
+    }
+
+    /// The agent process id.
+    pub fn pid(&self) -> u32 {
+        self.conn.pid()
+    }
+
+    /// False once the process has exited.
+    pub fn is_alive(&self) -> bool {
+        self.conn.exit_status().is_none()
+    }
+
+    /// Creates the ACP session (`session/new`) and binds `host` and `sink` to it.
+    pub async fn new_session(
+        self,
+        cwd: PathBuf,
+        mcp_servers: Vec<McpServerSpec>,
+        host: Arc<dyn Host>,
+        sink: Arc<dyn TurnSink>,
+    ) -> Result<BrainSession, BrainError> {
+        self.bind(host, sink);
+        let request = NewSessionRequest::new(cwd).mcp_servers(to_acp_mcp(&mcp_servers));
+        let conn = &self.conn;
+        let response = conn
+            .call(
+                "session/new",
+                Some(SETUP_TIMEOUT),
+                conn.cx.send_request(request).block_task(),
+            )
+            .await?;
+        Ok(BrainSession::new(self.conn, response.session_id))
+    }
+
+    /// Continues `acp_session_id` (created by an earlier worker of the same agent):
+    /// `session/resume` when advertised, else `session/load` (history replay not forwarded),
+    /// else, or when those fail, a new session with [`Resumed::ContextLost`].
+    pub async fn resume_session(
+        self,
+        acp_session_id: String,
+        cwd: PathBuf,
+        mcp_servers: Vec<McpServerSpec>,
+        host: Arc<dyn Host>,
+        sink: Arc<dyn TurnSink>,
+    ) -> Result<(BrainSession, Resumed), BrainError> {
+        self.bind(host, sink);
+        let conn = self.conn.clone();
+        let session_id = SessionId::new(acp_session_id.as_str());
+        let mcp = to_acp_mcp(&mcp_servers);
+        if conn.caps.resume_session {
+            let request =
+                ResumeSessionRequest::new(session_id.clone(), cwd.clone()).mcp_servers(mcp.clone());
+            let result = conn
+                .call(
+                    "session/resume",
+                    Some(SETUP_TIMEOUT),
+                    conn.cx.send_request(request).block_task(),
+                )
+                .await;
+            match result {
+                Ok(_) => return Ok((BrainSession::new(self.conn, session_id), Resumed::Resumed)),
+                Err(BrainError::Agent { code, message, .. }) => {
+                    tracing::info!(code, %message, "session/resume refused; trying further");
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        if conn.caps.load_session {
+            let request =
+                LoadSessionRequest::new(session_id.clone(), cwd.clone()).mcp_servers(mcp.clone());
+            conn.shared.replaying.store(true, Ordering::SeqCst);
+            let result = conn
+                .call(
+                    "session/load",
+                    Some(SETUP_TIMEOUT),
+                    conn.cx.send_request(request).block_task(),
+                )
+                .await;
+            conn.shared.replaying.store(false, Ordering::SeqCst);
+            match result {
+                Ok(_) => return Ok((BrainSession::new(self.conn, session_id), Resumed::Loaded)),
+                Err(BrainError::Agent { code, message, .. }) => {
+                    tracing::info!(code, %message, "session/load refused; starting a new session");
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let request = NewSessionRequest::new(cwd).mcp_servers(mcp);
+        let response = conn
+            .call(
+                "session/new",
+                Some(SETUP_TIMEOUT),
+                conn.cx.send_request(request).block_task(),
+            )
+            .await?;
+        Ok((
+            BrainSession::new(self.conn, response.session_id),
+            Resumed::ContextLost,
+        ))
+    }
+
+    /// Stops the process (used for workers that never got a session).
+    pub async fn kill(self) {
+        self.conn.kill().await;
+    }
+
+    fn bind(&self, host: Arc<dyn Host>, sink: Arc<dyn TurnSink>) {
+        let mut binding = self
+            .conn
+            .shared
+            .binding
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        *binding = Some(Binding { host, sink });
+    }
+}
+
+fn to_acp_mcp(servers: &[McpServerSpec]) -> Vec<McpServer> {
+    servers
+        .iter()
+        .map(|server| {
+            McpServer::Stdio(
+                McpServerStdio::new(server.name.clone(), server.command.clone())
+                    .args(server.args.clone())
+                    .env(
+                        server
+                            .env
+                            .iter()
+                            .map(|(k, v)| EnvVariable::new(k, v))
+                            .collect(),
+                    ),
+            )
+        })
+        .collect()
+}
+
+fn host_error(error: HostError) -> agent_client_protocol::Error {
+    let code = match error {
+        HostError::NotFound(_) => ErrorCode::RESOURCE_NOT_FOUND,
+        HostError::Invalid(_) => ErrorCode::INVALID_PARAMS,
+        HostError::Failed(_) => ErrorCode::INTERNAL_ERROR,
+    };
+    agent_client_protocol::Error::new(code, error.to_string())
+}
+
+/// Answers `responder` from a task outside the dispatch loop, with the session's host.
+fn serve_host<T, F, Fut>(shared: &Arc<Shared>, responder: Responder<T>, work: F)
+where
+    T: JsonRpcResponse + Send + 'static,
+    F: FnOnce(Arc<dyn Host>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, HostError>> + Send + 'static,
+{
+    let host = shared.host();
+    tokio::spawn(async move {
+        let result = match host {
+            Some(host) => work(host).await.map_err(host_error),
+            None => Err(agent_client_protocol::Error::new(
+                ErrorCode::INVALID_REQUEST,
+                "no session has been created on this connection yet",
+            )),
+        };
+        let _ = responder.respond_with_result(result);
+    });
+}
+
+fn exit_status(exit: TerminalExit) -> TerminalExitStatus {
+    TerminalExitStatus::new()
+        .exit_code(exit.exit_code)
+        .signal(exit.signal)
+}
+
+fn client_builder(
+    shared: Arc<Shared>,
+) -> agent_client_protocol::v1::Builder<Client, impl agent_client_protocol::HandleDispatchFrom<Agent>>
+{
+    let on_update = shared.clone();
+    let on_permission = shared.clone();
+    let on_read = shared.clone();
+    let on_write = shared.clone();
+    let on_create = shared.clone();
+    let on_output = shared.clone();
+    let on_wait = shared.clone();
+    let on_kill = shared.clone();
+    let on_release = shared;
+    Client
+        .v1()
+        .name("warren-gateway")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx| {
+                on_update.on_update(notification);
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: RequestPermissionRequest, responder, _cx| {
+                let shared = on_permission.clone();
+                tokio::spawn(async move {
+                    let outcome = shared.ask_permission(request).await;
+                    let _ = responder.respond(RequestPermissionResponse::new(outcome));
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReadTextFileRequest, responder, _cx| {
+                serve_host(&on_read, responder, move |host| async move {
+                    let content = host
+                        .read_text_file(request.path, request.line, request.limit)
+                        .await?;
+                    Ok(ReadTextFileResponse::new(content))
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WriteTextFileRequest, responder, _cx| {
+                serve_host(&on_write, responder, move |host| async move {
+                    host.write_text_file(request.path, request.content).await?;
+                    Ok(WriteTextFileResponse::new())
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: CreateTerminalRequest, responder, _cx| {
+                serve_host(&on_create, responder, move |host| async move {
+                    let spec = TerminalSpec {
+                        command: request.command,
+                        args: request.args,
+                        env: request
+                            .env
+                            .into_iter()
+                            .map(|var| (var.name, var.value))
+                            .collect(),
+                        cwd: request.cwd,
+                        output_byte_limit: request.output_byte_limit,
+                    };
+                    let terminal_id = host.create_terminal(spec).await?;
+                    Ok(CreateTerminalResponse::new(TerminalId::new(terminal_id)))
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: TerminalOutputRequest, responder, _cx| {
+                serve_host(&on_output, responder, move |host| async move {
+                    let output = host
+                        .terminal_output(request.terminal_id.0.to_string())
+                        .await?;
+                    Ok(TerminalOutputResponse::new(output.output, output.truncated)
+                        .exit_status(output.exit.map(exit_status)))
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WaitForTerminalExitRequest, responder, _cx| {
+                serve_host(&on_wait, responder, move |host| async move {
+                    let exit = host
+                        .wait_for_terminal_exit(request.terminal_id.0.to_string())
+                        .await?;
+                    Ok(WaitForTerminalExitResponse::new(exit_status(exit)))
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: KillTerminalRequest, responder, _cx| {
+                serve_host(&on_kill, responder, move |host| async move {
+                    host.kill_terminal(request.terminal_id.0.to_string())
+                        .await?;
+                    Ok(KillTerminalResponse::new())
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReleaseTerminalRequest, responder, _cx| {
+                serve_host(&on_release, responder, move |host| async move {
+                    host.release_terminal(request.terminal_id.0.to_string())
+                        .await?;
+                    Ok(ReleaseTerminalResponse::new())
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+}
+
+/// `session/close`, bounded; errors are logged, the caller kills the worker next.
+pub(crate) async fn close_session(conn: &Connection, session_id: SessionId) {
+    if !conn.caps.close_session || conn.exit_status().is_some() {
+        return;
+    }
+    let request = CloseSessionRequest::new(session_id);
+    if let Err(error) = conn
+        .call(
+            "session/close",
+            Some(CLOSE_TIMEOUT),
+            conn.cx.send_request(request).block_task(),
+        )
+        .await
+    {
+        tracing::debug!(%error, "session/close failed; killing the worker");
+    }
+}
