@@ -1,1 +1,561 @@
-//! warren-exec.
+//! The exec engine behind the agent tools `exec_command`, `write_stdin`, `list_sessions` and
+//! `kill_session` (see `docs/exec-tools.md`). It owns exec sessions: commands started on pipes
+//! (stdin kept open) or a PTY, each in its own session and process group, polled by later calls
+//! until they exit, are killed, or are pruned.
+//!
+//! The engine knows no HTTP or MCP: servers call [`Engine`] and map [`ExecError`] to their own
+//! error shapes. Output goes through `warren-output`; spawning, /proc inspection and killing
+//! through `warren-process`. Every result carries the Codex-format text ([`render_text`]).
+//!
+//! Architecture invariant: the two waits never merge. `yield_time_ms` only decides when a call
+//! returns; only `timeout_ms`, `kill_session`, pruning and shutdown kill.
+
+mod config;
+mod env;
+mod error;
+pub mod render;
+mod session;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use warren_output::RenderOptions;
+use warren_protocol::exec::{
+    ExecCommandArgs, ExecResult, ExecStatus, SessionId, SessionInfo, SessionList, WriteStdinArgs,
+};
+
+pub use config::EngineConfig;
+pub use env::{DEFAULT_ENV, command_env, is_secret_name};
+pub use error::ExecError;
+pub use render::render_text;
+
+use session::{Session, SessionMeta, Spawned, WaitOutcome};
+
+/// `yield_time_ms` of `exec_command`: default and clamp.
+pub const EXEC_YIELD_DEFAULT_MS: u64 = 10_000;
+pub const EXEC_YIELD_RANGE_MS: (u64, u64) = (250, 30_000);
+/// `yield_time_ms` of `write_stdin` with chars: default and clamp.
+pub const WRITE_YIELD_DEFAULT_MS: u64 = 250;
+pub const WRITE_YIELD_RANGE_MS: (u64, u64) = (250, 30_000);
+/// `yield_time_ms` of an empty `write_stdin` (a poll): clamp.
+pub const POLL_YIELD_RANGE_MS: (u64, u64) = (5_000, 300_000);
+/// Default `max_output_tokens`.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 10_000;
+
+/// The exec engine: a registry of sessions. Create one per daemon with [`Engine::new`].
+pub struct Engine {
+    config: EngineConfig,
+    /// The shell used when a request names none: `bash` when it is installed, else `sh`.
+    default_shell: String,
+    sessions: Mutex<HashMap<SessionId, Arc<Session>>>,
+    /// Logs of finished sessions that a result named, oldest first.
+    retained_logs: Mutex<VecDeque<PathBuf>>,
+    shutting_down: std::sync::atomic::AtomicBool,
+    next_log: std::sync::atomic::AtomicU64,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Arc<Self> {
+        let default_shell = if find_in_path("bash").is_some() {
+            "bash"
+        } else {
+            "sh"
+        };
+        Arc::new(Self {
+            config,
+            default_shell: default_shell.to_owned(),
+            sessions: Mutex::new(HashMap::new()),
+            retained_logs: Mutex::new(VecDeque::new()),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            next_log: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// `exec_command`: starts `args.cmd` and waits up to the yield time for it to finish or to
+    /// wait for input. A command still running gets a `session_id` to poll.
+    pub async fn exec_command(&self, args: ExecCommandArgs) -> Result<ExecResult, ExecError> {
+        let call_start = Instant::now();
+        if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ExecError::ShuttingDown);
+        }
+        if args.cmd.trim().is_empty() {
+            return Err(ExecError::InvalidArgument("cmd must not be empty".into()));
+        }
+        let workdir = self.resolve_workdir(args.workdir.as_deref())?;
+        let tty = args.tty.unwrap_or(false);
+        let shell = args
+            .shell
+            .clone()
+            .unwrap_or_else(|| self.default_shell.clone());
+        let login = args.login.unwrap_or(true);
+        let yield_ms = clamp(
+            args.yield_time_ms.unwrap_or(EXEC_YIELD_DEFAULT_MS),
+            EXEC_YIELD_RANGE_MS,
+        );
+        let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
+        for (name, value) in &args.env {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return Err(ExecError::InvalidArgument(format!(
+                    "invalid environment variable name or value for {name:?}"
+                )));
+            }
+        }
+        let base_env = match &self.config.base_env {
+            Some(env) => env.clone(),
+            None => std::env::vars().collect(),
+        };
+        let env = command_env(base_env, &self.config.pass_env, tty, args.env.clone());
+        let flag = if login { "-lc" } else { "-c" };
+
+        let id = self.allocate_id();
+        let log_serial = self
+            .next_log
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log_path = self
+            .config
+            .log_dir
+            .join(format!("exec-{log_serial}-{id}.log"));
+        let spawned = if tty {
+            spawn_tty(&shell, flag, &args.cmd, &workdir, env, &self.config)
+        } else {
+            spawn_pipes(&shell, flag, &args.cmd, &workdir, env)
+        }
+        .map_err(|source| ExecError::Spawn {
+            program: shell.clone(),
+            source,
+        })?;
+        let meta = SessionMeta {
+            id,
+            cmd: args.cmd.clone(),
+            workdir: workdir.display().to_string(),
+            tty,
+            log_path,
+            timeout: args.timeout_ms.map(Duration::from_millis),
+        };
+        let session = Session::start(meta, spawned, &self.config);
+        self.register(Arc::clone(&session)).await;
+
+        let deadline = call_start + Duration::from_millis(yield_ms);
+        let outcome = session.wait(deadline, call_start, true).await;
+        Ok(self.result_of(&session, outcome, max_tokens, call_start))
+    }
+
+    /// `write_stdin`: writes `chars` (if any) to a session and waits for output, exit or a
+    /// prompt. Unknown ids are [`ExecError::UnknownSession`].
+    pub async fn write_stdin(&self, args: WriteStdinArgs) -> Result<ExecResult, ExecError> {
+        let call_start = Instant::now();
+        let session = self.get(args.session_id)?;
+        session.touch();
+        let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
+        let (yield_ms, detect_input) = if args.chars.is_empty() {
+            (
+                clamp(
+                    args.yield_time_ms.unwrap_or(POLL_YIELD_RANGE_MS.0),
+                    POLL_YIELD_RANGE_MS,
+                ),
+                true,
+            )
+        } else {
+            (
+                clamp(
+                    args.yield_time_ms.unwrap_or(WRITE_YIELD_DEFAULT_MS),
+                    WRITE_YIELD_RANGE_MS,
+                ),
+                true,
+            )
+        };
+        let mut note = None;
+        if !args.chars.is_empty() {
+            let finished = session.state().exit.is_some();
+            if !finished {
+                if let Err(e) = session.write_input(&args.chars).await {
+                    note = Some(format!("[{e}]\n"));
+                }
+            }
+        }
+        let deadline = call_start + Duration::from_millis(yield_ms);
+        let outcome = session.wait(deadline, Instant::now(), detect_input).await;
+        let mut result = self.result_of(&session, outcome, max_tokens, call_start);
+        if let Some(note) = note {
+            result.output.push_str(&note);
+            result.text = render_text(&result);
+        }
+        Ok(result)
+    }
+
+    /// `list_sessions`: every live session and every exited one whose output was not read yet.
+    pub async fn list_sessions(&self) -> SessionList {
+        let sessions: Vec<Arc<Session>> = self.lock_sessions().values().cloned().collect();
+        let mut infos = Vec::with_capacity(sessions.len());
+        for session in sessions {
+            let (finished, exit, timed_out, idle, unread, quiet) = {
+                let state = session.state();
+                let now = Instant::now();
+                (
+                    state.finished,
+                    state.exit,
+                    state.timed_out,
+                    now.duration_since(state.last_used),
+                    state.capture.len(),
+                    now.duration_since(state.last_output) >= self.config.input_quiet,
+                )
+            };
+            let status = if finished || exit.is_some() {
+                ExecStatus::Exited
+            } else if quiet && session.awaits_input().await {
+                ExecStatus::AwaitingInput
+            } else {
+                ExecStatus::Running
+            };
+            infos.push(SessionInfo {
+                session_id: session.id,
+                cmd: session.cmd.clone(),
+                workdir: session.workdir.clone(),
+                tty: session.tty,
+                status,
+                exit_code: exit.map(|e| if timed_out { 124 } else { e.shell_code() }),
+                pid: session.pid,
+                started_at: session
+                    .started_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                idle_ms: idle.as_millis() as u64,
+                unread_bytes: unread,
+            });
+        }
+        infos.sort_by_key(|info| info.session_id);
+        SessionList { sessions: infos }
+    }
+
+    /// `kill_session`: kills the session's whole process tree and returns its final output and
+    /// exit code. The id is unknown afterwards.
+    pub async fn kill_session(&self, session_id: SessionId) -> Result<ExecResult, ExecError> {
+        let call_start = Instant::now();
+        let session = self.get(session_id)?;
+        session.kill().await;
+        // The tree is dead; the waiter records the exit and drains (bounded) right after.
+        let deadline = Instant::now() + self.config.exit_drain + Duration::from_secs(5);
+        let outcome = session.wait(deadline, call_start, false).await;
+        if outcome != WaitOutcome::Finished {
+            tracing::warn!(
+                session = session_id,
+                "killed session did not finish in time"
+            );
+            session.stop_tasks();
+        }
+        let mut result = self.result_of(
+            &session,
+            WaitOutcome::Finished,
+            DEFAULT_MAX_OUTPUT_TOKENS,
+            call_start,
+        );
+        if result.exit_code.is_none() {
+            result.exit_code = Some(-1);
+        }
+        self.remove(session_id, true);
+        result.text = render_text(&result);
+        Ok(result)
+    }
+
+    /// Kills every session's process tree and deletes all session logs. New commands are
+    /// refused from now on.
+    pub async fn shutdown(&self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let sessions: Vec<Arc<Session>> = self.lock_sessions().drain().map(|(_, s)| s).collect();
+        let mut kills = tokio::task::JoinSet::new();
+        for session in sessions {
+            kills.spawn(async move {
+                session.kill().await;
+                session.stop_tasks();
+                let _ = std::fs::remove_file(&session.log_path);
+            });
+        }
+        while kills.join_next().await.is_some() {}
+        for path in lock(&self.retained_logs).drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = std::fs::remove_dir(&self.config.log_dir);
+    }
+
+    fn get(&self, id: SessionId) -> Result<Arc<Session>, ExecError> {
+        self.lock_sessions()
+            .get(&id)
+            .cloned()
+            .ok_or(ExecError::UnknownSession(id))
+    }
+
+    fn lock_sessions(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
+        lock(&self.sessions)
+    }
+
+    fn resolve_workdir(&self, workdir: Option<&str>) -> Result<PathBuf, ExecError> {
+        let path = match workdir {
+            None | Some("") => self.config.default_workdir.clone(),
+            Some(dir) => self.config.default_workdir.join(dir),
+        };
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => Ok(path),
+            Ok(_) => Err(ExecError::InvalidWorkdir {
+                path,
+                reason: "not a directory".into(),
+            }),
+            Err(e) => Err(ExecError::InvalidWorkdir {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    fn allocate_id(&self) -> SessionId {
+        let sessions = self.lock_sessions();
+        loop {
+            let id: SessionId = rand::random_range(1000..100_000);
+            if !sessions.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Adds a session, pruning first when the registry is full: keep the most recently used
+    /// `n_protected_recent`; among the rest remove the least recently used exited session, else
+    /// the least recently used running one (its tree is killed).
+    async fn register(&self, session: Arc<Session>) {
+        let mut pruned = Vec::new();
+        {
+            let mut sessions = self.lock_sessions();
+            while sessions.len() >= self.config.max_sessions.max(1) {
+                let mut by_use: Vec<(Instant, bool, SessionId)> = sessions
+                    .values()
+                    .map(|s| {
+                        let state = s.state();
+                        (state.last_used, state.finished, s.id)
+                    })
+                    .collect();
+                by_use.sort_by(|a, b| b.0.cmp(&a.0));
+                let candidates = by_use.get(self.config.n_protected_recent..).unwrap_or(&[]);
+                let victim = candidates
+                    .iter()
+                    .rev()
+                    .find(|(_, finished, _)| *finished)
+                    .or_else(|| candidates.last())
+                    .or_else(|| by_use.last())
+                    .map(|(_, _, id)| *id);
+                let Some(victim) = victim else { break };
+                if let Some(removed) = sessions.remove(&victim) {
+                    pruned.push(removed);
+                }
+            }
+            sessions.insert(session.id, session);
+        }
+        for victim in pruned {
+            tracing::info!(session = victim.id, cmd = %victim.cmd, "pruning exec session");
+            tokio::spawn(async move {
+                victim.kill().await;
+                victim.stop_tasks();
+                let _ = std::fs::remove_file(&victim.log_path);
+            });
+        }
+    }
+
+    /// Forgets a finished session. Its log is kept (bounded) when a result named it, so the
+    /// `output_file` an agent was given stays readable; otherwise it is deleted now.
+    fn remove(&self, id: SessionId, finished: bool) {
+        let Some(session) = self.lock_sessions().remove(&id) else {
+            return;
+        };
+        if finished {
+            session.stop_tasks();
+        }
+        if session.state().log_named {
+            let mut retained = lock(&self.retained_logs);
+            retained.push_back(session.log_path.clone());
+            while retained.len() > self.config.n_retained_logs {
+                if let Some(old) = retained.pop_front() {
+                    let _ = std::fs::remove_file(old);
+                }
+            }
+        } else {
+            let _ = std::fs::remove_file(&session.log_path);
+        }
+    }
+
+    /// Takes the unread output and builds the result; a finished session is removed.
+    fn result_of(
+        &self,
+        session: &Arc<Session>,
+        outcome: WaitOutcome,
+        max_tokens: u64,
+        call_start: Instant,
+    ) -> ExecResult {
+        let options = RenderOptions {
+            max_output_tokens: max_tokens,
+            rows: self.config.tty_rows,
+            cols: self.config.tty_cols,
+        };
+        let (captured, exit, timed_out, log_bytes, log_capped) = {
+            let mut state = session.state();
+            state.last_used = Instant::now();
+            let finished = outcome == WaitOutcome::Finished;
+            let captured = state.capture.take(!finished);
+            (
+                captured,
+                state.exit,
+                state.timed_out,
+                state.log_bytes,
+                state.log_capped,
+            )
+        };
+        let rendered = warren_output::render_chunk(&captured, options);
+        let mut output = rendered.text;
+        let mut output_file = None;
+        if rendered.truncated {
+            let path = session.log_path.display().to_string();
+            let extent = if log_capped {
+                format!("its first {log_bytes} bytes")
+            } else {
+                format!("{log_bytes} bytes so far")
+            };
+            if !output.ends_with('\n') && !output.is_empty() {
+                output.push('\n');
+            }
+            output.push_str(&format!(
+                "[full output of this session in {path} ({extent}); read a range with \
+                 `sed -n '1,200p' {path}` or `tail -c 20000 {path}`]\n"
+            ));
+            session.state().log_named = true;
+            output_file = Some(path);
+        }
+        let finished = outcome == WaitOutcome::Finished;
+        if finished && timed_out {
+            let ms = session.timeout.map(|t| t.as_millis()).unwrap_or(0);
+            output.push_str(&format!(
+                "[command timed out after {ms} ms; process tree killed]\n"
+            ));
+        }
+        let (status, exit_code, signal, session_id) = match outcome {
+            WaitOutcome::Finished => {
+                let exit = exit.unwrap_or(session::ExitInfo {
+                    code: None,
+                    signal: None,
+                });
+                let code = if timed_out { 124 } else { exit.shell_code() };
+                (
+                    ExecStatus::Exited,
+                    Some(code),
+                    exit.signal.map(signal_name),
+                    None,
+                )
+            }
+            WaitOutcome::AwaitingInput => (ExecStatus::AwaitingInput, None, None, Some(session.id)),
+            WaitOutcome::YieldExpired => (ExecStatus::Running, None, None, Some(session.id)),
+        };
+        let mut result = ExecResult {
+            chunk_id: chunk_id(),
+            wall_time_seconds: call_start.elapsed().as_secs_f64(),
+            status,
+            exit_code,
+            signal,
+            session_id,
+            original_token_count: rendered.original_token_count,
+            output,
+            output_file,
+            text: String::new(),
+        };
+        result.text = render_text(&result);
+        if finished {
+            self.remove(session.id, true);
+        }
+        result
+    }
+}
+
+fn clamp(value: u64, (low, high): (u64, u64)) -> u64 {
+    value.clamp(low, high)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Registry updates are single inserts and removes; a poisoned lock is still consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn chunk_id() -> String {
+    format!("{:06x}", rand::random_range(0..0x100_0000u32))
+}
+
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("SIG{signal}"),
+    };
+    name.to_owned()
+}
+
+fn find_in_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+fn spawn_pipes(
+    shell: &str,
+    flag: &str,
+    cmd: &str,
+    workdir: &Path,
+    env: Vec<(String, String)>,
+) -> std::io::Result<Spawned> {
+    use warren_process::pipes::{OutputMode, PipeCommand, StdinMode, spawn_piped};
+    let command = PipeCommand {
+        program: shell.into(),
+        args: vec![flag.into(), cmd.into()],
+        env: env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+        clear_env: true,
+        cwd: Some(workdir.to_path_buf()),
+        stdin: StdinMode::Pipe,
+        output: OutputMode::Merged,
+    };
+    let child = spawn_piped(&command)?;
+    let pid = child.pid;
+    let mut process = child.child;
+    Ok(Spawned {
+        pid,
+        tree: child.tree,
+        output: Box::new(child.stdout),
+        stdin: child.stdin.map(|s| Box::new(s) as session::BoxedWriter),
+        wait: Box::pin(async move {
+            let status = process.wait().await;
+            warren_process::reaper::release(pid);
+            status
+        }),
+    })
+}
+
+fn spawn_tty(
+    _shell: &str,
+    _flag: &str,
+    _cmd: &str,
+    _workdir: &Path,
+    _env: Vec<(String, String)>,
+    _config: &EngineConfig,
+) -> std::io::Result<Spawned> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "tty sessions are not available yet",
+    ))
+}

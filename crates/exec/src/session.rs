@@ -1,0 +1,454 @@
+//! One exec session: a command running on pipes or a PTY, the tasks that drain its output and
+//! wait for it, and the state calls read from.
+//!
+//! Three tasks own the process side: the reader drains output into the bounded capture and the
+//! raw log (it never stops reading, so the command never blocks on a full pipe), the waiter
+//! waits for the exit and then gives the reader at most `exit_drain` to reach end of file (a
+//! grandchild may hold the pipe open forever), and an optional timer kills the tree when
+//! `timeout_ms` expires. Everything calls need is in [`SessionState`] behind one mutex; changes
+//! are announced on a `watch` channel so a waiting call never misses one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use warren_output::HeadTailCapture;
+use warren_process::TreeId;
+use warren_protocol::exec::SessionId;
+
+use crate::config::EngineConfig;
+
+/// Size of one read from the command's output.
+const READ_CHUNK: usize = 64 * 1024;
+/// How often a waiting call looks in /proc for a process blocked reading its input.
+const INPUT_POLL: Duration = Duration::from_millis(100);
+/// Longest time one write to a command's stdin may block (a command that never reads).
+const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(crate) type BoxedWriter = Box<dyn AsyncWrite + Send + Unpin>;
+pub(crate) type BoxedReader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// How the process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    pub fn from_status(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        Self {
+            code: status.code(),
+            signal: status.signal(),
+        }
+    }
+
+    /// The shell convention: the exit code, or 128 + the signal number.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => -1,
+        }
+    }
+}
+
+/// What calls read and the process tasks write.
+#[derive(Debug)]
+pub(crate) struct SessionState {
+    pub capture: HeadTailCapture,
+    /// When output last arrived (or the session started).
+    pub last_output: Instant,
+    /// When a call last used the session (for pruning) or output arrived.
+    pub last_used: Instant,
+    pub exit: Option<ExitInfo>,
+    /// Output reached end of file.
+    pub eof: bool,
+    /// Exited and drained (or the drain gave up): the next result is the final one.
+    pub finished: bool,
+    /// `timeout_ms` expired and the tree was killed.
+    pub timed_out: bool,
+    /// Bytes written to the raw log; the log stops at `max_log_bytes`.
+    pub log_bytes: u64,
+    pub log_capped: bool,
+    /// A result named the log file, so it must outlive the session for a while.
+    pub log_named: bool,
+    /// Stdin was closed (Ctrl-D on a pipe session), so the command cannot be waiting for us.
+    pub stdin_closed: bool,
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitOutcome {
+    Finished,
+    AwaitingInput,
+    YieldExpired,
+}
+
+/// A live exec session. Shared between the registry, calls and its own tasks.
+pub(crate) struct Session {
+    pub id: SessionId,
+    pub cmd: String,
+    pub workdir: String,
+    pub tty: bool,
+    pub pid: u32,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub tree: TreeId,
+    /// Target of the command's fd 0 (`pipe:[N]` or `/dev/pts/N`), for awaiting-input checks.
+    pub input_target: Option<PathBuf>,
+    pub log_path: PathBuf,
+    pub timeout: Option<Duration>,
+    state: Mutex<SessionState>,
+    changed: watch::Sender<()>,
+    stdin: tokio::sync::Mutex<Option<BoxedWriter>>,
+    kill_grace: Duration,
+    input_quiet: Duration,
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
+    timer: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// What [`Session::start`] needs from a freshly spawned command.
+pub(crate) struct Spawned {
+    pub pid: u32,
+    pub tree: TreeId,
+    pub output: BoxedReader,
+    pub stdin: Option<BoxedWriter>,
+    /// Resolves with the exit status; must release the pid to the reaper itself.
+    pub wait: std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send>,
+    >,
+}
+
+/// Description of the command, kept for listing.
+pub(crate) struct SessionMeta {
+    pub id: SessionId,
+    pub cmd: String,
+    pub workdir: String,
+    pub tty: bool,
+    pub log_path: PathBuf,
+    pub timeout: Option<Duration>,
+}
+
+impl Session {
+    /// Wraps a spawned command and starts its reader, waiter and timer tasks.
+    pub fn start(meta: SessionMeta, spawned: Spawned, config: &EngineConfig) -> Arc<Self> {
+        let now = Instant::now();
+        let input_target = warren_process::procfs::fd_target(spawned.pid as i32, 0);
+        let (changed, _) = watch::channel(());
+        let session = Arc::new(Session {
+            id: meta.id,
+            cmd: meta.cmd,
+            workdir: meta.workdir,
+            tty: meta.tty,
+            pid: spawned.pid,
+            started_at: chrono::Utc::now(),
+            tree: spawned.tree,
+            input_target,
+            log_path: meta.log_path,
+            timeout: meta.timeout,
+            state: Mutex::new(SessionState {
+                capture: HeadTailCapture::new(config.capture_bytes),
+                last_output: now,
+                last_used: now,
+                exit: None,
+                eof: false,
+                finished: false,
+                timed_out: false,
+                log_bytes: 0,
+                log_capped: false,
+                log_named: false,
+                stdin_closed: spawned.stdin.is_none(),
+            }),
+            changed,
+            stdin: tokio::sync::Mutex::new(spawned.stdin),
+            kill_grace: config.kill_grace,
+            input_quiet: config.input_quiet,
+            reader: Mutex::new(None),
+            timer: Mutex::new(None),
+        });
+
+        let log = open_log(&session.log_path);
+        let reader = tokio::spawn(read_output(
+            Arc::clone(&session),
+            spawned.output,
+            log,
+            config.max_log_bytes,
+        ));
+        *lock(&session.reader) = Some(reader.abort_handle());
+        tokio::spawn(wait_for_exit(
+            Arc::clone(&session),
+            spawned.wait,
+            config.exit_drain,
+        ));
+        if let Some(timeout) = session.timeout {
+            let timed = Arc::clone(&session);
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                if timed.state().exit.is_none() {
+                    timed.state().timed_out = true;
+                    timed.kill().await;
+                }
+            });
+            *lock(&session.timer) = Some(timer.abort_handle());
+        }
+        session
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, SessionState> {
+        lock(&self.state)
+    }
+
+    fn announce(&self) {
+        self.changed.send_replace(());
+    }
+
+    pub fn touch(&self) {
+        self.state().last_used = Instant::now();
+    }
+
+    /// Kills the whole process tree (SIGTERM, grace, SIGKILL) and returns once the kill is done;
+    /// the waiter then records the exit.
+    pub async fn kill(&self) {
+        let tree = self.tree.clone();
+        let grace = self.kill_grace;
+        let report =
+            tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, grace)).await;
+        match report {
+            Ok(report) if !report.survivors.is_empty() => {
+                tracing::warn!(session = self.id, survivors = ?report.survivors, "processes survived SIGKILL");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(session = self.id, error = %e, "kill task failed"),
+        }
+    }
+
+    /// Waits until `deadline`, returning early when the session finishes or (unless
+    /// `detect_input` is false) its process waits for input after `input_quiet` without output
+    /// counted from `quiet_from`.
+    pub async fn wait(
+        &self,
+        deadline: Instant,
+        quiet_from: Instant,
+        detect_input: bool,
+    ) -> WaitOutcome {
+        let mut changes = self.changed.subscribe();
+        loop {
+            let (finished, quiet_since, may_wait_for_input) = {
+                let state = self.state();
+                (
+                    state.finished,
+                    state.last_output.max(quiet_from),
+                    state.exit.is_none() && !(state.stdin_closed && !self.tty),
+                )
+            };
+            if finished {
+                return WaitOutcome::Finished;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return WaitOutcome::YieldExpired;
+            }
+            let quiet_enough = now.duration_since(quiet_since) >= self.input_quiet;
+            if detect_input && may_wait_for_input && quiet_enough && self.awaits_input().await {
+                return WaitOutcome::AwaitingInput;
+            }
+            let next_check = if detect_input && may_wait_for_input {
+                let quiet_end = quiet_since + self.input_quiet;
+                deadline.min(quiet_end.max(now + INPUT_POLL))
+            } else {
+                deadline
+            };
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep_until(next_check.into()) => {}
+            }
+        }
+    }
+
+    /// True when a process of the tree is blocked reading the command's input.
+    pub async fn awaits_input(&self) -> bool {
+        let Some(input) = self.input_target.clone() else {
+            return false;
+        };
+        let tree = self.tree.clone();
+        let foreground_only = self.tty;
+        tokio::task::spawn_blocking(move || {
+            let members = warren_process::tree_members(&tree);
+            warren_process::procfs::tree_awaits_input(&members, &input, foreground_only)
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Writes `chars` to the command. On pipe sessions `\u{3}` sends SIGINT to the process group
+    /// and `\u{4}` closes stdin; on a PTY all bytes go to the terminal, which does that itself.
+    pub async fn write_input(&self, chars: &str) -> Result<(), String> {
+        let mut stdin = self.stdin.lock().await;
+        if self.tty {
+            return write_all(stdin.as_mut(), chars.as_bytes()).await;
+        }
+        let mut rest = chars;
+        while !rest.is_empty() {
+            let cut = rest.find(['\u{3}', '\u{4}']).unwrap_or(rest.len());
+            write_all(stdin.as_mut(), rest[..cut].as_bytes()).await?;
+            match rest[cut..].chars().next() {
+                Some('\u{3}') => {
+                    if let Err(e) = warren_process::pipes::signal_group(
+                        self.tree.root_pid,
+                        rustix::process::Signal::INT,
+                    ) {
+                        tracing::debug!(session = self.id, error = %e, "SIGINT not delivered");
+                    }
+                    rest = &rest[cut + 1..];
+                }
+                Some('\u{4}') => {
+                    if let Some(mut pipe) = stdin.take() {
+                        let _ = pipe.shutdown().await;
+                    }
+                    self.state().stdin_closed = true;
+                    rest = &rest[cut + 1..];
+                }
+                _ => rest = "",
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the tasks that may still run (reader held open by a grandchild, timer).
+    pub fn stop_tasks(&self) {
+        if let Some(timer) = lock(&self.timer).take() {
+            timer.abort();
+        }
+        if let Some(reader) = lock(&self.reader).take() {
+            reader.abort();
+        }
+    }
+}
+
+async fn write_all(stdin: Option<&mut BoxedWriter>, bytes: &[u8]) -> Result<(), String> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let Some(stdin) = stdin else {
+        return Err("stdin is closed".to_string());
+    };
+    let write = async {
+        stdin.write_all(bytes).await?;
+        stdin.flush().await
+    };
+    match tokio::time::timeout(STDIN_WRITE_TIMEOUT, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("writing to stdin failed: {e}")),
+        Err(_) => {
+            Err("writing to stdin timed out: the command is not reading its input".to_string())
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State updates are single assignments; a panic elsewhere cannot leave them half done.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn open_log(path: &Path) -> Option<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::File::create(path) {
+        Ok(file) => Some(file),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot create session log");
+            None
+        }
+    }
+}
+
+async fn read_output(
+    session: Arc<Session>,
+    mut output: BoxedReader,
+    mut log: Option<std::fs::File>,
+    max_log_bytes: u64,
+) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut log_bytes = 0u64;
+    loop {
+        // A PTY reports EIO once the last process holding the terminal exits: end of output.
+        let n = match output.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let data = &buf[..n];
+        let mut capped = false;
+        if let Some(file) = log.as_mut() {
+            let room = max_log_bytes.saturating_sub(log_bytes) as usize;
+            let part = &data[..room.min(n)];
+            if !part.is_empty() && file.write_all(part).is_ok() {
+                log_bytes += part.len() as u64;
+            }
+            capped = part.len() < n;
+            if capped {
+                log = None;
+            }
+        }
+        {
+            let mut state = session.state();
+            state.capture.push(data);
+            let now = Instant::now();
+            state.last_output = now;
+            state.last_used = now;
+            state.log_bytes = log_bytes;
+            state.log_capped |= capped;
+        }
+        session.announce();
+    }
+    session.state().eof = true;
+    session.announce();
+}
+
+async fn wait_for_exit(
+    session: Arc<Session>,
+    wait: std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send>,
+    >,
+    exit_drain: Duration,
+) {
+    let exit = match wait.await {
+        Ok(status) => ExitInfo::from_status(status),
+        Err(e) => {
+            tracing::error!(session = session.id, error = %e, "waiting for the command failed");
+            ExitInfo {
+                code: None,
+                signal: None,
+            }
+        }
+    };
+    session.state().exit = Some(exit);
+    session.announce();
+    let mut changes = session.changed.subscribe();
+    let drained = tokio::time::timeout(exit_drain, async {
+        while !session.state().eof {
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        // Something the command started still holds the output open; stop reading it so the
+        // result is final. That process keeps running (it was put in the background on purpose).
+        if let Some(reader) = lock(&session.reader).take() {
+            reader.abort();
+        }
+    }
+    if let Some(timer) = lock(&session.timer).take() {
+        timer.abort();
+    }
+    session.state().finished = true;
+    session.announce();
+}

@@ -1,0 +1,201 @@
+//! Reading from `/proc` whether a command is blocked waiting for input.
+//!
+//! A command "waits for input" when a process of its tree that belongs to the foreground process
+//! group of its terminal (for pipe sessions: any process of the tree) is asleep in a read-like
+//! system call on the command's input: its stdin pipe or its terminal. The input is identified by
+//! the target of `/proc/<pid>/fd/0` right after spawning (`pipe:[123]` or `/dev/pts/4`), so a
+//! process reading some other pipe (`yes | head`) or sleeping (`sleep 30`) never counts.
+//!
+//! The system call comes from `/proc/<pid>/syscall` (number and first argument, the fd); when that
+//! file is unreadable the kernel wait channel in `/proc/<pid>/wchan` is used instead. This module
+//! only looks; deciding that "no new output for ~300 ms" makes it a prompt is the caller's job.
+
+use std::path::PathBuf;
+
+/// What a process of the tree is doing, as far as waiting for input goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcState {
+    pub pid: i32,
+    /// One-letter state from `/proc/<pid>/stat` (`R`, `S`, `D`, `T`, `Z`...).
+    pub state: char,
+    pub pgid: i32,
+    /// Foreground process group of the process's controlling terminal (-1 when none).
+    pub tpgid: i32,
+}
+
+/// Reads state, process group and terminal foreground group of `pid`.
+pub fn proc_state(pid: i32) -> Option<ProcState> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_state(&text)
+}
+
+fn parse_stat_state(text: &str) -> Option<ProcState> {
+    let pid = text.split_whitespace().next()?.parse().ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    let pgid = fields.next()?.parse().ok()?;
+    let _sid = fields.next()?;
+    let _tty_nr = fields.next()?;
+    let tpgid = fields.next()?.parse().ok()?;
+    Some(ProcState {
+        pid,
+        state,
+        pgid,
+        tpgid,
+    })
+}
+
+/// The target of `pid`'s file descriptor `fd` (`pipe:[123]`, `/dev/pts/4`, ...).
+pub fn fd_target(pid: i32, fd: i32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()
+}
+
+/// The system call a sleeping process is blocked in, from `/proc/<pid>/syscall`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockedSyscall {
+    pub number: i64,
+    pub first_arg: u64,
+}
+
+fn parse_syscall(text: &str) -> Option<BlockedSyscall> {
+    let mut fields = text.split_whitespace();
+    let number = fields.next()?.parse().ok()?;
+    let first_arg = u64::from_str_radix(fields.next()?.trim_start_matches("0x"), 16).ok()?;
+    Some(BlockedSyscall { number, first_arg })
+}
+
+/// Read-like system calls whose first argument is the fd read from.
+#[cfg(target_arch = "x86_64")]
+const FD_READS: &[i64] = &[0, 17, 19, 295, 327]; // read, pread64, readv, preadv, preadv2
+/// Waits on several fds (select, poll, ppoll, pselect6): the fds are behind pointers.
+#[cfg(target_arch = "x86_64")]
+const MULTI_WAITS: &[i64] = &[7, 23, 270, 271];
+#[cfg(target_arch = "aarch64")]
+const FD_READS: &[i64] = &[63, 67, 65, 69, 286];
+#[cfg(target_arch = "aarch64")]
+const MULTI_WAITS: &[i64] = &[72, 73];
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const FD_READS: &[i64] = &[];
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const MULTI_WAITS: &[i64] = &[];
+
+/// Kernel wait channels of a process asleep reading a pipe or a terminal.
+const READ_WCHANS: &[&str] = &["pipe_read", "anon_pipe_read", "n_tty_read", "wait_woken"];
+
+/// True when `pid` is asleep reading `input` (the target of the command's fd 0, see
+/// [`fd_target`]).
+pub fn is_blocked_reading(pid: i32, input: &std::path::Path) -> bool {
+    let Some(state) = proc_state(pid) else {
+        return false;
+    };
+    if state.state != 'S' {
+        return false;
+    }
+    let stdin_is_input = fd_target(pid, 0).is_some_and(|t| t == input);
+    match std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .ok()
+        .and_then(|t| parse_syscall(&t))
+    {
+        Some(call) if FD_READS.contains(&call.number) => i32::try_from(call.first_arg)
+            .ok()
+            .and_then(|fd| fd_target(pid, fd))
+            .is_some_and(|t| t == input),
+        Some(call) if MULTI_WAITS.contains(&call.number) => stdin_is_input,
+        Some(_) => false,
+        None => {
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+            stdin_is_input && READ_WCHANS.contains(&wchan.trim())
+        }
+    }
+}
+
+/// True when one of `members` (a command's live tree) waits for input on `input`. With
+/// `foreground_only`, only members in their terminal's foreground process group count (PTY
+/// sessions; a background job reading the terminal would be stopped, not prompting).
+pub fn tree_awaits_input(members: &[i32], input: &std::path::Path, foreground_only: bool) -> bool {
+    members.iter().any(|&pid| {
+        if foreground_only {
+            match proc_state(pid) {
+                Some(state) if state.tpgid > 0 && state.pgid == state.tpgid => {}
+                _ => return false,
+            }
+        }
+        is_blocked_reading(pid, input)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn parses_stat_state_and_foreground_group() {
+        let state = parse_stat_state("42 (a (b) c) S 7 42 40 34816 45 4194304").expect("parses");
+        assert_eq!(
+            state,
+            ProcState {
+                pid: 42,
+                state: 'S',
+                pgid: 42,
+                tpgid: 45
+            }
+        );
+        assert!(parse_stat_state("nonsense").is_none());
+    }
+
+    #[test]
+    fn parses_syscall_number_and_fd() {
+        let table = [
+            (
+                "0 0x0 0x7fa1654f8000 0x20000 0x0 0x0 0x0 0x7ffc 0x7fa1",
+                Some((0, 0)),
+            ),
+            ("230 0x3 0x0 0x7ffc", Some((230, 3))),
+            ("running", None),
+            ("-1 0x7ffc 0x7fa1", None),
+        ];
+        for (text, expected) in table {
+            let got = parse_syscall(text).map(|c| (c.number, c.first_arg));
+            // "-1" is what the kernel prints for a process blocked outside a syscall; it parses
+            // as a number but has no fd argument worth trusting, and must never match a read.
+            if text.starts_with("-1") {
+                assert!(got.is_none_or(|(n, _)| !FD_READS.contains(&n)), "{text}");
+                continue;
+            }
+            assert_eq!(got, expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn cat_waiting_on_a_pipe_is_blocked_reading_and_sleep_is_not() {
+        let (reader, _writer) = std::io::pipe().expect("pipe");
+        let mut cat = std::process::Command::new("cat")
+            .stdin(reader)
+            .spawn()
+            .expect("cat");
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let cat_pid = cat.id() as i32;
+        let input = fd_target(cat_pid, 0).expect("cat's stdin");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_blocked_reading(cat_pid, &input) {
+            assert!(
+                Instant::now() < deadline,
+                "cat never showed as blocked reading its stdin"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!is_blocked_reading(sleep.id() as i32, &input));
+        let _ = cat.kill();
+        let _ = sleep.kill();
+        let _ = cat.wait();
+        let _ = sleep.wait();
+    }
+}
