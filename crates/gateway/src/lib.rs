@@ -1,14 +1,156 @@
-//! The gateway: devices, sessions, the event log, brains and hands.
+//! The gateway (`warren gateway`, `warren serve`): the only server a phone or browser talks to.
+//! Per session it runs a brain (an ACP agent process, see `warren-brain`) and hands (a
+//! `warren execd` confined to the session workspace, see [`hands`]), and keeps one durable event
+//! stream that is the client's single source of truth.
+//!
+//! Code map: [`config`] flags; [`api`] routes and credential extractors; [`auth`] devices and
+//! tokens; [`admission`] quotas; [`sessions`] registry, metadata and recovery; [`event_log`] the
+//! per-session `events.jsonl` with live subscribers; [`sse`] the event stream over HTTP; [`turns`]
+//! messages, brains, permissions and cancel; [`error`] the one error-to-status mapping.
+//! Deliberately absent here: ACP itself (brain crate), snapshots, pause/archive, files and
+//! terminal routes, the web console.
 
+pub mod admission;
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod event_log;
 pub mod hands;
+pub mod sessions;
+pub mod sse;
+pub mod store;
+pub mod turns;
 
-/// `warren gateway` / `warren serve` flags.
-#[derive(Debug, Clone, clap::Args)]
-pub struct GatewayArgs {}
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
+pub use config::GatewayArgs;
+pub use error::GatewayError;
+use warren_brain::{AgentCommand, WorkerPool};
+
+use crate::admission::{Admission, Limits};
+use crate::auth::Devices;
+use crate::hands::{HandsProvider, LocalHands};
+use crate::sessions::Sessions;
+
+/// One gateway's state, shared by every route and background task.
+pub struct Gateway {
+    pub args: GatewayArgs,
+    pub app_key: String,
+    pub devices: Devices,
+    pub sessions: Sessions,
+    pub pool: Arc<WorkerPool>,
+    /// The `warren` binary that runs hands, the MCP server and the built-in agent.
+    pub warren_bin: PathBuf,
+    pub started: Instant,
+}
+
+impl Gateway {
+    /// Loads devices and sessions from `--data` (recovering interrupted turns) and starts the
+    /// warm pool. Call inside a tokio runtime.
+    pub async fn open(mut args: GatewayArgs) -> Result<Arc<Gateway>, GatewayError> {
+        std::fs::create_dir_all(&args.data)?;
+        args.data = std::fs::canonicalize(&args.data)?;
+        let warren_bin = match &args.warren_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()?,
+        };
+        let agent = match &args.agent {
+            Some(command_line) => AgentCommand::parse(command_line)
+                .map_err(|e| GatewayError::InvalidRequest(format!("--agent: {e}")))?,
+            None => AgentCommand::shell_agent(warren_bin.to_string_lossy()),
+        };
+        let app_key = args
+            .app_key
+            .clone()
+            .unwrap_or_else(|| auth::new_secret("wk_"));
+        let data = args.data.clone();
+        let admission = Admission::new(Limits::new(args.max_brains));
+        let provider: Arc<dyn HandsProvider> = Arc::new(LocalHands::new(warren_bin.clone()));
+        let (devices, sessions) = tokio::task::spawn_blocking(move || {
+            Ok::<_, std::io::Error>((
+                Devices::load(&data)?,
+                Sessions::load(&data, admission, provider)?,
+            ))
+        })
+        .await
+        .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        let pool = WorkerPool::new(agent, args.warm_workers);
+        let gateway = Arc::new(Gateway {
+            args,
+            app_key,
+            devices,
+            sessions,
+            pool,
+            warren_bin,
+            started: Instant::now(),
+        });
+        turns::spawn_idle_sweeper(&gateway);
+        Ok(gateway)
+    }
+
+    pub fn router(self: &Arc<Self>) -> axum::Router {
+        api::router(self.clone())
+    }
+
+    /// SIGTERM: ends running turns (`interrupted`), closes every brain, stops every hands and
+    /// flushes every event log.
+    pub async fn shutdown(&self) {
+        self.pool.shutdown().await;
+        let sessions = self.sessions.all();
+        futures_util::future::join_all(sessions.iter().map(turns::shut_down_session)).await;
+    }
+}
+
+/// Serves `gateway` on `listener` until `shutdown` resolves, then shuts it down.
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = gateway.router();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let mut stop_rx = stop_rx;
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    });
+    let server = tokio::spawn(server.into_future());
+    shutdown.await;
+    // SSE streams never end on their own; shut the sessions down first so their streams close,
+    // then let the server finish the remaining requests.
+    gateway.shutdown().await;
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(std::time::Duration::from_secs(5), server).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(join)) => Err(std::io::Error::other(join)),
+        Err(_) => {
+            tracing::warn!("connections still open after 5 s; exiting anyway");
+            Ok(())
+        }
+    }
+}
+
+/// `warren gateway` / `warren serve`: prints where to connect and how to register a device,
+/// then serves until `shutdown`.
 pub async fn run(
-    _args: GatewayArgs,
-    _shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    args: GatewayArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("warren gateway is not implemented yet")
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let local_addr = listener.local_addr()?;
+    let gateway = Gateway::open(args).await?;
+    let url = format!("http://{local_addr}");
+    tracing::info!(%url, data = %gateway.args.data.display(), "warren gateway listening");
+    println!("warren gateway listening on {url}");
+    println!("data directory: {}", gateway.args.data.display());
+    println!("app key: {}", gateway.app_key);
+    println!("register a device:");
+    println!(
+        "  curl -s -X POST {url}/v1/devices -H 'X-App-Key: {}' -H 'Content-Type: application/json' -d '{{\"device_id\":\"my-phone-01\"}}'",
+        gateway.app_key
+    );
+    serve(gateway, listener, shutdown).await?;
+    Ok(())
 }

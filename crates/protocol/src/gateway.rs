@@ -1,1 +1,217 @@
-//! Wire types for the gateway API (see ../shared/spec).
+//! Wire types for the gateway API (`/work/shared/spec/gateway.md`): device registration, sessions,
+//! messages, permission answers and the events of a session's stream.
+//!
+//! An [`Event`] is what one line of `events.jsonl` holds and what one SSE `data:` carries:
+//! `{"seq", "ts", "type", "turn"?, ...}` with the type-specific fields flattened in. ACP payloads
+//! (`update`, `tool_call`, `options`) stay `serde_json::Value` so they pass through unchanged.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `POST /v1/devices` body (sent with the `X-App-Key` header).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterDevice {
+    pub device_id: String,
+}
+
+/// `201` answer to [`RegisterDevice`]: the device token is shown exactly once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRegistered {
+    pub device_id: String,
+    pub token: String,
+}
+
+/// One device as the admin routes list it (never any token material).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub device_id: String,
+    pub created_at: String,
+    /// Whether the device holds a token that is neither revoked nor expired.
+    pub bound: bool,
+    pub last_used_at: Option<String>,
+    pub n_sessions: usize,
+}
+
+/// `POST /v1/sessions` body; the body may also be empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateSession {
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+/// A session as `GET /v1/sessions[/{id}]` and `POST /v1/sessions` answer it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub id: String,
+    pub title: String,
+    pub created_at: String,
+    /// `idle` or `running` (a turn is in progress).
+    pub status: String,
+    /// The number of the last turn (0 before the first message).
+    pub turn: u64,
+    /// The seq of the last event of the session's stream (0 when empty).
+    pub last_seq: u64,
+    /// Brain state: `none`, `starting`, `ready`, `busy`.
+    pub brain: String,
+    /// Hands state: `none` (not created yet) or `running`.
+    pub hands: String,
+}
+
+/// `GET /v1/sessions` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// `POST /v1/sessions/{id}/messages` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PostMessage {
+    pub text: String,
+}
+
+/// `202` answer to [`PostMessage`]: the number of the turn it started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageAccepted {
+    pub turn: u64,
+}
+
+/// `POST /v1/sessions/{id}/permissions/{request_id}` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionAnswer {
+    pub option_id: String,
+}
+
+/// One entry of a session's event stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    /// RFC 3339 time the gateway appended the event.
+    pub ts: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u64>,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// The type-specific part of an [`Event`]; `type` is the SSE `event:` name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    UserMessage {
+        text: String,
+    },
+    TurnStart {},
+    /// An ACP `session/update` notification's `update`, unchanged.
+    Update {
+        update: Value,
+    },
+    PermissionRequest {
+        request_id: String,
+        tool_call: Value,
+        options: Value,
+    },
+    PermissionResolved {
+        request_id: String,
+        /// `selected` or `cancelled`.
+        outcome: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        option_id: Option<String>,
+    },
+    /// `stop_reason` is ACP's (`end_turn`, `cancelled`, ...) or `interrupted` / `error`.
+    TurnEnd {
+        stop_reason: String,
+    },
+    /// Brain or hands state change (`starting`, `ready`, `idle`, `paused`, `archived`,
+    /// `restored`, `reset`).
+    Status {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        brain: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hands: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    FilesChanged {
+        paths: Vec<String>,
+    },
+    /// Sandbox lifecycle with timings (free-form details).
+    Hands {
+        state: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        elapsed_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+    /// Sent on a stream (never stored) when events after `after` up to `next_seq - 1` are no
+    /// longer available.
+    Gap {
+        after: u64,
+        next_seq: u64,
+    },
+}
+
+impl EventBody {
+    /// The `type` tag, used as the SSE `event:` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::UserMessage { .. } => "user_message",
+            EventBody::TurnStart {} => "turn_start",
+            EventBody::Update { .. } => "update",
+            EventBody::PermissionRequest { .. } => "permission_request",
+            EventBody::PermissionResolved { .. } => "permission_resolved",
+            EventBody::TurnEnd { .. } => "turn_end",
+            EventBody::Status { .. } => "status",
+            EventBody::FilesChanged { .. } => "files_changed",
+            EventBody::Hands { .. } => "hands",
+            EventBody::Error { .. } => "error",
+            EventBody::Gap { .. } => "gap",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_serializes_flat_with_type_tag() {
+        let event = Event {
+            seq: 3,
+            ts: "2026-01-01T00:00:00Z".into(),
+            turn: Some(1),
+            body: EventBody::TurnEnd {
+                stop_reason: "end_turn".into(),
+            },
+        };
+        let json = serde_json::to_value(&event).expect("event serializes");
+        assert_eq!(
+            json,
+            serde_json::json!({"seq": 3, "ts": "2026-01-01T00:00:00Z", "turn": 1,
+                "type": "turn_end", "stop_reason": "end_turn"})
+        );
+        let back: Event = serde_json::from_value(json).expect("event parses");
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn kind_matches_serialized_type() {
+        let bodies = [
+            EventBody::TurnStart {},
+            EventBody::Update {
+                update: serde_json::json!({"sessionUpdate": "x"}),
+            },
+            EventBody::Gap {
+                after: 1,
+                next_seq: 5,
+            },
+        ];
+        for body in bodies {
+            let json = serde_json::to_value(&body).expect("body serializes");
+            assert_eq!(json["type"], body.kind());
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The gateway's HTTP surface: routes, credential extractors and handlers. Handlers parse and
+//! authorize, then call the owning module (devices, sessions, turns, the SSE stream); status
+//! codes come only from [`GatewayError`].
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use warren_protocol::gateway::{
+    CreateSession, DeviceInfo, DeviceRegistered, MessageAccepted, PermissionAnswer, PostMessage,
+    RegisterDevice, SessionInfo, SessionList,
+};
+
+use crate::auth::secret_matches;
+use crate::error::{GatewayError, Json, parse_optional_body};
+use crate::{Gateway, event_log, sse, turns};
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/devices", post(register_device))
+        .route("/v1/admin/devices", get(admin_list_devices))
+        .route(
+            "/v1/admin/devices/{device_id}/reset",
+            post(admin_reset_device),
+        )
+        .route("/v1/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/messages", post(post_message))
+        .route("/v1/sessions/{id}/cancel", post(cancel_turn))
+        .route(
+            "/v1/sessions/{id}/permissions/{request_id}",
+            post(answer_permission),
+        )
+        .route("/v1/sessions/{id}/events", get(events))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { GatewayError::RouteNotFound })
+        .with_state(gateway)
+}
+
+/// The bearer token of a request: `Authorization: Bearer T`, else `?access_token=T` (browsers
+/// cannot set headers on EventSource/WebSocket).
+fn bearer(parts: &Parts) -> Option<String> {
+    if let Some(value) = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        return value.strip_prefix("Bearer ").map(|t| t.trim().to_string());
+    }
+    let query = parts.uri.query()?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("access_token=").map(str::to_string))
+}
+
+/// An authenticated device (its id).
+pub struct Device(pub String);
+
+impl FromRequestParts<Arc<Gateway>> for Device {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
+        gateway.devices.authenticate(&token).map(Device)
+    }
+}
+
+/// A request carrying the admin token. Admin routes do not exist without `--admin-token`.
+pub struct Admin;
+
+impl FromRequestParts<Arc<Gateway>> for Admin {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let expected = gateway
+            .args
+            .admin_token
+            .as_deref()
+            .ok_or(GatewayError::RouteNotFound)?;
+        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
+        if secret_matches(&token, expected) {
+            Ok(Admin)
+        } else {
+            Err(GatewayError::Unauthorized)
+        }
+    }
+}
+
+async fn register_device(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Json(body): Json<RegisterDevice>,
+) -> Result<Response, GatewayError> {
+    let app_key = headers
+        .get("x-app-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !secret_matches(app_key, &gateway.app_key) {
+        return Err(GatewayError::BadAppKey);
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let token = gateway.devices.register(&body.device_id, presented)?;
+    tracing::info!(device_id = %body.device_id, "device registered");
+    let registered = DeviceRegistered {
+        device_id: body.device_id,
+        token,
+    };
+    Ok((StatusCode::CREATED, axum::Json(registered)).into_response())
+}
+
+async fn admin_list_devices(
+    State(gateway): State<Arc<Gateway>>,
+    _admin: Admin,
+) -> Result<axum::Json<Vec<DeviceInfo>>, GatewayError> {
+    let devices = gateway
+        .devices
+        .list()
+        .into_iter()
+        .map(|(device_id, created_at, bound, last_used_at)| DeviceInfo {
+            n_sessions: gateway.sessions.count_for(&device_id),
+            device_id,
+            created_at,
+            bound,
+            last_used_at,
+        })
+        .collect();
+    Ok(axum::Json(devices))
+}
+
+async fn admin_reset_device(
+    State(gateway): State<Arc<Gateway>>,
+    _admin: Admin,
+    Path(device_id): Path<String>,
+) -> Result<StatusCode, GatewayError> {
+    gateway.devices.reset(&device_id)?;
+    tracing::info!(%device_id, "device tokens revoked by admin");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn create_session(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    let body: CreateSession = parse_optional_body(&body)?;
+    let session = turns::create_session(&gateway, &device_id, body.title).await?;
+    Ok((StatusCode::CREATED, axum::Json(session.info())).into_response())
+}
+
+async fn list_sessions(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+) -> axum::Json<SessionList> {
+    let sessions = gateway
+        .sessions
+        .list(&device_id)
+        .iter()
+        .map(|s| s.info())
+        .collect();
+    axum::Json(SessionList { sessions })
+}
+
+async fn get_session(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+) -> Result<axum::Json<SessionInfo>, GatewayError> {
+    Ok(axum::Json(gateway.sessions.get(&device_id, &id)?.info()))
+}
+
+async fn delete_session(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+) -> Result<StatusCode, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    turns::delete_session(&gateway, &session).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn post_message(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+    Json(body): Json<PostMessage>,
+) -> Result<Response, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    let turn = turns::start_turn(&gateway, &session, body.text).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(MessageAccepted { turn })).into_response())
+}
+
+async fn cancel_turn(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+) -> Result<StatusCode, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    turns::cancel_turn(&session).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn answer_permission(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path((id, request_id)): Path<(String, String)>,
+    Json(body): Json<PermissionAnswer>,
+) -> Result<StatusCode, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    turns::answer_permission(&session, &request_id, body.option_id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+}
+
+async fn events(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    let last_event_id = match headers.get("last-event-id") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    GatewayError::InvalidRequest("Last-Event-ID must be a seq".into())
+                })?,
+        ),
+        None => None,
+    };
+    let after = last_event_id.or(query.after).unwrap_or(0);
+    Ok(sse::stream(session, after).into_response())
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
+    let sessions = gateway.sessions.all();
+    let n_running = sessions
+        .iter()
+        .filter(|s| s.lock().running_turn.is_some())
+        .count();
+    let n_subscribers: usize = sessions.iter().map(|s| s.log.n_subscribers()).sum();
+    let lines = [
+        ("warren_gateway_sessions", "gauge", sessions.len() as u64),
+        ("warren_gateway_turns_running", "gauge", n_running as u64),
+        (
+            "warren_gateway_brains_running",
+            "gauge",
+            gateway.sessions.admission().n_brains() as u64,
+        ),
+        (
+            "warren_gateway_warm_workers",
+            "gauge",
+            gateway.pool.n_ready() as u64,
+        ),
+        (
+            "warren_gateway_sse_subscribers",
+            "gauge",
+            n_subscribers as u64,
+        ),
+        (
+            "warren_gateway_events_appended_total",
+            "counter",
+            event_log::EVENTS_APPENDED.load(Ordering::Relaxed),
+        ),
+        (
+            "warren_gateway_sse_slow_subscribers_dropped_total",
+            "counter",
+            event_log::SLOW_SUBSCRIBERS_DROPPED.load(Ordering::Relaxed),
+        ),
+        (
+            "warren_gateway_uptime_seconds",
+            "gauge",
+            gateway.started.elapsed().as_secs(),
+        ),
+    ];
+    let mut text = String::new();
+    for (name, kind, value) in lines {
+        text.push_str(&format!("# TYPE {name} {kind}\n{name} {value}\n"));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

@@ -1,0 +1,188 @@
+//! `warren gateway` / `warren serve` flags (each also an env var `WARREN_<NAME>`) and the small
+//! parsers for durations (`2h`, `30s`, `500ms`) and sizes (`512MiB`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(long, env = "WARREN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Data directory (devices, sessions, event logs, workspaces).
+    #[arg(long, env = "WARREN_DATA", default_value = "./warren-data")]
+    pub data: PathBuf,
+    /// Key a client presents (`X-App-Key`) to register a device; generated and printed if absent.
+    #[arg(long, env = "WARREN_APP_KEY", hide_env_values = true)]
+    pub app_key: Option<String>,
+    /// Bearer token for the admin routes; they are off when absent.
+    #[arg(long, env = "WARREN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// The ACP agent command line (default: the built-in `warren shell-agent`).
+    #[arg(long, env = "WARREN_AGENT")]
+    pub agent: Option<String>,
+    /// Agent workers started and initialized ahead of time.
+    #[arg(long, env = "WARREN_WARM_WORKERS", default_value_t = 2)]
+    pub warm_workers: usize,
+    /// Server-wide limit of running brains.
+    #[arg(long, env = "WARREN_MAX_BRAINS", default_value_t = 24)]
+    pub max_brains: usize,
+    /// A brain with no turn and no pending permission is stopped after this long.
+    #[arg(long, env = "WARREN_BRAIN_IDLE", default_value = "2h", value_parser = parse_duration)]
+    pub brain_idle: Duration,
+    /// Idle hands are paused after this long (used by the hands lifecycle).
+    #[arg(long, env = "WARREN_HANDS_IDLE_PAUSE", default_value = "2m", value_parser = parse_duration)]
+    pub hands_idle_pause: Duration,
+    /// Paused hands are archived after this long (used by the hands lifecycle).
+    #[arg(long, env = "WARREN_HANDS_ARCHIVE_AFTER", default_value = "24h", value_parser = parse_duration)]
+    pub hands_archive_after: Duration,
+    /// Snapshots larger than this are not archived.
+    #[arg(long, env = "WARREN_SNAPSHOT_MAX", default_value = "512MiB", value_parser = parse_size)]
+    pub snapshot_max: u64,
+    /// The `warren` binary used to start hands (`execd`), the MCP server and the built-in
+    /// agent (default: this executable).
+    #[arg(long, env = "WARREN_BIN", hide = true)]
+    pub warren_bin: Option<PathBuf>,
+}
+
+// Hand-written so the app key and admin token never reach a log through `{:?}`.
+impl std::fmt::Debug for GatewayArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayArgs")
+            .field("listen", &self.listen)
+            .field("data", &self.data)
+            .field("app_key", &self.app_key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("agent", &self.agent)
+            .field("warm_workers", &self.warm_workers)
+            .field("max_brains", &self.max_brains)
+            .field("brain_idle", &self.brain_idle)
+            .field("hands_idle_pause", &self.hands_idle_pause)
+            .field("hands_archive_after", &self.hands_archive_after)
+            .field("snapshot_max", &self.snapshot_max)
+            .field("warren_bin", &self.warren_bin)
+            .finish()
+    }
+}
+
+impl GatewayArgs {
+    /// Every default, with the data directory and listen address given (tests, benchmarks).
+    pub fn with_data(data: PathBuf) -> GatewayArgs {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: GatewayArgs,
+        }
+        let mut args = Wrapper::parse_from(["warren"]).args;
+        args.data = data;
+        args.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        args
+    }
+}
+
+/// `2h`, `90m`, `30s`, `500ms`, `1d`, or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}"))?;
+    let seconds = |n: u64| Ok(Duration::from_secs(n));
+    match unit {
+        "" | "s" => seconds(number),
+        "ms" => Ok(Duration::from_millis(number)),
+        "m" => seconds(number * 60),
+        "h" => seconds(number * 3600),
+        "d" => seconds(number * 86_400),
+        _ => Err(format!(
+            "invalid duration unit in {text:?} (use ms, s, m, h, d)"
+        )),
+    }
+}
+
+/// `512MiB`, `1GiB`, `200MB`, `64KiB`, or plain bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid size {text:?}"))?;
+    let factor: u64 = match unit {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "invalid size unit in {text:?} (use B, KB, MB, GB, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_table() {
+        let cases = [
+            ("2h", Some(7200)),
+            ("2m", Some(120)),
+            ("30s", Some(30)),
+            ("45", Some(45)),
+            ("1d", Some(86_400)),
+            ("h", None),
+            ("2w", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                parse_duration(text).ok().map(|d| d.as_secs()),
+                want,
+                "{text}"
+            );
+        }
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn sizes_table() {
+        let cases = [
+            ("512MiB", Some(512 << 20)),
+            ("200MB", Some(200_000_000)),
+            ("7", Some(7)),
+            ("1XB", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_size(text).ok(), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_spec_and_debug_hides_secrets() {
+        let mut args = GatewayArgs::with_data(PathBuf::from("d"));
+        assert_eq!(args.warm_workers, 2);
+        assert_eq!(args.max_brains, 24);
+        assert_eq!(args.brain_idle, Duration::from_secs(7200));
+        assert_eq!(args.snapshot_max, 512 << 20);
+        args.app_key = Some("secret-app-key".into());
+        assert!(!format!("{args:?}").contains("secret-app-key"));
+    }
+}

@@ -1,0 +1,109 @@
+//! The gateway's error type and the one place that maps it to an HTTP status plus the JSON body
+//! `{"code","message"}`. Modules return [`GatewayError`]; only [`IntoResponse`] picks statuses.
+//! A 5xx hides internals from the client and logs them.
+
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use warren_protocol::error::ErrorBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("device id must be 8 to 128 characters of [A-Za-z0-9_-]")]
+    InvalidDeviceId,
+    #[error("missing or wrong app key")]
+    BadAppKey,
+    #[error("missing, unknown, revoked or expired token")]
+    Unauthorized,
+    #[error("device id is bound to another token; present that token to register again")]
+    DeviceAlreadyBound,
+    #[error("not found")]
+    RouteNotFound,
+    #[error("device not found")]
+    DeviceNotFound,
+    #[error("session not found")]
+    SessionNotFound,
+    #[error("a turn is in progress")]
+    TurnInProgress,
+    #[error("no turn is running")]
+    NoTurnRunning,
+    #[error("no pending permission request with this id")]
+    PermissionNotFound,
+    #[error("{0}")]
+    QuotaExceeded(String),
+    #[error("{0}")]
+    ServerBusy(String),
+    #[error("the agent could not be started: {0}")]
+    BrainUnavailable(String),
+    #[error("storage error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            GatewayError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+            GatewayError::InvalidDeviceId => (StatusCode::BAD_REQUEST, "INVALID_DEVICE_ID"),
+            GatewayError::BadAppKey => (StatusCode::UNAUTHORIZED, "INVALID_APP_KEY"),
+            GatewayError::Unauthorized => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+            GatewayError::DeviceAlreadyBound => (StatusCode::CONFLICT, "DEVICE_ALREADY_BOUND"),
+            GatewayError::RouteNotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
+            GatewayError::SessionNotFound => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
+            GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),
+            GatewayError::NoTurnRunning => (StatusCode::CONFLICT, "NO_TURN_RUNNING"),
+            GatewayError::PermissionNotFound => (StatusCode::NOT_FOUND, "PERMISSION_NOT_FOUND"),
+            GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
+            GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),
+            GatewayError::BrainUnavailable(_) => (StatusCode::BAD_GATEWAY, "BRAIN_UNAVAILABLE"),
+            GatewayError::Io(_) | GatewayError::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")
+            }
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let message = if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+            "internal error".to_string()
+        } else {
+            self.to_string()
+        };
+        (status, axum::Json(ErrorBody::new(code, message))).into_response()
+    }
+}
+
+/// `axum::Json` whose rejection is a 400 `INVALID_REQUEST_BODY` in Warren's error shape.
+pub struct Json<T>(pub T);
+
+impl<S, T> FromRequest<S> for Json<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = GatewayError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(Json(value)),
+            Err(rejection) => Err(GatewayError::InvalidRequest(rejection.body_text())),
+        }
+    }
+}
+
+/// Parses a body that may be empty: empty or whitespace-only bytes give `T::default()`.
+pub fn parse_optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, GatewayError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| GatewayError::InvalidRequest(format!("invalid JSON body: {e}")))
+}

@@ -1,0 +1,122 @@
+//! `GET /v1/sessions/{id}/events`: a session's event log as Server-Sent Events.
+//!
+//! The stream resumes after `Last-Event-ID` (or `?after=`): it first sends every stored event
+//! with a larger seq, paging through the file when the position is older than the in-memory
+//! tail, then switches to a live subscription positioned exactly at the last event sent, so there
+//! is no gap and no duplicate. Framing: `id: <seq>`, `event: <type>`, `data: <json>`; a comment
+//! heartbeat every 15 s. A subscriber dropped for being too slow sees its stream end and resumes
+//! from its last id. When the requested position was compacted away a `gap` event comes first.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use warren_protocol::gateway::EventBody;
+
+use crate::event_log::{StoredEvent, SubscribeError, Subscription};
+use crate::sessions::Session;
+
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+/// Events read from the file per page while catching up.
+const CATCH_UP_PAGE: usize = 1024;
+
+enum Phase {
+    CatchUp,
+    Live(Subscription),
+}
+
+struct StreamState {
+    session: Arc<Session>,
+    last_sent: u64,
+    pending: VecDeque<Arc<StoredEvent>>,
+    phase: Phase,
+    gap: Option<(u64, u64)>,
+}
+
+fn to_sse(event: &StoredEvent) -> SseEvent {
+    SseEvent::default()
+        .id(event.seq.to_string())
+        .event(event.kind)
+        .data(&*event.json)
+}
+
+/// The SSE response for `session`, starting after seq `after`.
+pub fn stream(
+    session: Arc<Session>,
+    after: u64,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let first = session.log.first_seq();
+    let gap = (after + 1 < first).then_some((after, first));
+    let state = StreamState {
+        session,
+        last_sent: after,
+        pending: VecDeque::new(),
+        phase: Phase::CatchUp,
+        gap,
+    };
+    let events = futures_util::stream::unfold(state, |mut state| async move {
+        let event = next_event(&mut state).await?;
+        Some((Ok(event), state))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(HEARTBEAT))
+}
+
+async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
+    if let Some((after, next_seq)) = state.gap.take() {
+        state.last_sent = next_seq - 1;
+        let body = EventBody::Gap { after, next_seq };
+        let data = serde_json::json!({"type": "gap", "after": after, "next_seq": next_seq});
+        return Some(
+            SseEvent::default()
+                .id(state.last_sent.to_string())
+                .event(body.kind())
+                .data(data.to_string()),
+        );
+    }
+    loop {
+        if let Phase::Live(subscription) = &state.phase
+            && subscription.dropped.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        if let Some(event) = state.pending.pop_front() {
+            if event.seq <= state.last_sent {
+                continue;
+            }
+            state.last_sent = event.seq;
+            return Some(to_sse(&event));
+        }
+        match &mut state.phase {
+            Phase::CatchUp => match state.session.log.subscribe(state.last_sent) {
+                Ok(subscription) => {
+                    state.pending.extend(subscription.backlog.iter().cloned());
+                    state.phase = Phase::Live(subscription);
+                }
+                Err(SubscribeError::Behind) => {
+                    let page = state
+                        .session
+                        .log
+                        .read_after(state.last_sent, CATCH_UP_PAGE)
+                        .await;
+                    match page {
+                        Ok(page) if !page.is_empty() => state.pending.extend(page),
+                        Ok(_) => return None,
+                        Err(e) => {
+                            tracing::error!(session = %state.session.id, error = %e, "cannot read events");
+                            return None;
+                        }
+                    }
+                }
+                Err(SubscribeError::Closed) => return None,
+            },
+            Phase::Live(subscription) => {
+                let event = subscription.live.recv().await?;
+                state.pending.push_back(event);
+            }
+        }
+    }
+}
