@@ -1,0 +1,267 @@
+//! A scripted ACP agent used only by Warren's tests (not shipped in the `warren` binary). Each
+//! prompt is one instruction:
+//! - `echo TEXT`: streams TEXT back as three `agent_message_chunk`s.
+//! - `perm`: asks `session/request_permission` (options `allow`, `reject`) and reports the answer
+//!   as `permission: <option id>` or ends the turn `cancelled`.
+//! - `wait`: says `waiting`, then waits for `session/cancel` and ends the turn `cancelled`.
+//! - `write PATH TEXT` / `read PATH`: `fs/write_text_file` / `fs/read_text_file`.
+//! - `term COMMAND`: runs `bash -c COMMAND` through the terminal methods and reports
+//!   `exit N: OUTPUT`.
+//! - `crash`: says `crashing` and exits with status 3 in the middle of the turn.
+//!
+//! Flags: `--resume` advertises `session/resume`, `--load` advertises `session/load` (and replays
+//! one history chunk while loading), `--close` advertises `session/close`. `shell` as the first
+//! argument runs the built-in shell agent instead (so brain tests need no `warren` binary).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, ContentBlock,
+    ContentChunk, CreateTerminalRequest, InitializeRequest, InitializeResponse, LoadSessionRequest,
+    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
+    PermissionOptionKind, PromptRequest, PromptResponse, ReadTextFileRequest,
+    ReleaseTerminalRequest, RequestPermissionOutcome, RequestPermissionRequest,
+    ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
+    SessionId, SessionNotification, SessionResumeCapabilities, SessionUpdate, StopReason,
+    TerminalOutputRequest, TextContent, ToolCallUpdate, ToolCallUpdateFields,
+    WaitForTerminalExitRequest, WriteTextFileRequest,
+};
+use agent_client_protocol::{Agent, ByteStreams, Client};
+use tokio::sync::watch;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("shell") {
+        return warren_brain::shell_agent::run().await;
+    }
+    let flags = Flags {
+        resume: args.iter().any(|a| a == "--resume"),
+        load: args.iter().any(|a| a == "--load"),
+        close: args.iter().any(|a| a == "--close"),
+    };
+    let transport = ByteStreams::new(
+        tokio::io::stdout().compat_write(),
+        tokio::io::stdin().compat(),
+    );
+    serve(flags, transport)
+        .await
+        .map_err(|e| anyhow::anyhow!("test agent: {e}"))
+}
+
+#[derive(Clone, Copy)]
+struct Flags {
+    resume: bool,
+    load: bool,
+    close: bool,
+}
+
+fn say(cx: &ConnectionTo<Client>, session_id: &SessionId, text: impl Into<String>) {
+    let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(text.into())));
+    let _ = cx.send_notification(SessionNotification::new(
+        session_id.clone(),
+        SessionUpdate::AgentMessageChunk(chunk),
+    ));
+}
+
+async fn serve(
+    flags: Flags,
+    transport: impl agent_client_protocol::ConnectTo<Agent> + 'static,
+) -> agent_client_protocol::Result<()> {
+    let cancel = Arc::new(watch::channel(0u64).0);
+    let on_cancel = cancel.clone();
+    let n_sessions = Arc::new(AtomicU64::new(0));
+    Agent
+        .v1()
+        .name("warren-test-agent")
+        .on_receive_request(
+            async move |request: InitializeRequest, responder, _cx| {
+                let mut session = SessionCapabilities::new();
+                if flags.resume {
+                    session = session.resume(SessionResumeCapabilities::new());
+                }
+                if flags.close {
+                    session = session.close(SessionCloseCapabilities::new());
+                }
+                let capabilities = AgentCapabilities::new()
+                    .load_session(flags.load)
+                    .session_capabilities(session);
+                responder.respond(
+                    InitializeResponse::new(request.protocol_version)
+                        .agent_capabilities(capabilities),
+                )
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |_request: NewSessionRequest, responder, _cx| {
+                let n = n_sessions.fetch_add(1, Ordering::SeqCst);
+                responder.respond(NewSessionResponse::new(format!(
+                    "test-{}-{n}",
+                    std::process::id()
+                )))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |_request: ResumeSessionRequest, responder, _cx| {
+                responder.respond(ResumeSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                say(&cx, &request.session_id, "replayed history");
+                responder.respond(LoadSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |_request: CloseSessionRequest, responder, _cx| {
+                responder.respond(CloseSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |_notification: CancelNotification, _cx| {
+                on_cancel.send_modify(|generation| *generation += 1);
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
+                let mut cancelled = cancel.subscribe();
+                cancelled.mark_unchanged();
+                tokio::spawn(async move {
+                    let result = run_turn(&cx, request, &mut cancelled).await;
+                    let _ = responder.respond_with_result(result.map(PromptResponse::new));
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_to(transport)
+        .await
+}
+
+async fn run_turn(
+    cx: &ConnectionTo<Client>,
+    request: PromptRequest,
+    cancelled: &mut watch::Receiver<u64>,
+) -> agent_client_protocol::Result<StopReason> {
+    let session_id = request.session_id;
+    let text: String = request
+        .prompt
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text(text) => Some(text.text.clone()),
+            _ => None,
+        })
+        .collect();
+    let (instruction, rest) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+    match instruction {
+        "echo" => {
+            let third = rest.len() / 3;
+            let cut = |i: usize| {
+                (0..=i)
+                    .rev()
+                    .find(|&j| rest.is_char_boundary(j))
+                    .unwrap_or(0)
+            };
+            let (a, b) = (cut(third), cut(2 * third));
+            for piece in [&rest[..a], &rest[a..b], &rest[b..]] {
+                say(cx, &session_id, piece);
+            }
+            Ok(StopReason::EndTurn)
+        }
+        "perm" => {
+            let options = vec![
+                PermissionOption::new("allow", "Allow", PermissionOptionKind::AllowOnce),
+                PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
+            ];
+            let tool_call = ToolCallUpdate::new(
+                "tool-1",
+                ToolCallUpdateFields::new().title("dangerous thing"),
+            );
+            let ask = RequestPermissionRequest::new(session_id.clone(), tool_call, options);
+            let answer = cx.send_request(ask).block_task().await?;
+            match answer.outcome {
+                RequestPermissionOutcome::Selected(selected) => {
+                    say(
+                        cx,
+                        &session_id,
+                        format!("permission: {}", selected.option_id.0),
+                    );
+                    Ok(StopReason::EndTurn)
+                }
+                _ => Ok(StopReason::Cancelled),
+            }
+        }
+        "wait" => {
+            say(cx, &session_id, "waiting");
+            let _ = cancelled.changed().await;
+            Ok(StopReason::Cancelled)
+        }
+        "write" => {
+            let (path, content) = rest.split_once(' ').unwrap_or((rest, ""));
+            cx.send_request(WriteTextFileRequest::new(session_id.clone(), path, content))
+                .block_task()
+                .await?;
+            say(cx, &session_id, format!("wrote {path}"));
+            Ok(StopReason::EndTurn)
+        }
+        "read" => {
+            let read = cx
+                .send_request(ReadTextFileRequest::new(session_id.clone(), rest))
+                .block_task()
+                .await;
+            match read {
+                Ok(read) => say(cx, &session_id, format!("content: {}", read.content)),
+                Err(error) => say(cx, &session_id, format!("read failed: {}", error.message)),
+            }
+            Ok(StopReason::EndTurn)
+        }
+        "term" => {
+            let create = CreateTerminalRequest::new(session_id.clone(), "bash")
+                .args(vec!["-c".into(), rest.into()]);
+            let terminal_id = cx.send_request(create).block_task().await?.terminal_id;
+            let exit = cx
+                .send_request(WaitForTerminalExitRequest::new(
+                    session_id.clone(),
+                    terminal_id.clone(),
+                ))
+                .block_task()
+                .await?
+                .exit_status;
+            let output = cx
+                .send_request(TerminalOutputRequest::new(
+                    session_id.clone(),
+                    terminal_id.clone(),
+                ))
+                .block_task()
+                .await?;
+            cx.send_request(ReleaseTerminalRequest::new(session_id.clone(), terminal_id))
+                .block_task()
+                .await?;
+            let code = exit
+                .exit_code
+                .map_or_else(|| "none".to_owned(), |c| c.to_string());
+            say(cx, &session_id, format!("exit {code}: {}", output.output));
+            Ok(StopReason::EndTurn)
+        }
+        "crash" => {
+            say(cx, &session_id, "crashing");
+            // Give the notification a moment to reach the pipe, then die mid-turn.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            std::process::exit(3);
+        }
+        other => {
+            say(cx, &session_id, format!("unknown instruction {other:?}"));
+            Ok(StopReason::EndTurn)
+        }
+    }
+}

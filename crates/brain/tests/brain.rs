@@ -1,0 +1,411 @@
+//! The gateway side of ACP against real agent processes: the scripted test agent
+//! (`warren-test-agent`), the built-in shell agent and a Python agent built on the PyPI
+//! `agent-client-protocol` package. The host here serves files and terminals from the local
+//! filesystem with real processes, as hands would.
+
+mod support;
+
+use support::{RecordingSink, TIMEOUT, spawn_session, test_agent, within};
+use warren_brain::{AgentCommand, BrainError, PermissionOutcome, Resumed, Worker, WorkerPool};
+
+#[tokio::test]
+async fn warm_pool_hands_out_initialized_workers_and_refills_in_the_background() {
+    let pool = WorkerPool::new(test_agent(&[]), 2);
+    assert!(
+        pool.wait_ready(2, TIMEOUT).await,
+        "two warm workers within {TIMEOUT:?}"
+    );
+    let first = within("take a warm worker", pool.take())
+        .await
+        .expect("warm worker");
+    let second = within("take a warm worker", pool.take())
+        .await
+        .expect("warm worker");
+    assert_ne!(
+        first.pid(),
+        second.pid(),
+        "one worker per session, never shared"
+    );
+    assert!(
+        pool.wait_ready(2, TIMEOUT).await,
+        "the pool refilled to two within {TIMEOUT:?}"
+    );
+    pool.shutdown().await;
+    assert!(matches!(pool.take().await, Err(BrainError::PoolClosed)));
+    first.kill().await;
+    second.kill().await;
+}
+
+#[tokio::test]
+async fn agent_text_reaches_the_sink_as_it_streams_and_the_turn_ends_with_the_stop_reason() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    let stop_reason = within("echo turn", session.prompt("echo hello brave world".into()))
+        .await
+        .expect("turn");
+    assert_eq!(stop_reason, "end_turn");
+    assert_eq!(
+        sink.n_message_chunks(),
+        3,
+        "three chunks forwarded one by one"
+    );
+    assert_eq!(sink.agent_text(), "hello brave world");
+    session.close().await;
+}
+
+#[tokio::test]
+async fn permission_requests_are_forwarded_and_the_clients_answer_returned() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.prompt("perm".into()).await }
+    });
+    let request = sink.next_permission().await;
+    assert_eq!(request.tool_call["title"], "dangerous thing");
+    assert_eq!(request.options[0]["optionId"], "allow");
+    request.answer(PermissionOutcome::Selected("allow".into()));
+    let stop_reason = within("perm turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert_eq!(stop_reason, "end_turn");
+    assert_eq!(sink.agent_text(), "permission: allow");
+}
+
+#[tokio::test]
+async fn cancel_answers_pending_permissions_cancelled_and_ends_the_turn() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.prompt("perm".into()).await }
+    });
+    let request = sink.next_permission().await;
+    session.cancel().await;
+    within(
+        "the pending permission future is dropped",
+        request.answer_dropped(),
+    )
+    .await;
+    let stop_reason = within("cancelled turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert_eq!(stop_reason, "cancelled");
+}
+
+#[tokio::test]
+async fn cancel_sends_session_cancel_to_a_running_turn() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.prompt("wait".into()).await }
+    });
+    within("the agent says waiting", sink.wait_for_text("waiting")).await;
+    session.cancel().await;
+    let stop_reason = within("cancelled turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert_eq!(stop_reason, "cancelled");
+    // The brain stays usable after a cancelled turn.
+    let again = within("turn after cancel", session.prompt("echo again".into()))
+        .await
+        .expect("turn");
+    assert_eq!(again, "end_turn");
+}
+
+#[tokio::test]
+async fn fs_requests_are_served_by_the_host() {
+    let (session, sink, host) = spawn_session(test_agent(&[])).await;
+    let path = host.root().join("notes.txt");
+    let write = format!("write {} first line", path.display());
+    within("write turn", session.prompt(write))
+        .await
+        .expect("write");
+    assert_eq!(
+        std::fs::read_to_string(&path).expect("file written"),
+        "first line"
+    );
+    within(
+        "read turn",
+        session.prompt(format!("read {}", path.display())),
+    )
+    .await
+    .expect("read");
+    assert!(
+        sink.agent_text().contains("content: first line"),
+        "{}",
+        sink.agent_text()
+    );
+}
+
+#[tokio::test]
+async fn terminal_requests_are_served_by_the_host() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    within("term turn", session.prompt("term echo hi; exit 3".into()))
+        .await
+        .expect("term");
+    assert_eq!(sink.agent_text(), "exit 3: hi\n");
+}
+
+#[tokio::test]
+async fn a_worker_dying_mid_turn_fails_the_turn_with_worker_exited() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    let result = within("crash turn", session.prompt("crash".into())).await;
+    match result {
+        Err(BrainError::WorkerExited { status }) => assert!(status.contains('3'), "{status}"),
+        other => panic!("expected WorkerExited, got {other:?}"),
+    }
+    assert!(sink.agent_text().contains("crashing"));
+    assert!(!session.is_alive());
+}
+
+#[tokio::test]
+async fn close_stops_the_worker_process() {
+    let (session, _sink, _host) = spawn_session(test_agent(&["--close"])).await;
+    let pid = session.pid();
+    within("close", session.close()).await;
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists() || support::is_zombie_or_gone(pid)
+    );
+}
+
+#[tokio::test]
+async fn resume_uses_session_resume_when_the_agent_supports_it() {
+    let (session, _sink, host) = spawn_session(test_agent(&["--resume"])).await;
+    let acp_session_id = session.acp_session_id().to_owned();
+    session.close().await;
+    let worker = Worker::spawn(&test_agent(&["--resume"]))
+        .await
+        .expect("worker");
+    let sink = RecordingSink::new();
+    let (session, resumed) = within(
+        "resume",
+        worker.resume_session(
+            acp_session_id.clone(),
+            host.root().to_owned(),
+            vec![],
+            host.clone(),
+            sink.clone(),
+        ),
+    )
+    .await
+    .expect("resume");
+    assert_eq!(resumed, Resumed::Resumed);
+    assert_eq!(session.acp_session_id(), acp_session_id);
+    within("turn after resume", session.prompt("echo back".into()))
+        .await
+        .expect("turn");
+    assert_eq!(sink.agent_text(), "back");
+}
+
+#[tokio::test]
+async fn resume_falls_back_to_session_load_without_forwarding_the_replay() {
+    let (session, _sink, host) = spawn_session(test_agent(&["--load"])).await;
+    let acp_session_id = session.acp_session_id().to_owned();
+    session.close().await;
+    let worker = Worker::spawn(&test_agent(&["--load"]))
+        .await
+        .expect("worker");
+    let sink = RecordingSink::new();
+    let (session, resumed) = within(
+        "load",
+        worker.resume_session(
+            acp_session_id.clone(),
+            host.root().to_owned(),
+            vec![],
+            host.clone(),
+            sink.clone(),
+        ),
+    )
+    .await
+    .expect("load");
+    assert_eq!(resumed, Resumed::Loaded);
+    within("turn after load", session.prompt("echo back".into()))
+        .await
+        .expect("turn");
+    assert_eq!(
+        sink.agent_text(),
+        "back",
+        "the replayed history was not forwarded"
+    );
+}
+
+#[tokio::test]
+async fn resume_without_agent_support_starts_a_new_session_and_reports_lost_context() {
+    let (session, _sink, host) = spawn_session(test_agent(&[])).await;
+    let acp_session_id = session.acp_session_id().to_owned();
+    session.close().await;
+    let worker = Worker::spawn(&test_agent(&[])).await.expect("worker");
+    let (session, resumed) = within(
+        "resume",
+        worker.resume_session(
+            acp_session_id.clone(),
+            host.root().to_owned(),
+            vec![],
+            host.clone(),
+            RecordingSink::new(),
+        ),
+    )
+    .await
+    .expect("new session");
+    assert_eq!(resumed, Resumed::ContextLost);
+    assert_ne!(session.acp_session_id(), acp_session_id);
+}
+
+#[tokio::test]
+async fn the_shell_agent_runs_the_message_in_a_terminal_and_streams_its_output() {
+    let (session, sink, _host) = spawn_session(test_agent(&["shell"])).await;
+    let stop_reason = within("shell turn", session.prompt("echo hi; echo there".into()))
+        .await
+        .expect("turn");
+    assert_eq!(stop_reason, "end_turn");
+    assert!(
+        sink.agent_text().contains("hi\nthere\n"),
+        "{}",
+        sink.agent_text()
+    );
+    let kinds = sink.update_kinds();
+    assert!(kinds.contains(&"tool_call".to_owned()), "{kinds:?}");
+    assert!(kinds.contains(&"tool_call_update".to_owned()), "{kinds:?}");
+    let last_tool_update = sink
+        .last_of_kind("tool_call_update")
+        .expect("tool call update");
+    assert_eq!(last_tool_update["status"], "completed");
+}
+
+#[tokio::test]
+async fn the_shell_agent_reports_a_failing_command() {
+    let (session, sink, _host) = spawn_session(test_agent(&["shell"])).await;
+    within("shell turn", session.prompt("echo oops >&2; exit 7".into()))
+        .await
+        .expect("turn");
+    assert!(sink.agent_text().contains("oops"), "{}", sink.agent_text());
+    assert!(
+        sink.agent_text().contains("exit code 7"),
+        "{}",
+        sink.agent_text()
+    );
+    assert_eq!(
+        sink.last_of_kind("tool_call_update").expect("update")["status"],
+        "failed"
+    );
+}
+
+#[tokio::test]
+async fn the_shell_agent_asks_before_rm_and_does_not_run_it_when_refused() {
+    let (session, sink, host) = spawn_session(test_agent(&["shell"])).await;
+    let victim = host.root().join("keep.txt");
+    std::fs::write(&victim, "x").expect("write");
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.prompt("rm keep.txt".into()).await }
+    });
+    let request = sink.next_permission().await;
+    assert_eq!(request.tool_call["title"], "rm keep.txt");
+    request.answer(PermissionOutcome::Selected("reject".into()));
+    let stop_reason = within("refused turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert_eq!(stop_reason, "end_turn");
+    assert!(victim.exists(), "the refused rm did not run");
+    assert!(
+        sink.agent_text().contains("Not run"),
+        "{}",
+        sink.agent_text()
+    );
+}
+
+#[tokio::test]
+async fn the_shell_agent_runs_rm_once_allowed() {
+    let (session, sink, host) = spawn_session(test_agent(&["shell"])).await;
+    let victim = host.root().join("gone.txt");
+    std::fs::write(&victim, "x").expect("write");
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.prompt("rm gone.txt".into()).await }
+    });
+    sink.next_permission()
+        .await
+        .answer(PermissionOutcome::Selected("allow".into()));
+    within("allowed turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert!(!victim.exists(), "the allowed rm ran");
+}
+
+#[tokio::test]
+async fn cancelling_the_shell_agent_kills_the_running_command() {
+    let (session, sink, host) = spawn_session(test_agent(&["shell"])).await;
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move {
+            session
+                .prompt("echo started; sleep 60; echo never".into())
+                .await
+        }
+    });
+    within("the command started", sink.wait_for_text("started")).await;
+    session.cancel().await;
+    let stop_reason = within("cancelled turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert_eq!(stop_reason, "cancelled");
+    within("the sleep was killed", host.wait_no_running_terminals()).await;
+    assert!(!sink.agent_text().contains("never"));
+}
+
+#[tokio::test]
+async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
+    let python = support::python_venv();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/python/acp_echo_agent.py");
+    let command = AgentCommand {
+        program: python,
+        args: vec![script.display().to_string()],
+    };
+    let (session, sink, host) = spawn_session(command).await;
+    let stop_reason = within(
+        "python echo turn",
+        session.prompt("hello from warren".into()),
+    )
+    .await
+    .expect("turn");
+    assert_eq!(stop_reason, "end_turn");
+    assert!(
+        sink.agent_text().contains("echo: hello from warren"),
+        "{}",
+        sink.agent_text()
+    );
+    // The Python agent also exercises the client methods: a file write and a terminal.
+    let written = host.root().join("python-was-here.txt");
+    within(
+        "python file turn",
+        session.prompt(format!("write {}", written.display())),
+    )
+    .await
+    .expect("turn");
+    assert_eq!(
+        std::fs::read_to_string(&written).expect("written by the python agent"),
+        "hello from python"
+    );
+    within(
+        "python terminal turn",
+        session.prompt("term echo py-term".into()),
+    )
+    .await
+    .expect("turn");
+    assert!(
+        sink.agent_text().contains("py-term"),
+        "{}",
+        sink.agent_text()
+    );
+}

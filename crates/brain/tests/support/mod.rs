@@ -1,0 +1,387 @@
+//! Test helpers: a [`LocalHost`] serving files and terminals from a temp dir with real
+//! processes, a [`RecordingSink`] that records updates and hands permission requests to the test,
+//! and `within`, the one way tests wait (with a timeout naming what was expected).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use warren_brain::{
+    AgentCommand, BoxFuture, BrainSession, Host, HostError, PermissionOutcome, TerminalExit,
+    TerminalOutput, TerminalSpec, TurnSink, Worker,
+};
+
+/// Generous: the machine is shared and loaded.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(TIMEOUT, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?} waiting for {what}"))
+}
+
+pub fn test_agent(args: &[&str]) -> AgentCommand {
+    AgentCommand {
+        program: env!("CARGO_BIN_EXE_warren-test-agent").to_owned(),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+    }
+}
+
+/// The interoperability venv's python (created once by scripts/python-env.sh).
+pub fn python_venv() -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/python-env.sh");
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run python-env.sh");
+    assert!(
+        output.status.success(),
+        "python-env.sh failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .expect("utf-8 path")
+        .trim()
+        .to_owned()
+}
+
+pub fn is_zombie_or_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Spawns `command`, creates a session in a fresh temp workspace, and returns it with its sink
+/// and host.
+pub async fn spawn_session(
+    command: AgentCommand,
+) -> (BrainSession, Arc<RecordingSink>, Arc<LocalHost>) {
+    let worker = within("the agent to start and initialize", Worker::spawn(&command))
+        .await
+        .expect("spawn worker");
+    let host = LocalHost::new();
+    let sink = RecordingSink::new();
+    let session = within(
+        "session/new",
+        worker.new_session(host.root().to_owned(), vec![], host.clone(), sink.clone()),
+    )
+    .await
+    .expect("new session");
+    (session, sink, host)
+}
+
+pub struct PendingPermission {
+    pub tool_call: Value,
+    pub options: Value,
+    answer: oneshot::Sender<PermissionOutcome>,
+}
+
+impl PendingPermission {
+    pub fn answer(self, outcome: PermissionOutcome) {
+        let _ = self.answer.send(outcome);
+    }
+
+    /// Resolves when the brain stopped waiting for this answer.
+    pub async fn answer_dropped(mut self) {
+        self.answer.closed().await;
+    }
+}
+
+pub struct RecordingSink {
+    updates: Mutex<Vec<Value>>,
+    n_updates: watch::Sender<usize>,
+    permissions_tx: mpsc::UnboundedSender<PendingPermission>,
+    permissions_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<PendingPermission>>,
+}
+
+impl RecordingSink {
+    pub fn new() -> Arc<Self> {
+        let (permissions_tx, permissions_rx) = mpsc::unbounded_channel();
+        Arc::new(Self {
+            updates: Mutex::new(Vec::new()),
+            n_updates: watch::channel(0).0,
+            permissions_tx,
+            permissions_rx: tokio::sync::Mutex::new(permissions_rx),
+        })
+    }
+
+    pub fn updates(&self) -> Vec<Value> {
+        self.updates.lock().expect("updates lock").clone()
+    }
+
+    pub fn update_kinds(&self) -> Vec<String> {
+        self.updates()
+            .iter()
+            .filter_map(|u| u["sessionUpdate"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    pub fn last_of_kind(&self, kind: &str) -> Option<Value> {
+        self.updates()
+            .into_iter()
+            .rev()
+            .find(|u| u["sessionUpdate"] == kind)
+    }
+
+    pub fn n_message_chunks(&self) -> usize {
+        self.update_kinds()
+            .iter()
+            .filter(|k| *k == "agent_message_chunk")
+            .count()
+    }
+
+    pub fn agent_text(&self) -> String {
+        self.updates()
+            .iter()
+            .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+            .filter_map(|u| u["content"]["text"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    pub async fn wait_for_text(&self, needle: &str) {
+        let mut n_updates = self.n_updates.subscribe();
+        while !self.agent_text().contains(needle) {
+            if n_updates.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    pub async fn next_permission(&self) -> PendingPermission {
+        within("a permission request", async {
+            self.permissions_rx.lock().await.recv().await
+        })
+        .await
+        .expect("sink alive")
+    }
+}
+
+impl TurnSink for RecordingSink {
+    fn update(&self, update: Value) {
+        let n = {
+            let mut updates = self.updates.lock().expect("updates lock");
+            updates.push(update);
+            updates.len()
+        };
+        self.n_updates.send_replace(n);
+    }
+
+    fn request_permission(
+        &self,
+        tool_call: Value,
+        options: Value,
+    ) -> BoxFuture<'static, PermissionOutcome> {
+        let (answer, answered) = oneshot::channel();
+        let _ = self.permissions_tx.send(PendingPermission {
+            tool_call,
+            options,
+            answer,
+        });
+        Box::pin(async move { answered.await.unwrap_or(PermissionOutcome::Cancelled) })
+    }
+}
+
+struct LocalTerminal {
+    output: Arc<Mutex<String>>,
+    exit: watch::Receiver<Option<TerminalExit>>,
+    pid: u32,
+}
+
+/// Files and terminals on the local machine, in a temp dir.
+pub struct LocalHost {
+    root: tempfile::TempDir,
+    terminals: Mutex<HashMap<String, LocalTerminal>>,
+    n_terminals: std::sync::atomic::AtomicU64,
+}
+
+impl LocalHost {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            root: tempfile::tempdir().expect("temp dir"),
+            terminals: Mutex::new(HashMap::new()),
+            n_terminals: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    pub async fn wait_no_running_terminals(&self) {
+        loop {
+            let running = self
+                .terminals
+                .lock()
+                .expect("lock")
+                .values()
+                .any(|t| t.exit.borrow().is_none());
+            if !running {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn with_terminal<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&LocalTerminal) -> T,
+    ) -> Result<T, HostError> {
+        let terminals = self.terminals.lock().expect("lock");
+        terminals
+            .get(id)
+            .map(f)
+            .ok_or_else(|| HostError::NotFound(id.to_owned()))
+    }
+}
+
+impl Host for LocalHost {
+    fn read_text_file(
+        &self,
+        path: PathBuf,
+        line: Option<u32>,
+        limit: Option<u32>,
+    ) -> BoxFuture<'_, Result<String, HostError>> {
+        Box::pin(async move {
+            let text = tokio::fs::read_to_string(&path)
+                .await
+                .map_err(|e| HostError::NotFound(e.to_string()))?;
+            let skip = line.map_or(0, |l| l.saturating_sub(1) as usize);
+            let take = limit.map_or(usize::MAX, |l| l as usize);
+            Ok(text.split_inclusive('\n').skip(skip).take(take).collect())
+        })
+    }
+
+    fn write_text_file(
+        &self,
+        path: PathBuf,
+        content: String,
+    ) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            tokio::fs::write(&path, content)
+                .await
+                .map_err(|e| HostError::Failed(e.to_string()))
+        })
+    }
+
+    fn create_terminal(&self, spec: TerminalSpec) -> BoxFuture<'_, Result<String, HostError>> {
+        Box::pin(async move {
+            let mut command = tokio::process::Command::new(&spec.command);
+            command
+                .args(&spec.args)
+                .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .current_dir(spec.cwd.unwrap_or_else(|| self.root().to_owned()))
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .process_group(0);
+            let mut child = command
+                .spawn()
+                .map_err(|e| HostError::Failed(e.to_string()))?;
+            let pid = child.id().expect("pid of a just spawned child");
+            let output = Arc::new(Mutex::new(String::new()));
+            let mut readers = Vec::new();
+            for mut pipe in [
+                Box::new(child.stdout.take().expect("stdout"))
+                    as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                Box::new(child.stderr.take().expect("stderr")),
+            ] {
+                let output = output.clone();
+                readers.push(tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = pipe.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        output
+                            .lock()
+                            .expect("lock")
+                            .push_str(&String::from_utf8_lossy(&buf[..n]));
+                    }
+                }));
+            }
+            let (exit_tx, exit_rx) = watch::channel(None);
+            tokio::spawn(async move {
+                let status = child.wait().await.expect("wait");
+                for reader in readers {
+                    let _ = reader.await;
+                }
+                use std::os::unix::process::ExitStatusExt;
+                let exit = TerminalExit {
+                    exit_code: status.code().map(|c| c as u32),
+                    signal: status.signal().map(|s| s.to_string()),
+                };
+                let _ = exit_tx.send(Some(exit));
+            });
+            let id = format!(
+                "t{}",
+                self.n_terminals
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            );
+            self.terminals.lock().expect("lock").insert(
+                id.clone(),
+                LocalTerminal {
+                    output,
+                    exit: exit_rx,
+                    pid,
+                },
+            );
+            Ok(id)
+        })
+    }
+
+    fn terminal_output(
+        &self,
+        terminal_id: String,
+    ) -> BoxFuture<'_, Result<TerminalOutput, HostError>> {
+        Box::pin(async move {
+            self.with_terminal(&terminal_id, |t| TerminalOutput {
+                output: t.output.lock().expect("lock").clone(),
+                truncated: false,
+                exit: t.exit.borrow().clone(),
+            })
+        })
+    }
+
+    fn wait_for_terminal_exit(
+        &self,
+        terminal_id: String,
+    ) -> BoxFuture<'_, Result<TerminalExit, HostError>> {
+        Box::pin(async move {
+            let mut exit = self.with_terminal(&terminal_id, |t| t.exit.clone())?;
+            let exit = exit
+                .wait_for(Option::is_some)
+                .await
+                .map_err(|e| HostError::Failed(e.to_string()))?;
+            Ok(exit.clone().unwrap_or_default())
+        })
+    }
+
+    fn kill_terminal(&self, terminal_id: String) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            let pid = self.with_terminal(&terminal_id, |t| t.pid)?;
+            let tree = warren_process::TreeId::new(pid as i32, None);
+            let _ = tokio::task::spawn_blocking(move || {
+                warren_process::kill_tree(&tree, Duration::from_secs(1))
+            })
+            .await;
+            Ok(())
+        })
+    }
+
+    fn release_terminal(&self, terminal_id: String) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            self.kill_terminal(terminal_id.clone()).await?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,69 @@
+"""An ACP agent built on the PyPI `agent-client-protocol` package (a third-party ACP
+implementation), driven by Warren's brain tests to show that Warren's ACP client speaks the
+protocol as others do.
+
+Prompts:
+  write PATH   -> fs/write_text_file PATH "hello from python", then says "wrote PATH"
+  term CMD     -> terminal/create bash -c CMD, wait_for_exit, terminal/output, release;
+                  says "term: OUTPUT"
+  anything     -> says "echo: <text>"
+"""
+
+import asyncio
+import uuid
+from typing import Any
+
+from acp import (
+    PROTOCOL_VERSION,
+    Agent,
+    InitializeResponse,
+    NewSessionResponse,
+    PromptResponse,
+    run_agent,
+    text_block,
+    update_agent_message,
+)
+from acp.interfaces import Client
+
+
+class EchoAgent(Agent):
+    def __init__(self) -> None:
+        self._conn: Client | None = None
+
+    def on_connect(self, conn: Client) -> None:
+        self._conn = conn
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None, **kwargs: Any) -> InitializeResponse:
+        return InitializeResponse(protocol_version=PROTOCOL_VERSION)
+
+    async def new_session(self, cwd: str, mcp_servers: Any = None, **kwargs: Any) -> NewSessionResponse:
+        return NewSessionResponse(session_id=f"py-{uuid.uuid4().hex}")
+
+    async def _say(self, session_id: str, text: str) -> None:
+        assert self._conn is not None
+        await self._conn.session_update(session_id=session_id, update=update_agent_message(text_block(text)))
+
+    async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
+        assert self._conn is not None
+        text = "".join(getattr(block, "text", "") for block in prompt)
+        if text.startswith("write "):
+            path = text[len("write "):]
+            await self._conn.write_text_file(session_id=session_id, path=path, content="hello from python")
+            await self._say(session_id, f"wrote {path}")
+        elif text.startswith("term "):
+            created = await self._conn.create_terminal(session_id=session_id, command="bash", args=["-c", text[len("term "):]])
+            await self._conn.wait_for_terminal_exit(session_id=session_id, terminal_id=created.terminal_id)
+            output = await self._conn.terminal_output(session_id=session_id, terminal_id=created.terminal_id)
+            await self._conn.release_terminal(session_id=session_id, terminal_id=created.terminal_id)
+            await self._say(session_id, f"term: {output.output}")
+        else:
+            await self._say(session_id, f"echo: {text}")
+        return PromptResponse(stop_reason="end_turn")
+
+
+async def main() -> None:
+    await run_agent(EchoAgent())
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
