@@ -172,11 +172,9 @@ impl Engine {
         };
         let mut note = None;
         if !args.chars.is_empty() {
-            let finished = session.state().exit.is_some();
-            if !finished {
-                if let Err(e) = session.write_input(&args.chars).await {
-                    note = Some(format!("[{e}]\n"));
-                }
+            let exited = session.state().exit.is_some();
+            if !exited && let Err(e) = session.write_input(&args.chars).await {
+                note = Some(format!("[{e}]\n"));
             }
         }
         let deadline = call_start + Duration::from_millis(yield_ms);
@@ -337,7 +335,7 @@ impl Engine {
                         (state.last_used, state.finished, s.id)
                     })
                     .collect();
-                by_use.sort_by(|a, b| b.0.cmp(&a.0));
+                by_use.sort_by_key(|entry| std::cmp::Reverse(entry.0));
                 let candidates = by_use.get(self.config.n_protected_recent..).unwrap_or(&[]);
                 let victim = candidates
                     .iter()

@@ -242,7 +242,7 @@ impl Session {
                 (
                     state.finished,
                     state.last_output.max(quiet_from),
-                    state.exit.is_none() && !(state.stdin_closed && !self.tty),
+                    state.exit.is_none() && (self.tty || !state.stdin_closed),
                 )
             };
             if finished {
@@ -294,7 +294,7 @@ impl Session {
         let mut rest = chars;
         while !rest.is_empty() {
             let cut = rest.find(['\u{3}', '\u{4}']).unwrap_or(rest.len());
-            write_all(stdin.as_mut(), rest[..cut].as_bytes()).await?;
+            write_all(stdin.as_mut(), &rest.as_bytes()[..cut]).await?;
             match rest[cut..].chars().next() {
                 Some('\u{3}') => {
                     if let Err(e) = warren_process::pipes::signal_group(

@@ -1,0 +1,648 @@
+//! The engine against real commands and real processes: waits, prompts, timeouts, kills,
+//! output cleaning and limits. Every wait is bounded and says what it expected; timing
+//! assertions are loose ("well before 30 s"), speed targets live in `warren bench exec`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use warren_exec::{Engine, EngineConfig, ExecError};
+use warren_protocol::exec::{ExecCommandArgs, ExecResult, ExecStatus, WriteStdinArgs};
+
+struct Harness {
+    engine: Arc<Engine>,
+    _logs: tempfile::TempDir,
+}
+
+fn harness_with(adjust: impl FnOnce(&mut EngineConfig)) -> Harness {
+    warren_process::reaper::start().expect("become subreaper and start reaping");
+    let logs = tempfile::tempdir().expect("temp dir");
+    let mut config = EngineConfig {
+        log_dir: logs.path().join("logs"),
+        default_workdir: std::env::temp_dir(),
+        ..EngineConfig::default()
+    };
+    adjust(&mut config);
+    Harness {
+        engine: Engine::new(config),
+        _logs: logs,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(|_| {})
+}
+
+fn cmd(cmd: &str) -> ExecCommandArgs {
+    ExecCommandArgs {
+        cmd: cmd.into(),
+        ..ExecCommandArgs::default()
+    }
+}
+
+fn cmd_yield(cmd: &str, yield_time_ms: u64) -> ExecCommandArgs {
+    ExecCommandArgs {
+        cmd: cmd.into(),
+        yield_time_ms: Some(yield_time_ms),
+        ..ExecCommandArgs::default()
+    }
+}
+
+fn write(session_id: u32, chars: &str) -> WriteStdinArgs {
+    WriteStdinArgs {
+        session_id,
+        chars: chars.into(),
+        ..WriteStdinArgs::default()
+    }
+}
+
+async fn exec(engine: &Engine, args: ExecCommandArgs) -> ExecResult {
+    tokio::time::timeout(Duration::from_secs(60), engine.exec_command(args))
+        .await
+        .expect("exec_command returns within 60 s")
+        .expect("exec_command succeeds")
+}
+
+async fn stdin(engine: &Engine, args: WriteStdinArgs) -> ExecResult {
+    tokio::time::timeout(Duration::from_secs(60), engine.write_stdin(args))
+        .await
+        .expect("write_stdin returns within 60 s")
+        .expect("write_stdin succeeds")
+}
+
+fn is_dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+async fn wait_until_dead(pid: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !is_dead(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) still alive after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls the session until it reports `exited`, collecting output.
+async fn poll_until_exited(engine: &Engine, session_id: u32) -> (String, ExecResult) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut output = String::new();
+    loop {
+        let result = stdin(engine, write(session_id, "")).await;
+        output.push_str(&result.output);
+        if result.status == ExecStatus::Exited {
+            return (output, result);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "session {session_id} did not exit within 60 s"
+        );
+    }
+}
+
+#[tokio::test]
+async fn quick_command_exits_within_the_first_yield_without_a_session_id() {
+    let h = harness();
+    let result = exec(&h.engine, cmd("echo hello")).await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(0));
+    assert_eq!(result.session_id, None);
+    assert_eq!(result.output, "hello\n");
+    assert_eq!(result.original_token_count, 2);
+    assert!(
+        result.text.contains("Process exited with code 0\n"),
+        "{}",
+        result.text
+    );
+    assert!(result.text.ends_with("Output:\nhello\n"), "{}", result.text);
+    assert_eq!(result.chunk_id.len(), 6);
+}
+
+#[tokio::test]
+async fn dev_server_loop_is_polled_then_killed_with_no_survivor() {
+    let h = harness();
+    let first = exec(
+        &h.engine,
+        cmd_yield("while true; do echo tick; sleep 0.2; done", 500),
+    )
+    .await;
+    assert_eq!(first.status, ExecStatus::Running);
+    let id = first
+        .session_id
+        .expect("a running command has a session id");
+    assert!(
+        (1000..100_000).contains(&id),
+        "session ids have 4-5 digits: {id}"
+    );
+    assert!(
+        first
+            .text
+            .contains(&format!("Process running with session ID {id}"))
+    );
+    let listed = h.engine.list_sessions().await;
+    let info = listed
+        .sessions
+        .iter()
+        .find(|s| s.session_id == id)
+        .expect("listed");
+    let pid = info.pid as i32;
+
+    let poll = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(5000),
+            ..write(id, "")
+        },
+    )
+    .await;
+    assert_eq!(poll.status, ExecStatus::Running);
+    assert!(poll.output.contains("tick"), "{:?}", poll.output);
+
+    let killed = tokio::time::timeout(Duration::from_secs(30), h.engine.kill_session(id))
+        .await
+        .expect("kill_session returns within 30 s")
+        .expect("kill succeeds");
+    assert_eq!(killed.status, ExecStatus::Exited);
+    assert!(killed.exit_code.is_some());
+    wait_until_dead(pid, "the killed dev server").await;
+    assert!(matches!(
+        h.engine.write_stdin(write(id, "")).await,
+        Err(ExecError::UnknownSession(unknown)) if unknown == id
+    ));
+}
+
+#[tokio::test]
+async fn read_prompt_on_pipes_is_reported_as_awaiting_input_then_answered() {
+    let h = harness();
+    let started = Instant::now();
+    let prompt = exec(
+        &h.engine,
+        cmd_yield("printf 'Name? '; read n; echo \"hello $n\"", 30_000),
+    )
+    .await;
+    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "returned well before the 30 s yield"
+    );
+    assert_eq!(prompt.output, "Name? ");
+    assert!(
+        prompt.text.contains("Process is waiting for input\n"),
+        "{}",
+        prompt.text
+    );
+    let id = prompt.session_id.expect("session id");
+
+    let answer = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "bob\n")
+        },
+    )
+    .await;
+    assert_eq!(answer.status, ExecStatus::Exited, "{answer:?}");
+    assert_eq!(answer.exit_code, Some(0));
+    assert_eq!(answer.output, "hello bob\n");
+}
+
+#[tokio::test]
+async fn python_input_on_pipes_is_reported_as_awaiting_input() {
+    let h = harness();
+    let started = Instant::now();
+    let prompt = exec(
+        &h.engine,
+        cmd_yield("python3 -c \"print('got', input('x: '))\"", 30_000),
+    )
+    .await;
+    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(prompt.output, "x: ");
+    let id = prompt.session_id.expect("session id");
+    let answer = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "42\n")
+        },
+    )
+    .await;
+    assert_eq!(answer.status, ExecStatus::Exited);
+    assert_eq!(answer.output, "got 42\n");
+}
+
+#[tokio::test]
+async fn timeout_kills_the_command_and_reports_124() {
+    let h = harness();
+    let started = Instant::now();
+    let args = ExecCommandArgs {
+        timeout_ms: Some(1000),
+        ..cmd_yield("sleep 30", 30_000)
+    };
+    let result = exec(&h.engine, args).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "returned well before 30 s"
+    );
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(124));
+    assert!(
+        result.output.contains("timed out after 1000 ms"),
+        "{:?}",
+        result.output
+    );
+}
+
+#[tokio::test]
+async fn yield_expiry_never_kills() {
+    let h = harness();
+    let first = exec(&h.engine, cmd_yield("sleep 1; echo finished", 250)).await;
+    assert_eq!(first.status, ExecStatus::Running);
+    let id = first.session_id.expect("session id");
+    let (output, last) = poll_until_exited(&h.engine, id).await;
+    assert_eq!(output, "finished\n");
+    assert_eq!(last.exit_code, Some(0));
+}
+
+#[tokio::test]
+async fn background_grandchild_holding_the_pipe_does_not_hold_the_result() {
+    let h = harness();
+    let started = Instant::now();
+    let result = exec(&h.engine, cmd_yield("(sleep 30 &); echo done", 30_000)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "returned after the 2 s drain, not 30 s"
+    );
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(0));
+    assert_eq!(result.output, "done\n");
+}
+
+#[tokio::test]
+async fn killing_a_session_kills_setsid_grandchildren() {
+    let h = harness();
+    let first = exec(
+        &h.engine,
+        cmd_yield(
+            "setsid sleep 1000 & echo \"pid $!\"; while true; do sleep 1; done",
+            1000,
+        ),
+    )
+    .await;
+    let id = first.session_id.expect("session id");
+    let mut output = first.output.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !output.contains('\n') {
+        assert!(
+            Instant::now() < deadline,
+            "the command never printed the grandchild's pid"
+        );
+        output.push_str(&stdin(&h.engine, write(id, "")).await.output);
+    }
+    let pid: i32 = output
+        .trim()
+        .strip_prefix("pid ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {output:?}"));
+    assert!(!is_dead(pid), "the setsid grandchild runs before the kill");
+    h.engine.kill_session(id).await.expect("kill succeeds");
+    wait_until_dead(pid, "the setsid grandchild").await;
+}
+
+#[tokio::test]
+async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
+    let h = harness();
+    let args = ExecCommandArgs {
+        max_output_tokens: Some(1000),
+        ..cmd_yield("seq 1 4000000", 30_000)
+    };
+    let result = exec(&h.engine, args).await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(0));
+    assert!(
+        result
+            .output
+            .starts_with("Total output lines: 4000000\n\n1\n2\n3\n"),
+        "{}",
+        &result.output[..200]
+    );
+    assert!(result.output.contains("tokens truncated…"));
+    assert!(
+        result.output.contains("3999999\n4000000\n"),
+        "the tail survives"
+    );
+    assert!(
+        result.output.len() < 6000,
+        "folded to about 1000 tokens: {}",
+        result.output.len()
+    );
+    assert!(
+        result.original_token_count > 7_000_000,
+        "{}",
+        result.original_token_count
+    );
+    let file = result
+        .output_file
+        .expect("a truncated result names the full log");
+    let log_len = std::fs::metadata(&file)
+        .expect("the named log exists")
+        .len();
+    assert!(
+        log_len > 28_000_000,
+        "the log holds the whole output: {log_len}"
+    );
+    assert!(
+        result.output.contains(&file),
+        "the output says where the log is"
+    );
+}
+
+#[tokio::test]
+async fn progress_bar_redraws_fold_to_the_final_state() {
+    let h = harness();
+    let result = exec(
+        &h.engine,
+        cmd("for i in $(seq 1 100); do printf '\\rprogress %3d%%' $i; done; echo; echo done"),
+    )
+    .await;
+    assert_eq!(result.output, "progress 100%\ndone\n");
+}
+
+#[tokio::test]
+async fn ansi_colours_are_removed() {
+    let h = harness();
+    let result = exec(
+        &h.engine,
+        cmd("printf '\\033[1;31merror\\033[0m: \\033[32mok\\033[m\\n'"),
+    )
+    .await;
+    assert_eq!(result.output, "error: ok\n");
+}
+
+#[tokio::test]
+async fn nul_bytes_are_withheld_as_binary() {
+    let h = harness();
+    let result = exec(&h.engine, cmd("printf 'a\\0b\\0c'")).await;
+    assert_eq!(result.exit_code, Some(0));
+    assert!(
+        result
+            .output
+            .starts_with("[binary output withheld: 5 bytes"),
+        "{:?}",
+        result.output
+    );
+    assert!(!result.output.contains('\0'));
+}
+
+#[tokio::test]
+async fn multibyte_character_split_across_reads_arrives_whole() {
+    let h = harness();
+    let first = exec(
+        &h.engine,
+        cmd_yield("printf '\\342\\202'; sleep 1; printf '\\254 done\\n'", 250),
+    )
+    .await;
+    let mut output = first.output.clone();
+    if first.status != ExecStatus::Exited {
+        let id = first.session_id.expect("session id");
+        output.push_str(&poll_until_exited(&h.engine, id).await.0);
+    }
+    assert_eq!(output, "€ done\n");
+}
+
+#[tokio::test]
+async fn exit_codes_and_signals_are_reported() {
+    let h = harness();
+    let table = [
+        ("exit 3", 3, None),
+        ("true", 0, None),
+        ("kill -9 $$", 137, Some("SIGKILL")),
+        ("kill -TERM $$", 143, Some("SIGTERM")),
+    ];
+    for (command, code, signal) in table {
+        let result = exec(&h.engine, cmd(command)).await;
+        assert_eq!(result.exit_code, Some(code), "{command}");
+        assert_eq!(result.signal.as_deref(), signal, "{command}");
+    }
+}
+
+#[tokio::test]
+async fn ctrl_c_interrupts_a_pipe_session() {
+    let h = harness();
+    let first = exec(&h.engine, cmd_yield("sleep 100", 250)).await;
+    let id = first.session_id.expect("session id");
+    let result = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "\u{3}")
+        },
+    )
+    .await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(130));
+}
+
+#[tokio::test]
+async fn ctrl_d_closes_stdin_of_a_pipe_session() {
+    let h = harness();
+    let first = exec(&h.engine, cmd_yield("wc -c", 250)).await;
+    let id = first.session_id.expect("session id");
+    let result = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "abc\u{4}")
+        },
+    )
+    .await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.output.trim(), "3");
+}
+
+#[tokio::test]
+async fn environment_has_defaults_and_no_secrets() {
+    let h = harness_with(|config| {
+        config.base_env = Some(vec![
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            ("MY_SECRET_TOKEN".into(), "leak".into()),
+            ("PASSED_API_KEY".into(), "ok".into()),
+        ]);
+        config.pass_env = vec!["PASSED_API_KEY".into()];
+    });
+    let mut args = cmd(
+        "echo \"$PAGER $TERM $NO_COLOR $GIT_TERMINAL_PROMPT ${MY_SECRET_TOKEN:-scrubbed} $PASSED_API_KEY $EXTRA\"",
+    );
+    args.env.insert("EXTRA".into(), "given".into());
+    // Not a login shell: the profile would complain about the trimmed environment.
+    args.login = Some(false);
+    let result = exec(&h.engine, args).await;
+    assert_eq!(result.output, "cat dumb 1 0 scrubbed ok given\n");
+}
+
+#[tokio::test]
+async fn nonexistent_workdir_is_rejected_at_once() {
+    let h = harness();
+    let mut args = cmd("true");
+    args.workdir = Some("/nonexistent/dir".into());
+    let err = h.engine.exec_command(args).await.expect_err("rejected");
+    assert!(matches!(err, ExecError::InvalidWorkdir { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn relative_workdir_resolves_against_the_default() {
+    let base = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(base.path().join("sub")).expect("mkdir");
+    let path = base.path().to_path_buf();
+    let h = harness_with(|config| config.default_workdir = path);
+    let mut args = cmd("pwd");
+    args.workdir = Some("sub".into());
+    let result = exec(&h.engine, args).await;
+    assert_eq!(
+        result.output.trim(),
+        base.path().join("sub").display().to_string()
+    );
+}
+
+#[tokio::test]
+async fn exited_session_keeps_unread_output_until_the_next_poll() {
+    let h = harness();
+    let first = exec(
+        &h.engine,
+        cmd_yield("echo one; sleep 1; echo two; exit 5", 250),
+    )
+    .await;
+    let id = first.session_id.expect("session id");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = h.engine.list_sessions().await;
+        let info = listed
+            .sessions
+            .iter()
+            .find(|s| s.session_id == id)
+            .expect("still listed while unread");
+        if info.status == ExecStatus::Exited {
+            assert_eq!(info.exit_code, Some(5));
+            assert!(info.unread_bytes > 0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the command did not exit within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let last = stdin(&h.engine, write(id, "")).await;
+    assert_eq!(last.status, ExecStatus::Exited);
+    assert_eq!(last.exit_code, Some(5));
+    assert!(last.output.ends_with("two\n"), "{:?}", last.output);
+    assert!(last.session_id.is_none());
+    let err = h
+        .engine
+        .write_stdin(write(id, ""))
+        .await
+        .expect_err("gone after the final read");
+    assert_eq!(err.to_string(), format!("Unknown process id {id}"));
+}
+
+#[tokio::test]
+async fn seventy_sessions_prune_the_least_recently_used_beyond_sixty_four() {
+    let h = harness();
+    let mut started = Vec::new();
+    for _ in 0..70 {
+        let result = exec(&h.engine, cmd_yield("sleep 1000", 250)).await;
+        started.push(result.session_id.expect("running"));
+    }
+    let listed = h.engine.list_sessions().await;
+    assert_eq!(listed.sessions.len(), 64);
+    for pruned in &started[..6] {
+        assert!(
+            listed.sessions.iter().all(|s| s.session_id != *pruned),
+            "{pruned} was pruned"
+        );
+    }
+    for kept in &started[6..] {
+        assert!(
+            listed.sessions.iter().any(|s| s.session_id == *kept),
+            "{kept} was kept"
+        );
+    }
+    h.engine.shutdown().await;
+    assert!(h.engine.list_sessions().await.sessions.is_empty());
+}
+
+#[tokio::test]
+async fn exited_sessions_are_pruned_before_running_ones() {
+    let h = harness_with(|config| {
+        config.max_sessions = 4;
+        config.n_protected_recent = 1;
+    });
+    let oldest_running = exec(&h.engine, cmd_yield("sleep 1000", 250))
+        .await
+        .session_id
+        .expect("running");
+    let running = exec(&h.engine, cmd_yield("sleep 1000", 250))
+        .await
+        .session_id
+        .expect("running");
+    let short = exec(&h.engine, cmd_yield("sleep 0.5", 250))
+        .await
+        .session_id
+        .expect("running");
+    let newest = exec(&h.engine, cmd_yield("sleep 1000", 250))
+        .await
+        .session_id
+        .expect("running");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = h.engine.list_sessions().await;
+        let info = listed
+            .sessions
+            .iter()
+            .find(|s| s.session_id == short)
+            .expect("listed");
+        if info.status == ExecStatus::Exited {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sleep 0.5 did not exit within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    exec(&h.engine, cmd_yield("sleep 1000", 250)).await;
+    let ids: Vec<u32> = h
+        .engine
+        .list_sessions()
+        .await
+        .sessions
+        .iter()
+        .map(|s| s.session_id)
+        .collect();
+    assert!(!ids.contains(&short), "the exited session goes first");
+    for id in [oldest_running, running, newest] {
+        assert!(ids.contains(&id), "{id} kept");
+    }
+    h.engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_kills_every_session_and_refuses_new_commands() {
+    let h = harness();
+    let first = exec(&h.engine, cmd_yield("sleep 1000", 250)).await;
+    let id = first.session_id.expect("session id");
+    let pid = h.engine.list_sessions().await.sessions[0].pid as i32;
+    assert_eq!(h.engine.list_sessions().await.sessions[0].session_id, id);
+    h.engine.shutdown().await;
+    wait_until_dead(pid, "the session's process after shutdown").await;
+    assert!(matches!(
+        h.engine.exec_command(cmd("true")).await,
+        Err(ExecError::ShuttingDown)
+    ));
+}
