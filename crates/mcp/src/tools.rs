@@ -1,0 +1,274 @@
+//! The MCP server: four tools (`exec_command`, `write_stdin`, `list_sessions`,
+//! `kill_session`) over an [`ExecBackend`].
+//!
+//! Each tool's text content is the Codex-layout text the engine renders and its structured
+//! content is the JSON result. Every failure a model can cause or fix (bad arguments, unknown
+//! session, bad workdir, unreachable execd) is a tool error (`isError: true`) whose text says
+//! what went wrong, so the model sees it and can correct itself; only an unknown tool name is a
+//! protocol error. The arguments are parsed here rather than by rmcp's `Parameters` extractor
+//! for that reason: its parse failures are protocol errors the model never sees.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use warren_protocol::exec::{
+    ExecCommandArgs, ExecResult, KillSessionArgs, ListSessionsArgs, SessionList, WriteStdinArgs,
+};
+
+use crate::backend::{BackendError, ExecBackend};
+use crate::schema::{input_schema, output_schema};
+
+const EXEC_COMMAND_DESCRIPTION: &str = "\
+Run a shell command (`bash -lc <cmd>`) and return its output.
+Two separate waits: `yield_time_ms` (default 10000, max 30000) is how long this call waits \
+before returning; it never kills. If the command is still running then, the result has a \
+`session_id`: poll it with write_stdin and empty `chars`. `timeout_ms` is the command's \
+lifetime: when it expires the process tree is killed and the exit code is 124.
+The call also returns early when the command waits for input (a password, `[Y/n]`, a REPL \
+prompt): status `awaiting_input`. Answer with write_stdin or kill it with kill_session.
+Use `tty: true` for programs that need a terminal. Start servers and watchers here and poll \
+them; they keep running between calls.";
+
+const WRITE_STDIN_DESCRIPTION: &str = "\
+Write `chars` to a running session's stdin and return its new output. No newline is added: \
+send `\\n` to press Enter.
+Empty `chars` just polls: it waits up to `yield_time_ms` (5000..300000) for more output or the \
+exit. `\\u0003` interrupts the command (Ctrl-C), `\\u0004` closes its stdin (Ctrl-D).
+When a result shows the exit code, the session is gone and its id is unknown afterwards.";
+
+const LIST_SESSIONS_DESCRIPTION: &str = "\
+List the sessions that are still running or have unread output: id, command, workdir, \
+status, pid, idle time, unread bytes. Use it to find a session id you lost.";
+
+const KILL_SESSION_DESCRIPTION: &str = "\
+Kill a session's whole process tree (SIGTERM, then SIGKILL after a grace period) and return \
+its final output and exit code.";
+
+/// Server instructions sent at initialization.
+const INSTRUCTIONS: &str = "\
+Warren runs shell commands for you: exec_command starts one, write_stdin answers prompts or \
+polls, list_sessions finds running sessions, kill_session stops one. Commands that outlive \
+a call keep running; poll them instead of starting them again.";
+
+/// The exec tools as an MCP server. Cheap to clone: one per MCP connection.
+#[derive(Clone)]
+pub struct ExecTools {
+    backend: ExecBackend,
+    tools: Arc<[Tool]>,
+}
+
+impl ExecTools {
+    pub fn new(backend: ExecBackend) -> Self {
+        Self {
+            backend,
+            tools: tool_definitions().into(),
+        }
+    }
+
+    /// Runs the tool `name` with `arguments`. Unknown names are the only protocol error.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let arguments = arguments.unwrap_or_default();
+        let outcome = match name {
+            "exec_command" => match parse::<ExecCommandArgs>(arguments) {
+                Ok(args) => self.backend.exec_command(args).await.map(exec_result),
+                Err(message) => Err(message),
+            },
+            "write_stdin" => match parse::<WriteStdinArgs>(arguments) {
+                Ok(args) => self.backend.write_stdin(args).await.map(exec_result),
+                Err(message) => Err(message),
+            },
+            "list_sessions" => match parse::<ListSessionsArgs>(arguments) {
+                Ok(ListSessionsArgs {}) => self.backend.list_sessions().await.map(session_list),
+                Err(message) => Err(message),
+            },
+            "kill_session" => match parse::<KillSessionArgs>(arguments) {
+                Ok(args) => self
+                    .backend
+                    .kill_session(args.session_id)
+                    .await
+                    .map(exec_result),
+                Err(message) => Err(message),
+            },
+            _ => {
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool {name:?}"),
+                    None,
+                ));
+            }
+        };
+        Ok(outcome.unwrap_or_else(|error| {
+            tracing::debug!(tool = name, %error, "tool call failed");
+            CallToolResult::error(vec![ContentBlock::text(format!("{name} failed: {error}"))])
+        }))
+    }
+}
+
+impl ServerHandler for ExecTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("warren", env!("CARGO_PKG_VERSION")).with_title("Warren"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|tool| tool.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.call(&request.name, request.arguments)
+            .await
+            .map(CallToolResponse::from)
+    }
+}
+
+/// The four tool definitions, with schemas generated from the protocol types.
+pub fn tool_definitions() -> Vec<Tool> {
+    let result_schema = output_schema::<ExecResult>(&["text"]);
+    vec![
+        Tool::new(
+            "exec_command",
+            EXEC_COMMAND_DESCRIPTION,
+            input_schema::<ExecCommandArgs>(),
+        )
+        .with_title("Run a shell command")
+        .with_raw_output_schema(result_schema.clone())
+        .with_annotations(
+            ToolAnnotations::with_title("Run a shell command")
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(true),
+        ),
+        Tool::new(
+            "write_stdin",
+            WRITE_STDIN_DESCRIPTION,
+            input_schema::<WriteStdinArgs>(),
+        )
+        .with_title("Write to or poll a session")
+        .with_raw_output_schema(result_schema.clone())
+        .with_annotations(
+            ToolAnnotations::with_title("Write to or poll a session")
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(true),
+        ),
+        Tool::new(
+            "list_sessions",
+            LIST_SESSIONS_DESCRIPTION,
+            input_schema::<ListSessionsArgs>(),
+        )
+        .with_title("List exec sessions")
+        .with_raw_output_schema(output_schema::<SessionList>(&[]))
+        .with_annotations(
+            ToolAnnotations::with_title("List exec sessions")
+                .read_only(true)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        Tool::new(
+            "kill_session",
+            KILL_SESSION_DESCRIPTION,
+            input_schema::<KillSessionArgs>(),
+        )
+        .with_title("Kill a session")
+        .with_raw_output_schema(result_schema)
+        .with_annotations(
+            ToolAnnotations::with_title("Kill a session")
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(false),
+        ),
+    ]
+}
+
+/// Deserializes tool arguments; the error names the field (`missing field `cmd``).
+fn parse<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, BackendError> {
+    serde_json::from_value(Value::Object(arguments))
+        .map_err(|e| BackendError::Rejected(format!("invalid arguments: {e}")))
+}
+
+/// Text content: the rendered Codex-layout text; structured content: the result without it.
+fn exec_result(result: ExecResult) -> CallToolResult {
+    let mut structured = match serde_json::to_value(&result) {
+        Ok(Value::Object(object)) => object,
+        // A struct of strings and numbers always serializes to an object; an empty object is
+        // the least surprising stand-in should that ever change.
+        _ => JsonObject::new(),
+    };
+    structured.remove("text");
+    // Rendered here rather than taken from `result.text`, so both backends give the same
+    // layout whatever the remote execd's version filled in.
+    let text = warren_exec::render_text(&result);
+    let mut call_result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    call_result.structured_content = Some(Value::Object(structured));
+    call_result
+}
+
+fn session_list(list: SessionList) -> CallToolResult {
+    let text = render_session_list(&list);
+    let structured =
+        serde_json::to_value(&list).unwrap_or_else(|_| Value::Object(JsonObject::new()));
+    let mut call_result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    call_result.structured_content = Some(structured);
+    call_result
+}
+
+/// One line per session, most useful fields first, the command last (it may be long).
+pub fn render_session_list(list: &SessionList) -> String {
+    if list.sessions.is_empty() {
+        return "No sessions.".to_owned();
+    }
+    let mut text = match list.sessions.len() {
+        1 => "1 session:\n".to_owned(),
+        n => format!("{n} sessions:\n"),
+    };
+    for session in &list.sessions {
+        let status = match (session.status, session.exit_code) {
+            (_, Some(code)) => format!("exited with code {code}"),
+            (warren_protocol::exec::ExecStatus::AwaitingInput, None) => {
+                "waiting for input".to_owned()
+            }
+            _ => "running".to_owned(),
+        };
+        let mode = if session.tty { "tty" } else { "pipes" };
+        text.push_str(&format!(
+            "Session {}: {status}, pid {}, {mode}, idle {:.1} s, {} unread bytes, workdir {}, started {}: {}\n",
+            session.session_id,
+            session.pid,
+            session.idle_ms as f64 / 1000.0,
+            session.unread_bytes,
+            session.workdir,
+            session.started_at,
+            session.cmd,
+        ));
+    }
+    text
+}

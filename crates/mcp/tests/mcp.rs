@@ -1,0 +1,553 @@
+//! The exec tools through real MCP clients: `warren mcp` over stdio (in-process engine and
+//! `--execd` remote form), the streamable-HTTP service in process, and execd's `/mcp` route
+//! behind its access token.
+
+mod support;
+
+use std::path::Path;
+
+use rmcp::model::JsonObject;
+use serde_json::{Value, json};
+use support::*;
+
+/// Starts `cmd` with the shortest yield; it must still be running after it.
+async fn start_running(client: &McpClient, cmd: &str) -> anyhow::Result<u64> {
+    let result = call(
+        client,
+        "exec_command",
+        json!({"cmd": cmd, "yield_time_ms": 250}),
+    )
+    .await?;
+    let value = structured(&result);
+    anyhow::ensure!(
+        value["status"] == "running",
+        "expected running, got {value}"
+    );
+    Ok(session_id(&result))
+}
+
+/// A command that prints `start`, waits until `flag` exists, then prints `done`: long-running
+/// for as long as the test wants, with no timing assumptions.
+fn wait_for_flag_cmd(flag: &Path) -> String {
+    format!(
+        "echo start; while [ ! -e '{}' ]; do sleep 0.05; done; echo done",
+        flag.display()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios shared by every transport.
+
+async fn lists_the_four_tools_with_their_schemas(client: &McpClient) -> anyhow::Result<()> {
+    let tools = within("tools/list", client.list_all_tools()).await??;
+    let mut names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "exec_command",
+            "kill_session",
+            "list_sessions",
+            "write_stdin"
+        ]
+    );
+    let schema = |name: &str| -> Value {
+        let tool = tools.iter().find(|tool| tool.name == name).expect("listed");
+        assert!(
+            tool.description.as_deref().is_some_and(|d| d.len() > 40),
+            "{name} description"
+        );
+        Value::Object(tool.input_schema.as_ref().clone())
+    };
+
+    let exec = schema("exec_command");
+    assert_eq!(exec["type"], "object");
+    assert_eq!(exec["required"], json!(["cmd"]));
+    for (field, kind) in [
+        ("cmd", "string"),
+        ("workdir", "string"),
+        ("shell", "string"),
+        ("login", "boolean"),
+        ("tty", "boolean"),
+        ("yield_time_ms", "integer"),
+        ("timeout_ms", "integer"),
+        ("max_output_tokens", "integer"),
+        ("env", "object"),
+    ] {
+        assert_eq!(
+            exec["properties"][field]["type"], kind,
+            "exec_command.{field}: {exec}"
+        );
+    }
+
+    let write = schema("write_stdin");
+    assert_eq!(write["required"], json!(["session_id"]));
+    assert_eq!(write["properties"]["session_id"]["type"], "integer");
+    assert_eq!(write["properties"]["chars"]["type"], "string");
+    assert_eq!(write["properties"]["yield_time_ms"]["type"], "integer");
+
+    assert_eq!(schema("list_sessions")["properties"], json!({}));
+    assert_eq!(schema("kill_session")["required"], json!(["session_id"]));
+
+    let exec_tool = tools
+        .iter()
+        .find(|tool| tool.name == "exec_command")
+        .expect("listed");
+    let output = Value::Object(
+        exec_tool
+            .output_schema
+            .as_deref()
+            .expect("output schema")
+            .clone(),
+    );
+    assert!(output["properties"]["chunk_id"].is_object(), "{output}");
+    assert!(output["properties"].get("text").is_none(), "{output}");
+    Ok(())
+}
+
+async fn quick_command_returns_codex_text_and_json(client: &McpClient) -> anyhow::Result<()> {
+    let result = call(client, "exec_command", json!({"cmd": "echo hello; exit 3"})).await?;
+    let value = structured(&result);
+    assert_eq!(value["status"], "exited", "{value}");
+    assert_eq!(value["exit_code"], 3, "{value}");
+    assert!(value.get("session_id").is_none(), "{value}");
+    assert_eq!(value["output"], "hello\n", "{value}");
+    assert!(
+        value.get("text").is_none(),
+        "the text is the text content, not a JSON field"
+    );
+
+    let text = text(&result);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("Chunk ID: "), "{text}");
+    assert!(
+        lines[1].starts_with("Wall time: ") && lines[1].ends_with(" seconds"),
+        "{text}"
+    );
+    assert_eq!(lines[2], "Process exited with code 3", "{text}");
+    assert!(lines[3].starts_with("Original token count: "), "{text}");
+    assert_eq!(&lines[4..], ["Output:", "hello"], "{text}");
+    Ok(())
+}
+
+async fn long_command_is_polled_to_its_exit(client: &McpClient, dir: &Path) -> anyhow::Result<()> {
+    let flag = dir.join("long-command-flag");
+    let cmd = wait_for_flag_cmd(&flag);
+    let first = call(
+        client,
+        "exec_command",
+        json!({"cmd": cmd, "yield_time_ms": 250}),
+    )
+    .await?;
+    let value = structured(&first);
+    assert_eq!(value["status"], "running", "{value}");
+    let session = session_id(&first);
+    assert!(text(&first).contains(&format!("Process running with session ID {session}")));
+
+    std::fs::write(&flag, b"")?;
+    // An empty poll waits for more output or the exit; collect until the exit is reported.
+    let mut output = value["output"].as_str().unwrap_or_default().to_owned();
+    loop {
+        let poll = call(
+            client,
+            "write_stdin",
+            json!({"session_id": session, "chars": "", "yield_time_ms": 30000}),
+        )
+        .await?;
+        let value = structured(&poll);
+        output.push_str(value["output"].as_str().unwrap_or_default());
+        if value["status"] == "exited" {
+            assert_eq!(value["exit_code"], 0, "{value}");
+            break;
+        }
+    }
+    assert_eq!(output, "start\ndone\n");
+
+    // The exit was reported: the id is gone.
+    let again = call(client, "write_stdin", json!({"session_id": session})).await?;
+    assert_eq!(again.is_error, Some(true));
+    assert_eq!(
+        text(&again),
+        format!("write_stdin failed: Unknown process id {session}")
+    );
+    Ok(())
+}
+
+async fn prompt_is_answered_with_write_stdin(client: &McpClient) -> anyhow::Result<()> {
+    let cmd = r#"printf 'Name? '; read -r name; echo "hi $name""#;
+    let first = call(client, "exec_command", json!({"cmd": cmd})).await?;
+    let value = structured(&first);
+    assert_eq!(value["status"], "awaiting_input", "{value}");
+    assert!(
+        text(&first).contains("Process is waiting for input"),
+        "{}",
+        text(&first)
+    );
+    let session = session_id(&first);
+
+    let answer = call(
+        client,
+        "write_stdin",
+        json!({"session_id": session, "chars": "bob\n", "yield_time_ms": 10000}),
+    )
+    .await?;
+    let value = structured(&answer);
+    assert!(
+        value["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("hi bob")),
+        "{value}"
+    );
+    Ok(())
+}
+
+async fn sessions_are_listed_and_killed(client: &McpClient) -> anyhow::Result<()> {
+    let session = start_running(client, "sleep 600").await?;
+
+    let listed = call(client, "list_sessions", json!({})).await?;
+    let sessions = structured(&listed)["sessions"].clone();
+    let entry = sessions
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["session_id"] == session))
+        .unwrap_or_else(|| panic!("session {session} not in {sessions}"))
+        .clone();
+    assert_eq!(entry["cmd"], "sleep 600");
+    assert_eq!(entry["status"], "running");
+    assert!(entry["pid"].as_u64().is_some_and(|pid| pid > 0), "{entry}");
+    assert!(
+        text(&listed).contains(&format!("Session {session}: running")),
+        "{}",
+        text(&listed)
+    );
+
+    let killed = call(client, "kill_session", json!({"session_id": session})).await?;
+    let value = structured(&killed);
+    assert_eq!(value["status"], "exited", "{value}");
+    assert!(
+        value["exit_code"].as_i64().is_some_and(|code| code != 0),
+        "{value}"
+    );
+    assert!(
+        text(&killed).contains("Process exited with code"),
+        "{}",
+        text(&killed)
+    );
+
+    let listed = call(client, "list_sessions", json!({})).await?;
+    let sessions = structured(&listed)["sessions"].clone();
+    assert!(
+        !sessions
+            .as_array()
+            .is_some_and(|all| all.iter().any(|s| s["session_id"] == session)),
+        "killed session {session} still listed: {sessions}"
+    );
+    Ok(())
+}
+
+async fn bad_arguments_are_tool_errors(client: &McpClient) -> anyhow::Result<()> {
+    let expect_error = |result: rmcp::model::CallToolResult, needles: &[&str]| {
+        assert_eq!(result.is_error, Some(true), "{result:?}");
+        let text = text(&result);
+        for needle in needles {
+            assert!(text.contains(needle), "{needle:?} not in {text:?}");
+        }
+    };
+    let no_args = call_raw(client, "exec_command", JsonObject::new()).await?;
+    expect_error(no_args, &["exec_command failed", "missing field `cmd`"]);
+
+    let wrong_type = call(
+        client,
+        "exec_command",
+        json!({"cmd": "true", "yield_time_ms": "soon"}),
+    )
+    .await?;
+    expect_error(
+        wrong_type,
+        &["exec_command failed", "invalid type", "string \"soon\""],
+    );
+
+    let cmd_not_string = call(client, "exec_command", json!({"cmd": 42})).await?;
+    expect_error(cmd_not_string, &["invalid type: integer `42`"]);
+
+    let id_not_number = call(client, "write_stdin", json!({"session_id": "abc"})).await?;
+    expect_error(id_not_number, &["write_stdin failed", "invalid type"]);
+
+    let unknown = call(
+        client,
+        "write_stdin",
+        json!({"session_id": 1, "chars": "x"}),
+    )
+    .await?;
+    assert_eq!(unknown.is_error, Some(true));
+    assert_eq!(text(&unknown), "write_stdin failed: Unknown process id 1");
+
+    let unknown_kill = call(client, "kill_session", json!({"session_id": 1})).await?;
+    assert_eq!(
+        text(&unknown_kill),
+        "kill_session failed: Unknown process id 1"
+    );
+
+    let bad_workdir = call(
+        client,
+        "exec_command",
+        json!({"cmd": "true", "workdir": "/no/such/dir"}),
+    )
+    .await?;
+    expect_error(bad_workdir, &["exec_command failed", "/no/such/dir"]);
+
+    let no_such_tool = call(client, "rm_rf", json!({})).await;
+    assert!(
+        no_such_tool.is_err(),
+        "an unknown tool is a protocol error: {no_such_tool:?}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// stdio: `warren mcp` with the in-process engine.
+
+async fn local_stdio_client(dir: &Path) -> anyhow::Result<McpClient> {
+    stdio_client(&["--workdir", dir.to_str().expect("utf-8 temp dir")]).await
+}
+
+#[tokio::test]
+async fn stdio_lists_the_four_tools_with_their_input_schemas() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    lists_the_four_tools_with_their_schemas(&client).await?;
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdio_quick_command_returns_codex_text_and_structured_result() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    quick_command_returns_codex_text_and_json(&client).await?;
+    // Commands run in --workdir by default.
+    let pwd = call(&client, "exec_command", json!({"cmd": "pwd -P"})).await?;
+    let expected = dir.path().canonicalize()?;
+    assert_eq!(
+        structured(&pwd)["output"],
+        format!("{}\n", expected.display())
+    );
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdio_long_command_returns_a_session_then_polls_to_exit() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    long_command_is_polled_to_its_exit(&client, dir.path()).await?;
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdio_prompt_reports_awaiting_input_and_takes_an_answer() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    prompt_is_answered_with_write_stdin(&client).await?;
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdio_lists_and_kills_sessions() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    sessions_are_listed_and_killed(&client).await?;
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdio_bad_arguments_and_unknown_sessions_are_tool_errors() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    bad_arguments_are_tool_errors(&client).await?;
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stdio_client_disconnect_kills_running_commands() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    let session = start_running(&client, "sleep 600").await?;
+    let listed = call(&client, "list_sessions", json!({})).await?;
+    let pid = structured(&listed)["sessions"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["session_id"] == session))
+        .and_then(|s| s["pid"].as_u64())
+        .expect("listed with a pid");
+    // Closing stdin ends `warren mcp`, which kills the sessions it started.
+    within("warren mcp to exit after stdin closes", client.cancel()).await??;
+    let proc_dir = format!("/proc/{pid}");
+    within("the session's process to be gone", async {
+        while Path::new(&proc_dir).exists() && !is_zombie(&proc_dir) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+fn is_zombie(proc_dir: &str) -> bool {
+    std::fs::read_to_string(format!("{proc_dir}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamable HTTP: the service execd mounts, served in process.
+
+async fn serve_in_process(
+    allowed_hosts: warren_mcp::AllowedHosts,
+    dir: &Path,
+) -> anyhow::Result<(String, tokio_util::sync::CancellationToken)> {
+    let config = warren_exec::EngineConfig {
+        default_workdir: dir.to_path_buf(),
+        log_dir: dir.join("logs"),
+        ..Default::default()
+    };
+    let engine = warren_exec::Engine::new(config);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let service = warren_mcp::streamable_http_service(engine, allowed_hosts, shutdown.clone());
+    let router = axum::Router::new().route_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    });
+    Ok((url, shutdown))
+}
+
+#[tokio::test]
+async fn http_service_serves_the_tools() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (url, shutdown) =
+        serve_in_process(warren_mcp::AllowedHosts::Only(Vec::new()), dir.path()).await?;
+    let client = http_client(&url, None).await?;
+    lists_the_four_tools_with_their_schemas(&client).await?;
+    quick_command_returns_codex_text_and_json(&client).await?;
+    long_command_is_polled_to_its_exit(&client, dir.path()).await?;
+    sessions_are_listed_and_killed(&client).await?;
+    bad_arguments_are_tool_errors(&client).await?;
+    client.cancel().await?;
+    shutdown.cancel();
+    Ok(())
+}
+
+#[tokio::test]
+async fn http_service_rejects_hosts_not_allowed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (url, shutdown) = serve_in_process(
+        warren_mcp::AllowedHosts::Only(vec!["sandbox.internal".into()]),
+        dir.path(),
+    )
+    .await?;
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}
+    });
+    let post = |host: &'static str| {
+        reqwest::Client::new()
+            .post(&url)
+            .header("Host", host)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+    };
+    let evil = within("the answer to a foreign Host", post("evil.example")).await??;
+    assert_eq!(evil.status(), reqwest::StatusCode::FORBIDDEN);
+    let allowed = within("the answer to an allowed Host", post("sandbox.internal")).await??;
+    assert_eq!(allowed.status(), reqwest::StatusCode::OK);
+    shutdown.cancel();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real `warren execd`: `/mcp` behind the access token, and `warren mcp --execd`.
+
+#[tokio::test]
+async fn execd_serves_mcp_behind_its_access_token() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let execd = ExecdChild::start("mcp-test-token", dir.path()).await?;
+    let url = format!("{}/mcp", execd.url);
+
+    let refused = http_client(&url, None).await;
+    assert!(refused.is_err(), "MCP without the access token must fail");
+    let refused = http_client(&url, Some("wrong-token")).await;
+    assert!(refused.is_err(), "MCP with a wrong access token must fail");
+
+    let client = http_client(&url, Some(&execd.token)).await?;
+    lists_the_four_tools_with_their_schemas(&client).await?;
+    quick_command_returns_codex_text_and_json(&client).await?;
+    sessions_are_listed_and_killed(&client).await?;
+    client.cancel().await?;
+    execd.stop().await
+}
+
+#[tokio::test]
+async fn remote_mcp_runs_commands_on_execd() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let execd = ExecdChild::start("remote-test-token", dir.path()).await?;
+    let client = stdio_client(&["--execd", &execd.url, "--token", &execd.token]).await?;
+    quick_command_returns_codex_text_and_json(&client).await?;
+    long_command_is_polled_to_its_exit(&client, dir.path()).await?;
+    sessions_are_listed_and_killed(&client).await?;
+    bad_arguments_are_tool_errors(&client).await?;
+    // The command ran on execd, in its root.
+    let pwd = call(&client, "exec_command", json!({"cmd": "pwd -P"})).await?;
+    assert_eq!(
+        structured(&pwd)["output"],
+        format!("{}\n", dir.path().canonicalize()?.display())
+    );
+    client.cancel().await?;
+    execd.stop().await
+}
+
+#[tokio::test]
+async fn remote_mcp_with_a_wrong_token_explains_the_refusal() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let execd = ExecdChild::start("the-right-token", dir.path()).await?;
+    let client = stdio_client(&["--execd", &execd.url, "--token", "a-wrong-token"]).await?;
+    let result = call(&client, "exec_command", json!({"cmd": "true"})).await?;
+    assert_eq!(result.is_error, Some(true));
+    assert!(
+        text(&result).contains("rejected the access token"),
+        "{}",
+        text(&result)
+    );
+    client.cancel().await?;
+    execd.stop().await
+}
+
+#[tokio::test]
+async fn remote_mcp_reports_an_unreachable_execd() -> anyhow::Result<()> {
+    // A port that was just free: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let client = stdio_client(&["--execd", &url]).await?;
+    let result = call(&client, "list_sessions", json!({})).await?;
+    assert_eq!(result.is_error, Some(true));
+    let text = text(&result);
+    assert!(
+        text.contains(&format!("execd at {url} unreachable")),
+        "{text}"
+    );
+    client.cancel().await?;
+    Ok(())
+}
