@@ -5,6 +5,7 @@
 //! This is the only crate that sends signals or reaps processes. It does not capture output or
 //! know about HTTP; spawning on PTYs and pipes builds on the helpers here.
 
+pub mod pty;
 pub mod pipes;
 pub mod procfs;
 pub mod reaper;
