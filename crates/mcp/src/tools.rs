@@ -272,3 +272,159 @@ pub fn render_session_list(list: &SessionList) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use warren_protocol::exec::{ExecStatus, SessionInfo};
+
+    use super::*;
+    use crate::backend::RemoteExecd;
+
+    /// A server whose backend would fail every call: argument errors must come first.
+    fn tools_without_backend() -> ExecTools {
+        let remote = RemoteExecd::new("http://127.0.0.1:9", None).expect("client builds");
+        ExecTools::new(ExecBackend::Remote(remote))
+    }
+
+    fn object(value: Value) -> Option<JsonObject> {
+        match value {
+            Value::Object(object) => Some(object),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_tool_errors_that_name_the_field() {
+        let tools = tools_without_backend();
+        let cases = [
+            (
+                "exec_command",
+                None,
+                "exec_command failed: invalid arguments: missing field `cmd`",
+            ),
+            (
+                "exec_command",
+                object(json!({"cmd": "ls", "tty": "yes"})),
+                "exec_command failed: invalid arguments: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "write_stdin",
+                object(json!({"chars": "y\n"})),
+                "write_stdin failed: invalid arguments: missing field `session_id`",
+            ),
+            (
+                "kill_session",
+                object(json!({"session_id": -4})),
+                "kill_session failed: invalid arguments: invalid value: integer `-4`, expected u32",
+            ),
+        ];
+        for (name, arguments, expected) in cases {
+            let result = tools.call(name, arguments).await.expect("a tool result");
+            assert_eq!(result.is_error, Some(true), "{name}");
+            let text = result.content[0]
+                .as_text()
+                .map(|t| t.text.clone())
+                .unwrap_or_default();
+            assert_eq!(text, expected);
+            assert_eq!(result.structured_content, None);
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_tool_is_a_protocol_error() {
+        let error = tools_without_backend()
+            .call("rm", None)
+            .await
+            .expect_err("unknown tool");
+        assert!(error.message.contains("unknown tool \"rm\""), "{error:?}");
+    }
+
+    #[test]
+    fn every_tool_has_an_object_input_schema_and_a_description() {
+        let tools = tool_definitions();
+        assert_eq!(tools.len(), 4);
+        for tool in &tools {
+            assert_eq!(
+                tool.input_schema.get("type"),
+                Some(&json!("object")),
+                "{}",
+                tool.name
+            );
+            assert!(tool.output_schema.is_some(), "{}", tool.name);
+            assert!(
+                tool.description.as_deref().is_some_and(|d| d.len() > 80),
+                "{}",
+                tool.name
+            );
+        }
+    }
+
+    #[test]
+    fn exec_result_text_is_codex_layout_and_json_omits_it() {
+        let result = ExecResult {
+            chunk_id: "3fa91c".into(),
+            wall_time_seconds: 0.5,
+            status: ExecStatus::Running,
+            exit_code: None,
+            signal: None,
+            session_id: Some(48213),
+            original_token_count: 1,
+            output: "hi\n".into(),
+            output_file: None,
+            text: "stale text from an old execd".into(),
+        };
+        let call_result = exec_result(result);
+        let text = call_result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(text.starts_with("Chunk ID: 3fa91c\n"), "{text}");
+        assert!(
+            text.contains("Process running with session ID 48213\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("Output:\nhi\n"), "{text}");
+        let structured = call_result.structured_content.expect("structured");
+        assert_eq!(structured["session_id"], 48213);
+        assert_eq!(structured["status"], "running");
+        assert!(structured.get("text").is_none());
+    }
+
+    #[test]
+    fn session_list_renders_one_line_per_session() {
+        let session = |session_id, status, exit_code| SessionInfo {
+            session_id,
+            cmd: "npm run dev".into(),
+            workdir: "/app".into(),
+            tty: false,
+            status,
+            exit_code,
+            pid: 4242,
+            started_at: "2026-11-30T01:00:00Z".into(),
+            idle_ms: 1500,
+            unread_bytes: 12,
+        };
+        let cases = [
+            (vec![], "No sessions."),
+            (
+                vec![session(48213, ExecStatus::Running, None)],
+                "1 session:\nSession 48213: running, pid 4242, pipes, idle 1.5 s, 12 unread bytes, \
+                 workdir /app, started 2026-11-30T01:00:00Z: npm run dev\n",
+            ),
+            (
+                vec![
+                    session(1111, ExecStatus::AwaitingInput, None),
+                    session(2222, ExecStatus::Exited, Some(1)),
+                ],
+                "2 sessions:\nSession 1111: waiting for input, pid 4242, pipes, idle 1.5 s, 12 \
+                 unread bytes, workdir /app, started 2026-11-30T01:00:00Z: npm run dev\n\
+                 Session 2222: exited with code 1, pid 4242, pipes, idle 1.5 s, 12 unread bytes, \
+                 workdir /app, started 2026-11-30T01:00:00Z: npm run dev\n",
+            ),
+        ];
+        for (sessions, expected) in cases {
+            assert_eq!(render_session_list(&SessionList { sessions }), expected);
+        }
+    }
+}
