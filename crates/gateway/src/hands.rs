@@ -227,8 +227,9 @@ pub struct Hands {
 }
 
 impl Hands {
-    /// Hands for `workspace` (an absolute path); nothing starts until first use.
+    /// Hands for `workspace` (made absolute); nothing starts until first use.
     pub fn new(provider: Arc<dyn HandsProvider>, workspace: PathBuf) -> Arc<Self> {
+        let workspace = std::path::absolute(&workspace).unwrap_or(workspace);
         Arc::new(Self {
             provider,
             workspace,
@@ -239,6 +240,7 @@ impl Hands {
         })
     }
 
+    /// The workspace's absolute path: the `cwd` to give the agent in `session/new`.
     pub fn workspace(&self) -> &Path {
         &self.workspace
     }
@@ -328,14 +330,17 @@ impl Hands {
                 other => normal.push(other),
             }
         }
-        if !normal.starts_with(&self.workspace) {
+        let Ok(relative) = normal.strip_prefix(&self.workspace) else {
             return Err(HostError::Invalid(format!(
                 "path {} is outside the workspace {}",
                 path.display(),
                 self.workspace.display()
             )));
-        }
-        Ok(normal.to_string_lossy().into_owned())
+        };
+        // execd canonicalizes its root (symlinked temp dirs, `./warren-data`); speak its terms.
+        let root =
+            std::fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
+        Ok(root.join(relative).to_string_lossy().into_owned())
     }
 
     async fn endpoint_for_host(&self) -> Result<HandsEndpoint, HostError> {
@@ -350,8 +355,9 @@ impl Hands {
         line: Option<u32>,
         limit: Option<u32>,
     ) -> Result<String, HostError> {
-        let execd_path = self.execd_path(&path)?;
+        // Hands first: they create the workspace, which path resolution needs.
         let endpoint = self.endpoint_for_host().await?;
+        let execd_path = self.execd_path(&path)?;
         let response = self
             .http
             .get(format!("{}/files/download", endpoint.url))
@@ -371,8 +377,9 @@ impl Hands {
     }
 
     async fn write_file(&self, path: PathBuf, content: String) -> Result<(), HostError> {
-        let execd_path = self.execd_path(&path)?;
+        // Hands first: they create the workspace, which path resolution needs.
         let endpoint = self.endpoint_for_host().await?;
+        let execd_path = self.execd_path(&path)?;
         let metadata = serde_json::json!({ "path": execd_path }).to_string();
         let metadata_part = reqwest::multipart::Part::text(metadata)
             .file_name("metadata")
@@ -399,11 +406,11 @@ impl Hands {
     }
 
     async fn start_terminal(&self, spec: TerminalSpec) -> Result<String, HostError> {
+        let endpoint = self.endpoint_for_host().await?;
         let cwd = match &spec.cwd {
             Some(cwd) => self.execd_path(cwd)?,
             None => self.execd_path(&self.workspace)?,
         };
-        let endpoint = self.endpoint_for_host().await?;
         let mut words = Vec::with_capacity(spec.args.len() + 1);
         words.push(spec.command.as_str());
         words.extend(spec.args.iter().map(String::as_str));
