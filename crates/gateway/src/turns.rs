@@ -60,7 +60,10 @@ pub async fn create_session(
     title: Option<String>,
 ) -> Result<Arc<Session>, GatewayError> {
     let sessions = &gateway.sessions;
-    let (session, brain_slot) = sessions.create(device_id, title, true)?;
+    // Only a worker that is already warm is taken here; starting one would make creation slow,
+    // and the first message starts one anyway.
+    let warm_available = gateway.pool.n_ready() > 0;
+    let (session, brain_slot) = sessions.create(device_id, title, warm_available)?;
     tracing::info!(session = %session.id, %device_id, "session created");
     if let Some(slot) = brain_slot {
         match gateway.pool.take().await {

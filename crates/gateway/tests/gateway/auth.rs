@@ -1,0 +1,289 @@
+//! Devices and credentials through the API: first-use binding, 409 without the token, admin
+//! reset, foreign sessions answered 404, and tokens never written to disk or logs.
+
+use serde_json::Value;
+
+use crate::helpers::{TestGateway, args_without_agent};
+
+#[tokio::test]
+async fn registering_a_bound_device_without_its_token_is_409() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let again = gw
+        .http
+        .post(format!("{}/v1/devices", gw.url))
+        .header("X-App-Key", &gw.app_key)
+        .json(&serde_json::json!({"device_id": "phone-0001"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(again.status(), 409);
+    let body: Value = again.json().await.expect("body");
+    assert_eq!(body["code"], "DEVICE_ALREADY_BOUND");
+
+    let with_token = gw
+        .http
+        .post(format!("{}/v1/devices", gw.url))
+        .header("X-App-Key", &gw.app_key)
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"device_id": "phone-0001"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        with_token.status(),
+        201,
+        "the holder of the token may register again"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn registration_needs_the_app_key_and_a_valid_device_id() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let cases = [
+        (Some("wrong-key"), "phone-0001", 401, "INVALID_APP_KEY"),
+        (None, "phone-0001", 401, "INVALID_APP_KEY"),
+        (Some("test-app-key"), "short", 400, "INVALID_DEVICE_ID"),
+        (Some("test-app-key"), "bad/../id", 400, "INVALID_DEVICE_ID"),
+    ];
+    for (key, device_id, status, code) in cases {
+        let mut request = gw
+            .http
+            .post(format!("{}/v1/devices", gw.url))
+            .json(&serde_json::json!({"device_id": device_id}));
+        if let Some(key) = key {
+            request = request.header("X-App-Key", key);
+        }
+        let response = request.send().await.expect("request");
+        assert_eq!(response.status(), status, "{key:?} {device_id}");
+        let body: Value = response.json().await.expect("body");
+        assert_eq!(body["code"], code, "{key:?} {device_id}");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn another_device_gets_404_on_every_session_route() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let owner = gw.register("owner-0001").await;
+    let other = gw.register("other-0001").await;
+    let session = gw.create_session(&owner).await;
+    let base = format!("{}/v1/sessions/{session}", gw.url);
+    let missing = format!(
+        "{}/v1/sessions/00000000-0000-0000-0000-000000000000",
+        gw.url
+    );
+    for target in [&base, &missing] {
+        let requests = [
+            gw.http.get(target.to_string()),
+            gw.http.delete(target.to_string()),
+            gw.http
+                .post(format!("{target}/messages"))
+                .json(&serde_json::json!({"text": "echo x"})),
+            gw.http.post(format!("{target}/cancel")),
+            gw.http
+                .post(format!("{target}/permissions/perm-1"))
+                .json(&serde_json::json!({"option_id": "allow"})),
+            gw.http.get(format!("{target}/events")),
+        ];
+        for request in requests {
+            let response = request.bearer_auth(&other).send().await.expect("request");
+            let url = response.url().to_string();
+            assert_eq!(response.status(), 404, "{url}");
+            let body: Value = response.json().await.expect("body");
+            assert_eq!(body["code"], "SESSION_NOT_FOUND", "{url}");
+        }
+    }
+    let listed: Value = gw
+        .http
+        .get(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("list body");
+    assert_eq!(listed["sessions"], serde_json::json!([]));
+    let owner_view = gw
+        .http
+        .get(&base)
+        .bearer_auth(&owner)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(owner_view.status(), 200, "the owner still sees it");
+    let no_token = gw.http.get(&base).send().await.expect("get");
+    assert_eq!(no_token.status(), 401);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn admin_reset_revokes_tokens_but_keeps_sessions() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("tablet-0001").await;
+    let session = gw.create_session(&token).await;
+    let admin = |request: reqwest::RequestBuilder| request.bearer_auth("test-admin-token");
+
+    let listed: Value = admin(gw.http.get(format!("{}/v1/admin/devices", gw.url)))
+        .send()
+        .await
+        .expect("admin list")
+        .json()
+        .await
+        .expect("admin list body");
+    assert_eq!(listed[0]["device_id"], "tablet-0001");
+    assert_eq!(listed[0]["bound"], true);
+    assert_eq!(listed[0]["n_sessions"], 1);
+    assert!(!listed.to_string().contains(&token));
+
+    let device_token_as_admin = gw
+        .http
+        .get(format!("{}/v1/admin/devices", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(device_token_as_admin.status(), 401);
+    let admin_reads_no_session = admin(gw.http.get(format!("{}/v1/sessions/{session}", gw.url)))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(admin_reads_no_session.status(), 401);
+
+    let reset = admin(
+        gw.http
+            .post(format!("{}/v1/admin/devices/tablet-0001/reset", gw.url)),
+    )
+    .send()
+    .await
+    .expect("reset");
+    assert_eq!(reset.status(), 204);
+    let revoked = gw
+        .http
+        .get(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(revoked.status(), 401);
+
+    let new_token = gw.register("tablet-0001").await;
+    let kept = gw
+        .http
+        .get(format!("{}/v1/sessions/{session}", gw.url))
+        .bearer_auth(&new_token)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(kept.status(), 200, "sessions survive a reset");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn admin_routes_are_absent_without_an_admin_token() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_without_agent(data);
+        args.admin_token = None;
+        args
+    })
+    .await;
+    let response = gw
+        .http
+        .get(format!("{}/v1/admin/devices", gw.url))
+        .bearer_auth("anything")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 404);
+    gw.stop().await;
+}
+
+/// Collects everything the gateway logs, at every level.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn tokens_never_reach_the_data_dir_or_the_logs() {
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .init();
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("laptop-0001").await;
+    let session = gw.create_session(&token).await;
+    // Use the token every way a client can: header, query parameter, and a failed attempt.
+    gw.http
+        .get(format!(
+            "{}/v1/sessions/{session}?access_token={token}",
+            gw.url
+        ))
+        .send()
+        .await
+        .expect("query token");
+    gw.http
+        .get(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(format!("{token}x"))
+        .send()
+        .await
+        .expect("bad token");
+    let _ = gw.post_message(&token, &session, "echo secret-check").await;
+    let re = gw
+        .http
+        .post(format!("{}/v1/devices", gw.url))
+        .header("X-App-Key", &gw.app_key)
+        .json(&serde_json::json!({"device_id": "laptop-0001"}))
+        .send()
+        .await
+        .expect("re-register");
+    assert_eq!(re.status(), 409);
+    let data = gw.data.clone();
+    let _data_dir = gw.stop().await;
+
+    let mut n_files = 0;
+    let mut stack = vec![data];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read data dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                n_files += 1;
+                let bytes = std::fs::read(&path).expect("read file");
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains(&token),
+                    "token found in {}",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(n_files >= 3, "device, meta and events files were checked");
+    let logged =
+        String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).to_string();
+    assert!(
+        logged.contains("device registered"),
+        "the log capture works"
+    );
+    assert!(!logged.contains(&token), "token found in the logs");
+    assert!(
+        !logged.contains(&token[3..20]),
+        "part of the token found in the logs"
+    );
+}

@@ -1,0 +1,241 @@
+//! Starting a gateway in-process, registering devices, and reading SSE streams with timeouts
+//! that name what was expected.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use warren_gateway::{Gateway, GatewayArgs};
+
+/// Generous: the machine is shared and loaded.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub struct TestGateway {
+    pub url: String,
+    pub gateway: Arc<Gateway>,
+    pub app_key: String,
+    pub http: reqwest::Client,
+    pub data: PathBuf,
+    _data_dir: Option<tempfile::TempDir>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+/// Arguments for a gateway with no agent needed: no warm workers, an agent that cannot start.
+pub fn args_without_agent(data: PathBuf) -> GatewayArgs {
+    let mut args = GatewayArgs::with_data(data);
+    args.app_key = Some("test-app-key".into());
+    args.admin_token = Some("test-admin-token".into());
+    args.warm_workers = 0;
+    args.agent = Some("/nonexistent/agent".into());
+    args
+}
+
+/// Arguments for a gateway whose agent is the built-in shell agent of the real `warren` binary.
+pub fn args_with_shell_agent(data: PathBuf) -> GatewayArgs {
+    let mut args = args_without_agent(data);
+    let warren = warren_bin();
+    args.warren_bin = Some(warren.clone());
+    args.agent = Some(format!("{} shell-agent", warren.display()));
+    args.warm_workers = 1;
+    args
+}
+
+impl TestGateway {
+    pub async fn start(configure: impl FnOnce(PathBuf) -> GatewayArgs) -> TestGateway {
+        let dir = tempfile::tempdir().expect("temp data dir");
+        let mut gateway = Self::start_in(configure(dir.path().to_path_buf())).await;
+        gateway._data_dir = Some(dir);
+        gateway
+    }
+
+    pub async fn start_in(args: GatewayArgs) -> TestGateway {
+        let data = args.data.clone();
+        let app_key = args.app_key.clone().expect("tests pass an app key");
+        let gateway = Gateway::open(args).await.expect("gateway opens");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(warren_gateway::serve(gateway.clone(), listener, async {
+            let _ = stopped.await;
+        }));
+        TestGateway {
+            url,
+            gateway,
+            app_key,
+            http: reqwest::Client::new(),
+            data,
+            _data_dir: None,
+            stop: Some(stop),
+            server: Some(server),
+        }
+    }
+
+    /// Stops the server the way SIGTERM does and waits for it. Returns the temp data dir so a
+    /// test can inspect it afterwards.
+    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let result = tokio::time::timeout(WAIT, server)
+                .await
+                .expect("gateway stops within the timeout");
+            result.expect("server task").expect("server result");
+        }
+        self._data_dir.take()
+    }
+
+    pub async fn register(&self, device_id: &str) -> String {
+        let response = self
+            .http
+            .post(format!("{}/v1/devices", self.url))
+            .header("X-App-Key", &self.app_key)
+            .json(&serde_json::json!({ "device_id": device_id }))
+            .send()
+            .await
+            .expect("register request");
+        assert_eq!(response.status(), 201, "registering {device_id}");
+        let body: Value = response.json().await.expect("register body");
+        body["token"].as_str().expect("token in body").to_string()
+    }
+
+    pub async fn create_session(&self, token: &str) -> String {
+        let response = self
+            .http
+            .post(format!("{}/v1/sessions", self.url))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "title": "test" }))
+            .send()
+            .await
+            .expect("create session request");
+        assert_eq!(response.status(), 201, "creating a session");
+        let body: Value = response.json().await.expect("session body");
+        body["id"].as_str().expect("session id").to_string()
+    }
+
+    pub async fn post_message(&self, token: &str, session: &str, text: &str) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/sessions/{session}/messages", self.url))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+            .await
+            .expect("message request")
+    }
+
+    pub async fn events(
+        &self,
+        token: &str,
+        session: &str,
+        last_event_id: Option<u64>,
+    ) -> EventStream {
+        let mut request = self
+            .http
+            .get(format!("{}/v1/sessions/{session}/events", self.url))
+            .bearer_auth(token);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id.to_string());
+        }
+        let response = request.send().await.expect("events request");
+        assert_eq!(response.status(), 200, "opening the event stream");
+        EventStream::new(response)
+    }
+}
+
+/// One SSE event as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub id: Option<u64>,
+    pub event: String,
+    pub data: Value,
+}
+
+type ByteStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<sse_stream::Sse, sse_stream::Error>> + Send>,
+>;
+
+pub struct EventStream {
+    inner: ByteStream,
+}
+
+impl EventStream {
+    pub fn new(response: reqwest::Response) -> EventStream {
+        EventStream {
+            inner: Box::pin(sse_stream::SseByteStream::new(response.bytes_stream())),
+        }
+    }
+
+    /// The next event (heartbeat comments skipped), or `None` when the stream ended.
+    pub async fn next(&mut self, what: &str) -> Option<Received> {
+        loop {
+            let item = tokio::time::timeout(WAIT, self.inner.next())
+                .await
+                .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+            match item {
+                None | Some(Err(_)) => return None,
+                Some(Ok(sse)) => {
+                    let Some(data) = sse.data else { continue };
+                    return Some(Received {
+                        id: sse.id.and_then(|id| id.parse().ok()),
+                        event: sse.event.unwrap_or_default(),
+                        data: serde_json::from_str(&data).expect("event data is JSON"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Reads until an event satisfies `done`, returning everything read including it.
+    pub async fn until(
+        &mut self,
+        what: &str,
+        mut done: impl FnMut(&Received) -> bool,
+    ) -> Vec<Received> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self
+                .next(what)
+                .await
+                .unwrap_or_else(|| panic!("stream ended before {what}; saw {seen:#?}"));
+            let finished = done(&event);
+            seen.push(event);
+            if finished {
+                return seen;
+            }
+        }
+    }
+}
+
+/// The real `warren` binary (target/debug/warren), built once per test process.
+pub fn warren_bin() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.as_ref() {
+        return path.clone();
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("workspace root")
+        .to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "-p", "warren"])
+        .current_dir(&workspace)
+        .status()
+        .expect("run cargo build -p warren");
+    assert!(status.success(), "cargo build -p warren failed");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace.join("target"));
+    let path = target.join("debug").join("warren");
+    assert!(path.exists(), "{} exists after the build", path.display());
+    *built = Some(path.clone());
+    path
+}

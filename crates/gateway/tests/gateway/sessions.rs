@@ -1,0 +1,212 @@
+//! Sessions through the API: lifecycle, body validation, quotas reserved atomically.
+
+use serde_json::Value;
+
+use crate::helpers::{TestGateway, args_without_agent};
+
+#[tokio::test]
+async fn session_is_created_listed_read_and_deleted() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let created: Value = gw
+        .http
+        .post(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"title": "fix the build"}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("body");
+    let id = created["id"].as_str().expect("id").to_string();
+    for field in [
+        "id",
+        "title",
+        "created_at",
+        "status",
+        "turn",
+        "last_seq",
+        "brain",
+        "hands",
+    ] {
+        assert!(
+            created.get(field).is_some(),
+            "session has {field}: {created}"
+        );
+    }
+    assert_eq!(created["title"], "fix the build");
+    assert_eq!(created["status"], "idle");
+    assert_eq!(created["turn"], 0);
+    assert_eq!(created["hands"], "none", "hands start lazily");
+
+    let untitled = gw
+        .http
+        .post(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("empty body");
+    assert_eq!(untitled.status(), 201, "the body is optional");
+
+    let listed: Value = gw
+        .http
+        .get(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(2));
+    let session_dir = gw.data.join("sessions").join(&id);
+    assert!(session_dir.join("meta.json").exists());
+
+    let deleted = gw
+        .http
+        .delete(format!("{}/v1/sessions/{id}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 204);
+    let gone = gw
+        .http
+        .get(format!("{}/v1/sessions/{id}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(gone.status(), 404);
+    assert!(!session_dir.exists(), "session data removed");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn bad_bodies_get_400_with_a_code() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let cases = [
+        gw.http
+            .post(format!("{}/v1/sessions", gw.url))
+            .body("{not json")
+            .header("content-type", "application/json"),
+        gw.http
+            .post(format!("{}/v1/sessions/{session}/messages", gw.url))
+            .json(&serde_json::json!({"txt": "x"})),
+        gw.http
+            .post(format!("{}/v1/sessions/{session}/messages", gw.url))
+            .body("plain"),
+        gw.http
+            .get(format!("{}/v1/sessions/{session}/events", gw.url))
+            .header("Last-Event-ID", "abc"),
+    ];
+    for request in cases {
+        let response = request.bearer_auth(&token).send().await.expect("request");
+        let url = response.url().to_string();
+        assert_eq!(response.status(), 400, "{url}");
+        let body: Value = response.json().await.expect("error body");
+        assert!(
+            body["code"].is_string() && body["message"].is_string(),
+            "{url}: {body}"
+        );
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_parallel_creations_never_exceed_the_quota() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("busy-device").await;
+    let requests = (0..50).map(|_| {
+        gw.http
+            .post(format!("{}/v1/sessions", gw.url))
+            .bearer_auth(&token)
+            .send()
+    });
+    let responses = futures_util::future::join_all(requests).await;
+    let mut n_created = 0;
+    let mut n_refused = 0;
+    for response in responses {
+        let response = response.expect("request");
+        match response.status().as_u16() {
+            201 => n_created += 1,
+            429 => {
+                let body: Value = response.json().await.expect("body");
+                assert_eq!(body["code"], "QUOTA_EXCEEDED");
+                n_refused += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!((n_created, n_refused), (20, 30));
+    let listed: Value = gw
+        .http
+        .get(format!("{}/v1/sessions", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(20));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn health_and_metrics_answer() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let health = gw
+        .http
+        .get(format!("{}/healthz", gw.url))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
+    let metrics = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("# TYPE warren_gateway_sessions gauge"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("warren_gateway_events_appended_total"),
+        "{metrics}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_whose_agent_cannot_start_ends_its_turn_with_error() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    let accepted = gw.post_message(&token, &session, "echo hi").await;
+    assert_eq!(accepted.status(), 202);
+    let seen = events
+        .until("turn_end after the agent failed to start", |e| {
+            e.event == "turn_end"
+        })
+        .await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"user_message"));
+    assert!(kinds.contains(&"error"), "{kinds:?}");
+    assert_eq!(
+        seen.last().map(|e| e.data["stop_reason"].clone()),
+        Some("error".into())
+    );
+    let again = gw.post_message(&token, &session, "echo again").await;
+    assert_eq!(again.status(), 202, "the conversation stays usable");
+    gw.stop().await;
+}

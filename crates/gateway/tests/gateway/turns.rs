@@ -1,0 +1,256 @@
+//! Turns end to end with the built-in shell agent of the real `warren` binary: streamed output,
+//! 409 while a turn runs, cancel, permission questions and answers.
+
+use serde_json::Value;
+
+use crate::helpers::{Received, TestGateway, args_with_shell_agent};
+
+fn text_of(events: &[Received]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == "update")
+        .map(|e| e.data["update"].to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    let accepted = gw.post_message(&token, &session, "echo hi").await;
+    assert_eq!(accepted.status(), 202);
+    let body: Value = accepted.json().await.expect("accepted body");
+    assert_eq!(body["turn"], 1);
+
+    let seen = events
+        .until("turn_end of `echo hi`", |e| e.event == "turn_end")
+        .await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(&kinds[..2], ["user_message", "turn_start"], "{kinds:?}");
+    assert_eq!(seen[0].data["text"], "echo hi");
+    assert!(kinds.contains(&"update"), "{kinds:?}");
+    assert!(
+        text_of(&seen).contains("hi"),
+        "an update carries the output: {seen:#?}"
+    );
+    let end = seen.last().expect("turn_end");
+    assert_eq!(end.data["stop_reason"], "end_turn");
+    assert_eq!(end.data["turn"], 1);
+    let seqs: Vec<u64> = seen.iter().map(|e| e.id.expect("id")).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "seq strictly +1 from 1"
+    );
+
+    let second = gw.post_message(&token, &session, "echo second").await;
+    assert_eq!(second.status(), 202);
+    let seen = events
+        .until("turn_end of the second turn", |e| e.event == "turn_end")
+        .await;
+    assert!(text_of(&seen).contains("second"));
+    let info: Value = gw
+        .http
+        .get(format!("{}/v1/sessions/{session}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(info["turn"], 2);
+    assert_eq!(info["status"], "idle");
+    assert_eq!(info["hands"], "running");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_message_during_a_turn_is_409_and_cancel_ends_the_turn() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "sleep 60").await.status(),
+        202
+    );
+    events
+        .until("the sleep command's tool call", |e| e.event == "update")
+        .await;
+
+    let busy = gw.post_message(&token, &session, "echo no").await;
+    assert_eq!(busy.status(), 409);
+    let body: Value = busy.json().await.expect("body");
+    assert_eq!(body["code"], "TURN_IN_PROGRESS");
+
+    let cancel = gw
+        .http
+        .post(format!("{}/v1/sessions/{session}/cancel", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.status(), 202);
+    let seen = events
+        .until("turn_end after cancel", |e| e.event == "turn_end")
+        .await;
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "cancelled"
+    );
+
+    let idle_cancel = gw
+        .http
+        .post(format!("{}/v1/sessions/{session}/cancel", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(idle_cancel.status(), 409, "nothing to cancel");
+    assert_eq!(
+        gw.post_message(&token, &session, "echo after")
+            .await
+            .status(),
+        202
+    );
+    let seen = events
+        .until("turn_end of the turn after cancel", |e| {
+            e.event == "turn_end"
+        })
+        .await;
+    assert!(text_of(&seen).contains("after"));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn rm_asks_permission_and_the_answer_is_recorded() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "touch doomed.txt")
+            .await
+            .status(),
+        202
+    );
+    events
+        .until("turn_end of touch", |e| e.event == "turn_end")
+        .await;
+
+    assert_eq!(
+        gw.post_message(&token, &session, "rm doomed.txt")
+            .await
+            .status(),
+        202
+    );
+    let seen = events
+        .until("the permission request for rm", |e| {
+            e.event == "permission_request"
+        })
+        .await;
+    let request = seen.last().expect("permission_request");
+    let request_id = request.data["request_id"]
+        .as_str()
+        .expect("request id")
+        .to_string();
+    assert!(request.data["tool_call"].is_object());
+    let options = request.data["options"].as_array().expect("options");
+    let allow = options
+        .iter()
+        .find(|o| o["kind"] == "allow_once")
+        .expect("an allow option");
+    let allow_id = allow["optionId"].as_str().expect("option id");
+
+    let url = format!("{}/v1/sessions/{session}/permissions/{request_id}", gw.url);
+    let wrong = gw
+        .http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"option_id": "nope"}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(wrong.status(), 400, "an option the agent did not offer");
+    let answer = gw
+        .http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"option_id": allow_id}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.status(), 204);
+    let again = gw
+        .http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"option_id": allow_id}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(again.status(), 404, "answered once");
+
+    let seen = events
+        .until("turn_end of rm", |e| e.event == "turn_end")
+        .await;
+    let resolved = seen
+        .iter()
+        .find(|e| e.event == "permission_resolved")
+        .expect("permission_resolved");
+    assert_eq!(resolved.data["outcome"], "selected");
+    assert_eq!(resolved.data["option_id"], allow_id);
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    let workspace = gw.data.join("sessions").join(&session).join("workspace");
+    assert!(
+        !workspace.join("doomed.txt").exists(),
+        "rm ran after the answer"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_answers_a_pending_permission_cancelled() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "rm -rf nothing")
+            .await
+            .status(),
+        202
+    );
+    events
+        .until("the permission request", |e| {
+            e.event == "permission_request"
+        })
+        .await;
+    let cancel = gw
+        .http
+        .post(format!("{}/v1/sessions/{session}/cancel", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.status(), 202);
+    let seen = events
+        .until("turn_end after cancel", |e| e.event == "turn_end")
+        .await;
+    let resolved = seen
+        .iter()
+        .find(|e| e.event == "permission_resolved")
+        .expect("permission_resolved");
+    assert_eq!(resolved.data["outcome"], "cancelled");
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "cancelled"
+    );
+    gw.stop().await;
+}
