@@ -110,6 +110,14 @@ impl Engine {
             Some(env) => env.clone(),
             None => std::env::vars().collect(),
         };
+        if !shell_exists(&shell) {
+            let source =
+                std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+            return Err(ExecError::Spawn {
+                program: shell,
+                source,
+            });
+        }
         let env = command_env(base_env, &self.config.pass_env, tty, args.env.clone());
         let flag = if login { "-lc" } else { "-c" };
 
@@ -504,6 +512,15 @@ fn signal_name(signal: i32) -> String {
     name.to_owned()
 }
 
+/// True when `shell` names an executable file (a path, or a name found in `PATH`).
+fn shell_exists(shell: &str) -> bool {
+    if shell.contains('/') {
+        Path::new(shell).is_file()
+    } else {
+        find_in_path(shell).is_some()
+    }
+}
+
 fn find_in_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -545,15 +562,50 @@ fn spawn_pipes(
 }
 
 fn spawn_tty(
-    _shell: &str,
-    _flag: &str,
-    _cmd: &str,
-    _workdir: &Path,
-    _env: Vec<(String, String)>,
-    _config: &EngineConfig,
+    shell: &str,
+    flag: &str,
+    cmd: &str,
+    workdir: &Path,
+    env: Vec<(String, String)>,
+    config: &EngineConfig,
 ) -> std::io::Result<Spawned> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "tty sessions are not available yet",
-    ))
+    use warren_process::pty::{PtySize, ShellCommand, spawn_pty};
+    // The PTY spawner adds variables to the daemon's environment and cannot remove any, so
+    // variables the command must not see (secrets) are removed by `env -u NAME`, which then
+    // execs the shell: same pid, same session, marker variable kept.
+    let unset: Vec<std::ffi::OsString> = std::env::vars_os()
+        .map(|(name, _)| name)
+        .filter(|name| {
+            !env.iter()
+                .any(|(kept, _)| std::ffi::OsStr::new(kept) == name)
+        })
+        .collect();
+    let mut command = if unset.is_empty() {
+        ShellCommand::new(shell)
+    } else {
+        let mut command = ShellCommand::new("env");
+        for name in unset {
+            command = command.arg("-u").arg(name);
+        }
+        command.arg("--").arg(shell)
+    };
+    command = command.arg(flag).arg(cmd).cwd(workdir);
+    command.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    let size = PtySize {
+        rows: config.tty_rows,
+        cols: config.tty_cols,
+    };
+    let child = spawn_pty(&command, size)?;
+    let pid = child.child.pid();
+    let mut process = child.child;
+    // The control half keeps a duplicate of the master open; dropping it here means the reader
+    // sees end of output once the command and its descendants close the terminal.
+    drop(child.control);
+    Ok(Spawned {
+        pid,
+        tree: child.tree,
+        output: Box::new(child.reader),
+        stdin: Some(Box::new(child.writer)),
+        wait: Box::pin(async move { process.wait().await }),
+    })
 }

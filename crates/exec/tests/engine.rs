@@ -646,3 +646,145 @@ async fn shutdown_kills_every_session_and_refuses_new_commands() {
         Err(ExecError::ShuttingDown)
     ));
 }
+
+fn tty(cmd: &str, yield_time_ms: u64) -> ExecCommandArgs {
+    ExecCommandArgs {
+        tty: Some(true),
+        ..cmd_yield(cmd, yield_time_ms)
+    }
+}
+
+#[tokio::test]
+async fn read_prompt_on_a_tty_is_reported_as_awaiting_input_then_answered() {
+    let h = harness();
+    let started = Instant::now();
+    let prompt = exec(
+        &h.engine,
+        tty("printf 'Name? '; read n; echo \"hello $n\"", 30_000),
+    )
+    .await;
+    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "returned well before the 30 s yield"
+    );
+    assert_eq!(prompt.output, "Name? ");
+    let id = prompt.session_id.expect("session id");
+    let answer = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "bob\n")
+        },
+    )
+    .await;
+    assert_eq!(answer.status, ExecStatus::Exited, "{answer:?}");
+    assert_eq!(answer.exit_code, Some(0));
+    assert_eq!(
+        answer.output, "bob\nhello bob\n",
+        "input is echoed by the terminal"
+    );
+}
+
+#[tokio::test]
+async fn python_input_on_a_tty_is_reported_as_awaiting_input() {
+    let h = harness();
+    let prompt = exec(
+        &h.engine,
+        tty("python3 -c \"print('got', input('x: '))\"", 30_000),
+    )
+    .await;
+    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
+    assert_eq!(prompt.output, "x: ");
+    let id = prompt.session_id.expect("session id");
+    let answer = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "42\n")
+        },
+    )
+    .await;
+    assert_eq!(answer.status, ExecStatus::Exited);
+    assert!(answer.output.ends_with("got 42\n"), "{:?}", answer.output);
+}
+
+#[tokio::test]
+async fn tty_sessions_run_on_a_terminal_with_a_colour_term() {
+    let h = harness();
+    let result = exec(
+        &h.engine,
+        tty("test -t 0 && test -t 1 && echo \"$TERM\"", 10_000),
+    )
+    .await;
+    assert_eq!(result.exit_code, Some(0), "{:?}", result.output);
+    assert_eq!(result.output, "xterm-256color\n");
+}
+
+#[tokio::test]
+async fn ctrl_c_on_a_tty_interrupts_the_foreground_command() {
+    let h = harness();
+    let first = exec(&h.engine, tty("sleep 100", 250)).await;
+    let id = first.session_id.expect("session id");
+    let result = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(10_000),
+            ..write(id, "\u{3}")
+        },
+    )
+    .await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(130));
+}
+
+#[tokio::test]
+async fn alternate_screen_program_is_shown_as_its_final_screen() {
+    let h = harness();
+    let script = "printf 'before\\n\\033[?1049h\\033[H\\033[2Jframe one\\033[H\\033[2Jfinal frame\\033[?1049l'; echo after";
+    let result = exec(&h.engine, tty(script, 10_000)).await;
+    assert_eq!(result.output, "before\nfinal frame\nafter\n");
+}
+
+#[tokio::test]
+async fn tty_sessions_get_the_scrubbed_environment_not_the_daemons() {
+    // A variable of this test process that the engine's base environment leaves out stands for
+    // a secret: the PTY spawner starts from the daemon's environment, so it must be removed.
+    let (dropped, _) = std::env::vars()
+        .find(|(name, _)| {
+            !["PATH", "HOME"].contains(&name.as_str())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .expect("the test process has some environment variable besides PATH and HOME");
+    let h = harness_with(|config| {
+        config.base_env = Some(vec![
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            ("HOME".into(), std::env::var("HOME").unwrap_or_default()),
+            ("MY_SECRET_TOKEN".into(), "leak".into()),
+        ]);
+    });
+    let script = format!("echo \"${{{dropped}:-absent}} ${{MY_SECRET_TOKEN:-scrubbed}}\"");
+    let args = ExecCommandArgs {
+        login: Some(false),
+        ..tty(&script, 10_000)
+    };
+    let result = exec(&h.engine, args).await;
+    assert_eq!(
+        result.output, "absent scrubbed\n",
+        "{dropped} must not reach the command"
+    );
+}
+
+#[tokio::test]
+async fn missing_shell_is_an_immediate_spawn_error() {
+    let h = harness();
+    for tty_mode in [false, true] {
+        let args = ExecCommandArgs {
+            shell: Some("/nonexistent/shell".into()),
+            tty: Some(tty_mode),
+            ..cmd("true")
+        };
+        let err = h.engine.exec_command(args).await.expect_err("cannot start");
+        assert!(matches!(err, ExecError::Spawn { .. }), "{err}");
+    }
+}
