@@ -130,3 +130,31 @@ pub enum BrainError {
     #[error("a turn is already running in this brain session")]
     TurnInProgress,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AgentCommand;
+
+    #[test]
+    fn agent_command_lines_are_split_like_a_shell_would() {
+        let cases: [(&str, Option<(&str, &[&str])>); 6] = [
+            ("claude-agent-acp", Some(("claude-agent-acp", &[]))),
+            ("gemini --acp", Some(("gemini", &["--acp"]))),
+            (
+                "python3 'my agent.py' --flag=\"a b\"",
+                Some(("python3", &["my agent.py", "--flag=a b"])),
+            ),
+            ("  codex-acp   -c x  ", Some(("codex-acp", &["-c", "x"]))),
+            ("", None),
+            ("agent 'unclosed", None),
+        ];
+        for (line, expected) in cases {
+            let parsed = AgentCommand::parse(line).ok();
+            let expected = expected.map(|(program, args)| AgentCommand {
+                program: program.to_owned(),
+                args: args.iter().map(|a| (*a).to_owned()).collect(),
+            });
+            assert_eq!(parsed, expected, "{line:?}");
+        }
+    }
+}

@@ -409,3 +409,31 @@ async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
         sink.agent_text()
     );
 }
+
+#[tokio::test]
+async fn a_missing_agent_program_is_a_spawn_error_not_a_hang() {
+    let command = AgentCommand {
+        program: "/nonexistent/agent".into(),
+        args: vec![],
+    };
+    let result = within("spawn of a missing program", Worker::spawn(&command)).await;
+    assert!(
+        matches!(result, Err(BrainError::Spawn { .. })),
+        "{:?}",
+        result.err()
+    );
+}
+
+#[tokio::test]
+async fn an_agent_that_exits_before_initialize_is_reported_as_exited() {
+    let command = AgentCommand {
+        program: "true".into(),
+        args: vec![],
+    };
+    let result = within("spawn of an agent that exits", Worker::spawn(&command)).await;
+    assert!(
+        matches!(result, Err(BrainError::WorkerExited { .. })),
+        "{:?}",
+        result.err()
+    );
+}

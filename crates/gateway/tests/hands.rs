@@ -22,13 +22,20 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
 
 fn warren_bin() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/warren");
-    assert!(path.exists(), "{} is missing: run `cargo build -p warren` first", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p warren` first",
+        path.display()
+    );
     path
 }
 
 fn new_hands() -> (Arc<Hands>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let hands = Hands::new(Arc::new(LocalHands::new(warren_bin())), dir.path().join("workspace"));
+    let hands = Hands::new(
+        Arc::new(LocalHands::new(warren_bin())),
+        dir.path().join("workspace"),
+    );
     (hands, dir)
 }
 
@@ -46,41 +53,83 @@ fn bash(script: &str) -> TerminalSpec {
 async fn hands_start_on_first_use_require_their_token_and_stop_completely() {
     let (hands, _dir) = new_hands();
     assert!(!hands.is_running(), "creating hands starts nothing");
-    let endpoint = within("hands start", hands.endpoint()).await.expect("hands start");
+    let endpoint = within("hands start", hands.endpoint())
+        .await
+        .expect("hands start");
     assert!(hands.is_running());
     assert!(hands.workspace().is_dir(), "the workspace is created");
     let http = reqwest::Client::new();
     let info = format!("{}/files/info", endpoint.url);
-    let without = http.get(&info).query(&[("path", "/")]).send().await.expect("request");
-    assert_eq!(without.status(), 401, "execd refuses requests without the token");
-    let ping = http.get(format!("{}/ping", endpoint.url)).send().await.expect("ping");
+    let without = http
+        .get(&info)
+        .query(&[("path", "/")])
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        without.status(),
+        401,
+        "execd refuses requests without the token"
+    );
+    let ping = http
+        .get(format!("{}/ping", endpoint.url))
+        .send()
+        .await
+        .expect("ping");
     assert!(ping.status().is_success());
-    assert_eq!(hands.endpoint().await.expect("same hands"), endpoint, "one execd per session");
+    assert_eq!(
+        hands.endpoint().await.expect("same hands"),
+        endpoint,
+        "one execd per session"
+    );
 
     within("hands stop", hands.stop()).await;
     assert!(!hands.is_running());
     assert!(
-        http.get(format!("{}/ping", endpoint.url)).send().await.is_err(),
+        http.get(format!("{}/ping", endpoint.url))
+            .send()
+            .await
+            .is_err(),
         "execd is gone after stop"
     );
-    assert!(hands.endpoint().await.is_err(), "stopped hands stay stopped");
+    assert!(
+        hands.endpoint().await.is_err(),
+        "stopped hands stay stopped"
+    );
 }
 
 #[tokio::test]
 async fn agent_file_writes_and_reads_go_through_execd() {
     let (hands, _dir) = new_hands();
     let path = hands.workspace().join("src/notes.txt");
-    within("write", hands.write_text_file(path.clone(), "one\ntwo\nthree\n".into()))
+    within(
+        "write",
+        hands.write_text_file(path.clone(), "one\ntwo\nthree\n".into()),
+    )
+    .await
+    .expect("write");
+    assert_eq!(
+        std::fs::read_to_string(&path).expect("on disk"),
+        "one\ntwo\nthree\n"
+    );
+    let all = within("read", hands.read_text_file(path.clone(), None, None))
         .await
-        .expect("write");
-    assert_eq!(std::fs::read_to_string(&path).expect("on disk"), "one\ntwo\nthree\n");
-    let all = within("read", hands.read_text_file(path.clone(), None, None)).await.expect("read");
+        .expect("read");
     assert_eq!(all, "one\ntwo\nthree\n");
-    let middle = within("read lines", hands.read_text_file(path, Some(2), Some(1))).await.expect("read");
+    let middle = within("read lines", hands.read_text_file(path, Some(2), Some(1)))
+        .await
+        .expect("read");
     assert_eq!(middle, "two\n");
-    let missing = hands.read_text_file(hands.workspace().join("nope.txt"), None, None).await;
-    assert!(matches!(missing, Err(HostError::NotFound(_))), "{missing:?}");
-    let outside = hands.read_text_file(PathBuf::from("/etc/passwd"), None, None).await;
+    let missing = hands
+        .read_text_file(hands.workspace().join("nope.txt"), None, None)
+        .await;
+    assert!(
+        matches!(missing, Err(HostError::NotFound(_))),
+        "{missing:?}"
+    );
+    let outside = hands
+        .read_text_file(PathBuf::from("/etc/passwd"), None, None)
+        .await;
     assert!(matches!(outside, Err(HostError::Invalid(_))), "{outside:?}");
     hands.stop().await;
 }
@@ -88,18 +137,30 @@ async fn agent_file_writes_and_reads_go_through_execd() {
 #[tokio::test]
 async fn terminals_run_in_the_workspace_and_report_output_and_exit_code() {
     let (hands, _dir) = new_hands();
-    let id = within("create", hands.create_terminal(bash("pwd; echo err >&2; exit 3")))
+    let id = within(
+        "create",
+        hands.create_terminal(bash("pwd; echo err >&2; exit 3")),
+    )
+    .await
+    .expect("terminal");
+    let exit = within("exit", hands.wait_for_terminal_exit(id.clone()))
         .await
-        .expect("terminal");
-    let exit = within("exit", hands.wait_for_terminal_exit(id.clone())).await.expect("exit");
+        .expect("exit");
     assert_eq!(exit.exit_code, Some(3));
     let output = hands.terminal_output(id.clone()).await.expect("output");
     let workspace = std::fs::canonicalize(hands.workspace()).expect("canonical workspace");
-    assert!(output.output.contains(&workspace.display().to_string()), "{:?}", output.output);
+    assert!(
+        output.output.contains(&workspace.display().to_string()),
+        "{:?}",
+        output.output
+    );
     assert!(output.output.contains("err\n"), "{:?}", output.output);
     assert_eq!(output.exit.and_then(|e| e.exit_code), Some(3));
     hands.release_terminal(id.clone()).await.expect("release");
-    assert!(matches!(hands.terminal_output(id).await, Err(HostError::NotFound(_))));
+    assert!(matches!(
+        hands.terminal_output(id).await,
+        Err(HostError::NotFound(_))
+    ));
     hands.stop().await;
 }
 
@@ -110,13 +171,23 @@ async fn killing_a_terminal_ends_its_command() {
         .await
         .expect("terminal");
     within("the command printed", async {
-        while !hands.terminal_output(id.clone()).await.expect("output").output.contains("up") {
+        while !hands
+            .terminal_output(id.clone())
+            .await
+            .expect("output")
+            .output
+            .contains("up")
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    within("kill", hands.kill_terminal(id.clone())).await.expect("kill");
-    let exit = within("exit after kill", hands.wait_for_terminal_exit(id)).await.expect("exit");
+    within("kill", hands.kill_terminal(id.clone()))
+        .await
+        .expect("kill");
+    let exit = within("exit after kill", hands.wait_for_terminal_exit(id))
+        .await
+        .expect("exit");
     assert_ne!(exit.exit_code, Some(0), "{exit:?}");
     hands.stop().await;
 }
@@ -155,21 +226,34 @@ impl TurnSink for Collect {
 async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
     let (hands, _dir) = new_hands();
     let agent = AgentCommand::shell_agent(warren_bin().display().to_string());
-    let worker = within("shell agent start", Worker::spawn(&agent)).await.expect("worker");
-    let sink = Arc::new(Collect::default());
-    let mcp = within("hands for MCP", hands.mcp_server(&warren_bin().display().to_string()))
+    let worker = within("shell agent start", Worker::spawn(&agent))
         .await
-        .expect("mcp entry");
+        .expect("worker");
+    let sink = Arc::new(Collect::default());
+    let mcp = within(
+        "hands for MCP",
+        hands.mcp_server(&warren_bin().display().to_string()),
+    )
+    .await
+    .expect("mcp entry");
     assert_eq!(mcp.args[0], "mcp");
     let session = within(
         "session/new",
-        worker.new_session(hands.workspace().to_owned(), vec![mcp], hands.clone(), sink.clone()),
+        worker.new_session(
+            hands.workspace().to_owned(),
+            vec![mcp],
+            hands.clone(),
+            sink.clone(),
+        ),
     )
     .await
     .expect("session");
-    let stop_reason = within("turn", session.prompt("echo hi > made.txt; cat made.txt".into()))
-        .await
-        .expect("turn");
+    let stop_reason = within(
+        "turn",
+        session.prompt("echo hi > made.txt; cat made.txt".into()),
+    )
+    .await
+    .expect("turn");
     assert_eq!(stop_reason, "end_turn");
     assert!(sink.agent_text().contains("hi"), "{}", sink.agent_text());
     assert_eq!(
@@ -178,4 +262,46 @@ async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
     );
     within("close", session.close()).await;
     hands.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_hands_kills_background_and_setsid_processes_they_started() {
+    let (hands, _dir) = new_hands();
+    let script = "sleep 300 & echo bg=$!; setsid sleep 301 & echo sid=$!";
+    let id = within("create", hands.create_terminal(bash(script)))
+        .await
+        .expect("terminal");
+    within("exit", hands.wait_for_terminal_exit(id.clone()))
+        .await
+        .expect("exit");
+    let output = hands.terminal_output(id).await.expect("output").output;
+    let pids: Vec<u32> = output
+        .lines()
+        .filter_map(|line| {
+            line.split_once('=')
+                .and_then(|(_, pid)| pid.trim().parse().ok())
+        })
+        .collect();
+    assert_eq!(pids.len(), 2, "{output:?}");
+    assert!(
+        pids.iter().all(|pid| alive(*pid)),
+        "the background processes outlive their command"
+    );
+    within("hands stop", hands.stop()).await;
+    within("every process of the hands is gone", async {
+        while pids.iter().any(|pid| alive(*pid)) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// Alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
 }
