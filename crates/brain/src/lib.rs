@@ -135,9 +135,15 @@ pub enum BrainError {
 mod tests {
     use super::AgentCommand;
 
+    /// A command line and the program and arguments it splits into (`None`: refused).
+    type Case = (
+        &'static str,
+        Option<(&'static str, &'static [&'static str])>,
+    );
+
     #[test]
     fn agent_command_lines_are_split_like_a_shell_would() {
-        let cases: [(&str, Option<(&str, &[&str])>); 6] = [
+        let cases: [Case; 6] = [
             ("claude-agent-acp", Some(("claude-agent-acp", &[]))),
             ("gemini --acp", Some(("gemini", &["--acp"]))),
             (
