@@ -26,6 +26,9 @@ pub struct Execd {
     pub pty: pty::PtySessions,
     pub exec: exec_api::ExecState,
     pub opensandbox: opensandbox::Compat,
+    /// Cancelled when the daemon shuts down: ends the MCP sessions and their open SSE streams,
+    /// which graceful shutdown would otherwise wait for forever.
+    pub mcp_shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Execd {
@@ -35,6 +38,7 @@ impl Execd {
             pty: pty::PtySessions::new(&config),
             exec: exec_api::ExecState::new(&config),
             opensandbox: opensandbox::Compat::new(&config),
+            mcp_shutdown: tokio_util::sync::CancellationToken::new(),
             config,
         }
     }
@@ -46,10 +50,29 @@ impl Execd {
             .merge(pty::routes(self.pty.clone()))
             .merge(exec_api::routes(self.exec.clone()))
             .merge(opensandbox::routes(self.opensandbox.clone()))
+            .route_service("/mcp", self.mcp_service())
             .layer(axum::middleware::from_fn_with_state(
                 self.config.access_token.clone().map(Arc::<str>::from),
                 auth::require_access_token,
             ))
+    }
+
+    /// The exec tools over MCP streamable HTTP, driving the same engine as `/v1/exec`. With an
+    /// access token any `Host` is accepted (the token defeats DNS rebinding); without one, only
+    /// loopback names and the listen address.
+    fn mcp_service(&self) -> warren_mcp::McpHttpService {
+        let allowed_hosts = match &self.config.access_token {
+            Some(_) => warren_mcp::AllowedHosts::Any,
+            None => warren_mcp::AllowedHosts::Only(vec![
+                self.config.listen.ip().to_string(),
+                self.config.listen.to_string(),
+            ]),
+        };
+        warren_mcp::streamable_http_service(
+            self.exec.engine().clone(),
+            allowed_hosts,
+            self.mcp_shutdown.clone(),
+        )
     }
 
     /// Kills every process any session started. Called on SIGTERM/SIGINT before exit.
@@ -65,6 +88,11 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = execd.router();
+    let mcp_shutdown = execd.mcp_shutdown.clone();
+    let shutdown = async move {
+        shutdown.await;
+        mcp_shutdown.cancel();
+    };
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     execd.shutdown().await;
     Ok(())
