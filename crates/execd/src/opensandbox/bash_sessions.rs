@@ -1,0 +1,322 @@
+//! Bash sessions (`POST /session`, `POST /session/{id}/run`, `DELETE /session/{id}`): one
+//! long-lived `bash --noprofile --norc` per session on pipes, so exported variables and the
+//! working directory persist from one run to the next.
+//!
+//! Each run writes `eval '<command>' </dev/null` to the shell's stdin followed by a `printf` of
+//! a per-run random sentinel and `$?`; output lines up to the sentinel are the run's output
+//! (stderr merged, empty lines skipped). Runs of one session are serialised. A run that makes
+//! the shell exit (`exit 3`), or that times out (the whole shell tree is killed), ends with the
+//! shell's fate; the next run starts a fresh shell in the session's directory.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::process::{Child, ChildStdin};
+use warren_process::TreeId;
+use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
+
+use super::CompatError;
+use super::commands::{KILL_GRACE, PING_INTERVAL};
+use super::spawn::{self, SpawnSpec};
+use super::stream::{EventSink, LineSplitter};
+
+/// The registry of bash sessions.
+#[derive(Default)]
+pub struct Sessions {
+    map: Mutex<HashMap<String, Arc<BashSession>>>,
+}
+
+struct BashSession {
+    id: String,
+    cwd: PathBuf,
+    /// The running shell; held for the whole of a run, which serialises runs.
+    shell: tokio::sync::Mutex<Option<Shell>>,
+    /// The shell's tree, readable without waiting for a run to end (deletion kills it).
+    tree: Mutex<Option<TreeId>>,
+}
+
+struct Shell {
+    child: Child,
+    pid: u32,
+    stdin: ChildStdin,
+    output: pipe::Receiver,
+    lines: LineSplitter,
+}
+
+/// How a run ended.
+enum RunEnd {
+    /// The sentinel arrived with this exit code.
+    Finished(i32),
+    /// The shell died (exit code, -1 for a signal); it must be restarted.
+    ShellGone(i32),
+    TimedOut,
+}
+
+impl Sessions {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<BashSession>>> {
+        // Single map operations only, so a poisoned lock is still consistent.
+        self.map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `POST /session`: registers a session; its shell starts with the first run.
+    pub async fn create(&self, cwd: PathBuf) -> Result<String, CompatError> {
+        let dir = cwd.clone();
+        tokio::task::spawn_blocking(move || std::fs::create_dir_all(&dir))
+            .await
+            .map_err(|e| CompatError::Internal(format!("mkdir task panicked: {e}")))?
+            .map_err(|e| {
+                CompatError::Runtime(format!("cannot create directory {}: {e}", cwd.display()))
+            })?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let session = Arc::new(BashSession {
+            id: id.clone(),
+            cwd,
+            shell: tokio::sync::Mutex::new(None),
+            tree: Mutex::new(None),
+        });
+        self.map().insert(id.clone(), session);
+        Ok(id)
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.map().contains_key(id)
+    }
+
+    /// `POST /session/{id}/run`: validates, then runs in the background of the response.
+    pub fn run(
+        &self,
+        id: &str,
+        request: RunInSessionRequest,
+        sink: EventSink,
+    ) -> Result<(), CompatError> {
+        let session = self
+            .map()
+            .get(id)
+            .cloned()
+            .ok_or(CompatError::SessionRunNotFound)?;
+        if request.command.trim().is_empty() {
+            return Err(CompatError::InvalidRequest(
+                "command must not be empty".to_owned(),
+            ));
+        }
+        let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
+            Some(cwd) => Some(super::files::expand_path(cwd).map_err(CompatError::InvalidRequest)?),
+            None => None,
+        };
+        let timeout = match request.timeout {
+            Some(ms) if ms < 0 => {
+                return Err(CompatError::InvalidRequest(
+                    "timeout must not be negative".to_owned(),
+                ));
+            }
+            Some(ms) if ms > 0 => Some(Duration::from_millis(ms as u64)),
+            _ => None,
+        };
+        tokio::spawn(async move {
+            session
+                .run(&request.command, cwd.as_deref(), timeout, sink)
+                .await;
+        });
+        Ok(())
+    }
+
+    /// `DELETE /session/{id}` (and `DELETE /command?id=` with a session id).
+    pub async fn delete(&self, id: &str) -> Result<(), CompatError> {
+        let session = self
+            .map()
+            .remove(id)
+            .ok_or_else(|| CompatError::SessionNotFound(id.to_owned()))?;
+        session.close().await;
+        Ok(())
+    }
+
+    pub async fn shutdown(&self) {
+        let sessions: Vec<Arc<BashSession>> = self.map().drain().map(|(_, s)| s).collect();
+        futures_util::future::join_all(sessions.iter().map(|s| s.close())).await;
+    }
+}
+
+/// Single-quotes `text` for the shell.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+impl BashSession {
+    fn set_tree(&self, tree: Option<TreeId>) {
+        *self
+            .tree
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = tree;
+    }
+
+    fn tree(&self) -> Option<TreeId> {
+        self.tree
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Kills the shell and everything it started, then reaps it.
+    async fn close(&self) {
+        if let Some(tree) = self.tree() {
+            spawn::kill(tree, KILL_GRACE).await;
+        }
+        // A run in progress sees end of file now and releases the lock promptly.
+        if let Ok(mut shell) =
+            tokio::time::timeout(Duration::from_secs(10), self.shell.lock()).await
+            && let Some(mut shell) = shell.take()
+        {
+            spawn::wait(&mut shell.child, shell.pid).await;
+        }
+        self.set_tree(None);
+    }
+
+    fn start_shell(&self) -> std::io::Result<Shell> {
+        let program = spawn::shell();
+        let mut spec = SpawnSpec::new(program, self.cwd.clone());
+        if program == "bash" {
+            spec.args = vec!["--noprofile".into(), "--norc".into()];
+        }
+        spec.stdin_pipe = true;
+        spec.merge_output = true;
+        let spawned = spawn::spawn(&spec)?;
+        let stdin = spawned.stdin.expect("stdin_pipe gives a stdin pipe");
+        self.set_tree(Some(spawned.tree));
+        Ok(Shell {
+            child: spawned.child,
+            pid: spawned.pid,
+            stdin,
+            output: spawned.stdout,
+            lines: LineSplitter::default(),
+        })
+    }
+
+    async fn run(
+        &self,
+        command: &str,
+        cwd: Option<&str>,
+        timeout: Option<Duration>,
+        sink: EventSink,
+    ) {
+        let mut guard = self.shell.lock().await;
+        let started = Instant::now();
+        sink.send_text(EventType::Init, self.id.clone()).await;
+        if guard.is_none() {
+            match self.start_shell() {
+                Ok(shell) => *guard = Some(shell),
+                Err(err) => {
+                    let message = format!("failed to start the session shell: {err}");
+                    sink.send_error("CommandExecError", message.clone(), vec![message])
+                        .await;
+                    return;
+                }
+            }
+        }
+        let shell = guard.as_mut().expect("a shell was just ensured");
+        sink.send_text(EventType::Ping, "pong").await;
+        let end = shell.run(command, cwd, timeout, &sink).await;
+        let code = match end {
+            RunEnd::Finished(code) => code,
+            RunEnd::ShellGone(code) => {
+                if let Some(mut shell) = guard.take() {
+                    spawn::wait(&mut shell.child, shell.pid).await;
+                }
+                self.set_tree(None);
+                code
+            }
+            RunEnd::TimedOut => {
+                if let Some(tree) = self.tree() {
+                    spawn::kill(tree, KILL_GRACE).await;
+                }
+                if let Some(mut shell) = guard.take() {
+                    spawn::wait(&mut shell.child, shell.pid).await;
+                }
+                self.set_tree(None);
+                -1
+            }
+        };
+        if code == 0 {
+            sink.send_complete(started.elapsed().as_millis() as u64)
+                .await;
+        } else {
+            sink.send_exit_error(code).await;
+        }
+    }
+}
+
+impl Shell {
+    async fn run(
+        &mut self,
+        command: &str,
+        cwd: Option<&str>,
+        timeout: Option<Duration>,
+        sink: &EventSink,
+    ) -> RunEnd {
+        let sentinel = format!("__WARREN_RUN_DONE_{}__", uuid::Uuid::new_v4().simple());
+        let cd = cwd
+            .map(|c| format!("cd -- {} && ", shell_quote(c)))
+            .unwrap_or_default();
+        // The leading newline of the sentinel ends any partial last line of output; the empty
+        // line it may leave is skipped like every empty line of a session run.
+        let script = format!(
+            "{cd}eval {} </dev/null\nprintf '\\n%s %s\\n' '{sentinel}' \"$?\"\n",
+            shell_quote(command)
+        );
+        if self.stdin.write_all(script.as_bytes()).await.is_err() {
+            return RunEnd::ShellGone(self.exit_code().await);
+        }
+        let _ = self.stdin.flush().await;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let far_future = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            tokio::select! {
+                read = self.output.read(&mut buf) => {
+                    let n = match read {
+                        Ok(0) | Err(_) => {
+                            if let Some(line) = self.lines.finish()
+                                && !line.starts_with(&sentinel)
+                                && line != "
+            "
+                            {
+                                sink.send_text(EventType::Stdout, line).await;
+                            }
+                            return RunEnd::ShellGone(self.exit_code().await);
+                        }
+                        Ok(n) => n,
+                    };
+                    for line in self.lines.push(&buf[..n]) {
+                        if let Some(rest) = line.strip_prefix(&sentinel) {
+                            return RunEnd::Finished(rest.trim().parse().unwrap_or(-1));
+                        }
+                        if line != "\n" {
+                            sink.send_text(EventType::Stdout, line).await;
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(deadline.unwrap_or(far_future)), if deadline.is_some() => {
+                    return RunEnd::TimedOut;
+                }
+                _ = ping.tick() => {
+                    sink.send_text(EventType::Ping, "pong").await;
+                }
+            }
+        }
+    }
+
+    /// The exit code of a shell whose output ended.
+    async fn exit_code(&mut self) -> i32 {
+        match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
+            Ok(Ok(status)) => spawn::exit_code(status),
+            _ => -1,
+        }
+    }
+}

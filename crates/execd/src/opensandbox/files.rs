@@ -1,0 +1,1064 @@
+//! The files API (`/files/*`, `/directories*`), confined to `--root`.
+//!
+//! Every path is expanded (`~`, `$VAR`), must lie lexically under the root, and is then resolved
+//! beneath an open handle of the root with cap-std, which uses `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_MAGICLINKS)` where the kernel has it: a `..`, symlink or absolute link target that
+//! leads out of the root is refused by the kernel at the moment of use, so a file swapped for a
+//! symlink between two checks cannot escape. Contents are only read or written through a handle
+//! whose type was checked with `fstat` after a non-blocking open, so FIFOs and devices are never
+//! read or written. Refusals are 403 `PATH_ESCAPE` / `NOT_REGULAR_FILE`.
+//!
+//! All filesystem work runs on the blocking pool. Uploads are streamed into a temporary file next
+//! to the destination, fsynced and renamed into place. With the default root `/`, absolute
+//! symlinks are refused too (they are resolved beneath the root handle, never from the host `/`).
+
+use std::collections::HashMap;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::Multipart;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cap_fs_ext::{DirExt, OpenOptionsMaybeDirExt};
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, File, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
+use chrono::{DateTime, Utc};
+use tokio::io::AsyncWriteExt;
+use warren_protocol::opensandbox::{
+    FileInfo, FileMetadata, FileType, Permission, RenameItem, ReplaceItem, ReplaceResult,
+};
+
+use super::CompatError;
+use super::commands::rfc3339;
+
+/// Most entries one search or listing returns.
+pub const MAX_LISTED_ENTRIES: usize = 10_000;
+/// Largest file `/files/replace` rewrites, and most bytes a line-range download returns.
+pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest `metadata` part of an upload.
+const MAX_METADATA_BYTES: usize = 64 * 1024;
+
+/// The confined filesystem: the canonical root every path is resolved beneath.
+pub struct Files {
+    root: PathBuf,
+}
+
+/// A request path resolved to a path relative to the root.
+#[derive(Debug, Clone)]
+struct Target {
+    /// The path as the client wrote it (after expansion); used in messages and answers.
+    shown: String,
+    rel: PathBuf,
+}
+
+/// Expands a leading `~` (the daemon user's home) and `$NAME` / `${NAME}`; an undefined
+/// variable is an error.
+pub fn expand_path(raw: &str) -> Result<String, String> {
+    let mut text = raw.to_owned();
+    if text == "~" || text.starts_with("~/") {
+        let home = std::env::var("HOME").map_err(|_| "cannot expand ~: HOME is not set")?;
+        text = format!("{home}{}", &text[1..]);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '$' {
+            out.push(c);
+            continue;
+        }
+        let name: String = if chars.peek() == Some(&'{') {
+            chars.next();
+            let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
+            if name.is_empty() {
+                return Err(format!("bad variable reference in {raw}"));
+            }
+            name
+        } else {
+            let mut name = String::new();
+            while let Some(c) = chars
+                .peek()
+                .copied()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+            {
+                name.push(c);
+                chars.next();
+            }
+            if name.is_empty() {
+                out.push('$');
+                continue;
+            }
+            name
+        };
+        let value =
+            std::env::var(&name).map_err(|_| format!("undefined variable {name} in {raw}"))?;
+        out.push_str(&value);
+    }
+    Ok(out)
+}
+
+fn is_escape(err: &io::Error) -> bool {
+    err.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
+        || (err.kind() == io::ErrorKind::PermissionDenied
+            && err.to_string().contains("outside of the filesystem"))
+}
+
+/// Maps an I/O error on `path` to the API's error.
+fn fs_error(path: &str, err: io::Error) -> CompatError {
+    if is_escape(&err) {
+        return CompatError::PathEscape(format!("path {path} leads outside the root"));
+    }
+    match err.kind() {
+        io::ErrorKind::NotFound => CompatError::FileNotFound(format!("file not found: {path}")),
+        _ => CompatError::Runtime(format!("error accessing file {path}: {err}")),
+    }
+}
+
+/// Runs blocking filesystem work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, CompatError> + Send + 'static,
+) -> Result<T, CompatError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| CompatError::Internal(format!("filesystem task failed: {e}")))?
+}
+
+/// User and group names from `/etc/passwd` and `/etc/group`, read once per request.
+#[derive(Default)]
+struct Names {
+    users: HashMap<u32, String>,
+    groups: HashMap<u32, String>,
+}
+
+impl Names {
+    fn load() -> Self {
+        Self {
+            users: read_id_file("/etc/passwd"),
+            groups: read_id_file("/etc/group"),
+        }
+    }
+
+    fn user(&self, uid: u32) -> String {
+        self.users
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
+    }
+
+    fn group(&self, gid: u32) -> String {
+        self.groups
+            .get(&gid)
+            .cloned()
+            .unwrap_or_else(|| gid.to_string())
+    }
+}
+
+/// `name:x:id:...` lines to id → name.
+fn read_id_file(path: &str) -> HashMap<u32, String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let id = fields.nth(1)?.parse().ok()?;
+            Some((id, name.to_owned()))
+        })
+        .collect()
+}
+
+/// A user or group given by name (or number) to its id.
+fn lookup_id(path: &str, name: &str) -> Option<u32> {
+    if let Ok(id) = name.parse() {
+        return Some(id);
+    }
+    read_id_file(path)
+        .into_iter()
+        .find(|(_, n)| n == name)
+        .map(|(id, _)| id)
+}
+
+/// `755` (octal digits written in decimal) to `0o755`.
+fn octal_mode(mode: u32) -> Result<u32, CompatError> {
+    u32::from_str_radix(&mode.to_string(), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| {
+            CompatError::InvalidRequest(format!("mode {mode} is not octal permission bits"))
+        })
+}
+
+/// `0o755` to `755`.
+fn decimal_mode(mode: u32) -> u32 {
+    format!("{:o}", mode & 0o777)
+        .parse()
+        .expect("octal digits are decimal digits")
+}
+
+fn system_time(time: io::Result<cap_std::time::SystemTime>) -> Option<DateTime<Utc>> {
+    time.ok().map(|t| DateTime::<Utc>::from(t.into_std()))
+}
+
+fn file_info(shown: String, meta: &Metadata, names: &Names) -> FileInfo {
+    let file_type = if meta.is_symlink() {
+        FileType::Symlink
+    } else if meta.is_dir() {
+        FileType::Directory
+    } else if meta.is_file() {
+        FileType::File
+    } else {
+        FileType::Other
+    };
+    let modified = system_time(meta.modified())
+        .or_else(|| DateTime::from_timestamp(meta.mtime(), meta.mtime_nsec() as u32))
+        .unwrap_or_default();
+    // Birth time when the filesystem records it, else the inode change time.
+    let created = system_time(meta.created())
+        .or_else(|| DateTime::from_timestamp(meta.ctime(), meta.ctime_nsec() as u32))
+        .unwrap_or(modified);
+    FileInfo {
+        path: shown,
+        file_type,
+        size: meta.len(),
+        modified_at: rfc3339(modified),
+        created_at: rfc3339(created),
+        owner: names.user(meta.uid()),
+        group: names.group(meta.gid()),
+        mode: decimal_mode(meta.mode()),
+    }
+}
+
+/// Opens a path for its contents or attributes without ever blocking on a FIFO, and refuses
+/// anything but regular files (and directories when `allow_dir`).
+fn open_checked(
+    dir: &Dir,
+    target: &Target,
+    write: bool,
+    allow_dir: bool,
+) -> Result<(File, Metadata), CompatError> {
+    let mut options = OpenOptions::new();
+    options.read(!write).write(write);
+    options.custom_flags(libc_flags());
+    if allow_dir {
+        options.maybe_dir(true);
+    }
+    let file = dir
+        .open_with(&target.rel, &options)
+        .map_err(|e| fs_error(&target.shown, e))?;
+    let meta = file.metadata().map_err(|e| fs_error(&target.shown, e))?;
+    if !(meta.is_file() || (allow_dir && meta.is_dir())) {
+        return Err(CompatError::NotRegularFile(format!(
+            "{} is not a regular file",
+            target.shown
+        )));
+    }
+    Ok((file, meta))
+}
+
+/// `O_NONBLOCK | O_NOCTTY`: opening a FIFO or a terminal must neither wait nor adopt it.
+fn libc_flags() -> i32 {
+    (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32
+}
+
+fn apply_permission(dir: &Dir, target: &Target, perm: &Permission) -> Result<(), CompatError> {
+    let mode = perm.mode.filter(|m| *m != 0).map(octal_mode).transpose()?;
+    let owner = perm.owner.as_deref().filter(|o| !o.is_empty());
+    let group = perm.group.as_deref().filter(|g| !g.is_empty());
+    if mode.is_none() && owner.is_none() && group.is_none() {
+        return Ok(());
+    }
+    let (file, _) = open_checked(dir, target, false, true)?;
+    let file = file.into_std();
+    set_owner_and_mode(&file, &target.shown, owner, group, mode)
+}
+
+fn set_owner_and_mode(
+    file: &std::fs::File,
+    shown: &str,
+    owner: Option<&str>,
+    group: Option<&str>,
+    mode: Option<u32>,
+) -> Result<(), CompatError> {
+    let uid = owner
+        .map(|o| {
+            lookup_id("/etc/passwd", o)
+                .ok_or_else(|| CompatError::InvalidRequest(format!("unknown user {o}")))
+        })
+        .transpose()?;
+    let gid = group
+        .map(|g| {
+            lookup_id("/etc/group", g)
+                .ok_or_else(|| CompatError::InvalidRequest(format!("unknown group {g}")))
+        })
+        .transpose()?;
+    if uid.is_some() || gid.is_some() {
+        std::os::unix::fs::fchown(file, uid, gid).map_err(|e| fs_error(shown, e))?;
+    }
+    if let Some(mode) = mode {
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|e| fs_error(shown, e))?;
+    }
+    Ok(())
+}
+
+/// `mkdir -p` beneath the root. An existing component that is a symlink out of the root makes
+/// `mkdir` say "exists"; following it beneath the root then gives the real answer (an escape).
+fn create_dirs(dir: &Dir, rel: &Path, shown: &str) -> Result<(), CompatError> {
+    match dir.create_dir_all(rel) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => match dir.metadata(rel) {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(_) => Err(CompatError::Runtime(format!(
+                "{shown}: a path component is not a directory"
+            ))),
+            Err(err) => Err(fs_error(shown, err)),
+        },
+        Err(err) => Err(fs_error(shown, err)),
+    }
+}
+
+fn join_shown(base: &str, name: &str) -> String {
+    if base.ends_with('/') {
+        format!("{base}{name}")
+    } else {
+        format!("{base}/{name}")
+    }
+}
+
+impl Files {
+    pub fn new(root: &Path) -> Self {
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        Self { root }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn open_root(&self) -> Result<Dir, CompatError> {
+        Dir::open_ambient_dir(&self.root, ambient_authority()).map_err(|e| {
+            CompatError::Internal(format!("cannot open root {}: {e}", self.root.display()))
+        })
+    }
+
+    /// Expands `raw` and makes it relative to the root; lexically outside → `PATH_ESCAPE`.
+    fn target(&self, raw: &str) -> Result<Target, CompatError> {
+        if raw.is_empty() {
+            return Err(CompatError::InvalidRequest(
+                "path must not be empty".to_owned(),
+            ));
+        }
+        if raw.contains('\0') {
+            return Err(CompatError::InvalidRequest(
+                "path must not contain NUL".to_owned(),
+            ));
+        }
+        let shown = expand_path(raw).map_err(CompatError::InvalidRequest)?;
+        let path = Path::new(&shown);
+        let absolute = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.root.join(path)
+        };
+        let rel = absolute
+            .strip_prefix(&self.root)
+            .map_err(|_| CompatError::PathEscape(format!("path {shown} is outside the root")))?;
+        let rel = if rel.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rel.to_path_buf()
+        };
+        Ok(Target { shown, rel })
+    }
+
+    /// The parent of `target` (relative to the root), `None` for the root itself.
+    fn parent_of(target: &Target) -> Option<PathBuf> {
+        let parent = target.rel.parent()?;
+        Some(if parent.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            parent.to_path_buf()
+        })
+    }
+
+    pub async fn info(
+        self: &Arc<Self>,
+        paths: Vec<String>,
+    ) -> Result<HashMap<String, FileInfo>, CompatError> {
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            let names = Names::load();
+            let mut answer = HashMap::new();
+            for raw in paths {
+                let target = files.target(&raw)?;
+                let meta = dir
+                    .symlink_metadata(&target.rel)
+                    .map_err(|e| fs_error(&target.shown, e))?;
+                answer.insert(raw, file_info(target.shown, &meta, &names));
+            }
+            Ok(answer)
+        })
+        .await
+    }
+
+    pub async fn delete_files(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            for raw in paths {
+                let target = files.target(&raw)?;
+                match dir.symlink_metadata(&target.rel) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(fs_error(&target.shown, e)),
+                    Ok(meta) if meta.is_dir() => {
+                        return Err(CompatError::Runtime(format!(
+                            "error removing file {}: is a directory",
+                            target.shown
+                        )));
+                    }
+                    Ok(_) => {}
+                }
+                match dir.remove_file_or_symlink(&target.rel) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(fs_error(&target.shown, e));
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn rename(self: &Arc<Self>, items: Vec<RenameItem>) -> Result<(), CompatError> {
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            for item in items {
+                let src = files.target(&item.src)?;
+                let dest = files.target(&item.dest)?;
+                dir.symlink_metadata(&src.rel)
+                    .map_err(|e| fs_error(&src.shown, e))?;
+                match dir.symlink_metadata(&dest.rel) {
+                    Ok(_) => {
+                        return Err(CompatError::Runtime(format!(
+                            "destination {} already exists",
+                            dest.shown
+                        )));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(fs_error(&dest.shown, e)),
+                }
+                if let Some(parent) = Self::parent_of(&dest) {
+                    create_dirs(&dir, &parent, &dest.shown)?;
+                }
+                dir.rename(&src.rel, &dir, &dest.rel)
+                    .map_err(|e| fs_error(&src.shown, e))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn set_permissions(
+        self: &Arc<Self>,
+        request: HashMap<String, Permission>,
+    ) -> Result<(), CompatError> {
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            for (raw, perm) in request {
+                let target = files.target(&raw)?;
+                apply_permission(&dir, &target, &perm)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn make_dirs(
+        self: &Arc<Self>,
+        request: HashMap<String, Permission>,
+    ) -> Result<(), CompatError> {
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            for (raw, perm) in request {
+                let target = files.target(&raw)?;
+                create_dirs(&dir, &target.rel, &target.shown)?;
+                apply_permission(&dir, &target, &perm)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn remove_dirs(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            for raw in paths {
+                let target = files.target(&raw)?;
+                if target
+                    .rel
+                    .components()
+                    .all(|c| matches!(c, Component::CurDir))
+                {
+                    return Err(CompatError::Runtime(
+                        "refusing to remove the root".to_owned(),
+                    ));
+                }
+                let result = match dir.symlink_metadata(&target.rel) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => Err(e),
+                    Ok(meta) if meta.is_dir() => dir.remove_dir_all(&target.rel),
+                    Ok(_) => dir.remove_file_or_symlink(&target.rel),
+                };
+                match result {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(fs_error(&target.shown, e));
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn search(
+        self: &Arc<Self>,
+        raw: String,
+        pattern: Option<String>,
+    ) -> Result<Vec<FileInfo>, CompatError> {
+        let pattern = pattern
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "**".to_owned());
+        let matcher = globset::Glob::new(&pattern)
+            .map_err(|e| CompatError::InvalidRequest(format!("invalid pattern {pattern}: {e}")))?
+            .compile_matcher();
+        let files = Arc::clone(self);
+        blocking(move || {
+            let root = files.open_root()?;
+            let target = files.target(&raw)?;
+            let dir = root
+                .open_dir(&target.rel)
+                .map_err(|e| fs_error(&target.shown, e))?;
+            let names = Names::load();
+            let mut found = Vec::new();
+            walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
+                if !meta.is_dir() && matcher.is_match(name) {
+                    found.push(file_info(shown, meta, &names));
+                }
+            })
+            .map_err(|e| fs_error(&target.shown, e))?;
+            found.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(found)
+        })
+        .await
+    }
+
+    pub async fn list(
+        self: &Arc<Self>,
+        raw: String,
+        depth: usize,
+    ) -> Result<Vec<FileInfo>, CompatError> {
+        if depth == 0 {
+            return Ok(Vec::new());
+        }
+        let files = Arc::clone(self);
+        blocking(move || {
+            let root = files.open_root()?;
+            let target = files.target(&raw)?;
+            let dir = root
+                .open_dir(&target.rel)
+                .map_err(|e| fs_error(&target.shown, e))?;
+            let names = Names::load();
+            let mut listed = Vec::new();
+            walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
+                listed.push(file_info(shown, meta, &names));
+            })
+            .map_err(|e| fs_error(&target.shown, e))?;
+            Ok(listed)
+        })
+        .await
+    }
+
+    pub async fn replace(
+        self: &Arc<Self>,
+        request: HashMap<String, ReplaceItem>,
+    ) -> Result<HashMap<String, ReplaceResult>, CompatError> {
+        if request.values().any(|item| item.old.is_empty()) {
+            return Err(CompatError::InvalidRequest(
+                "old content must not be empty".to_owned(),
+            ));
+        }
+        let files = Arc::clone(self);
+        blocking(move || {
+            let dir = files.open_root()?;
+            let mut results = HashMap::new();
+            for (raw, item) in request {
+                let target = files.target(&raw)?;
+                let (file, meta) = open_checked(&dir, &target, false, false)?;
+                if meta.len() > MAX_TEXT_BYTES {
+                    return Err(CompatError::Runtime(format!(
+                        "{} is larger than {MAX_TEXT_BYTES} bytes",
+                        target.shown
+                    )));
+                }
+                let mut content = Vec::with_capacity(meta.len() as usize);
+                file.into_std()
+                    .read_to_end(&mut content)
+                    .map_err(|e| fs_error(&target.shown, e))?;
+                let (replaced, n_replaced) =
+                    replace_all(&content, item.old.as_bytes(), item.new.as_bytes());
+                if n_replaced > 0 {
+                    files.write_atomically(&dir, &target, &replaced, &meta)?;
+                }
+                results.insert(
+                    raw,
+                    ReplaceResult {
+                        replaced_count: n_replaced,
+                    },
+                );
+            }
+            Ok(results)
+        })
+        .await
+    }
+
+    /// Writes `content` to a temporary file next to `target`, gives it the old file's mode and
+    /// owner, fsyncs it and renames it over `target`.
+    fn write_atomically(
+        &self,
+        dir: &Dir,
+        target: &Target,
+        content: &[u8],
+        old: &Metadata,
+    ) -> Result<(), CompatError> {
+        let (temp, file) = create_temp_beside(dir, target)?;
+        let mut file = file.into_std();
+        let result = (|| {
+            file.write_all(content)?;
+            let _ = std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()));
+            file.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))?;
+            file.sync_all()?;
+            dir.rename(&temp, dir, &target.rel)
+        })();
+        if let Err(err) = result {
+            let _ = dir.remove_file(&temp);
+            return Err(fs_error(&target.shown, err));
+        }
+        Ok(())
+    }
+
+    /// `POST /files/upload`: pairs `metadata` and `file` parts by order and streams each file
+    /// to disk.
+    pub async fn upload(self: &Arc<Self>, mut multipart: Multipart) -> Result<(), CompatError> {
+        let mut pending: std::collections::VecDeque<FileMetadata> = Default::default();
+        let mut n_files = 0usize;
+        loop {
+            let field = multipart
+                .next_field()
+                .await
+                .map_err(|e| CompatError::InvalidFileContent(format!("bad multipart body: {e}")))?;
+            let Some(mut field) = field else { break };
+            match field.name() {
+                Some("metadata") => {
+                    let mut bytes = Vec::new();
+                    while let Some(chunk) = field.chunk().await.map_err(|e| {
+                        CompatError::InvalidFileMetadata(format!("reading metadata: {e}"))
+                    })? {
+                        bytes.extend_from_slice(&chunk);
+                        if bytes.len() > MAX_METADATA_BYTES {
+                            return Err(CompatError::InvalidFileMetadata(
+                                "metadata part is too large".to_owned(),
+                            ));
+                        }
+                    }
+                    let metadata: FileMetadata = serde_json::from_slice(&bytes).map_err(|e| {
+                        CompatError::InvalidFileMetadata(format!("invalid metadata JSON: {e}"))
+                    })?;
+                    if metadata.path.is_empty() {
+                        return Err(CompatError::InvalidFileMetadata(
+                            "metadata path is empty".to_owned(),
+                        ));
+                    }
+                    pending.push_back(metadata);
+                }
+                Some("file") => {
+                    let metadata = pending.pop_front().ok_or_else(|| {
+                        CompatError::InvalidFileMetadata(
+                            "file part without a metadata part before it".to_owned(),
+                        )
+                    })?;
+                    self.upload_one(metadata, &mut field).await?;
+                    n_files += 1;
+                }
+                _ => {
+                    // Unknown parts are skipped (their bytes are drained by the next call).
+                }
+            }
+        }
+        if !pending.is_empty() {
+            return Err(CompatError::InvalidFile(
+                "metadata part without a file part".to_owned(),
+            ));
+        }
+        if n_files == 0 {
+            return Err(CompatError::InvalidFile(
+                "no file part in the upload".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn upload_one(
+        self: &Arc<Self>,
+        metadata: FileMetadata,
+        field: &mut axum::extract::multipart::Field<'_>,
+    ) -> Result<(), CompatError> {
+        let target = self.target(&metadata.path)?;
+        let mode = metadata
+            .mode
+            .filter(|m| *m != 0)
+            .map(octal_mode)
+            .transpose()?;
+        let files = Arc::clone(self);
+        let prepared = target.clone();
+        let (dir, temp, file) = blocking(move || {
+            let dir = files.open_root()?;
+            if let Some(parent) = Self::parent_of(&prepared) {
+                create_dirs(&dir, &parent, &prepared.shown)?;
+            }
+            match dir.symlink_metadata(&prepared.rel) {
+                Ok(meta) if !meta.is_file() && !meta.is_symlink() => {
+                    return Err(CompatError::NotRegularFile(format!(
+                        "{} exists and is not a regular file",
+                        prepared.shown
+                    )));
+                }
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(fs_error(&prepared.shown, e));
+                }
+                _ => {}
+            }
+            let (temp, file) = create_temp_beside(&dir, &prepared)?;
+            Ok((dir, temp, file))
+        })
+        .await?;
+        let mut writer = tokio::fs::File::from_std(file.into_std());
+        let streamed: Result<(), CompatError> =
+            async {
+                while let Some(chunk) = field.chunk().await.map_err(|e| {
+                    CompatError::InvalidFileContent(format!("reading file part: {e}"))
+                })? {
+                    writer
+                        .write_all(&chunk)
+                        .await
+                        .map_err(|e| fs_error(&target.shown, e))?;
+                }
+                writer
+                    .flush()
+                    .await
+                    .map_err(|e| fs_error(&target.shown, e))?;
+                Ok(())
+            }
+            .await;
+        let file = writer.into_std().await;
+        blocking(move || {
+            let finish = || -> Result<(), CompatError> {
+                streamed?;
+                set_owner_and_mode(
+                    &file,
+                    &target.shown,
+                    metadata.owner.as_deref().filter(|o| !o.is_empty()),
+                    metadata.group.as_deref().filter(|g| !g.is_empty()),
+                    mode,
+                )?;
+                file.sync_all().map_err(|e| fs_error(&target.shown, e))?;
+                dir.rename(&temp, &dir, &target.rel)
+                    .map_err(|e| fs_error(&target.shown, e))
+            };
+            let result = finish();
+            if result.is_err() {
+                let _ = dir.remove_file(&temp);
+            }
+            result
+        })
+        .await
+    }
+
+    /// `GET /files/download`.
+    pub async fn download(
+        self: &Arc<Self>,
+        raw: String,
+        range: Option<String>,
+        lines: Option<(u64, Option<u64>)>,
+    ) -> Result<Response, CompatError> {
+        if range.is_some() && lines.is_some() {
+            return Err(CompatError::InvalidRequest(
+                "Range and offset/limit are mutually exclusive".to_owned(),
+            ));
+        }
+        let files = Arc::clone(self);
+        let (file, meta, shown) = blocking(move || {
+            let dir = files.open_root()?;
+            let target = files.target(&raw)?;
+            let (file, meta) = open_checked(&dir, &target, false, false)?;
+            Ok((file.into_std(), meta, target.shown))
+        })
+        .await?;
+        let size = meta.len();
+        let name = Path::new(&shown)
+            .file_name()
+            .map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_"))
+            .unwrap_or_else(|| "file".to_owned());
+        let disposition = HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
+            .unwrap_or_else(|_| HeaderValue::from_static("attachment"));
+
+        if let Some((offset, limit)) = lines {
+            let text =
+                blocking(move || read_lines(file, offset, limit).map_err(|e| fs_error(&shown, e)))
+                    .await?;
+            let mut response = text.into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            return Ok(response);
+        }
+
+        let (status, start, len) = match range {
+            None => (StatusCode::OK, 0, size),
+            Some(range) => {
+                let (start, end) =
+                    parse_range(&range, size).ok_or(CompatError::RangeNotSatisfiable(size))?;
+                (StatusCode::PARTIAL_CONTENT, start, end - start + 1)
+            }
+        };
+        let file = blocking(move || {
+            let mut file = file;
+            file.seek(SeekFrom::Start(start))
+                .map_err(|e| fs_error(&shown, e))?;
+            Ok(file)
+        })
+        .await?;
+        let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
+        let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+            reader,
+            64 * 1024,
+        ));
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        headers.insert(header::CONTENT_DISPOSITION, disposition);
+        headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        if status == StatusCode::PARTIAL_CONTENT {
+            let value = format!("bytes {start}-{}/{size}", start + len - 1);
+            headers.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&value).expect("digits and dashes are a valid header"),
+            );
+        }
+        Ok((status, headers, body).into_response())
+    }
+}
+
+/// Creates `.<name>.warren-<uuid>` beside `target`, exclusively, for writing.
+fn create_temp_beside(dir: &Dir, target: &Target) -> Result<(PathBuf, File), CompatError> {
+    let name = target
+        .rel
+        .file_name()
+        .ok_or_else(|| CompatError::InvalidRequest(format!("{} names no file", target.shown)))?;
+    let temp_name = format!(
+        ".{}.warren-{}",
+        name.to_string_lossy(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let temp = match Files::parent_of(target) {
+        Some(parent) => parent.join(temp_name),
+        None => PathBuf::from(temp_name),
+    };
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true).mode(0o644);
+    let file = dir
+        .open_with(&temp, &options)
+        .map_err(|e| fs_error(&target.shown, e))?;
+    Ok((temp, file))
+}
+
+/// Pre-order walk: each entry (not following symlinks), then its descendants, in lexical
+/// order, down to `depth` levels, at most [`MAX_LISTED_ENTRIES`] entries.
+fn walk(
+    dir: &Dir,
+    shown: &str,
+    depth: usize,
+    visit: &mut dyn FnMut(String, &str, &Metadata),
+) -> io::Result<()> {
+    let mut budget = MAX_LISTED_ENTRIES;
+    walk_level(dir, shown, depth, visit, &mut budget)
+}
+
+fn walk_level(
+    dir: &Dir,
+    shown: &str,
+    depth: usize,
+    visit: &mut dyn FnMut(String, &str, &Metadata),
+    budget: &mut usize,
+) -> io::Result<()> {
+    let mut entries: Vec<(String, Metadata)> = Vec::new();
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match entry.metadata() {
+            Ok(meta) => entries.push((name, meta)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, meta) in entries {
+        if *budget == 0 {
+            return Ok(());
+        }
+        *budget -= 1;
+        let child_shown = join_shown(shown, &name);
+        visit(child_shown.clone(), &name, &meta);
+        if meta.is_dir() && depth > 1 {
+            // Never through a symlink, even if the entry was swapped for one after the listing.
+            match dir.open_dir_nofollow(&name) {
+                Ok(child) => walk_level(&child, &child_shown, depth - 1, visit, budget)?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !is_escape(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Replaces every non-overlapping `old` with `new`; returns the result and the count.
+fn replace_all(content: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, u64) {
+    let mut out = Vec::with_capacity(content.len());
+    let mut n = 0u64;
+    let mut i = 0;
+    while i < content.len() {
+        if content[i..].starts_with(old) {
+            out.extend_from_slice(new);
+            i += old.len();
+            n += 1;
+        } else {
+            out.push(content[i]);
+            i += 1;
+        }
+    }
+    (out, n)
+}
+
+/// `bytes=a-b`, `bytes=a-`, `bytes=-n` against `size`; inclusive `(start, end)`.
+fn parse_range(header: &str, size: u64) -> Option<(u64, u64)> {
+    let spec = header.trim().strip_prefix("bytes=")?;
+    if spec.contains(',') || size == 0 {
+        return None;
+    }
+    let (start, end) = spec.split_once('-')?;
+    let (start, end) = (start.trim(), end.trim());
+    let (start, end) = if start.is_empty() {
+        let suffix: u64 = end.parse().ok()?;
+        if suffix == 0 {
+            return None;
+        }
+        (size.saturating_sub(suffix), size - 1)
+    } else {
+        let start: u64 = start.parse().ok()?;
+        let end = if end.is_empty() {
+            size - 1
+        } else {
+            end.parse::<u64>().ok()?.min(size - 1)
+        };
+        (start, end)
+    };
+    (start <= end && start < size).then_some((start, end))
+}
+
+/// Lines `offset..offset+limit` (1-based), with their terminators, at most [`MAX_TEXT_BYTES`].
+fn read_lines(file: std::fs::File, offset: u64, limit: Option<u64>) -> io::Result<Vec<u8>> {
+    use std::io::BufRead;
+    let mut reader = io::BufReader::new(file);
+    let mut out = Vec::new();
+    let mut line = Vec::new();
+    let mut number = 0u64;
+    let mut n_taken = 0u64;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        number += 1;
+        if number < offset {
+            continue;
+        }
+        if limit.is_some_and(|limit| n_taken >= limit) {
+            break;
+        }
+        if out.len() as u64 + line.len() as u64 > MAX_TEXT_BYTES {
+            break;
+        }
+        out.extend_from_slice(&line);
+        n_taken += 1;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_follow_rfc_7233() {
+        let table = [
+            ("bytes=0-3", 10, Some((0, 3))),
+            ("bytes=5-", 10, Some((5, 9))),
+            ("bytes=-3", 10, Some((7, 9))),
+            ("bytes=8-100", 10, Some((8, 9))),
+            ("bytes=10-", 10, None),
+            ("bytes=4-2", 10, None),
+            ("bytes=0-1,3-4", 10, None),
+            ("items=0-1", 10, None),
+            ("bytes=-0", 10, None),
+            ("bytes=0-0", 0, None),
+        ];
+        for (header, size, expected) in table {
+            assert_eq!(parse_range(header, size), expected, "{header} of {size}");
+        }
+    }
+
+    #[test]
+    fn modes_are_octal_digits_in_decimal() {
+        assert_eq!(octal_mode(755).ok(), Some(0o755));
+        assert_eq!(octal_mode(4755).ok(), Some(0o4755));
+        assert!(octal_mode(758).is_err());
+        assert_eq!(decimal_mode(0o100644), 644);
+    }
+
+    #[test]
+    fn replace_counts_non_overlapping_matches() {
+        assert_eq!(replace_all(b"aaaa", b"aa", b"b"), (b"bb".to_vec(), 2));
+        assert_eq!(replace_all(b"abc", b"x", b"y"), (b"abc".to_vec(), 0));
+    }
+
+    #[test]
+    fn expands_home_and_variables() {
+        let home = std::env::var("HOME").unwrap_or_default();
+        assert_eq!(expand_path("~/x").ok(), Some(format!("{home}/x")));
+        assert_eq!(expand_path("${HOME}/y").ok(), Some(format!("{home}/y")));
+        assert_eq!(expand_path("/a$/b").ok(), Some("/a$/b".to_owned()));
+        assert!(expand_path("/$WARREN_SURELY_UNDEFINED_VAR/x").is_err());
+    }
+}

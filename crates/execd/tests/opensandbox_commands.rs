@@ -1,0 +1,607 @@
+//! OpenSandbox-compatible commands, bash sessions, health, metrics and auth against a real
+//! `warren execd` router on 127.0.0.1:0 (execd-compat.md).
+
+mod opensandbox_support;
+
+use futures_util::StreamExt;
+use opensandbox_support::*;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn foreground_command_streams_init_ping_output_lines_and_completion() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "echo a; echo b >&2; printf c"}))
+        .await;
+    assert_eq!(kinds(&events[..2]), ["init", "ping"]);
+    let id = events[0]["text"].as_str().expect("init carries the id");
+    assert_eq!(id.len(), 32);
+    assert!(
+        id.chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    );
+    assert_eq!(events[1]["text"], "pong");
+    assert_eq!(texts(&events, "stdout"), ["a", "c"]);
+    assert_eq!(texts(&events, "stderr"), ["b"]);
+    let last = events.last().expect("a final event");
+    assert_eq!(last["type"], "execution_complete");
+    assert!(last["execution_time"].is_u64());
+    assert!(
+        last.get("error").is_none() && last.get("text").is_none(),
+        "empty fields are omitted"
+    );
+}
+
+#[tokio::test]
+async fn empty_lines_are_sent_as_a_newline_and_crlf_ends_one_line() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": r"printf 'x\r\n\ny\rz'"}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["x", "\n", "y", "z"]);
+}
+
+#[tokio::test]
+async fn failing_command_ends_with_an_error_event_carrying_the_exit_code() {
+    let server = Server::start().await;
+    let events = server.run(json!({"command": "echo out; exit 3"})).await;
+    assert!(!kinds(&events).contains(&"execution_complete".to_owned()));
+    let last = events.last().expect("a final event");
+    assert_eq!(last["type"], "error");
+    assert_eq!(last["error"]["ename"], "CommandExecError");
+    assert_eq!(last["error"]["evalue"], "3");
+    assert_eq!(last["error"]["traceback"], json!(["exit status 3"]));
+}
+
+#[tokio::test]
+async fn timeout_kills_the_command_and_reports_minus_one() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "sleep 30", "timeout": 200}))
+        .await;
+    let last = events.last().expect("a final event");
+    assert_eq!(last["error"]["evalue"], "-1");
+    let id = events[0]["text"].as_str().expect("id");
+    let status: Value = server
+        .get(&format!("/command/status/{id}"))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(status["running"], false);
+    assert_eq!(status["exit_code"], -1);
+}
+
+#[tokio::test]
+async fn argv_runs_without_a_shell() {
+    let server = Server::start().await;
+    let events = server.run(json!({"argv": ["echo", "$HOME", "a  b"]})).await;
+    assert_eq!(texts(&events, "stdout"), ["$HOME a  b"]);
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_sends_init_then_the_os_error() {
+    let server = Server::start().await;
+    let events = server.run(json!({"argv": ["/nonexistent/program"]})).await;
+    assert_eq!(kinds(&events), ["init", "error"]);
+    let evalue = events[1]["error"]["evalue"].as_str().expect("evalue");
+    assert!(evalue.contains("No such file"), "{evalue}");
+}
+
+#[tokio::test]
+async fn invalid_command_requests_are_rejected_with_400() {
+    let server = Server::start().await;
+    let cases = [
+        json!({}),
+        json!({"command": "  "}),
+        json!({"argv": []}),
+        json!({"command": "true", "argv": ["true"]}),
+        json!({"command": "true", "timeout": 0}),
+        json!({"command": "true", "gid": 0}),
+        json!({"command": "true", "cwd": "/nonexistent/dir"}),
+        json!({"command": "true", "cwd": "/etc/hostname"}),
+        json!({"command": 5}),
+    ];
+    for body in cases {
+        let (status, code, _) = error_body(server.post_json("/command", body.clone()).await).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "INVALID_REQUEST_BODY"),
+            "{body}"
+        );
+    }
+    let response = server
+        .client
+        .post(server.url("/command"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(error_body(response).await.1, "INVALID_REQUEST_BODY");
+}
+
+#[tokio::test]
+async fn envs_and_cwd_apply_to_the_command_and_the_token_is_not_inherited() {
+    let server = Server::start().await;
+    let dir = server.path("work");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let events = server
+        .run(json!({"command": "echo $FOO; pwd; echo ${EXECD_ACCESS_TOKEN:-unset}", "cwd": dir, "envs": {"FOO": "bar"}}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["bar", dir.as_str(), "unset"]);
+}
+
+#[tokio::test]
+async fn output_is_streamed_while_the_command_runs() {
+    let server = Server::start().await;
+    let response = server
+        .post_json(
+            "/command",
+            json!({"command": "echo first; sleep 30; echo never"}),
+        )
+        .await;
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    let id = tokio::time::timeout(WAIT, async {
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+            if text.contains("\"first\"") {
+                break;
+            }
+        }
+        let events = parse_events(&text);
+        events[0]["text"].as_str().expect("id").to_owned()
+    })
+    .await
+    .expect("the first line arrives while the command still runs");
+    let status: Value = server
+        .get(&format!("/command/status/{id}"))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(status["running"], true);
+    assert_eq!(
+        server.delete(&format!("/command?id={id}")).await.status(),
+        200
+    );
+    let rest = tokio::time::timeout(WAIT, async {
+        let mut rest = String::new();
+        while let Some(chunk) = stream.next().await {
+            rest.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        }
+        rest
+    })
+    .await
+    .expect("the stream ends after the interrupt");
+    let last = parse_events(&rest).pop().expect("a final event");
+    assert_eq!(last["error"]["evalue"], "-1");
+}
+
+#[tokio::test]
+async fn background_command_reports_status_and_logs_with_a_cursor() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "echo one; echo two >&2; echo three", "background": true}))
+        .await;
+    assert_eq!(kinds(&events), ["init", "ping", "execution_complete"]);
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let status = eventually("the background command to finish", || async {
+        let status: Value = server
+            .get(&format!("/command/status/{id}"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        (status["running"] == false).then_some(status)
+    })
+    .await;
+    assert_eq!(status["exit_code"], 0);
+    assert_eq!(status["content"], "echo one; echo two >&2; echo three");
+    assert!(
+        status["started_at"]
+            .as_str()
+            .is_some_and(|s| s.ends_with('Z'))
+    );
+    assert!(status["finished_at"].is_string());
+
+    let response = server.get(&format!("/command/{id}/logs?cursor=0")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["EXECD-COMMANDS-TAIL-CURSOR"], "14");
+    assert_eq!(response.text().await.expect("text"), "one\ntwo\nthree\n");
+    let response = server.get(&format!("/command/{id}/logs?cursor=4")).await;
+    assert_eq!(response.text().await.expect("text"), "two\nthree\n");
+    let response = server.get(&format!("/command/{id}/logs?cursor=abc")).await;
+    assert_eq!(response.text().await.expect("text"), "one\ntwo\nthree\n");
+    let response = server.get(&format!("/command/{id}/logs?cursor=14")).await;
+    assert_eq!(response.headers()["EXECD-COMMANDS-TAIL-CURSOR"], "14");
+    assert_eq!(response.text().await.expect("text"), "");
+}
+
+#[tokio::test]
+async fn background_stdin_is_dev_null() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "cat; echo done", "background": true}))
+        .await;
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let logs = eventually("the background command to read end of file", || async {
+        let text = server
+            .get(&format!("/command/{id}/logs"))
+            .await
+            .text()
+            .await
+            .ok()?;
+        (text == "done\n").then_some(text)
+    })
+    .await;
+    assert_eq!(logs, "done\n");
+}
+
+#[tokio::test]
+async fn unknown_commands_and_foreground_logs_are_errors() {
+    let server = Server::start().await;
+    let (status, code, message) = error_body(server.get("/command/status/nope").await).await;
+    assert_eq!(
+        (status, code.as_str(), message.as_str()),
+        (404, "INVALID_REQUEST_BODY", "command not found: nope")
+    );
+    let (status, code, _) = error_body(server.get("/command/nope/logs").await).await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+    let events = server.run(json!({"command": "true"})).await;
+    let id = events[0]["text"].as_str().expect("id");
+    let (status, code, _) = error_body(server.get(&format!("/command/{id}/logs")).await).await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+}
+
+#[tokio::test]
+async fn interrupt_kills_a_running_background_command_and_refuses_finished_ones() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "sleep 30", "background": true}))
+        .await;
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    assert_eq!(
+        server.delete(&format!("/command?id={id}")).await.status(),
+        200
+    );
+    let status = eventually(
+        "the interrupted command to be recorded as finished",
+        || async {
+            let status: Value = server
+                .get(&format!("/command/status/{id}"))
+                .await
+                .json()
+                .await
+                .ok()?;
+            (status["running"] == false).then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(status["exit_code"], -1);
+    let (status, code, _) = error_body(server.delete(&format!("/command?id={id}")).await).await;
+    assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
+    let (status, code, _) = error_body(server.delete("/command?id=unknown").await).await;
+    assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
+    let (status, code, _) = error_body(server.delete("/command").await).await;
+    assert_eq!((status, code.as_str()), (400, "MISSING_QUERY"));
+}
+
+#[tokio::test]
+async fn interrupt_kills_grandchildren_in_new_sessions_too() {
+    let server = Server::start().await;
+    let pid_file = server.path("grandchild.pid");
+    let command = format!("setsid sleep 300 & echo $! > {pid_file}; wait");
+    let events = server
+        .run(json!({"command": command, "background": true}))
+        .await;
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let pid: i32 = eventually("the grandchild pid file", || async {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .await;
+    assert_eq!(
+        server.delete(&format!("/command?id={id}")).await.status(),
+        200
+    );
+    eventually("the setsid grandchild to be gone", || async {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("X");
+        matches!(state, "X" | "Z").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn finished_records_expire_and_take_their_logs_with_them() {
+    let server = Server::start_with(|config| config.command_retention_secs = 0).await;
+    let log_dir = server.execd.opensandbox.command_log_dir().to_path_buf();
+    let events = server
+        .run(json!({"command": "echo hi", "background": true}))
+        .await;
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    eventually("the finished record to expire", || async {
+        (server.get(&format!("/command/status/{id}")).await.status() == 404).then_some(())
+    })
+    .await;
+    eventually("the expired command's log file to be deleted", || async {
+        let n_files = std::fs::read_dir(&log_dir).ok()?.count();
+        (n_files == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_does_not_kill_the_command() {
+    let server = Server::start().await;
+    let marker = server.path("marker");
+    let response = server
+        .post_json(
+            "/command",
+            json!({"command": format!("sleep 0.3; touch {marker}")}),
+        )
+        .await;
+    let mut stream = response.bytes_stream();
+    let first = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("init arrives");
+    assert!(first.is_some());
+    drop(stream);
+    eventually("the command to finish after its client left", || async {
+        std::path::Path::new(&marker).exists().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bash_session_keeps_exported_variables_and_the_working_directory() {
+    let server = Server::start().await;
+    let cwd = server.path("session/home");
+    let response = server.post_json("/session", json!({"cwd": cwd})).await;
+    assert_eq!(response.status(), 200);
+    let created: Value = response.json().await.expect("json");
+    let id = created["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_owned();
+    assert!(
+        std::path::Path::new(&cwd).is_dir(),
+        "the session directory is created"
+    );
+    let run_path = format!("/session/{id}/run");
+    let run = |command: &str| server.events(&run_path, json!({"command": command}));
+
+    let events = run("export GREETING=hello; mkdir -p sub; cd sub").await;
+    assert_eq!(events[0]["type"], "init");
+    assert_eq!(events[0]["text"], id.as_str());
+    assert_eq!(events.last().expect("final")["type"], "execution_complete");
+
+    let events = run("echo $GREETING; pwd; echo; echo err >&2").await;
+    assert_eq!(
+        texts(&events, "stdout"),
+        ["hello", format!("{cwd}/sub").as_str(), "err"]
+    );
+    assert!(
+        texts(&events, "stderr").is_empty(),
+        "stderr is merged into stdout"
+    );
+}
+
+#[tokio::test]
+async fn session_run_failure_reports_the_exit_code_and_the_session_survives() {
+    let server = Server::start().await;
+    let created: Value = server
+        .post_json("/session", json!({}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = created["session_id"].as_str().expect("id").to_owned();
+    let events = server
+        .events(&format!("/session/{id}/run"), json!({"command": "false"}))
+        .await;
+    assert_eq!(events.last().expect("final")["error"]["evalue"], "1");
+    let events = server
+        .events(
+            &format!("/session/{id}/run"),
+            json!({"command": "printf 'no newline'"}),
+        )
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["no newline"]);
+    let events = server
+        .events(&format!("/session/{id}/run"), json!({"command": "exit 4"}))
+        .await;
+    assert_eq!(events.last().expect("final")["error"]["evalue"], "4");
+    let events = server
+        .events(
+            &format!("/session/{id}/run"),
+            json!({"command": "echo again"}),
+        )
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["again"]);
+}
+
+#[tokio::test]
+async fn session_run_timeout_reports_minus_one() {
+    let server = Server::start().await;
+    let created: Value = server
+        .post_json("/session", json!({}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = created["session_id"].as_str().expect("id").to_owned();
+    let events = server
+        .events(
+            &format!("/session/{id}/run"),
+            json!({"command": "sleep 30", "timeout": 200}),
+        )
+        .await;
+    assert_eq!(events.last().expect("final")["error"]["evalue"], "-1");
+}
+
+#[tokio::test]
+async fn session_errors_and_deletion() {
+    let server = Server::start().await;
+    let (status, code, message) = error_body(
+        server
+            .post_json("/session/nope/run", json!({"command": "true"}))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_str(), message.as_str()),
+        (
+            500,
+            "RUNTIME_ERROR",
+            "error running in session. context not found"
+        )
+    );
+    let (status, code, _) = error_body(server.delete("/session/nope").await).await;
+    assert_eq!((status, code.as_str()), (404, "CONTEXT_NOT_FOUND"));
+
+    // An empty body is allowed.
+    let response = server
+        .client
+        .post(server.url("/session"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+    let id = response.json::<Value>().await.expect("json")["session_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let (status, code, _) = error_body(
+        server
+            .post_json(&format!("/session/{id}/run"), json!({"cwd": "/"}))
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+    server
+        .events(&format!("/session/{id}/run"), json!({"command": "true"}))
+        .await;
+    assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 200);
+    let (status, _, _) = error_body(
+        server
+            .post_json(&format!("/session/{id}/run"), json!({"command": "true"}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 500);
+}
+
+#[tokio::test]
+async fn deleting_a_command_id_that_names_a_session_closes_the_session() {
+    let server = Server::start().await;
+    let created: Value = server
+        .post_json("/session", json!({}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = created["session_id"].as_str().expect("id").to_owned();
+    server
+        .events(&format!("/session/{id}/run"), json!({"command": "true"}))
+        .await;
+    assert_eq!(
+        server.delete(&format!("/command?id={id}")).await.status(),
+        200
+    );
+    assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 404);
+}
+
+#[tokio::test]
+async fn ping_metrics_and_unsupported_routes() {
+    let server = Server::start().await;
+    let response = server.get("/ping").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("text"), "");
+
+    let metrics: Value = server.get("/metrics").await.json().await.expect("json");
+    for field in ["cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib"] {
+        assert!(metrics[field].is_number(), "{field} in {metrics}");
+    }
+    assert!(metrics["timestamp"].is_i64());
+
+    let response = server.get("/metrics/watch").await;
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    tokio::time::timeout(WAIT, async {
+        while !text.contains('\n') {
+            let chunk = stream.next().await.expect("more data").expect("chunk");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .expect("a first metrics line");
+    let first: Value =
+        serde_json::from_str(text.lines().next().expect("a line")).expect("json line");
+    assert!(first["mem_total_mib"].as_f64().is_some_and(|m| m > 0.0));
+
+    for path in [
+        "/code",
+        "/code/contexts",
+        "/proxy/8080/x",
+        "/v1/isolated/sessions",
+    ] {
+        let (status, code, _) = error_body(server.get(path).await).await;
+        assert_eq!((status, code.as_str()), (501, "NOT_SUPPORTED"), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn access_token_guards_everything_but_ping() {
+    let server = Server::start_with(|config| config.access_token = Some("s3cret".to_owned())).await;
+    assert_eq!(server.get("/ping").await.status(), 200);
+    assert_eq!(
+        server
+            .post_json("/command", json!({"command": "true"}))
+            .await
+            .status(),
+        401
+    );
+    let response = server
+        .client
+        .post(server.url("/command"))
+        .header("X-EXECD-ACCESS-TOKEN", "s3cret")
+        .json(&json!({"command": "true"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+    let events = parse_events(&response.text().await.expect("text"));
+    assert_eq!(
+        without_pings(&events).last().expect("final")["type"],
+        "execution_complete"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_kills_running_commands_and_sessions() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "sleep 300", "background": true}))
+        .await;
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    server.shutdown().await;
+    eventually(
+        "the command to be recorded as finished after shutdown",
+        || async {
+            let status: Value = server
+                .get(&format!("/command/status/{id}"))
+                .await
+                .json()
+                .await
+                .ok()?;
+            (status["running"] == false).then_some(())
+        },
+    )
+    .await;
+}

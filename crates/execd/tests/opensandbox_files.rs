@@ -1,0 +1,737 @@
+//! The OpenSandbox-compatible files API against a real router on 127.0.0.1:0: every route and
+//! error, and the confinement to `--root` (symlinks to `/etc`, chains, `..`, URL-encoded `..`,
+//! absolute link targets, FIFOs, devices, a file swapped for a symlink while being read).
+
+mod opensandbox_support;
+
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+
+use opensandbox_support::*;
+use serde_json::{Value, json};
+
+/// A multipart body with `(metadata json, file bytes)` pairs, in the SDK's chunked layout.
+fn multipart(pairs: &[(Value, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "warrenTestBoundary1234";
+    let mut body = Vec::new();
+    for (metadata, content) in pairs {
+        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        body.extend_from_slice(
+            b"Content-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n",
+        );
+        body.extend_from_slice(b"Content-Type: application/json\r\n\r\n");
+        body.extend_from_slice(metadata.to_string().as_bytes());
+        body.extend_from_slice(b"\r\n");
+        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        body.extend_from_slice(
+            b"Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n",
+        );
+        body.extend_from_slice(b"Content-Type: application/octet-stream\r\n\r\n");
+        body.extend_from_slice(content);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// Uploads with chunked transfer encoding (the body is a stream of small chunks).
+async fn upload(server: &Server, pairs: &[(Value, &[u8])]) -> reqwest::Response {
+    let (content_type, body) = multipart(pairs);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(7).map(|c| Ok(c.to_vec())).collect();
+    server
+        .client
+        .post(server.url("/files/upload"))
+        .header("content-type", content_type)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .expect("upload is sent")
+}
+
+fn q(path: &str) -> String {
+    // Percent-encode what a query value needs; keeps the test URLs readable otherwise.
+    path.replace('%', "%25")
+        .replace(' ', "%20")
+        .replace('&', "%26")
+        .replace('#', "%23")
+}
+
+#[tokio::test]
+async fn upload_creates_parents_and_download_and_info_see_the_file() {
+    let server = Server::start().await;
+    let a = server.path("deep/dir/a.txt");
+    let b = server.path("b.bin");
+    let response = upload(
+        &server,
+        &[
+            (json!({"path": a, "mode": 600}), b"hello\nworld\n"),
+            (json!({"path": b}), &[0u8, 1, 2, 255]),
+        ],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("text"), "");
+    assert_eq!(std::fs::read(&b).expect("b exists"), [0u8, 1, 2, 255]);
+
+    let response = server.get(&format!("/files/download?path={}", q(&a))).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/octet-stream"
+    );
+    assert_eq!(
+        response.headers()["content-disposition"],
+        "attachment; filename=\"a.txt\""
+    );
+    assert_eq!(response.text().await.expect("text"), "hello\nworld\n");
+
+    let info: Value = server
+        .get(&format!("/files/info?path={}&path={}", q(&a), q(&b)))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info[&a]["path"], a.as_str());
+    assert_eq!(info[&a]["type"], "file");
+    assert_eq!(info[&a]["size"], 12);
+    assert_eq!(info[&a]["mode"], 600);
+    assert!(info[&a]["owner"].is_string() && info[&a]["group"].is_string());
+    assert!(
+        info[&a]["modified_at"]
+            .as_str()
+            .is_some_and(|t| t.contains('T'))
+    );
+    assert!(info[&a]["created_at"].is_string());
+    assert_eq!(info[&b]["size"], 4);
+    let leftovers: Vec<_> = std::fs::read_dir(server.path("deep/dir"))
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("warren"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary files are left behind");
+}
+
+#[tokio::test]
+async fn upload_errors_name_the_bad_part() {
+    let server = Server::start().await;
+    let (content_type, _) = multipart(&[]);
+    let boundary_only = "--warrenTestBoundary1234--\r\n";
+    let send = |ct: String, body: Vec<u8>| {
+        server
+            .client
+            .post(server.url("/files/upload"))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+    };
+    let (status, code, _) = error_body(
+        send(content_type.clone(), boundary_only.into())
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_FILE"));
+    let (ct, body) = multipart(&[(json!({"nopath": 1}), b"x")]);
+    let (status, code, _) = error_body(send(ct, body).await.expect("sent")).await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_FILE_METADATA"));
+    let (status, code, _) = error_body(
+        send("application/json".into(), b"{}".to_vec())
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_FILE"));
+    // A body cut off in the middle of the file part.
+    let (ct, body) = multipart(&[(json!({"path": server.path("cut")}), b"0123456789")]);
+    let cut = body[..body.len() - 30].to_vec();
+    let (status, code, _) = error_body(send(ct, cut).await.expect("sent")).await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_FILE_CONTENT"));
+    assert!(!Path::new(&server.path("cut")).exists());
+}
+
+#[tokio::test]
+async fn download_supports_ranges_and_line_windows() {
+    let server = Server::start().await;
+    let file = server.path("lines.txt");
+    std::fs::write(&file, "l1\nl2\nl3\nl4\n").expect("write");
+    let url = format!("/files/download?path={}", q(&file));
+    let response = server
+        .client
+        .get(server.url(&url))
+        .header("Range", "bytes=3-7")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 206);
+    assert_eq!(response.headers()["content-range"], "bytes 3-7/12");
+    assert_eq!(response.text().await.expect("text"), "l2\nl3");
+    let response = server
+        .client
+        .get(server.url(&url))
+        .header("Range", "bytes=50-")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 416);
+    assert_eq!(response.headers()["content-range"], "bytes */12");
+    let response = server.get(&format!("{url}&offset=2&limit=2")).await;
+    assert_eq!(response.text().await.expect("text"), "l2\nl3\n");
+    let response = server.get(&format!("{url}&offset=3")).await;
+    assert_eq!(response.text().await.expect("text"), "l3\nl4\n");
+    let response = server
+        .client
+        .get(server.url(&format!("{url}&offset=1")))
+        .header("Range", "bytes=0-1")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 400);
+    let (status, code, _) = error_body(
+        server
+            .get(&format!("/files/download?path={}", q(&server.path("none"))))
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+}
+
+#[tokio::test]
+async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following_symlinks() {
+    let server = Server::start().await;
+    let root = server.path("tree");
+    for dir in ["tree/b/inner", "tree/a", "outside/secret"] {
+        std::fs::create_dir_all(server.path(dir)).expect("mkdir");
+    }
+    std::fs::write(server.path("tree/c.txt"), "c").expect("write");
+    std::fs::write(server.path("tree/b/inner/deep.txt"), "d").expect("write");
+    std::fs::write(server.path("outside/secret/x"), "x").expect("write");
+    symlink(server.path("outside"), server.path("tree/link")).expect("symlink");
+
+    let p = |rel: &str| format!("{root}/{rel}");
+    assert_eq!(
+        list(&server, &root, "").await,
+        [
+            (p("a"), "directory".into()),
+            (p("b"), "directory".into()),
+            (p("c.txt"), "file".into()),
+            (p("link"), "symlink".into())
+        ]
+    );
+    assert_eq!(
+        list(&server, &root, "&depth=3")
+            .await
+            .into_iter()
+            .map(|e| e.0)
+            .collect::<Vec<_>>(),
+        [
+            p("a"),
+            p("b"),
+            p("b/inner"),
+            p("b/inner/deep.txt"),
+            p("c.txt"),
+            p("link")
+        ]
+    );
+    assert!(list(&server, &root, "&depth=0").await.is_empty());
+    let (status, code, _) = error_body(server.get("/directories/list").await).await;
+    assert_eq!((status, code.as_str()), (400, "MISSING_QUERY"));
+    let (status, code, _) = error_body(
+        server
+            .get(&format!(
+                "/directories/list?path={}",
+                q(&server.path("nope"))
+            ))
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+}
+
+#[tokio::test]
+async fn search_matches_the_glob_on_base_names_recursively_and_lists_files_only() {
+    let server = Server::start().await;
+    std::fs::create_dir_all(server.path("s/sub/x.rs")).expect("a directory named like a match");
+    std::fs::write(server.path("s/a.rs"), "").expect("write");
+    std::fs::write(server.path("s/sub/b.rs"), "").expect("write");
+    std::fs::write(server.path("s/sub/c.txt"), "").expect("write");
+    let dir = server.path("s");
+    let found: Vec<Value> = server
+        .get(&format!("/files/search?path={}&pattern=*.rs", q(&dir)))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let paths: Vec<&str> = found
+        .iter()
+        .map(|e| e["path"].as_str().expect("path"))
+        .collect();
+    assert_eq!(paths, [format!("{dir}/a.rs"), format!("{dir}/sub/b.rs")]);
+    let all: Vec<Value> = server
+        .get(&format!("/files/search?path={}", q(&dir)))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(all.len(), 3);
+    let (status, code, _) = error_body(server.get("/files/search?pattern=*").await).await;
+    assert_eq!((status, code.as_str()), (400, "MISSING_QUERY"));
+    let (status, code, _) = error_body(
+        server
+            .get(&format!("/files/search?path={}", q(&server.path("nope"))))
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+}
+
+#[tokio::test]
+async fn move_renames_creates_parents_and_refuses_missing_sources_and_existing_destinations() {
+    let server = Server::start().await;
+    std::fs::write(server.path("src"), "s").expect("write");
+    std::fs::write(server.path("taken"), "t").expect("write");
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": server.path("src"), "dest": server.path("new/parent/dst")}]),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(server.path("new/parent/dst")).expect("moved"),
+        "s"
+    );
+    let (status, code, _) = error_body(
+        server
+            .post_json(
+                "/files/mv",
+                json!([{"src": server.path("src"), "dest": server.path("x")}]),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+    let (status, code, _) = error_body(
+        server
+            .post_json(
+                "/files/mv",
+                json!([{"src": server.path("new/parent/dst"), "dest": server.path("taken")}]),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
+    let (status, code, _) =
+        error_body(server.post_json("/files/mv", json!({"src": "x"})).await).await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+}
+
+#[tokio::test]
+async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
+    let server = Server::start().await;
+    let file = server.path("r.txt");
+    std::fs::write(&file, "a-b-a-b-a").expect("write");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let response = server
+        .post_json(
+            "/files/replace?verbose=true",
+            json!({file.clone(): {"old": "a", "new": "XY"}}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body[&file]["replacedCount"], 3);
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "XY-b-XY-b-XY"
+    );
+    assert_eq!(
+        std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777,
+        0o640
+    );
+    let response = server
+        .post_json(
+            "/files/replace",
+            json!({file.clone(): {"old": "b", "new": ""}}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("text"), "");
+    let (status, code, _) = error_body(
+        server
+            .post_json(
+                "/files/replace",
+                json!({file.clone(): {"old": "", "new": "x"}}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+    let (status, code, _) = error_body(
+        server
+            .post_json(
+                "/files/replace",
+                json!({server.path("nope"): {"old": "a", "new": "b"}}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+}
+
+#[tokio::test]
+async fn permissions_directories_and_deletion() {
+    let server = Server::start().await;
+    let file = server.path("p.txt");
+    std::fs::write(&file, "p").expect("write");
+    let user = users_name();
+    let response = server
+        .post_json(
+            "/files/permissions",
+            json!({file.clone(): {"mode": 600, "owner": user}}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    let (status, _, _) = error_body(
+        server
+            .post_json("/files/permissions", json!({file.clone(): {"mode": 999}}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    let dir = server.path("made/deep");
+    assert_eq!(
+        server
+            .post_json("/directories", json!({dir.clone(): {"mode": 700}}))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        std::fs::metadata(&dir)
+            .expect("dir made")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+
+    let (status, code, _) = error_body(
+        server
+            .delete(&format!("/files?path={}", q(&server.path("made"))))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_str()),
+        (500, "RUNTIME_ERROR"),
+        "a directory is not deleted as a file"
+    );
+    assert_eq!(
+        server
+            .delete(&format!(
+                "/files?path={}&path={}",
+                q(&file),
+                q(&server.path("missing"))
+            ))
+            .await
+            .status(),
+        200
+    );
+    assert!(!Path::new(&file).exists());
+    assert_eq!(
+        server
+            .delete(&format!("/directories?path={}", q(&server.path("made"))))
+            .await
+            .status(),
+        200
+    );
+    assert!(!Path::new(&server.path("made")).exists());
+    assert_eq!(
+        server
+            .delete(&format!("/directories?path={}", q(&server.path("made"))))
+            .await
+            .status(),
+        200
+    );
+    let (status, code, _) =
+        error_body(server.get(&format!("/files/info?path={}", q(&file))).await).await;
+    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+}
+
+fn users_name() -> String {
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(0);
+    std::fs::read_to_string("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.get(2) == Some(&uid.to_string().as_str())).then(|| f[0].to_owned())
+        })
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// `(path, type)` of each entry `/directories/list` returns for `root` with extra `query`.
+async fn list(server: &Server, root: &str, query: &str) -> Vec<(String, String)> {
+    let url = format!("/directories/list?path={}{query}", q(root));
+    let entries: Vec<Value> = server.get(&url).await.json().await.expect("json");
+    entries
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().expect("path").to_owned(),
+                e["type"].as_str().expect("type").to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn assert_refused(server: &Server, url: &str, expected_code: &str) {
+    let response = tokio::time::timeout(WAIT, server.client.get(server.url(url)).send())
+        .await
+        .expect("the request is answered without hanging")
+        .expect("sent");
+    let (status, code, _) = error_body(response).await;
+    assert_eq!((status, code.as_str()), (403, expected_code), "{url}");
+}
+
+#[tokio::test]
+async fn a_symlink_to_etc_inside_the_root_is_refused() {
+    let server = Server::start().await;
+    symlink("/etc", server.path("etc")).expect("symlink");
+    let passwd = server.path("etc/passwd");
+    assert_refused(
+        &server,
+        &format!("/files/download?path={}", q(&passwd)),
+        "PATH_ESCAPE",
+    )
+    .await;
+    assert_refused(
+        &server,
+        &format!("/files/info?path={}", q(&passwd)),
+        "PATH_ESCAPE",
+    )
+    .await;
+    assert_refused(
+        &server,
+        &format!("/directories/list?path={}", q(&server.path("etc"))),
+        "PATH_ESCAPE",
+    )
+    .await;
+    let response = upload(
+        &server,
+        &[(json!({"path": server.path("etc/warren-escape")}), b"x")],
+    )
+    .await;
+    let (status, code, message) = error_body(response).await;
+    assert_eq!((status, code.as_str()), (403, "PATH_ESCAPE"), "{message}");
+    assert!(!Path::new("/etc/warren-escape").exists());
+}
+
+#[tokio::test]
+async fn a_symlink_chain_out_of_the_root_is_refused() {
+    let server = Server::start().await;
+    symlink(server.path("second"), server.path("first")).expect("symlink");
+    symlink("/etc/passwd", server.path("second")).expect("symlink");
+    symlink("third", server.path("relative")).expect("symlink");
+    symlink("../../../../../../../../etc/passwd", server.path("third")).expect("symlink");
+    assert_refused(
+        &server,
+        &format!("/files/download?path={}", q(&server.path("first"))),
+        "PATH_ESCAPE",
+    )
+    .await;
+    assert_refused(
+        &server,
+        &format!("/files/download?path={}", q(&server.path("relative"))),
+        "PATH_ESCAPE",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dot_dot_segments_and_paths_outside_the_root_are_refused() {
+    let server = Server::start().await;
+    let escape = format!("{}/../../../../etc/passwd", server.root.display());
+    assert_refused(
+        &server,
+        &format!("/files/download?path={}", q(&escape)),
+        "PATH_ESCAPE",
+    )
+    .await;
+    assert_refused(&server, "/files/download?path=/etc/passwd", "PATH_ESCAPE").await;
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": escape, "dest": server.path("stolen")}]),
+        )
+        .await;
+    assert_eq!(error_body(response).await.1, "PATH_ESCAPE");
+    assert!(!Path::new(&server.path("stolen")).exists());
+}
+
+#[tokio::test]
+async fn url_encoded_dot_dot_is_refused() {
+    let server = Server::start().await;
+    let url = format!(
+        "/files/download?path={}/%2e%2e/%2E%2E/%2e%2e/etc/passwd",
+        server.root.display()
+    );
+    assert_refused(&server, &url, "PATH_ESCAPE").await;
+    let url = format!(
+        "/files/info?path={}%2F..%2F..%2F..%2Fetc%2Fpasswd",
+        server.root.display()
+    );
+    assert_refused(&server, &url, "PATH_ESCAPE").await;
+}
+
+#[tokio::test]
+async fn absolute_link_targets_are_refused() {
+    let server = Server::start().await;
+    symlink("/etc/hostname", server.path("abs")).expect("symlink");
+    std::fs::create_dir(server.path("d")).expect("mkdir");
+    symlink("/", server.path("d/slash")).expect("symlink");
+    assert_refused(
+        &server,
+        &format!("/files/download?path={}", q(&server.path("abs"))),
+        "PATH_ESCAPE",
+    )
+    .await;
+    assert_refused(
+        &server,
+        &format!("/files/search?path={}", q(&server.path("d/slash/etc"))),
+        "PATH_ESCAPE",
+    )
+    .await;
+    // The link itself can still be described and deleted (lstat, no following).
+    let info: Value = server
+        .get(&format!("/files/info?path={}", q(&server.path("abs"))))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info[server.path("abs")]["type"], "symlink");
+    assert_eq!(
+        server
+            .delete(&format!("/files?path={}", q(&server.path("abs"))))
+            .await
+            .status(),
+        200
+    );
+    assert!(Path::new("/etc/hostname").exists());
+}
+
+#[tokio::test]
+async fn a_fifo_is_never_opened_and_nothing_hangs() {
+    let server = Server::start().await;
+    let fifo = server.path("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    assert_refused(
+        &server,
+        &format!("/files/download?path={}", q(&fifo)),
+        "NOT_REGULAR_FILE",
+    )
+    .await;
+    let response = tokio::time::timeout(
+        WAIT,
+        server.post_json(
+            "/files/replace",
+            json!({fifo.clone(): {"old": "a", "new": "b"}}),
+        ),
+    )
+    .await
+    .expect("replace on a FIFO answers");
+    assert_eq!(error_body(response).await.1, "NOT_REGULAR_FILE");
+    let response = tokio::time::timeout(WAIT, upload(&server, &[(json!({"path": fifo}), b"x")]))
+        .await
+        .expect("upload onto a FIFO answers");
+    assert_eq!(error_body(response).await.1, "NOT_REGULAR_FILE");
+    let info: Value = server
+        .get(&format!("/files/info?path={}", q(&fifo)))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info[&fifo]["type"], "other");
+}
+
+#[tokio::test]
+async fn dev_zero_is_never_read_with_the_default_root() {
+    let server = Server::start_with(|config| config.root = "/".into()).await;
+    assert_refused(
+        &server,
+        "/files/download?path=/dev/zero",
+        "NOT_REGULAR_FILE",
+    )
+    .await;
+    let response = server.get("/files/download?path=/etc/hostname").await;
+    assert_eq!(
+        response.status(),
+        200,
+        "ordinary files stay readable under root /"
+    );
+}
+
+#[tokio::test]
+async fn a_file_swapped_for_a_symlink_between_checks_never_leaks_outside_content() {
+    let server = Server::start().await;
+    let path = server.path("flip");
+    let swapping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flipper = {
+        let path = path.clone();
+        let tmp = server.path("flip.tmp");
+        let swapping = swapping.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while swapping.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::remove_file(&tmp);
+                if n % 2 == 0 {
+                    std::fs::write(&tmp, "inside").expect("write");
+                } else {
+                    symlink("/etc/passwd", &tmp).expect("symlink");
+                }
+                std::fs::rename(&tmp, &path).expect("rename");
+                n += 1;
+            }
+        })
+    };
+    let url = format!("/files/download?path={}", q(&path));
+    let (mut n_inside, mut n_refused, mut n_requests) = (0, 0, 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    // Until both states were seen (and at least 200 requests), within the usual deadline.
+    while n_requests < 200 || n_inside == 0 || n_refused == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting to see both the file and the link"
+        );
+        let response = server.get(&url).await;
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("text");
+        assert!(!text.contains("root:"), "outside content leaked: {text}");
+        match status {
+            200 => {
+                assert_eq!(text, "inside");
+                n_inside += 1;
+            }
+            403 => n_refused += 1,
+            404 => {}
+            other => panic!("unexpected status {other}: {text}"),
+        }
+        n_requests += 1;
+    }
+    swapping.store(false, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().expect("flipper thread");
+}

@@ -1,0 +1,189 @@
+//! Shared helpers for the OpenSandbox-compatibility tests: a real execd on 127.0.0.1:0, a
+//! reqwest client, stream-event parsing and polling with named timeouts.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use warren_execd::{Config, Execd};
+
+/// Generous: the machine is shared and loaded.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct Server {
+    pub base: String,
+    pub execd: Execd,
+    pub client: reqwest::Client,
+    /// The files root (a temporary directory unless the test chose `/`).
+    pub root: PathBuf,
+    _root_dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// An execd whose files API is confined to a fresh temporary directory.
+    pub async fn start() -> Server {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Server {
+        let root_dir = tempfile::tempdir().expect("creates a temporary root");
+        let root = std::fs::canonicalize(root_dir.path()).expect("canonical root");
+        let mut config = Config {
+            root: root.clone(),
+            ..Config::default()
+        };
+        adjust(&mut config);
+        let root = config.root.clone();
+        let execd = Execd::new(config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("local addr");
+        let router = execd.router();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Server {
+            base: format!("http://{addr}"),
+            execd,
+            client: reqwest::Client::new(),
+            root,
+            _root_dir: Some(root_dir),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A path inside the root, as a string the API accepts.
+    pub fn path(&self, rel: &str) -> String {
+        self.root.join(rel).to_string_lossy().into_owned()
+    }
+
+    pub async fn post_json(&self, path: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("request is sent")
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request is sent")
+    }
+
+    pub async fn delete(&self, path: &str) -> reqwest::Response {
+        self.client
+            .delete(self.url(path))
+            .send()
+            .await
+            .expect("request is sent")
+    }
+
+    /// POSTs to a streaming route and collects every event until the stream ends.
+    pub async fn events(&self, path: &str, body: Value) -> Vec<Value> {
+        let response = self.post_json(path, body).await;
+        assert_eq!(response.status(), 200, "stream request failed");
+        let text = tokio::time::timeout(WAIT, response.text())
+            .await
+            .expect("the stream ends within 20 s")
+            .expect("reads the stream");
+        parse_events(&text)
+    }
+
+    /// Runs a foreground command and returns its events.
+    pub async fn run(&self, body: Value) -> Vec<Value> {
+        self.events("/command", body).await
+    }
+
+    pub async fn shutdown(&self) {
+        self.execd.shutdown().await;
+    }
+}
+
+/// Splits `{json}\n\n{json}\n\n...` and checks the framing on the way.
+pub fn parse_events(text: &str) -> Vec<Value> {
+    assert!(
+        text.is_empty() || text.ends_with("\n\n"),
+        "stream does not end with a blank line: {text:?}"
+    );
+    text.split("\n\n")
+        .filter(|frame| !frame.is_empty())
+        .map(|frame| {
+            assert!(!frame.contains('\n'), "an event spans lines: {frame:?}");
+            assert!(
+                frame.starts_with('{'),
+                "an event is not bare JSON: {frame:?}"
+            );
+            let event: Value = serde_json::from_str(frame).expect("each event is JSON");
+            assert!(
+                event["timestamp"].is_i64(),
+                "event without integer timestamp: {frame}"
+            );
+            event
+        })
+        .collect()
+}
+
+pub fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// Texts of events of `kind`, in order.
+pub fn texts(events: &[Value], kind: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .map(|e| e["text"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Events other than `ping` (which may come at any time).
+pub fn without_pings(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] != "ping")
+        .cloned()
+        .collect()
+}
+
+/// Polls `check` until it returns `Some`, failing with `what` after [`WAIT`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn error_body(response: reqwest::Response) -> (u16, String, String) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("error body is JSON");
+    (
+        status,
+        body["code"].as_str().unwrap_or_default().to_owned(),
+        body["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
