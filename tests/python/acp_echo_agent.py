@@ -6,6 +6,8 @@ Prompts:
   write PATH   -> fs/write_text_file PATH "hello from python", then says "wrote PATH"
   term CMD     -> terminal/create bash -c CMD, wait_for_exit, terminal/output, release;
                   says "term: OUTPUT"
+  perm         -> session/request_permission (allow / reject); says "permission: ID" or
+                  ends the turn "cancelled"
   anything     -> says "echo: <text>"
 """
 
@@ -24,6 +26,7 @@ from acp import (
     update_agent_message,
 )
 from acp.interfaces import Client
+from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
 
 
 class EchoAgent(Agent):
@@ -56,6 +59,17 @@ class EchoAgent(Agent):
             output = await self._conn.terminal_output(session_id=session_id, terminal_id=created.terminal_id)
             await self._conn.release_terminal(session_id=session_id, terminal_id=created.terminal_id)
             await self._say(session_id, f"term: {output.output}")
+        elif text == "perm":
+            options = [
+                PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
+                PermissionOption(option_id="reject", name="Reject", kind="reject_once"),
+            ]
+            tool_call = ToolCallUpdate(tool_call_id="py-tool-1", title="python wants to act")
+            answer = await self._conn.request_permission(session_id=session_id, tool_call=tool_call, options=options)
+            if isinstance(answer.outcome, AllowedOutcome):
+                await self._say(session_id, f"permission: {answer.outcome.option_id}")
+            else:
+                return PromptResponse(stop_reason="cancelled")
         else:
             await self._say(session_id, f"echo: {text}")
         return PromptResponse(stop_reason="end_turn")

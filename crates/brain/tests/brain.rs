@@ -404,7 +404,24 @@ async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
     .await
     .expect("turn");
     assert!(
-        sink.agent_text().contains("py-term"),
+        sink.agent_text().contains("term: py-term"),
+        "{}",
+        sink.agent_text()
+    );
+    let session = std::sync::Arc::new(session);
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.prompt("perm".into()).await }
+    });
+    let request = sink.next_permission().await;
+    assert_eq!(request.tool_call["title"], "python wants to act");
+    request.answer(PermissionOutcome::Selected("reject".into()));
+    within("python permission turn", turn)
+        .await
+        .expect("join")
+        .expect("turn");
+    assert!(
+        sink.agent_text().contains("permission: reject"),
         "{}",
         sink.agent_text()
     );

@@ -255,8 +255,10 @@ async fn run_turn(
         }
         "crash" => {
             say(cx, &session_id, "crashing");
-            // Give the notification a moment to reach the pipe, then die mid-turn.
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            // A round trip to the client proves the chunk above was written (same pipe, in
+            // order) before the process dies in the middle of the turn.
+            let probe = ReadTextFileRequest::new(session_id.clone(), "/nonexistent/probe");
+            let _ = cx.send_request(probe).block_task().await;
             std::process::exit(3);
         }
         other => {
