@@ -89,7 +89,9 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
         children.entry(p.ppid).or_default().push(p.pid);
     }
     let mut members = BTreeSet::new();
-    let mut stack = vec![tree.root_pid];
+    // Pid 0 is the kernel's (init and kthreadd are its children) and 1 is init: rooting a tree
+    // there would make every process on the machine a member. Such a tree is its marker only.
+    let mut stack = if tree.root_pid > 1 { vec![tree.root_pid] } else { Vec::new() };
     while let Some(pid) = stack.pop() {
         if members.insert(pid) {
             if let Some(kids) = children.get(&pid) {
@@ -98,7 +100,7 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
         }
     }
     for p in &procs {
-        if p.sid == tree.root_pid {
+        if tree.root_pid > 1 && p.sid == tree.root_pid {
             members.insert(p.pid);
         }
     }
@@ -199,6 +201,12 @@ pub fn kill_tree(tree: &TreeId, grace: Duration) -> KillReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_rooted_at_the_kernel_or_init_has_no_members_without_a_marker() {
+        assert_eq!(tree_members(&TreeId::new(0, None)), Vec::<i32>::new());
+        assert_eq!(tree_members(&TreeId::new(1, None)), Vec::<i32>::new());
+    }
 
     #[test]
     fn parse_stat_reads_fields_after_a_command_name_with_parens_and_spaces() {
