@@ -233,13 +233,17 @@ impl Connection {
             return;
         }
         self.end_connection();
-        if self.exit_status().is_none() {
-            let tree = self.tree.clone();
-            let _ =
-                tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, KILL_GRACE))
-                    .await;
-        }
+        let tree = self.tree_to_kill();
+        let _ =
+            tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, KILL_GRACE)).await;
         let _ = tokio::time::timeout(EXIT_STATUS_WAIT, self.wait_exit()).await;
+    }
+
+    /// The tree to kill. After the agent exited, its (dead) pid still roots the tree: it has no
+    /// descendants any more, and survivors (an MCP server, a background job) are found by the
+    /// marker variable. Never a made-up root: pid 0 would make every process a descendant.
+    fn tree_to_kill(&self) -> TreeId {
+        self.tree.clone()
     }
 
     fn end_connection(&self) {
@@ -258,11 +262,11 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // A worker dropped without `close` (a pool shut down, a gateway error path) must not
         // leave an agent process behind.
-        if self.killed.load(Ordering::SeqCst) || self.exit_status().is_some() {
+        if self.killed.load(Ordering::SeqCst) {
             return;
         }
         self.end_connection();
-        let tree = self.tree.clone();
+        let tree = self.tree_to_kill();
         std::thread::spawn(move || warren_process::kill_tree(&tree, KILL_GRACE));
     }
 }
@@ -345,16 +349,23 @@ impl Worker {
                 tracing::debug!(pid, %error, "agent connection ended with an error");
             }
         });
-        let cx = cx_rx.await.map_err(|_| BrainError::WorkerExited {
-            status: "the ACP connection failed to start".into(),
-        })?;
+        let tree = TreeId::new(pid as i32, Some(marker));
+        let Ok(cx) = cx_rx.await else {
+            let tree = tree.clone();
+            let _ =
+                tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, KILL_GRACE))
+                    .await;
+            return Err(BrainError::WorkerExited {
+                status: "the ACP connection failed to start".into(),
+            });
+        };
 
         let mut conn = Connection {
             cx,
             shared,
             caps: AgentCaps::default(),
             pid,
-            tree: TreeId::new(pid as i32, Some(marker)),
+            tree,
             exit: exit_rx,
             stop_connection: Mutex::new(Some(stop_tx)),
             killed: AtomicBool::new(false),

@@ -454,3 +454,32 @@ async fn an_agent_that_exits_before_initialize_is_reported_as_exited() {
         result.err()
     );
 }
+
+#[tokio::test]
+async fn closing_a_crashed_worker_kills_the_processes_it_left_behind() {
+    let (session, sink, _host) = spawn_session(test_agent(&[])).await;
+    within("bg turn", session.prompt("bg".into()))
+        .await
+        .expect("turn");
+    let text = sink.agent_text();
+    let pid: u32 = text
+        .strip_prefix("bg=")
+        .and_then(|p| p.parse().ok())
+        .expect("bg=<pid>");
+    assert!(
+        !support::is_zombie_or_gone(pid),
+        "the background child runs"
+    );
+    let crashed = within("crash turn", session.prompt("crash".into())).await;
+    assert!(
+        matches!(crashed, Err(BrainError::WorkerExited { .. })),
+        "{crashed:?}"
+    );
+    within("close", session.close()).await;
+    within("the orphaned child is killed", async {
+        while !support::is_zombie_or_gone(pid) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}

@@ -8,11 +8,14 @@
 //! - `term COMMAND`: runs `bash -c COMMAND` through the terminal methods and reports
 //!   `exit N: OUTPUT`.
 //! - `crash`: says `crashing` and exits with status 3 in the middle of the turn.
+//! - `bg`: starts `sleep 300` itself, in its own process group, and says `bg=<pid>` (a child
+//!   that must not outlive the worker).
 //!
 //! Flags: `--resume` advertises `session/resume`, `--load` advertises `session/load` (and replays
 //! one history chunk while loading), `--close` advertises `session/close`. `shell` as the first
 //! argument runs the built-in shell agent instead (so brain tests need no `warren` binary).
 
+use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -260,6 +263,15 @@ async fn run_turn(
             let probe = ReadTextFileRequest::new(session_id.clone(), "/nonexistent/probe");
             let _ = cx.send_request(probe).block_task().await;
             std::process::exit(3);
+        }
+        "bg" => {
+            let child = std::process::Command::new("sleep")
+                .arg("300")
+                .process_group(0)
+                .spawn()
+                .map_err(agent_client_protocol::Error::into_internal_error)?;
+            say(cx, &session_id, format!("bg={}", child.id()));
+            Ok(StopReason::EndTurn)
         }
         other => {
             say(cx, &session_id, format!("unknown instruction {other:?}"));
