@@ -131,14 +131,16 @@ pub async fn start_turn(
         state.cancel_requested = false;
         state.last_active = Instant::now();
         // Appended under the session lock so a concurrent message cannot interleave its events.
-        session.log.append(
-            Some(state.turn),
-            EventBody::UserMessage { text: text.clone() },
-        )?;
-        session
+        let turn = state.turn;
+        let appended = session
             .log
-            .append(Some(state.turn), EventBody::TurnStart {})?;
-        state.turn
+            .append(Some(turn), EventBody::UserMessage { text: text.clone() })
+            .and_then(|_| session.log.append(Some(turn), EventBody::TurnStart {}));
+        if let Err(e) = appended {
+            state.running_turn = None;
+            return Err(e.into());
+        }
+        turn
     };
     let gateway = gateway.clone();
     let session = session.clone();
@@ -157,6 +159,13 @@ async fn run_turn(gateway: Arc<Gateway>, session: Arc<Session>, turn: u64, text:
                     message: e.to_string(),
                 },
             );
+            {
+                // No brain runs: give its slot back.
+                let mut state = session.lock();
+                if matches!(state.brain, BrainState::None) {
+                    state.brain_slot = None;
+                }
+            }
             end_turn(&session, turn, "error");
             return;
         }
@@ -479,7 +488,7 @@ pub fn spawn_idle_sweeper(gateway: &Arc<Gateway>) {
                     let mut state = session.lock();
                     let idle = state.running_turn.is_none()
                         && state.pending_permissions.is_empty()
-                        && matches!(state.brain, BrainState::Ready(_))
+                        && !matches!(state.brain, BrainState::None)
                         && state.last_active.elapsed() >= gateway.args.brain_idle;
                     if !idle {
                         continue;

@@ -254,3 +254,121 @@ async fn cancel_answers_a_pending_permission_cancelled() {
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_worker_dying_mid_turn_ends_the_turn_with_error_and_the_conversation_stays() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "sleep 60").await.status(),
+        202
+    );
+    events
+        .until("the agent working on `sleep 60`", |e| e.event == "update")
+        .await;
+
+    let pid = {
+        let handle = gw
+            .gateway
+            .sessions
+            .get("phone-0001", &session)
+            .expect("session");
+        let state = handle.lock();
+        match &state.brain {
+            warren_gateway::turns::BrainState::Ready(brain) => brain.pid(),
+            _ => panic!("a ready brain runs the turn"),
+        }
+    };
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill -9 the agent");
+    assert!(killed.success());
+
+    let seen = events
+        .until("turn_end after the worker died", |e| e.event == "turn_end")
+        .await;
+    let error = seen
+        .iter()
+        .find(|e| e.event == "error")
+        .expect("an error event");
+    assert_eq!(error.data["code"], "BRAIN_EXITED");
+    assert_eq!(seen.last().expect("turn_end").data["stop_reason"], "error");
+
+    assert_eq!(
+        gw.post_message(&token, &session, "echo still here")
+            .await
+            .status(),
+        202
+    );
+    let seen = events
+        .until("turn_end with a new worker", |e| e.event == "turn_end")
+        .await;
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    assert!(text_of(&seen).contains("still here"));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_brain_is_stopped_and_the_next_message_resumes_it() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.brain_idle = std::time::Duration::from_secs(1);
+        args
+    })
+    .await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "echo one").await.status(),
+        202
+    );
+    events
+        .until("turn_end of the first turn", |e| e.event == "turn_end")
+        .await;
+    events
+        .until("the brain stopped for being idle", |e| {
+            e.event == "status" && e.data["brain"] == "idle"
+        })
+        .await;
+    let info: Value = gw
+        .http
+        .get(format!("{}/v1/sessions/{session}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(info["brain"], "none");
+
+    assert_eq!(
+        gw.post_message(&token, &session, "echo two").await.status(),
+        202
+    );
+    let seen = events
+        .until("turn_end after resuming", |e| e.event == "turn_end")
+        .await;
+    assert!(
+        seen.iter()
+            .any(|e| e.event == "status" && e.data["brain"] == "ready"),
+        "{seen:#?}"
+    );
+    assert!(
+        !seen.iter().any(|e| e.event == "error"),
+        "the shell agent resumes its session: {seen:#?}"
+    );
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    assert!(text_of(&seen).contains("two"));
+    gw.stop().await;
+}
