@@ -34,6 +34,9 @@ pub enum BackendError {
     /// The remote execd could not be reached or answered something unreadable.
     #[error("execd at {url} unreachable: {detail}")]
     Unreachable { url: String, detail: String },
+    /// `--execd` is not an `http://host:port` URL.
+    #[error("invalid execd URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
     /// The remote execd refused the access token.
     #[error("execd at {url} rejected the access token (set --token or WARREN_EXECD_TOKEN)")]
     Unauthorized { url: String },
@@ -104,6 +107,25 @@ pub struct RemoteExecd {
 impl RemoteExecd {
     /// A client for the execd at `base_url` (`http://host:port`, optionally with a path prefix).
     pub fn new(base_url: &str, access_token: Option<String>) -> Result<Self, BackendError> {
+        let invalid = |reason: &str| BackendError::InvalidUrl {
+            url: base_url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let parsed = reqwest::Url::parse(base_url).map_err(|e| invalid(&e.to_string()))?;
+        match parsed.scheme() {
+            "http" => {}
+            // Built without TLS on purpose (execd sits on a private network or behind a tunnel);
+            // saying so beats a confusing error on the first call.
+            "https" => {
+                return Err(invalid(
+                    "https is not supported; use http:// on a private network or an SSH tunnel",
+                ));
+            }
+            _ => return Err(invalid("expected http://host:port")),
+        }
+        if parsed.host_str().is_none() || parsed.query().is_some() {
+            return Err(invalid("expected http://host:port"));
+        }
         let base_url = base_url.trim_end_matches('/').to_owned();
         // No call legitimately takes longer than the longest poll (300 s) plus the kill grace
         // and drain; past that the execd is stuck and the agent should hear about it.
@@ -218,4 +240,35 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execd_urls_must_be_plain_http() {
+        let cases = [
+            ("http://10.0.0.5:44772", Ok("http://10.0.0.5:44772")),
+            ("http://127.0.0.1:1/", Ok("http://127.0.0.1:1")),
+            ("http://sandbox/prefix/", Ok("http://sandbox/prefix")),
+            (
+                "10.0.0.5:44772",
+                Err("invalid execd URL \"10.0.0.5:44772\""),
+            ),
+            ("https://sandbox:44772", Err("https is not supported")),
+            ("ftp://sandbox", Err("expected http://host:port")),
+            ("http://sandbox?x=1", Err("expected http://host:port")),
+        ];
+        for (url, expected) in cases {
+            match (RemoteExecd::new(url, None), expected) {
+                (Ok(remote), Ok(base_url)) => assert_eq!(remote.base_url(), base_url),
+                (Err(error), Err(needle)) => {
+                    assert!(error.to_string().contains(needle), "{url}: {error}")
+                }
+                (Ok(_), Err(needle)) => panic!("{url} accepted, expected {needle:?}"),
+                (Err(error), Ok(_)) => panic!("{url} rejected: {error}"),
+            }
+        }
+    }
 }

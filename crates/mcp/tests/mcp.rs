@@ -499,6 +499,19 @@ async fn execd_serves_mcp_behind_its_access_token() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn execd_shuts_down_while_an_mcp_client_is_connected() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let execd = ExecdChild::start("shutdown-token", dir.path()).await?;
+    let client = http_client(&format!("{}/mcp", execd.url), Some(&execd.token)).await?;
+    let session = start_running(&client, "sleep 600").await?;
+    assert!(session > 0);
+    // The client's session and its SSE stream are still open: SIGTERM must not wait for them.
+    execd.stop().await?;
+    drop(client);
+    Ok(())
+}
+
+#[tokio::test]
 async fn remote_mcp_runs_commands_on_execd() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let execd = ExecdChild::start("remote-test-token", dir.path()).await?;
@@ -549,5 +562,24 @@ async fn remote_mcp_reports_an_unreachable_execd() -> anyhow::Result<()> {
         "{text}"
     );
     client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn remote_mcp_refuses_a_malformed_execd_url_at_startup() -> anyhow::Result<()> {
+    let output = within(
+        "warren mcp to exit on a bad --execd",
+        tokio::process::Command::new(warren_binary())
+            .args(["mcp", "--execd", "10.0.0.5:44772"])
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await??;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("invalid execd URL \"10.0.0.5:44772\""),
+        "{stderr}"
+    );
     Ok(())
 }
