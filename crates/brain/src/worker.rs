@@ -16,11 +16,10 @@ use agent_client_protocol::v1::schema::{
     EnvVariable, FileSystemCapabilities, Implementation, InitializeRequest, KillTerminalRequest,
     KillTerminalResponse, LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest,
     ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    ResumeSessionRequest, SelectedPermissionOutcome, SessionId, SessionNotification,
-    TerminalExitStatus, TerminalId, TerminalOutputRequest, TerminalOutputResponse,
-    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest,
-    WriteTextFileResponse,
+    RequestPermissionOutcome, RequestPermissionResponse, ResumeSessionRequest,
+    SelectedPermissionOutcome, SessionId, TerminalExitStatus, TerminalId, TerminalOutputRequest,
+    TerminalOutputResponse, WaitForTerminalExitRequest, WaitForTerminalExitResponse,
+    WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client, ErrorCode, JsonRpcResponse};
@@ -52,6 +51,31 @@ pub(crate) struct AgentCaps {
     pub load_session: bool,
     pub resume_session: bool,
     pub close_session: bool,
+}
+
+/// `session/update` as the agent sent it: the `update` is forwarded unchanged (the typed schema
+/// would drop fields and update kinds this SDK version does not know).
+#[derive(
+    Debug, Clone, serde::Serialize, serde::Deserialize, agent_client_protocol::JsonRpcNotification,
+)]
+#[notification(method = "session/update")]
+struct RawSessionUpdate {
+    #[serde(rename = "sessionId")]
+    session_id: String,
+    update: serde_json::Value,
+}
+
+/// `session/request_permission` with the tool call and options kept as the agent sent them.
+#[derive(
+    Debug, Clone, serde::Serialize, serde::Deserialize, agent_client_protocol::JsonRpcRequest,
+)]
+#[request(method = "session/request_permission", response = RequestPermissionResponse)]
+struct RawPermissionRequest {
+    #[serde(rename = "sessionId")]
+    session_id: String,
+    #[serde(rename = "toolCall")]
+    tool_call: serde_json::Value,
+    options: serde_json::Value,
 }
 
 /// The session's host and sink, bound when the worker gets its session.
@@ -99,7 +123,7 @@ impl Shared {
         self.turn_cancelled.store(false, Ordering::SeqCst);
     }
 
-    fn on_update(&self, notification: SessionNotification) {
+    fn on_update(&self, notification: RawSessionUpdate) {
         if self.replaying.load(Ordering::SeqCst) {
             return;
         }
@@ -107,13 +131,10 @@ impl Shared {
             tracing::debug!("session/update before a session was bound; dropped");
             return;
         };
-        match serde_json::to_value(&notification.update) {
-            Ok(update) => sink.update(update),
-            Err(error) => tracing::warn!(%error, "cannot serialize a session/update"),
-        }
+        sink.update(notification.update);
     }
 
-    async fn ask_permission(&self, request: RequestPermissionRequest) -> RequestPermissionOutcome {
+    async fn ask_permission(&self, request: RawPermissionRequest) -> RequestPermissionOutcome {
         let mut cancelled = self.cancel_generation.subscribe();
         if self.turn_cancelled.load(Ordering::SeqCst) {
             return RequestPermissionOutcome::Cancelled;
@@ -121,13 +142,7 @@ impl Shared {
         let Some(sink) = self.sink() else {
             return RequestPermissionOutcome::Cancelled;
         };
-        let (Ok(tool_call), Ok(options)) = (
-            serde_json::to_value(&request.tool_call),
-            serde_json::to_value(&request.options),
-        ) else {
-            tracing::warn!("cannot serialize a permission request; answering cancelled");
-            return RequestPermissionOutcome::Cancelled;
-        };
+        let (tool_call, options) = (request.tool_call, request.options);
         let answer = sink.request_permission(tool_call, options);
         tokio::select! {
             outcome = answer => match outcome {
@@ -590,14 +605,14 @@ fn client_builder(
         .v1()
         .name("warren-gateway")
         .on_receive_notification(
-            async move |notification: SessionNotification, _cx| {
+            async move |notification: RawSessionUpdate, _cx| {
                 on_update.on_update(notification);
                 Ok(())
             },
             agent_client_protocol::on_receive_notification!(),
         )
         .on_receive_request(
-            async move |request: RequestPermissionRequest, responder, _cx| {
+            async move |request: RawPermissionRequest, responder, _cx| {
                 let shared = on_permission.clone();
                 tokio::spawn(async move {
                     let outcome = shared.ask_permission(request).await;
