@@ -255,3 +255,131 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         "hands and agents stopped with the gateway: {leftovers:?}"
     );
 }
+
+/// Writes `events` (as `(seq, turn, body)`) as a session's whole event log.
+fn write_log(path: &Path, events: &[(u64, Option<u64>, Value)]) {
+    let mut text = String::new();
+    for (seq, turn, body) in events {
+        let mut event = body.clone();
+        event["seq"] = (*seq).into();
+        event["ts"] = "2026-11-30T00:00:00.000Z".into();
+        if let Some(turn) = turn {
+            event["turn"] = (*turn).into();
+        }
+        text.push_str(&event.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).expect("write event log");
+}
+
+#[tokio::test]
+async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
+    let gw = crate::helpers::TestGateway::start(crate::helpers::args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let args = crate::helpers::args_without_agent(gw.data.clone());
+    let data_dir = gw.stop().await;
+    let log = args
+        .data
+        .join("sessions")
+        .join(&session)
+        .join("events.jsonl");
+    write_log(
+        &log,
+        &[
+            (
+                1,
+                Some(1),
+                serde_json::json!({"type": "user_message", "text": "rm x"}),
+            ),
+            (2, Some(1), serde_json::json!({"type": "turn_start"})),
+            (
+                3,
+                Some(1),
+                serde_json::json!({"type": "permission_request", "request_id": "perm-a", "tool_call": {}, "options": []}),
+            ),
+        ],
+    );
+
+    let gw = crate::helpers::TestGateway::start_in(args).await;
+    let mut events = gw.events(&token, &session, None).await;
+    let seen = events
+        .until("the recovery status event", |e| e.event == "status")
+        .await;
+    let summary: Vec<(Option<u64>, &str)> = seen.iter().map(|e| (e.id, e.event.as_str())).collect();
+    assert_eq!(
+        summary,
+        [
+            (Some(1), "user_message"),
+            (Some(2), "turn_start"),
+            (Some(3), "permission_request"),
+            (Some(4), "permission_resolved"),
+            (Some(5), "turn_end"),
+            (Some(6), "status"),
+        ]
+    );
+    assert_eq!(seen[3].data["outcome"], "cancelled");
+    assert_eq!(seen[3].data["request_id"], "perm-a");
+    assert_eq!(seen[4].data["stop_reason"], "interrupted");
+    let info: Value = gw
+        .http
+        .get(format!("{}/v1/sessions/{session}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(
+        (
+            info["turn"].clone(),
+            info["status"].clone(),
+            info["last_seq"].clone()
+        ),
+        (1.into(), "idle".into(), 6.into())
+    );
+    gw.stop().await;
+    drop(data_dir);
+}
+
+#[tokio::test]
+async fn asking_for_compacted_history_starts_with_a_gap_event() {
+    let gw = crate::helpers::TestGateway::start(crate::helpers::args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let args = crate::helpers::args_without_agent(gw.data.clone());
+    let data_dir = gw.stop().await;
+    let log = args
+        .data
+        .join("sessions")
+        .join(&session)
+        .join("events.jsonl");
+    let status = serde_json::json!({"type": "status", "brain": "ready"});
+    write_log(
+        &log,
+        &[
+            (5, None, status.clone()),
+            (6, None, status.clone()),
+            (7, None, status),
+        ],
+    );
+
+    let gw = crate::helpers::TestGateway::start_in(args).await;
+    let mut events = gw.events(&token, &session, Some(2)).await;
+    let gap = events.next("the gap event").await.expect("gap");
+    assert_eq!(gap.event, "gap");
+    assert_eq!(
+        (gap.data["after"].clone(), gap.data["next_seq"].clone()),
+        (2.into(), 5.into())
+    );
+    let ids: Vec<Option<u64>> = events
+        .until("event 7", |e| e.id == Some(7))
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, [Some(5), Some(6), Some(7)]);
+    gw.stop().await;
+    drop(data_dir);
+}
