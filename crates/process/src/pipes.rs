@@ -92,6 +92,16 @@ pub struct PipeChild {
 ///
 /// A program that cannot be started (missing, not executable, bad cwd) is an immediate error.
 pub fn spawn_piped(command: &PipeCommand) -> io::Result<PipeChild> {
+    spawn_piped_as(command, None, None)
+}
+
+/// [`spawn_piped`] with the child's user and group ids switched to `uid` / `gid` when given
+/// (the OpenSandbox command API lets callers choose them; this needs privileges).
+pub fn spawn_piped_as(
+    command: &PipeCommand,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> io::Result<PipeChild> {
     let marker = TreeId::new_marker();
     let mut cmd = tokio::process::Command::new(&command.program);
     cmd.args(&command.args);
@@ -102,6 +112,12 @@ pub fn spawn_piped(command: &PipeCommand) -> io::Result<PipeChild> {
     cmd.env(TREE_MARKER_VAR, &marker);
     if let Some(cwd) = &command.cwd {
         cmd.current_dir(cwd);
+    }
+    if let Some(uid) = uid {
+        cmd.uid(uid);
+    }
+    if let Some(gid) = gid {
+        cmd.gid(gid);
     }
 
     let (stdin_read, stdin_write) = match command.stdin {
