@@ -93,6 +93,13 @@ pub async fn serve(
         shutdown.await;
         mcp_shutdown.cancel();
     };
+    // Event streams are many small writes; without TCP_NODELAY each one after the first waits
+    // for the client's delayed ACK (about 40 ms per round trip).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(%err, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     execd.shutdown().await;
     Ok(())
