@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::process::{Child, ChildStdin};
+use tokio::process::Child;
 use warren_process::TreeId;
 use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
@@ -42,7 +42,7 @@ struct BashSession {
 struct Shell {
     child: Child,
     pid: u32,
-    stdin: ChildStdin,
+    stdin: pipe::Sender,
     output: pipe::Receiver,
     lines: LineSplitter,
 }

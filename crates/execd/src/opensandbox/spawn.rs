@@ -1,23 +1,22 @@
-//! Starting a command or a session shell for the OpenSandbox routes: its own process group,
-//! stdin from `/dev/null` or a pipe, stdout and stderr on pipes (merged or apart), the tree
-//! marker in its environment, and registration with the subreaper so its exit status is ours.
+//! Starting a command or a session shell for the OpenSandbox routes on top of
+//! `warren_process::pipes` (own session and process group, stdin from `/dev/null` or a pipe,
+//! stdout and stderr on pipes merged or apart, the tree marker, the reaper registration).
+//! This module only maps a request to a `PipeCommand`: the daemon's environment minus secrets,
+//! plus the request's variables, and the shell to use.
 //!
 //! Killing and reaping stay in `warren_process` (`kill_tree`, `reaper`); the owner of a
-//! [`Spawned`] must [`Spawned::wait`] it, which releases the pid from the reaper.
+//! [`Spawned`] must [`wait`] it, which releases the pid from the reaper.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::OnceLock;
 
-use tokio::net::unix::pipe;
-use tokio::process::{Child, ChildStdin};
+use tokio::process::Child;
 use warren_process::TreeId;
+use warren_process::pipes::{OutputMode, PipeChild, PipeCommand, StdinMode, spawn_piped_as};
 use warren_process::reaper;
-use warren_process::tree::TREE_MARKER_VAR;
 
 /// Variables of the daemon that commands must not inherit.
 const HIDDEN_ENV: &[&str] = &["EXECD_ACCESS_TOKEN"];
@@ -53,17 +52,8 @@ impl SpawnSpec {
     }
 }
 
-/// A started process. Dropping it neither kills nor reaps it; call [`Spawned::wait`].
-#[derive(Debug)]
-pub struct Spawned {
-    pub child: Child,
-    pub pid: u32,
-    pub tree: TreeId,
-    pub stdin: Option<ChildStdin>,
-    pub stdout: pipe::Receiver,
-    /// `None` when output is merged.
-    pub stderr: Option<pipe::Receiver>,
-}
+/// A started process. Dropping it neither kills nor reaps it; call [`wait`].
+pub type Spawned = PipeChild;
 
 /// Exit code of a finished process, -1 when a signal ended it.
 pub fn exit_code(status: std::process::ExitStatus) -> i32 {
@@ -94,65 +84,32 @@ pub fn shell() -> &'static str {
     })
 }
 
-/// Starts `spec`. Must be called inside a tokio runtime.
+/// Starts `spec` through `warren_process::pipes` (own session and process group, tree marker,
+/// registered with the reaper). Must be called inside a tokio runtime.
 pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
-    let marker = TreeId::new_marker();
-    let mut cmd = tokio::process::Command::new(&spec.program);
-    cmd.args(&spec.args).current_dir(&spec.cwd);
-    for name in HIDDEN_ENV {
-        cmd.env_remove(name);
-    }
-    cmd.envs(&spec.envs);
-    cmd.env(TREE_MARKER_VAR, &marker);
-    if let Some(uid) = spec.uid {
-        cmd.uid(uid);
-    }
-    if let Some(gid) = spec.gid {
-        cmd.gid(gid);
-    }
-    // Its own process group: signals aimed at the command never reach the daemon's group.
-    cmd.process_group(0);
-    cmd.kill_on_drop(false);
-    cmd.stdin(if spec.stdin_pipe {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
-    let (out_read, out_write) = io::pipe()?;
-    let err_read = if spec.merge_output {
-        cmd.stderr(Stdio::from(out_write.try_clone()?));
-        None
-    } else {
-        let (err_read, err_write) = io::pipe()?;
-        cmd.stderr(Stdio::from(err_write));
-        Some(err_read)
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(name, _)| !HIDDEN_ENV.iter().any(|hidden| name == hidden))
+        .filter(|(name, _)| !spec.envs.contains_key(&*name.to_string_lossy()))
+        .collect();
+    env.extend(spec.envs.iter().map(|(k, v)| (k.into(), v.into())));
+    let command = PipeCommand {
+        program: spec.program.clone(),
+        args: spec.args.clone(),
+        env,
+        clear_env: true,
+        cwd: Some(spec.cwd.clone()),
+        stdin: if spec.stdin_pipe {
+            StdinMode::Pipe
+        } else {
+            StdinMode::Null
+        },
+        output: if spec.merge_output {
+            OutputMode::Merged
+        } else {
+            OutputMode::Separate
+        },
     };
-    cmd.stdout(Stdio::from(out_write));
-
-    let mut child = reaper::spawn_owned(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id();
-        Ok((child, pid))
-    })?;
-    // The write ends now belong to the child only, so the read ends see end of file when the
-    // command and everything it started close them.
-    drop(cmd);
-    let pid = child
-        .id()
-        .expect("a child that was never waited for has a pid");
-    let stdin = child.stdin.take();
-    let stdout = pipe::Receiver::from_owned_fd(OwnedFd::from(out_read))?;
-    let stderr = err_read
-        .map(|r| pipe::Receiver::from_owned_fd(OwnedFd::from(r)))
-        .transpose()?;
-    Ok(Spawned {
-        child,
-        pid,
-        tree: TreeId::new(pid as i32, Some(marker)),
-        stdin,
-        stdout,
-        stderr,
-    })
+    spawn_piped_as(&command, spec.uid, spec.gid)
 }
 
 /// Kills the whole tree (TERM, `grace`, KILL) on the blocking pool.

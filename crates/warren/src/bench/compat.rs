@@ -24,7 +24,10 @@ pub async fn run() -> anyhow::Result<()> {
     warren_process::reaper::start().context("becoming a subreaper")?;
     let root = std::env::temp_dir().join(format!("warren-bench-compat-{}", std::process::id()));
     std::fs::create_dir_all(&root)?;
-    let config = warren_execd::Config { root: root.clone(), ..warren_execd::Config::default() };
+    let config = warren_execd::Config {
+        root: root.clone(),
+        ..warren_execd::Config::default()
+    };
     let execd = warren_execd::Execd::new(config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -43,7 +46,13 @@ pub async fn run() -> anyhow::Result<()> {
     println!("|---|---|---|---|");
     for row in &rows {
         let (p50, p99, mean) = stats(&row.samples);
-        println!("| {} | {} | {} | {} |", row.what, ms(p50), ms(p99), ms(mean));
+        println!(
+            "| {} | {} | {} | {} |",
+            row.what,
+            ms(p50),
+            ms(p99),
+            ms(mean)
+        );
     }
     let (p50, _, _) = stats(&rows[0].samples);
     let verdict = if p50 < TARGET_P50 { "met" } else { "MISSED" };
@@ -75,8 +84,16 @@ async fn bench(base: &str) -> anyhow::Result<Vec<Row>> {
         what: "`POST /command` background `true` (start only)",
         samples: time(|| command(json!({"command": "true", "background": true}))).await?,
     });
-    let created: Value = client.post(format!("{base}/session")).send().await?.json().await?;
-    let session = created["session_id"].as_str().context("session id")?.to_owned();
+    let created: Value = client
+        .post(format!("{base}/session"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let session = created["session_id"]
+        .as_str()
+        .context("session id")?
+        .to_owned();
     let run_url = format!("{base}/session/{session}/run");
     rows.push(Row {
         what: "`POST /session/{id}/run` `true` (warm shell)",
@@ -93,11 +110,19 @@ async fn bench(base: &str) -> anyhow::Result<Vec<Row>> {
 /// Sends the request and reads the stream until the server ends it; checks the last event.
 async fn stream_to_end(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<()> {
     let response = client.post(url).json(body).send().await?;
-    anyhow::ensure!(response.status().is_success(), "{url} answered {}", response.status());
+    anyhow::ensure!(
+        response.status().is_success(),
+        "{url} answered {}",
+        response.status()
+    );
     let text = response.text().await?;
     let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
-    let event: Value = serde_json::from_str(last).with_context(|| format!("last event {last:?}"))?;
-    anyhow::ensure!(event["type"] == "execution_complete", "unexpected final event {event}");
+    let event: Value =
+        serde_json::from_str(last).with_context(|| format!("last event {last:?}"))?;
+    anyhow::ensure!(
+        event["type"] == "execution_complete",
+        "unexpected final event {event}"
+    );
     Ok(())
 }
 
@@ -121,7 +146,8 @@ where
 fn stats(samples: &[Duration]) -> (Duration, Duration, Duration) {
     let mut sorted = samples.to_vec();
     sorted.sort();
-    let at = |q: f64| sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1];
+    let at =
+        |q: f64| sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1];
     let mean = sorted.iter().sum::<Duration>() / sorted.len().max(1) as u32;
     (at(0.50), at(0.99), mean)
 }
