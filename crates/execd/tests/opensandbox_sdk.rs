@@ -19,7 +19,10 @@ async fn opensandbox_python_sdk_adapters_work_against_warren() {
     let env_script = root.join("scripts/python-env.sh");
     let output = tokio::time::timeout(
         Duration::from_secs(900),
-        tokio::process::Command::new("bash").arg(&env_script).kill_on_drop(true).output(),
+        tokio::process::Command::new("bash")
+            .arg(&env_script)
+            .kill_on_drop(true)
+            .output(),
     )
     .await
     .expect("scripts/python-env.sh finishes within 15 minutes")
@@ -29,12 +32,20 @@ async fn opensandbox_python_sdk_adapters_work_against_warren() {
         "scripts/python-env.sh failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let python = String::from_utf8(output.stdout).expect("utf-8 path").trim().to_owned();
+    let python = String::from_utf8(output.stdout)
+        .expect("utf-8 path")
+        .trim()
+        .to_owned();
 
     let server = Server::start().await;
     let workdir = server.path("sdk");
     std::fs::create_dir(&workdir).expect("creates the SDK work directory");
-    let port = server.base.rsplit(':').next().expect("base has a port").to_owned();
+    let port = server
+        .base
+        .rsplit(':')
+        .next()
+        .expect("base has a port")
+        .to_owned();
     let script = root.join("tests/python/opensandbox_sdk_test.py");
     let output = tokio::time::timeout(
         Duration::from_secs(300),
@@ -50,7 +61,13 @@ async fn opensandbox_python_sdk_adapters_work_against_warren() {
     .expect("the SDK script runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "SDK checks failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all OpenSandbox SDK checks passed"), "{stdout}");
+    assert!(
+        output.status.success(),
+        "SDK checks failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("all OpenSandbox SDK checks passed"),
+        "{stdout}"
+    );
     server.shutdown().await;
 }
