@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Creates (once) the Python environment the interoperability tests use: the OpenSandbox SDK and
-# the Agent Client Protocol SDK, pinned. Prints the venv's python path on stdout.
+# the Agent Client Protocol SDK and the MCP SDK, pinned. Prints the venv's python path on stdout.
 # Safe to call concurrently: creation is serialised with flock and done in a temp dir + rename.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${WARREN_PYENV:-$root/target/warren-pyenv}"
-stamp="$venv/.warren-ready-v1"
+stamp="$venv/.warren-ready-v2"
 if [ ! -f "$stamp" ]; then
   mkdir -p "$(dirname "$venv")"
   exec 9>"$venv.lock"
@@ -14,7 +14,7 @@ if [ ! -f "$stamp" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-      "opensandbox==1.1.1" "agent-client-protocol==0.12.1" >&2
+      "opensandbox==1.1.1" "agent-client-protocol==0.12.1" "mcp==2.3.0" >&2
     touch "$stamp"
   fi
 fi

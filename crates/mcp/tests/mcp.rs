@@ -583,3 +583,65 @@ async fn remote_mcp_refuses_a_malformed_execd_url_at_startup() -> anyhow::Result
     );
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Another real client: the official MCP Python SDK (`mcp`, pinned in scripts/python-env.sh).
+
+/// The interoperability venv's python, created once by `scripts/python-env.sh`.
+async fn sdk_python() -> anyhow::Result<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/python-env.sh");
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(900),
+        tokio::process::Command::new("bash")
+            .arg(&script)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("scripts/python-env.sh did not finish within 15 minutes"))??;
+    anyhow::ensure!(
+        output.status.success(),
+        "scripts/python-env.sh failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?.trim().to_owned())
+}
+
+/// Runs `tests/python/mcp_sdk_client.py <args>`; it names every failed check on stderr.
+async fn run_sdk_client(python: &str, args: &[&str]) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_sdk_client.py");
+    let output = within(
+        "the MCP Python SDK checks",
+        tokio::process::Command::new(python)
+            .arg(&script)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    anyhow::ensure!(
+        output.status.success(),
+        "MCP Python SDK checks failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn python_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Result<()> {
+    let python = sdk_python().await?;
+    let dir = tempfile::tempdir()?;
+    let binary = warren_binary()
+        .to_str()
+        .expect("utf-8 binary path")
+        .to_owned();
+    let workdir = dir.path().to_str().expect("utf-8 temp dir").to_owned();
+    run_sdk_client(&python, &["stdio", &binary, &workdir]).await?;
+
+    let execd = ExecdChild::start("python-sdk-token", dir.path()).await?;
+    let url = format!("{}/mcp", execd.url);
+    run_sdk_client(&python, &["http", &url, &execd.token]).await?;
+    execd.stop().await
+}
