@@ -73,6 +73,29 @@ async fn timeout_kills_the_command_and_reports_minus_one() {
 }
 
 #[tokio::test]
+async fn an_enormous_timeout_is_accepted() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "true", "timeout": i64::MAX}))
+        .await;
+    assert_eq!(events.last().expect("final")["type"], "execution_complete");
+    let created: Value = server
+        .post_json("/session", json!({}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = created["session_id"].as_str().expect("id").to_owned();
+    let events = server
+        .events(
+            &format!("/session/{id}/run"),
+            json!({"command": "true", "timeout": i64::MAX}),
+        )
+        .await;
+    assert_eq!(events.last().expect("final")["type"], "execution_complete");
+}
+
+#[tokio::test]
 async fn argv_runs_without_a_shell() {
     let server = Server::start().await;
     let events = server.run(json!({"argv": ["echo", "$HOME", "a  b"]})).await;

@@ -272,7 +272,8 @@ impl Shell {
             return RunEnd::ShellGone(self.exit_code().await);
         }
         let _ = self.stdin.flush().await;
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        // A timeout too large to represent is no timeout at all.
+        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
         let far_future = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
         let mut ping =
             tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);

@@ -486,7 +486,8 @@ async fn drive_foreground(
     let (mut out_buf, mut err_buf) = (vec![0u8; 32 * 1024], vec![0u8; 32 * 1024]);
     let mut ping =
         tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    // A timeout too large to represent is no timeout at all.
+    let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
     let mut timed_out = false;
     let mut exit_code: Option<i32> = None;
     let mut drain_until: Option<tokio::time::Instant> = None;
