@@ -3,6 +3,7 @@
 
 mod auth;
 mod helpers;
+mod python_agent;
 mod recovery;
 mod sessions;
 mod sse;

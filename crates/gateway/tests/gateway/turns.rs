@@ -372,3 +372,42 @@ async fn an_idle_brain_is_stopped_and_the_next_message_resumes_it() {
     assert!(text_of(&seen).contains("two"));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn agent_output_streams_while_the_command_still_runs() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    // The command cannot finish before the test creates `go`, which it does only after it saw
+    // the first line: so that line must have been forwarded while the command ran.
+    let command = "echo first-line; while [ ! -f go ]; do sleep 0.05; done; echo second-line";
+    assert_eq!(
+        gw.post_message(&token, &session, command).await.status(),
+        202
+    );
+    let seen = events
+        .until(
+            "an update with the first line while the command runs",
+            |e| e.event == "update" && e.data["update"].to_string().contains("first-line\\n"),
+        )
+        .await;
+    assert!(!seen.iter().any(|e| e.event == "turn_end"));
+    let workspace = gw
+        .gateway
+        .args
+        .data
+        .join("sessions")
+        .join(&session)
+        .join("workspace");
+    std::fs::write(workspace.join("go"), "").expect("create go");
+    let seen = events
+        .until("turn_end after go", |e| e.event == "turn_end")
+        .await;
+    assert!(text_of(&seen).contains("second-line"));
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    gw.stop().await;
+}
