@@ -188,8 +188,9 @@ pub struct PtyChild {
 pub fn spawn_pty(command: &ShellCommand, size: PtySize) -> io::Result<PtyChild> {
     let (pty, pts) = pty_process::open().map_err(pty_error)?;
     resize(pty.as_fd(), size)?;
+    // The duplicate must be close-on-exec, or every child would hold the master open.
     let control = PtyControl {
-        master: rustix::io::dup(pty.as_fd()).map_err(io::Error::from)?,
+        master: rustix::io::fcntl_dupfd_cloexec(pty.as_fd(), 0).map_err(io::Error::from)?,
     };
     let marker = TreeId::new_marker();
     let pty_command = pty_process::Command::from(command.to_tokio(&marker));
@@ -276,6 +277,8 @@ fn pty_error(error: pty_process::Error) -> io::Error {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
@@ -317,12 +320,16 @@ mod tests {
             .expect("tcgetpgrp");
         assert_eq!(pgrp, spawned.tree.root_pid);
         spawned.writer.write_all(b"hello\n").await.expect("writes");
-        read_pty_until(&mut spawned.reader, "hello").await;
+        // The terminal echoes the line, then `cat` prints it: only the second proves `cat` runs.
+        read_pty_until(&mut spawned.reader, "hello\r\nhello").await;
         spawned
             .control
             .signal_foreground(Signal::INT)
             .expect("signals");
-        let status = spawned.child.wait().await.expect("waits");
+        let status = tokio::time::timeout(Duration::from_secs(20), spawned.child.wait())
+            .await
+            .expect("the child exits after SIGINT")
+            .expect("waits");
         assert_eq!(exit_code(status), -1);
     }
 

@@ -1,20 +1,315 @@
-//! Interactive PTY sessions (pty-sessions.md).
+//! Interactive PTY sessions (pty-sessions.md): long-lived shells over REST + WebSocket that
+//! clients can reconnect to (`since`), watch (`mode=viewer`) and take over (`takeover=1`).
+//!
+//! This module holds the session registry and the REST routes; [`session`] owns one session's
+//! state and output path, [`ring`] the replay ring, [`ws`] the WebSocket connections. Spawning
+//! and killing processes is `warren-process`'s job. [`PtyError`] is this feature's error type,
+//! turned into HTTP answers in exactly one place (`From<PtyError> for ApiError`).
+
+pub mod ring;
+pub mod session;
+pub mod ws;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use warren_protocol::pty::{CreatePtyRequest, CreatePtyResponse, PtyStatus};
 
 use crate::Config;
+use crate::error::{ApiError, parse_optional_body};
+use session::Session;
 
-#[derive(Clone)]
-pub struct PtySessions {}
-
-impl PtySessions {
-    pub fn new(_config: &Config) -> Self {
-        Self {}
-    }
-
-    pub async fn shutdown(&self) {}
+/// Everything that can go wrong in a PTY route, before status codes exist.
+#[derive(Debug, thiserror::Error)]
+pub enum PtyError {
+    #[error("pty session {0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    InvalidBody(String),
+    #[error("another client is already connected to pty session {0}")]
+    AlreadyConnected(String),
+    #[error("viewer mode requires a running shell in pty session {0}")]
+    ViewerRequiresRunningSession(String),
+    #[error("too many pty sessions (limit {0}); delete one first")]
+    TooManySessions(usize),
+    #[error("websocket upgrade required: {0}")]
+    UpgradeRequired(String),
+    #[error("{0}")]
+    Internal(String),
 }
 
-pub fn routes(_state: PtySessions) -> Router {
+impl From<PtyError> for ApiError {
+    fn from(error: PtyError) -> Self {
+        let message = error.to_string();
+        match error {
+            PtyError::NotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "CONTEXT_NOT_FOUND", message)
+            }
+            PtyError::InvalidBody(_) => ApiError::bad_request(message),
+            PtyError::AlreadyConnected(_) => {
+                ApiError::new(StatusCode::CONFLICT, "ALREADY_CONNECTED", message)
+            }
+            PtyError::ViewerRequiresRunningSession(_) => ApiError::new(
+                StatusCode::CONFLICT,
+                "VIEWER_REQUIRES_RUNNING_SESSION",
+                message,
+            ),
+            PtyError::TooManySessions(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS", message)
+            }
+            PtyError::UpgradeRequired(_) => {
+                ApiError::new(StatusCode::UPGRADE_REQUIRED, "UPGRADE_REQUIRED", message)
+            }
+            PtyError::Internal(detail) => ApiError::internal(detail),
+        }
+    }
+}
+
+impl IntoResponse for PtyError {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
+    }
+}
+
+/// The registry of PTY sessions, shared by every route.
+#[derive(Clone)]
+pub struct PtySessions {
+    inner: Arc<Registry>,
+}
+
+struct Registry {
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    max_sessions: usize,
+    default_cwd: PathBuf,
+}
+
+impl PtySessions {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            inner: Arc::new(Registry {
+                sessions: Mutex::new(HashMap::new()),
+                max_sessions: config.max_pty_sessions,
+                default_cwd: config.root.clone(),
+            }),
+        }
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        // Inserts and removes cannot leave the map half-updated, so a poisoned lock is usable.
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Creates a session (no shell yet). `cwd` is made if missing; relative paths are taken
+    /// from the daemon's root directory.
+    pub fn create(&self, request: CreatePtyRequest) -> Result<String, PtyError> {
+        let cwd = match request.cwd.as_deref() {
+            None | Some("") => self.inner.default_cwd.clone(),
+            Some(dir) => self.inner.default_cwd.join(Path::new(dir)),
+        };
+        std::fs::create_dir_all(&cwd).map_err(|e| {
+            PtyError::InvalidBody(format!("cannot create cwd {}: {e}", cwd.display()))
+        })?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut sessions = self.sessions();
+        if sessions.len() >= self.inner.max_sessions {
+            return Err(PtyError::TooManySessions(self.inner.max_sessions));
+        }
+        let command = request.command.filter(|c| !c.is_empty());
+        sessions.insert(id.clone(), Arc::new(Session::new(id.clone(), cwd, command)));
+        Ok(id)
+    }
+
+    pub fn get(&self, id: &str) -> Result<Arc<Session>, PtyError> {
+        self.sessions()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| PtyError::NotFound(id.to_string()))
+    }
+
+    /// Removes the session and kills every process it started.
+    pub async fn delete(&self, id: &str) -> Result<(), PtyError> {
+        let session = self
+            .sessions()
+            .remove(id)
+            .ok_or_else(|| PtyError::NotFound(id.to_string()))?;
+        session.teardown().await;
+        Ok(())
+    }
+
+    /// Kills every session's processes (daemon shutdown).
+    pub async fn shutdown(&self) {
+        let sessions: Vec<_> = self
+            .sessions()
+            .drain()
+            .map(|(_, session)| session)
+            .collect();
+        futures_util::future::join_all(sessions.iter().map(|session| session.teardown())).await;
+    }
+}
+
+pub fn routes(state: PtySessions) -> Router {
     Router::new()
+        .route("/pty", axum::routing::post(create_session))
+        .route("/pty/{id}", get(session_status).delete(delete_session))
+        .route("/pty/{id}/ws", get(ws::attach))
+        .with_state(state)
+}
+
+async fn create_session(
+    State(sessions): State<PtySessions>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: CreatePtyRequest = parse_optional_body(&body)?;
+    let session_id = sessions.create(request)?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(CreatePtyResponse { session_id }),
+    )
+        .into_response())
+}
+
+async fn session_status(
+    State(sessions): State<PtySessions>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<axum::Json<PtyStatus>, PtyError> {
+    let session = sessions.get(&id)?;
+    Ok(axum::Json(PtyStatus {
+        session_id: id,
+        running: session.is_running(),
+        output_offset: session.output_offset(),
+    }))
+}
+
+async fn delete_session(
+    State(sessions): State<PtySessions>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<StatusCode, PtyError> {
+    sessions.delete(&id).await?;
+    Ok(StatusCode::OK)
+}
+
+/// The WebSocket query parameters, exact string matches as the spec says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WsParams {
+    pub pipe: bool,
+    pub since: u64,
+    pub takeover: bool,
+    pub viewer: bool,
+}
+
+impl WsParams {
+    pub fn parse(query: &HashMap<String, String>) -> Self {
+        let is = |key: &str, value: &str| query.get(key).is_some_and(|v| v == value);
+        Self {
+            pipe: is("pty", "0"),
+            since: query.get("since").map_or(0, |s| parse_since(s)),
+            takeover: is("takeover", "1"),
+            viewer: is("mode", "viewer"),
+        }
+    }
+}
+
+/// OpenSandbox's lenient `since`: the leading integer; anything without one, negative, or too
+/// large for an offset means 0 (replay everything retained).
+pub fn parse_since(text: &str) -> u64 {
+    let text = text.trim_start();
+    let (negative, rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let digits_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if negative || digits_len == 0 {
+        return 0;
+    }
+    rest[..digits_len].parse().unwrap_or(0)
+}
+
+/// Handshake checks before the upgrade, in the spec's order.
+fn check_handshake(session: &Session, params: WsParams, is_upgrade: bool) -> Result<(), PtyError> {
+    if params.viewer {
+        if !session.is_running() {
+            return Err(PtyError::ViewerRequiresRunningSession(session.id.clone()));
+        }
+        return Ok(());
+    }
+    if session.has_holder() && !(params.takeover && is_upgrade) {
+        return Err(PtyError::AlreadyConnected(session.id.clone()));
+    }
+    Ok(())
+}
+
+pub(crate) fn upgrade_or_error(
+    session: &Session,
+    params: WsParams,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<WebSocketUpgrade, PtyError> {
+    check_handshake(session, params, upgrade.is_ok())?;
+    upgrade.map_err(|rejection| PtyError::UpgradeRequired(rejection.body_text()))
+}
+
+pub(crate) type QueryMap = Query<HashMap<String, String>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_is_parsed_leniently() {
+        let cases = [
+            ("", 0),
+            ("0", 0),
+            ("42", 42),
+            ("12abc", 12),
+            ("abc", 0),
+            ("-5", 0),
+            ("+7", 7),
+            ("99999999999999999999", 0),
+            ("18446744073709551615", u64::MAX),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_since(text), expected, "since={text:?}");
+        }
+    }
+
+    #[test]
+    fn query_flags_match_exact_strings_only() {
+        let query = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>()
+        };
+        let params = WsParams::parse(&query(&[
+            ("pty", "0"),
+            ("takeover", "1"),
+            ("mode", "viewer"),
+        ]));
+        assert_eq!(
+            params,
+            WsParams {
+                pipe: true,
+                since: 0,
+                takeover: true,
+                viewer: true
+            }
+        );
+        let params = WsParams::parse(&query(&[
+            ("pty", "false"),
+            ("takeover", "true"),
+            ("mode", "Viewer"),
+        ]));
+        assert_eq!(params, WsParams::default());
+    }
 }

@@ -1,0 +1,537 @@
+//! The WebSocket side of a PTY session: the handshake checks, then one task per connection that
+//! sends output (holder: live `0x01`/`0x02` frames pushed by the session; viewer: `0x03` frames
+//! it pulls from the ring) and handles the client's frames, pings and timeouts.
+//!
+//! A connection task owns its socket alone; it never holds the session lock across an await.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path as UrlPath, State};
+use axum::response::Response;
+use rustix::process::Signal;
+use warren_protocol::pty::{
+    CHANNEL_STDIN, CLIENT_FRAME_TYPES, CLOSE_EXITED_REASON, CLOSE_TAKEN_OVER,
+    CLOSE_TAKEN_OVER_REASON, ClientFrame, ClientFrameKind, FrameErrorCode, PtyMode, PtyRole,
+    ServerFrame, encode_replay,
+};
+
+use super::session::{AttachError, HolderAttach, HolderEvent, Kick, Session, Shell, ViewerRead};
+use super::{PtyError, PtySessions, QueryMap, WsParams, upgrade_or_error};
+
+/// Incoming frames larger than this are refused with close code 1009.
+pub const MAX_INCOMING_BYTES: usize = 1024 * 1024;
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+const SILENCE_LIMIT: Duration = Duration::from_secs(60);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Rejected frames after which a viewer is disconnected.
+const MAX_VIEWER_VIOLATIONS: u32 = 5;
+
+const CLOSE_NORMAL: u16 = 1000;
+const CLOSE_POLICY: u16 = 1008;
+const CLOSE_TOO_BIG: u16 = 1009;
+const CLOSE_INTERNAL: u16 = 1011;
+/// A holder that fell more than its queue behind; it may reconnect with `since`.
+const CLOSE_TRY_AGAIN: u16 = 1013;
+
+/// `GET /pty/{id}/ws`.
+pub async fn attach(
+    State(sessions): State<PtySessions>,
+    UrlPath(id): UrlPath<String>,
+    axum::extract::Query(query): QueryMap,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, PtyError> {
+    let session = sessions.get(&id)?;
+    let params = WsParams::parse(&query);
+    let upgrade = upgrade_or_error(&session, params, upgrade)?;
+    Ok(upgrade
+        .max_message_size(MAX_INCOMING_BYTES)
+        .max_frame_size(MAX_INCOMING_BYTES)
+        .on_upgrade(move |socket| async move {
+            let conn = Conn {
+                socket,
+                last_seen: Instant::now(),
+            };
+            if params.viewer {
+                serve_viewer(conn, session, params).await;
+            } else {
+                serve_holder(conn, session, params).await;
+            }
+        }))
+}
+
+/// What to do after handling one incoming message.
+enum Next {
+    Continue,
+    Close(u16, &'static str),
+    /// The client went away or the socket failed: just stop.
+    Stop,
+}
+
+struct Conn {
+    socket: WebSocket,
+    last_seen: Instant,
+}
+
+impl Conn {
+    /// Sends one message within [`WRITE_TIMEOUT`]; false means the connection is unusable.
+    async fn send(&mut self, message: Message) -> bool {
+        matches!(
+            tokio::time::timeout(WRITE_TIMEOUT, self.socket.send(message)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    async fn send_frame(&mut self, frame: &ServerFrame) -> bool {
+        self.send(Message::Text(frame.to_json().into())).await
+    }
+
+    async fn close(mut self, code: u16, reason: &str) {
+        let frame = CloseFrame {
+            code,
+            reason: reason.into(),
+        };
+        let _ = self.send(Message::Close(Some(frame))).await;
+    }
+
+    /// Keepalive on a ping tick: false when the peer has been silent too long or the ping
+    /// cannot be written.
+    async fn keepalive(&mut self) -> bool {
+        if self.last_seen.elapsed() > SILENCE_LIMIT {
+            return false;
+        }
+        self.send(Message::Ping(Default::default())).await
+    }
+}
+
+fn ping_timer() -> tokio::time::Interval {
+    let mut timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer
+}
+
+/// A receive error: an oversized frame gets close code 1009, anything else ends the
+/// connection. axum hides tungstenite's error type, so the capacity error is recognised by its
+/// message ("Space limit exceeded: ...").
+fn receive_failed(error: &axum::Error) -> Next {
+    if error.to_string().contains("Space limit exceeded") {
+        Next::Close(CLOSE_TOO_BIG, "frame too large")
+    } else {
+        Next::Stop
+    }
+}
+
+async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
+    let mode = if params.pipe {
+        PtyMode::Pipe
+    } else {
+        PtyMode::Pty
+    };
+    let attach = match session
+        .attach_holder(params.since, params.takeover, mode)
+        .await
+    {
+        Ok(attach) => attach,
+        Err(error) => {
+            let (code, close) = match &error {
+                AttachError::AlreadyConnected(_) => {
+                    (FrameErrorCode::AlreadyConnected, CLOSE_POLICY)
+                }
+                AttachError::StartFailed(_) => (FrameErrorCode::StartFailed, CLOSE_INTERNAL),
+                AttachError::Deleted(_) | AttachError::NotRunning(_) => {
+                    (FrameErrorCode::StartFailed, CLOSE_NORMAL)
+                }
+            };
+            tracing::info!(session = %session.id, %error, "holder attach refused");
+            if conn
+                .send_frame(&ServerFrame::error(code, error.to_string()))
+                .await
+            {
+                conn.close(close, "attach failed").await;
+            }
+            return;
+        }
+    };
+    let HolderAttach {
+        shell,
+        replay,
+        mut events,
+        queued_bytes,
+        mut kick,
+        finished,
+    } = attach;
+    let _finished = finished;
+    let outcome = async {
+        if let Some((offset, bytes)) = replay
+            && !conn.send(Message::Binary(encode_replay(offset, &bytes).into())).await
+        {
+            return Next::Stop;
+        }
+        let connected = ServerFrame::Connected {
+            session_id: session.id.clone(),
+            mode: shell.mode,
+            role: PtyRole::Holder,
+        };
+        if !conn.send_frame(&connected).await {
+            return Next::Stop;
+        }
+        let mut ping = ping_timer();
+        let mut kick_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                kicked = &mut kick, if kick_open => match kicked {
+                    Ok(kick) => return kick_close(kick),
+                    // The session released the slot (the shell exited): the exit event follows.
+                    Err(_) => kick_open = false,
+                },
+                event = events.recv() => match event {
+                    Some(HolderEvent::Output(frame)) => {
+                        queued_bytes.fetch_sub(frame.len() - 1, Ordering::AcqRel);
+                        // A send can wait on a slow client: a takeover must not wait for it.
+                        tokio::select! {
+                            biased;
+                            kicked = &mut kick, if kick_open => match kicked {
+                                Ok(kick) => return kick_close(kick),
+                                Err(_) => kick_open = false,
+                            },
+                            sent = conn.send(Message::Binary(frame)) => if !sent { return Next::Stop },
+                        }
+                    }
+                    Some(HolderEvent::Exit(exit_code)) => {
+                        if !conn.send_frame(&ServerFrame::Exit { exit_code }).await {
+                            return Next::Stop;
+                        }
+                        return Next::Close(CLOSE_NORMAL, CLOSE_EXITED_REASON);
+                    }
+                    None => return Next::Stop,
+                },
+                message = conn.socket.recv() => {
+                    conn.last_seen = Instant::now();
+                    match holder_message(&mut conn, &shell, message).await {
+                        Next::Continue => {}
+                        other => return other,
+                    }
+                }
+                _ = ping.tick() => if !conn.keepalive().await { return Next::Stop },
+            }
+        }
+    }
+    .await;
+    session.release_holder(&queued_bytes);
+    if let Next::Close(code, reason) = outcome {
+        conn.close(code, reason).await;
+    }
+}
+
+fn kick_close(kick: Kick) -> Next {
+    match kick {
+        Kick::TakenOver => Next::Close(CLOSE_TAKEN_OVER, CLOSE_TAKEN_OVER_REASON),
+        Kick::TooSlow => Next::Close(CLOSE_TRY_AGAIN, "holder fell behind; reconnect with since"),
+    }
+}
+
+async fn holder_message(
+    conn: &mut Conn,
+    shell: &Shell,
+    message: Option<Result<Message, axum::Error>>,
+) -> Next {
+    let message = match message {
+        None => return Next::Stop,
+        Some(Err(error)) => return receive_failed(&error),
+        Some(Ok(message)) => message,
+    };
+    match message {
+        Message::Binary(bytes) => {
+            // Empty frames and unknown channels are ignored, as in OpenSandbox.
+            if bytes.len() > 1 && bytes[0] == CHANNEL_STDIN {
+                return write_stdin(conn, shell, &bytes[1..]).await;
+            }
+            Next::Continue
+        }
+        Message::Text(text) => match parse_client_frame(text.as_str()) {
+            Parsed::Ignore => Next::Continue,
+            Parsed::Invalid(error) => reply(conn, FrameErrorCode::InvalidFrame, error).await,
+            Parsed::Frame(ClientFrame::Ping) => {
+                if conn.send_frame(&ServerFrame::Pong).await {
+                    Next::Continue
+                } else {
+                    Next::Stop
+                }
+            }
+            Parsed::Frame(ClientFrame::Stdin { data }) => {
+                if data.is_empty() {
+                    return Next::Continue;
+                }
+                write_stdin(conn, shell, data.as_bytes()).await
+            }
+            Parsed::Frame(ClientFrame::Resize { cols, rows }) => {
+                if cols <= 0 || rows <= 0 {
+                    return Next::Continue;
+                }
+                let (Ok(cols), Ok(rows)) = (u16::try_from(cols), u16::try_from(rows)) else {
+                    return reply(
+                        conn,
+                        FrameErrorCode::InvalidFrame,
+                        format!("resize {cols}x{rows} is too large (at most 65535 each)"),
+                    )
+                    .await;
+                };
+                if let Some(control) = &shell.control {
+                    let size = warren_process::pty::PtySize { rows, cols };
+                    if let Err(error) = control.resize(size) {
+                        tracing::debug!(%error, "resize failed (the shell may have exited)");
+                    }
+                }
+                Next::Continue
+            }
+            Parsed::Frame(ClientFrame::Signal { signal }) => match signal_by_name(&signal) {
+                Some(sig) => {
+                    if let Err(error) = shell.signals.send(sig) {
+                        tracing::debug!(%error, signal, "signal not delivered (the shell may have exited)");
+                    }
+                    Next::Continue
+                }
+                None => {
+                    let error = format!(
+                        "unknown signal {signal:?}; expected SIGINT, SIGTERM, SIGKILL, SIGQUIT or SIGHUP"
+                    );
+                    reply(conn, FrameErrorCode::InvalidFrame, error).await
+                }
+            },
+        },
+        Message::Close(_) => Next::Stop,
+        Message::Ping(_) | Message::Pong(_) => Next::Continue,
+    }
+}
+
+async fn write_stdin(conn: &mut Conn, shell: &Shell, bytes: &[u8]) -> Next {
+    let error = match tokio::time::timeout(WRITE_TIMEOUT, shell.write_stdin(bytes)).await {
+        Ok(Ok(())) => return Next::Continue,
+        Ok(Err(error)) => format!("writing stdin failed: {error}"),
+        Err(_) => "writing stdin timed out (the shell is not reading its input)".to_string(),
+    };
+    reply(conn, FrameErrorCode::StdinWriteFailed, error).await
+}
+
+async fn reply(conn: &mut Conn, code: FrameErrorCode, error: String) -> Next {
+    if conn.send_frame(&ServerFrame::error(code, error)).await {
+        Next::Continue
+    } else {
+        Next::Stop
+    }
+}
+
+enum Parsed {
+    /// Not JSON: ignored.
+    Ignore,
+    /// JSON, but an unknown `type` or bad fields.
+    Invalid(String),
+    Frame(ClientFrame),
+}
+
+fn parse_client_frame(text: &str) -> Parsed {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Parsed::Ignore;
+    };
+    let kind = match serde_json::from_value::<ClientFrameKind>(value.clone()) {
+        Ok(kind) => kind.kind,
+        Err(_) => {
+            return Parsed::Invalid(
+                "a text frame must be a JSON object with a string \"type\"".into(),
+            );
+        }
+    };
+    if !CLIENT_FRAME_TYPES.contains(&kind.as_str()) {
+        return Parsed::Invalid(format!(
+            "unknown frame type {kind:?}; expected stdin, resize, signal or ping"
+        ));
+    }
+    match serde_json::from_value::<ClientFrame>(value) {
+        Ok(frame) => Parsed::Frame(frame),
+        Err(error) => Parsed::Invalid(format!("invalid {kind} frame: {error}")),
+    }
+}
+
+fn signal_by_name(name: &str) -> Option<Signal> {
+    let name = name.strip_prefix("SIG").unwrap_or(name);
+    Some(match name {
+        "INT" => Signal::INT,
+        "TERM" => Signal::TERM,
+        "KILL" => Signal::KILL,
+        "QUIT" => Signal::QUIT,
+        "HUP" => Signal::HUP,
+        _ => return None,
+    })
+}
+
+async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
+    let attach = match session.attach_viewer(params.since) {
+        Ok(attach) => attach,
+        Err(error) => {
+            let frame = ServerFrame::error(FrameErrorCode::InvalidFrame, error.to_string());
+            if conn.send_frame(&frame).await {
+                conn.close(CLOSE_POLICY, "viewer requires a running session")
+                    .await;
+            }
+            return;
+        }
+    };
+    let generation = attach.generation;
+    let mut offset = attach.offset;
+    let mut progress = attach.progress;
+    let outcome = async {
+        // The first frame is the replay of everything retained from `since`.
+        let mut replay = Vec::new();
+        loop {
+            match session.viewer_read(&mut offset, generation) {
+                ViewerRead::Frame(frame) if replay.is_empty() => replay = frame,
+                ViewerRead::Frame(frame) => {
+                    replay.extend_from_slice(&frame[warren_protocol::pty::REPLAY_HEADER_LEN..])
+                }
+                ViewerRead::Exit(_) | ViewerRead::Idle => break,
+            }
+        }
+        if !replay.is_empty() && !conn.send(Message::Binary(replay.into())).await {
+            return Next::Stop;
+        }
+        let connected = ServerFrame::Connected {
+            session_id: session.id.clone(),
+            mode: attach.mode,
+            role: PtyRole::Viewer,
+        };
+        if !conn.send_frame(&connected).await {
+            return Next::Stop;
+        }
+        let mut ping = ping_timer();
+        let mut violations = 0;
+        // Check once before waiting: output or an exit may have come after the replay.
+        let mut pending = true;
+        loop {
+            if pending {
+                pending = false;
+                loop {
+                    match session.viewer_read(&mut offset, generation) {
+                        ViewerRead::Frame(frame) => {
+                            if !conn.send(Message::Binary(frame.into())).await {
+                                return Next::Stop;
+                            }
+                        }
+                        ViewerRead::Exit(exit_code) => {
+                            if !conn.send_frame(&ServerFrame::Exit { exit_code }).await {
+                                return Next::Stop;
+                            }
+                            return Next::Close(CLOSE_NORMAL, CLOSE_EXITED_REASON);
+                        }
+                        ViewerRead::Idle => break,
+                    }
+                }
+            }
+            tokio::select! {
+                changed = progress.changed() => {
+                    if changed.is_err() {
+                        return Next::Stop;
+                    }
+                    pending = true;
+                }
+                message = conn.socket.recv() => {
+                    conn.last_seen = Instant::now();
+                    match viewer_message(&mut conn, message, &mut violations).await {
+                        Next::Continue => {}
+                        other => return other,
+                    }
+                }
+                _ = ping.tick() => if !conn.keepalive().await { return Next::Stop },
+            }
+        }
+    }
+    .await;
+    if let Next::Close(code, reason) = outcome {
+        conn.close(code, reason).await;
+    }
+}
+
+/// A viewer may only ping; anything that would act on the shell is refused with `READ_ONLY`,
+/// and the fifth refusal disconnects it with close code 1008.
+async fn viewer_message(
+    conn: &mut Conn,
+    message: Option<Result<Message, axum::Error>>,
+    violations: &mut u32,
+) -> Next {
+    let message = match message {
+        None => return Next::Stop,
+        Some(Err(error)) => return receive_failed(&error),
+        Some(Ok(message)) => message,
+    };
+    let refused = match message {
+        Message::Binary(bytes) => bytes.first() == Some(&CHANNEL_STDIN),
+        Message::Text(text) => match parse_client_frame(text.as_str()) {
+            Parsed::Ignore => false,
+            Parsed::Invalid(error) => {
+                return reply(conn, FrameErrorCode::InvalidFrame, error).await;
+            }
+            Parsed::Frame(ClientFrame::Ping) => {
+                return if conn.send_frame(&ServerFrame::Pong).await {
+                    Next::Continue
+                } else {
+                    Next::Stop
+                };
+            }
+            Parsed::Frame(_) => true,
+        },
+        Message::Close(_) => return Next::Stop,
+        Message::Ping(_) | Message::Pong(_) => false,
+    };
+    if !refused {
+        return Next::Continue;
+    }
+    *violations += 1;
+    let frame = ServerFrame::error(FrameErrorCode::ReadOnly, "viewers are read-only");
+    if !conn.send_frame(&frame).await {
+        return Next::Stop;
+    }
+    if *violations >= MAX_VIEWER_VIOLATIONS {
+        return Next::Close(CLOSE_POLICY, "viewer kept writing");
+    }
+    Next::Continue
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_frames_are_classified() {
+        let cases = [
+            ("not json", "ignore"),
+            ("", "ignore"),
+            ("[1,2]", "invalid"),
+            (r#"{"data":"x"}"#, "invalid"),
+            (r#"{"type":"dance"}"#, "invalid"),
+            (r#"{"type":"resize","cols":"wide"}"#, "invalid"),
+            (r#"{"type":"stdin"}"#, "invalid"),
+            (r#"{"type":"ping"}"#, "frame"),
+            (r#"{"type":"stdin","data":"ls\n"}"#, "frame"),
+            (r#"{"type":"resize","cols":0,"rows":99999999}"#, "frame"),
+        ];
+        for (text, expected) in cases {
+            let got = match parse_client_frame(text) {
+                Parsed::Ignore => "ignore",
+                Parsed::Invalid(_) => "invalid",
+                Parsed::Frame(_) => "frame",
+            };
+            assert_eq!(got, expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn signal_names_map_with_or_without_prefix() {
+        assert_eq!(signal_by_name("SIGINT"), Some(Signal::INT));
+        assert_eq!(signal_by_name("KILL"), Some(Signal::KILL));
+        assert_eq!(signal_by_name("SIGSEGV"), None);
+        assert_eq!(signal_by_name("sigint"), None);
+    }
+}

@@ -1,0 +1,876 @@
+//! PTY sessions against the real daemon on 127.0.0.1:0, with a real WebSocket client and a
+//! real HTTP client, driving real bash on real PTYs. One test per behaviour of
+//! pty-sessions.md's last section, then Warren's own points and the bad inputs.
+
+mod pty_support;
+
+use serde_json::json;
+use tokio_tungstenite::tungstenite::protocol::Message;
+use warren_execd::Config;
+
+use pty_support::{Event, alive, eventually, start, start_with};
+
+// --- REST ---------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn create_returns_201_with_a_uuid_and_no_shell_yet() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    assert_eq!(id.len(), 36, "uuid v4: {id}");
+    assert_eq!(&id[14..15], "4", "uuid v4: {id}");
+    let status = daemon.status(&id).await;
+    assert_eq!(
+        status,
+        json!({"session_id": id, "running": false, "output_offset": 0})
+    );
+}
+
+#[tokio::test]
+async fn create_accepts_an_empty_body_and_creates_a_missing_cwd() {
+    let daemon = start().await;
+    let (status, body) = daemon.post_raw("/pty", "").await;
+    assert_eq!(status, 201, "{body}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cwd = dir.path().join("new/nested");
+    let id = daemon.create(json!({"cwd": cwd})).await;
+    assert!(cwd.is_dir());
+    let mut holder = daemon.connect(&id, "").await;
+    holder.run("pwd; echo pwd-$((1+1))", "pwd-2").await;
+    assert!(
+        holder
+            .output_text()
+            .contains(cwd.to_str().expect("utf-8 path"))
+    );
+}
+
+#[tokio::test]
+async fn unknown_session_is_404_context_not_found() {
+    let daemon = start().await;
+    let id = "00000000-0000-4000-8000-000000000000";
+    let expected =
+        json!({"code": "CONTEXT_NOT_FOUND", "message": format!("pty session {id} not found")});
+    assert_eq!(
+        daemon.get(&format!("/pty/{id}")).await,
+        (404, expected.clone())
+    );
+    let (status, body) = daemon.delete(&format!("/pty/{id}")).await;
+    assert_eq!(
+        (
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).expect("json")
+        ),
+        (404, expected.clone())
+    );
+    let refused = daemon.try_connect(id, "").await.err().expect("refused");
+    assert_eq!(refused, (404, expected));
+}
+
+#[tokio::test]
+async fn malformed_json_bodies_are_400_invalid_request_body() {
+    let daemon = start().await;
+    for body in [
+        "{bad",
+        "[1,2]",
+        r#"{"cwd": 5}"#,
+        r#"{"command": ["ls"]}"#,
+        "null",
+    ] {
+        let (status, answer) = daemon.post_raw("/pty", body).await;
+        assert_eq!(status, 400, "body {body:?} answered {answer}");
+        assert_eq!(answer["code"], "INVALID_REQUEST_BODY", "body {body:?}");
+    }
+    // The daemon keeps serving.
+    daemon.create(json!({})).await;
+}
+
+#[tokio::test]
+async fn session_limit_answers_429_too_many_sessions() {
+    let daemon = start_with(Config {
+        max_pty_sessions: 2,
+        ..Config::default()
+    })
+    .await;
+    let first = daemon.create(json!({})).await;
+    daemon.create(json!({})).await;
+    let (status, body) = daemon.post_raw("/pty", "{}").await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (429, json!("TOO_MANY_SESSIONS")),
+        "{body}"
+    );
+    assert_eq!(daemon.delete(&format!("/pty/{first}")).await.0, 200);
+    daemon.create(json!({})).await;
+}
+
+#[tokio::test]
+async fn access_token_is_required_on_rest_and_websocket_routes() {
+    let daemon = start_with(Config {
+        access_token: Some("s3cret".into()),
+        ..Config::default()
+    })
+    .await;
+    let id = daemon.create(json!({})).await;
+    let anonymous = reqwest::Client::new();
+    let response = anonymous
+        .get(format!("{}/pty/{id}", daemon.base))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status().as_u16(), 401);
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(
+        body,
+        json!({"error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"})
+    );
+    let without_token = pty_support::Daemon {
+        base: daemon.base.clone(),
+        http: daemon.http.clone(),
+        token: None,
+    };
+    assert_eq!(
+        without_token
+            .try_connect(&id, "")
+            .await
+            .err()
+            .expect("refused")
+            .0,
+        401
+    );
+    let mut holder = daemon.connect(&id, "").await;
+    holder.ping().await;
+}
+
+// --- attach, frames -----------------------------------------------------------------------
+
+#[tokio::test]
+async fn connected_frame_names_session_mode_and_role() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.try_connect(&id, "").await.expect("connects");
+    let connected = holder.wait_text("connected").await;
+    assert_eq!(
+        connected,
+        json!({"type": "connected", "session_id": id, "mode": "pty", "role": "holder"})
+    );
+    let mut viewer = daemon
+        .try_connect(&id, "mode=viewer")
+        .await
+        .expect("connects");
+    let connected = viewer.wait_text("connected").await;
+    assert_eq!(
+        connected,
+        json!({"type": "connected", "session_id": id, "mode": "pty", "role": "viewer"})
+    );
+    let piped = daemon.create(json!({})).await;
+    let mut holder = daemon.try_connect(&piped, "pty=0").await.expect("connects");
+    assert_eq!(holder.wait_text("connected").await["mode"], "pipe");
+}
+
+#[tokio::test]
+async fn first_holder_attach_starts_the_shell() {
+    let daemon = start().await;
+    let (id, _holder) = daemon.shell().await;
+    let status = daemon.status(&id).await;
+    assert_eq!(status["running"], true);
+    assert!(status["output_offset"].as_u64().expect("offset") > 0);
+}
+
+#[tokio::test]
+async fn stdin_is_forwarded_from_binary_and_json_frames() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    holder.run("echo binary-$((3*3))", "binary-9").await;
+    holder
+        .send_json(json!({"type": "stdin", "data": "echo json-$((4*4))\n"}))
+        .await;
+    holder.wait_output("json-16").await;
+}
+
+#[tokio::test]
+async fn ping_gets_pong() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&id, "").await;
+    holder.ping().await;
+}
+
+#[tokio::test]
+async fn second_holder_is_refused_with_409_already_connected() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    let refused = daemon.try_connect(&id, "").await.err().expect("refused");
+    assert_eq!(refused.0, 409);
+    assert_eq!(refused.1["code"], "ALREADY_CONNECTED");
+    assert_eq!(
+        refused.1["message"],
+        format!("another client is already connected to pty session {id}")
+    );
+    holder.run("echo still-$((5+5))", "still-10").await;
+}
+
+#[tokio::test]
+async fn holder_can_reattach_after_disconnecting() {
+    let daemon = start().await;
+    let (id, holder) = daemon.shell().await;
+    drop(holder);
+    // The old connection's task notices the drop asynchronously; a retry loop with a deadline
+    // waits for that instead of sleeping.
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    let mut holder = loop {
+        match daemon.try_connect(&id, "").await {
+            Ok(client) => break client,
+            Err((409, _)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(other) => panic!("reattach refused: {other:?}"),
+        }
+    };
+    holder.wait_text("connected").await;
+    holder.run("echo back-$((6+6))", "back-12").await;
+}
+
+#[tokio::test]
+async fn exit_frame_reports_code_0_after_all_output_then_closes_1000() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "for i in 1 2 3; do echo line-$i; done"}))
+        .await;
+    let mut holder = daemon.try_connect(&id, "").await.expect("connects");
+    let exit = holder.wait_text("exit").await;
+    assert_eq!(exit, json!({"type": "exit", "exit_code": 0}));
+    let output = holder.output_text();
+    assert!(
+        output.contains("line-1") && output.contains("line-3"),
+        "all output before exit: {output:?}"
+    );
+    assert_eq!(
+        holder.wait_close().await,
+        (1000, "process exited".to_string())
+    );
+    let status = daemon.status(&id).await;
+    assert_eq!(status["running"], false);
+}
+
+#[tokio::test]
+async fn exit_42_reports_42() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    holder.send_stdin("exit 42\n").await;
+    assert_eq!(holder.wait_text("exit").await["exit_code"], 42);
+    assert_eq!(holder.wait_close().await.0, 1000);
+}
+
+#[tokio::test]
+async fn holder_gets_everything_printed_before_exit() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "seq 1 20000; echo tail-marker"}))
+        .await;
+    let mut holder = daemon.try_connect(&id, "").await.expect("connects");
+    holder.wait_text("exit").await;
+    let output = holder.output_text();
+    assert!(
+        output.contains("19999\r\n20000\r\ntail-marker"),
+        "output ends {:?}",
+        &output[output.len().saturating_sub(80)..]
+    );
+}
+
+#[tokio::test]
+async fn shell_restarts_on_the_next_attach_and_the_ring_survives() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    holder.run("echo first-$((7*7))", "first-49").await;
+    holder.send_stdin("exit 3\n").await;
+    assert_eq!(holder.wait_text("exit").await["exit_code"], 3);
+    let offset = daemon.status(&id).await["output_offset"]
+        .as_u64()
+        .expect("offset");
+    let mut holder = daemon.connect(&id, "since=0").await;
+    assert!(
+        holder.output_text().contains("first-49"),
+        "replay keeps the old shell's output"
+    );
+    holder.run("echo second-$((8*8))", "second-64").await;
+    assert!(
+        daemon.status(&id).await["output_offset"]
+            .as_u64()
+            .expect("offset")
+            > offset
+    );
+    assert_eq!(daemon.status(&id).await["running"], true);
+}
+
+#[tokio::test]
+async fn reconnect_replays_output_from_since_with_its_offset() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    holder.run("echo before-$((9*9))", "before-81").await;
+    holder.send(Message::Close(None)).await;
+    holder.wait_close().await;
+    let offset = daemon.status(&id).await["output_offset"]
+        .as_u64()
+        .expect("offset");
+    assert!(offset > 0);
+    let mut again = reconnect(&daemon, &id, "").await;
+    assert_eq!(again.replays.len(), 1, "one replay frame before connected");
+    assert_eq!(again.replays[0].0, 0);
+    assert!(again.output_text().contains("before-81"));
+    again.send(Message::Close(None)).await;
+    again.wait_close().await;
+    let mut tail = reconnect(&daemon, &id, &format!("since={}", offset - 3)).await;
+    assert_eq!(tail.replays[0].0, offset - 3);
+    tail.send(Message::Close(None)).await;
+    tail.wait_close().await;
+    let nothing = reconnect(&daemon, &id, &format!("since={offset}")).await;
+    assert!(nothing.replays.is_empty() || nothing.replays[0].0 >= offset);
+}
+
+/// Connects as holder once the previous holder's connection is gone.
+async fn reconnect(daemon: &pty_support::Daemon, id: &str, query: &str) -> pty_support::Client {
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    let mut client = loop {
+        match daemon.try_connect(id, query).await {
+            Ok(client) => break client,
+            Err((409, _)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(other) => panic!("reconnect refused: {other:?}"),
+        }
+    };
+    client.wait_text("connected").await;
+    client
+}
+
+#[tokio::test]
+async fn since_values_are_parsed_leniently() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    holder.run("echo since-$((2*21))", "since-42").await;
+    holder.send(Message::Close(None)).await;
+    holder.wait_close().await;
+    for (since, offset) in [
+        ("-5", 0),
+        ("abc", 0),
+        ("12abc", 12),
+        ("99999999999999999999", 0),
+    ] {
+        let mut client = reconnect(&daemon, &id, &format!("since={since}")).await;
+        assert_eq!(
+            client.replays.first().map(|r| r.0),
+            Some(offset),
+            "since={since}"
+        );
+        client.send(Message::Close(None)).await;
+        client.wait_close().await;
+    }
+    // A huge but valid offset replays nothing.
+    let mut client = reconnect(&daemon, &id, "since=18446744073709551615").await;
+    assert!(client.replays.is_empty());
+    client.ping().await;
+}
+
+#[tokio::test]
+async fn since_before_the_oldest_retained_byte_is_clamped() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end-marker"}))
+        .await;
+    let mut holder = daemon.try_connect(&id, "pty=0").await.expect("connects");
+    holder.wait_text("exit").await;
+    holder.wait_close().await;
+    let total = daemon.status(&id).await["output_offset"]
+        .as_u64()
+        .expect("offset");
+    assert_eq!(total, 3_000_000 + 1 + 11);
+    let mut viewer_like = reconnect(&daemon, &id, "since=5&pty=0").await;
+    let (offset, bytes) = viewer_like.replays[0].clone();
+    assert_eq!(
+        offset,
+        total - 1024 * 1024,
+        "clamped to the oldest retained byte"
+    );
+    assert_eq!(bytes.len(), 1024 * 1024);
+    assert!(String::from_utf8_lossy(&bytes).ends_with("x\nend-marker\n"));
+    viewer_like.ping().await;
+}
+
+// --- viewers ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn viewer_before_the_shell_starts_is_refused_with_409() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let refused = daemon
+        .try_connect(&id, "mode=viewer")
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(refused.0, 409);
+    assert_eq!(refused.1["code"], "VIEWER_REQUIRES_RUNNING_SESSION");
+}
+
+#[tokio::test]
+async fn viewers_get_replay_then_live_output_and_do_not_take_the_holder_lock() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    holder.run("echo old-$((1+2))", "old-3").await;
+    let mut viewer = daemon
+        .try_connect(&id, "mode=viewer")
+        .await
+        .expect("connects");
+    match viewer.next_event("the replay frame").await {
+        Event::Replay(0, bytes) => assert!(String::from_utf8_lossy(&bytes).contains("old-3")),
+        other => panic!("expected a replay frame first, got {other:?}"),
+    }
+    viewer.wait_text("connected").await;
+    let mut second = daemon.connect(&id, "mode=viewer").await;
+    holder.run("echo new-$((2+3))", "new-5").await;
+    viewer.wait_output("new-5").await;
+    second.wait_output("new-5").await;
+    assert!(viewer.stdout.is_empty(), "viewers only get 0x03 frames");
+    let offsets: Vec<u64> = viewer.replays.iter().map(|r| r.0).collect();
+    let mut expected = 0;
+    for (offset, bytes) in &viewer.replays {
+        assert_eq!(*offset, expected, "contiguous offsets {offsets:?}");
+        expected += bytes.len() as u64;
+    }
+    assert_eq!(
+        daemon
+            .try_connect(&id, "")
+            .await
+            .err()
+            .expect("holder still holds")
+            .0,
+        409
+    );
+}
+
+#[tokio::test]
+async fn viewer_writes_are_rejected_with_no_effect() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    viewer.send_stdin("echo viewer-$((10+1))\n").await;
+    assert_eq!(viewer.wait_text("error").await["code"], "READ_ONLY");
+    viewer
+        .send_json(json!({"type": "resize", "cols": 120, "rows": 40}))
+        .await;
+    assert_eq!(viewer.wait_text("error").await["code"], "READ_ONLY");
+    viewer
+        .send_json(json!({"type": "signal", "signal": "SIGINT"}))
+        .await;
+    assert_eq!(viewer.wait_text("error").await["code"], "READ_ONLY");
+    viewer
+        .send_json(json!({"type": "stdin", "data": "exit\n"}))
+        .await;
+    assert_eq!(viewer.wait_text("error").await["code"], "READ_ONLY");
+    viewer.ping().await;
+    holder
+        .run("stty size; echo size-$((20+1))", "size-21")
+        .await;
+    let output = holder.output_text();
+    assert!(output.contains("24 80"), "size unchanged: {output:?}");
+    assert!(!output.contains("viewer-11"), "viewer stdin had no effect");
+}
+
+#[tokio::test]
+async fn viewer_is_disconnected_with_1008_after_five_rejected_frames() {
+    let daemon = start().await;
+    let (id, _holder) = daemon.shell().await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    for _ in 0..5 {
+        viewer.send_stdin("x").await;
+    }
+    let (code, _) = viewer.wait_close().await;
+    assert_eq!(code, 1008);
+    let n_read_only = viewer
+        .texts
+        .iter()
+        .filter(|t| t["code"] == "READ_ONLY")
+        .count();
+    assert_eq!(n_read_only, 5);
+}
+
+#[tokio::test]
+async fn viewer_sees_final_output_before_exit() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    holder.send_stdin("echo final-$((6*7)); exit 7\n").await;
+    let exit = viewer.wait_text("exit").await;
+    assert_eq!(exit["exit_code"], 7);
+    assert!(
+        viewer.output_text().contains("final-42"),
+        "final output before exit"
+    );
+    assert_eq!(
+        viewer.wait_close().await,
+        (1000, "process exited".to_string())
+    );
+}
+
+#[tokio::test]
+async fn one_viewer_leaving_does_not_disturb_others() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    let leaving = daemon.connect(&id, "mode=viewer").await;
+    let mut staying = daemon.connect(&id, "mode=viewer").await;
+    drop(leaving);
+    holder.run("echo after-$((3*5))", "after-15").await;
+    staying.wait_output("after-15").await;
+    staying.ping().await;
+}
+
+#[tokio::test]
+async fn viewer_survives_takeover_and_sees_the_new_holder() {
+    let daemon = start().await;
+    let (id, mut old) = daemon.shell().await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    let mut new = daemon.connect(&id, "takeover=1").await;
+    assert_eq!(old.wait_close().await.0, 4001);
+    new.run("echo taken-$((4*25))", "taken-100").await;
+    viewer.wait_output("taken-100").await;
+}
+
+#[tokio::test]
+async fn viewer_in_pipe_mode_gets_combined_output() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    assert_eq!(viewer.texts.last().expect("connected")["mode"], "pipe");
+    holder
+        .send_stdin("echo out-$((1+1)); echo err-$((2+2)) >&2\n")
+        .await;
+    viewer.wait_output("out-2").await;
+    viewer.wait_output("err-4").await;
+    assert!(
+        viewer.stderr.is_empty() && viewer.stdout.is_empty(),
+        "viewers get 0x03 only"
+    );
+}
+
+// --- takeover -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn takeover_evicts_with_4001_and_keeps_shell_state() {
+    let daemon = start().await;
+    let (id, mut old) = daemon.shell().await;
+    old.run(
+        "export KEEP=kept-$((11*11)); cd /tmp; echo set-$((1+0))",
+        "set-1",
+    )
+    .await;
+    let mut new = daemon.connect(&id, "takeover=1").await;
+    assert_eq!(old.wait_close().await, (4001, "TAKEN_OVER".to_string()));
+    assert!(
+        new.output_text().contains("set-1"),
+        "the newcomer gets the replay"
+    );
+    new.run("echo $KEEP $PWD", "kept-121 /tmp").await;
+}
+
+#[tokio::test]
+async fn takeover_on_a_free_session_connects() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&id, "takeover=1").await;
+    holder.run("echo free-$((1+1))", "free-2").await;
+}
+
+#[tokio::test]
+async fn plain_get_with_takeover_gets_409_and_evicts_nobody() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    let (status, body) = daemon.get(&format!("/pty/{id}/ws?takeover=1")).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "ALREADY_CONNECTED");
+    holder.run("echo alive-$((2+2))", "alive-4").await;
+}
+
+#[tokio::test]
+async fn six_concurrent_takeovers_leave_a_working_session() {
+    let daemon = start().await;
+    let (id, _holder) = daemon.shell().await;
+    let attempts = (0..6).map(|_| daemon.try_connect(&id, "takeover=1"));
+    let mut clients = Vec::new();
+    for client in futures_util::future::join_all(attempts).await {
+        let mut client = client.expect("takeover handshakes succeed");
+        // Each takeover is served in turn: `connected` (and later 4001), or ALREADY_CONNECTED.
+        loop {
+            match client.next_event("connected or an error frame").await {
+                Event::Text(value) if value["type"] == "connected" || value["type"] == "error" => {
+                    break;
+                }
+                Event::Close(code, reason) => panic!("closed ({code} {reason}) before connected"),
+                _ => {}
+            }
+        }
+        clients.push(client);
+    }
+    let mut last = daemon.connect(&id, "takeover=1").await;
+    last.run("echo works-$((5*5))", "works-25").await;
+    assert_eq!(daemon.status(&id).await["running"], true);
+    assert_eq!(
+        daemon
+            .try_connect(&id, "")
+            .await
+            .err()
+            .expect("one holder")
+            .0,
+        409
+    );
+}
+
+// --- terminal control ---------------------------------------------------------------------
+
+#[tokio::test]
+async fn resize_makes_stty_print_40_120() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    holder
+        .send_json(json!({"type": "resize", "cols": 120, "rows": 40}))
+        .await;
+    holder
+        .run("stty size; echo sized-$((1+1))", "sized-2")
+        .await;
+    assert!(
+        holder.output_text().contains("40 120"),
+        "{:?}",
+        holder.output_text()
+    );
+}
+
+#[tokio::test]
+async fn resize_with_zero_is_ignored_and_huge_sizes_are_invalid_frames() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    holder
+        .send_json(json!({"type": "resize", "cols": 0, "rows": 40}))
+        .await;
+    holder
+        .send_json(json!({"type": "resize", "cols": -3, "rows": 0}))
+        .await;
+    holder
+        .send_json(json!({"type": "resize", "cols": 100000, "rows": 40}))
+        .await;
+    assert_eq!(holder.wait_text("error").await["code"], "INVALID_FRAME");
+    holder
+        .send_json(json!({"type": "resize", "cols": 99999999999999u64, "rows": 99999999999999u64}))
+        .await;
+    assert_eq!(holder.wait_text("error").await["code"], "INVALID_FRAME");
+    holder.run("stty size; echo same-$((1+1))", "same-2").await;
+    assert!(holder.output_text().contains("24 80"));
+}
+
+#[tokio::test]
+async fn sigint_interrupts_sleep_and_the_shell_survives() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    holder
+        .send_stdin("sleep 30.4242; echo slept-$((3+3))\n")
+        .await;
+    // Wait until sleep runs (then it is the terminal's foreground job) before interrupting it.
+    let sleep_running = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_to_string(e.path().join("cmdline"))
+                    .is_ok_and(|c| c == "sleep\u{0}30.4242\u{0}")
+            })
+    };
+    eventually("sleep 30 runs", sleep_running).await;
+    holder
+        .send_json(json!({"type": "signal", "signal": "SIGINT"}))
+        .await;
+    holder.run("echo survived-$((4+4))", "survived-8").await;
+    assert!(
+        !holder.output_text().contains("slept-6"),
+        "sleep was interrupted, not finished"
+    );
+}
+
+#[tokio::test]
+async fn unknown_signal_names_get_invalid_frame() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    for name in ["SIGFOO", "", "sigint", "9"] {
+        holder
+            .send_json(json!({"type": "signal", "signal": name}))
+            .await;
+        assert_eq!(
+            holder.wait_text("error").await["code"],
+            "INVALID_FRAME",
+            "signal {name:?}"
+        );
+    }
+    holder.run("echo ok-$((1+1))", "ok-2").await;
+}
+
+#[tokio::test]
+async fn pipe_mode_separates_stderr() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    holder
+        .send_stdin("echo to-out-$((1+1)); echo to-err-$((2+2)) >&2\n")
+        .await;
+    holder.wait_output("to-out-2").await;
+    holder.wait_output("to-err-4").await;
+    assert_eq!(String::from_utf8_lossy(&holder.stdout), "to-out-2\n");
+    assert_eq!(String::from_utf8_lossy(&holder.stderr), "to-err-4\n");
+}
+
+// --- teardown -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn delete_kills_every_process_including_background_jobs() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    holder
+        // In the subshell job control is off, so setsid detaches `sleep` itself (no fork) and
+        // `$!` is its pid.
+        .run(
+            "sleep 1000 & echo bg=$!; (setsid sleep 1001 & echo ss=$!); echo pids-$((1+1))",
+            "pids-2",
+        )
+        .await;
+    let output = holder.output_text();
+    let pid_after = |key: &str| -> i32 {
+        let start = output.rfind(key).expect("pid printed") + key.len();
+        output[start..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .expect("pid")
+    };
+    let (background, detached) = (pid_after("bg="), pid_after("ss="));
+    assert!(alive(background) && alive(detached));
+    let (status, body) = daemon.delete(&format!("/pty/{id}")).await;
+    assert_eq!((status, body.as_str()), (200, ""));
+    eventually("background jobs are dead", || {
+        !alive(background) && !alive(detached)
+    })
+    .await;
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 404);
+    assert_eq!(daemon.get(&format!("/pty/{id}")).await.0, 404);
+    assert_eq!(holder.wait_close().await.0, 1000);
+}
+
+// --- limits and robustness ----------------------------------------------------------------
+
+#[tokio::test]
+async fn holder_that_never_reads_does_not_block_the_shell() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "head -c 48000000 /dev/zero | tr '\\0' x; sleep 1000"}))
+        .await;
+    let mut holder = daemon.try_connect(&id, "pty=0").await.expect("connects");
+    // The holder reads nothing while 48 MB are produced: the shell must get through them all.
+    let mut offset = 0;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while offset < 48_000_000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shell got stuck at {offset} bytes"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        offset = daemon.status(&id).await["output_offset"]
+            .as_u64()
+            .expect("offset");
+    }
+    // The holder that fell behind was disconnected: with close code 1013 if the close frame
+    // got through its full socket in time, else the connection just ends. It may reconnect
+    // with since.
+    let (code, reason) = holder.wait_close().await;
+    assert!(code == 1013 || code == 1006, "{code} {reason}");
+    let mut again = reconnect(&daemon, &id, &format!("since={offset}&pty=0")).await;
+    again.ping().await;
+}
+
+#[tokio::test]
+async fn oversized_frames_close_with_1009() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&id, "").await;
+    holder
+        .send(Message::Binary(vec![0u8; 2 * 1024 * 1024].into()))
+        .await;
+    assert_eq!(holder.wait_close().await.0, 1009);
+    let mut next = daemon.connect(&id, "takeover=1").await;
+    next.run("echo fine-$((1+1))", "fine-2").await;
+}
+
+#[tokio::test]
+async fn non_json_text_frames_are_ignored() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    for text in ["hello", "{", "", "\u{0}"] {
+        holder.send(Message::Text(text.into())).await;
+    }
+    holder.ping().await;
+    assert!(
+        holder.texts.iter().all(|t| t["type"] != "error"),
+        "{:?}",
+        holder.texts
+    );
+}
+
+#[tokio::test]
+async fn unknown_frame_types_get_invalid_frame_and_the_connection_stays_open() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    for frame in [
+        json!({"type": "dance"}),
+        json!({"no_type": 1}),
+        json!([1, 2]),
+        json!({"type": "stdin"}),
+    ] {
+        holder.send_json(frame.clone()).await;
+        assert_eq!(
+            holder.wait_text("error").await["code"],
+            "INVALID_FRAME",
+            "{frame}"
+        );
+    }
+    holder.run("echo open-$((1+1))", "open-2").await;
+}
+
+#[tokio::test]
+async fn unknown_binary_channels_and_empty_frames_are_ignored() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    holder.send(Message::Binary(Vec::new().into())).await;
+    holder.send(Message::Binary(vec![0u8].into())).await;
+    holder
+        .send(Message::Binary(b"\x07echo nope-$((1+1))\n".to_vec().into()))
+        .await;
+    holder
+        .send(Message::Binary(b"\x01echo nope-$((1+2))\n".to_vec().into()))
+        .await;
+    holder.run("echo yes-$((1+3))", "yes-4").await;
+    let output = holder.output_text();
+    assert!(
+        !output.contains("nope-2") && !output.contains("nope-3"),
+        "{output:?}"
+    );
+    assert!(holder.texts.iter().all(|t| t["type"] != "error"));
+}
+
+#[tokio::test]
+async fn start_failure_sends_start_failed_and_closes() {
+    let daemon = start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let id = daemon.create(json!({"cwd": dir.path().join("gone")})).await;
+    // Make the cwd impossible to create: a file where its parent directory should be.
+    std::fs::remove_dir_all(dir.path().join("gone")).expect("removes cwd");
+    std::fs::write(dir.path().join("gone"), b"").expect("blocks the cwd with a file");
+    let mut holder = daemon.try_connect(&id, "").await.expect("upgrades");
+    assert_eq!(holder.wait_text("error").await["code"], "START_FAILED");
+    holder.wait_close().await;
+    assert_eq!(daemon.status(&id).await["running"], false);
+}

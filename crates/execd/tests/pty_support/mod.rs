@@ -1,0 +1,346 @@
+//! Helpers for the PTY session tests: a real daemon on 127.0.0.1:0, a REST client, and a
+//! WebSocket client that sorts what it receives (live output per channel, replay frames with
+//! their offsets, JSON frames, the close frame). Every wait has a timeout naming what it
+//! expected.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use warren_execd::{Config, Execd};
+
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct Daemon {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub token: Option<String>,
+}
+
+pub async fn start() -> Daemon {
+    start_with(Config::default()).await
+}
+
+pub async fn start_with(config: Config) -> Daemon {
+    let token = config.access_token.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    let execd = Execd::new(config);
+    tokio::spawn(async move {
+        warren_execd::serve(execd, listener, std::future::pending())
+            .await
+            .expect("daemon serves");
+    });
+    Daemon {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        token,
+    }
+}
+
+impl Daemon {
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let builder = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => builder.header("X-EXECD-ACCESS-TOKEN", token),
+            None => builder,
+        }
+    }
+
+    pub async fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
+        let response = self
+            .request(reqwest::Method::POST, path)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("POST is answered");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn create(&self, body: Value) -> String {
+        let (status, body) = self.post_raw("/pty", &body.to_string()).await;
+        assert_eq!(status, 201, "POST /pty answered {body}");
+        body["session_id"]
+            .as_str()
+            .expect("session_id is a string")
+            .to_string()
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .expect("GET is answered");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, String) {
+        let response = self
+            .request(reqwest::Method::DELETE, path)
+            .send()
+            .await
+            .expect("DELETE is answered");
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    }
+
+    pub async fn status(&self, id: &str) -> Value {
+        let (status, body) = self.get(&format!("/pty/{id}")).await;
+        assert_eq!(status, 200, "GET /pty/{id} answered {body}");
+        body
+    }
+
+    /// Opens a WebSocket; `Err((status, body))` when the handshake is refused.
+    pub async fn try_connect(&self, id: &str, query: &str) -> Result<Client, (u16, Value)> {
+        let ws_base = self.base.replacen("http://", "ws://", 1);
+        let url = format!(
+            "{ws_base}/pty/{id}/ws{}{query}",
+            if query.is_empty() { "" } else { "?" }
+        );
+        let mut request = url.into_client_request().expect("valid ws url");
+        if let Some(token) = &self.token {
+            request
+                .headers_mut()
+                .insert("X-EXECD-ACCESS-TOKEN", token.parse().expect("header"));
+        }
+        match tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+            .await
+            .expect("the handshake is answered")
+        {
+            Ok((ws, _)) => Ok(Client::new(ws)),
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                let status = response.status().as_u16();
+                let body = response.body().clone().unwrap_or_default();
+                let body = serde_json::from_slice(&body)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+                Err((status, body))
+            }
+            Err(error) => panic!("websocket connect failed: {error}"),
+        }
+    }
+
+    /// Opens a WebSocket and waits for the `connected` frame.
+    pub async fn connect(&self, id: &str, query: &str) -> Client {
+        let mut client = match self.try_connect(id, query).await {
+            Ok(client) => client,
+            Err((status, body)) => panic!("connect {query:?} refused: {status} {body}"),
+        };
+        client.wait_text("connected").await;
+        client
+    }
+
+    /// A new session with an interactive shell and a connected holder whose prompt is up.
+    pub async fn shell(&self) -> (String, Client) {
+        let id = self.create(json!({})).await;
+        let mut holder = self.connect(&id, "").await;
+        holder.run("echo ready-$((40+2))", "ready-42").await;
+        (id, holder)
+    }
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// One thing received.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Live(u8, Vec<u8>),
+    Replay(u64, Vec<u8>),
+    Text(Value),
+    Close(u16, String),
+    /// The stream ended without a close frame.
+    Ended,
+}
+
+pub struct Client {
+    pub ws: Ws,
+    /// Everything received as stdout, stderr or replay, in order of arrival.
+    pub all_output: Vec<u8>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub replays: Vec<(u64, Vec<u8>)>,
+    pub texts: Vec<Value>,
+    pub closed: Option<(u16, String)>,
+}
+
+impl Client {
+    fn new(ws: Ws) -> Self {
+        Self {
+            ws,
+            all_output: Vec::new(),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            replays: Vec::new(),
+            texts: Vec::new(),
+            closed: None,
+        }
+    }
+
+    /// The next event, recorded in the client's logs. Panics after [`WAIT`] naming `expected`.
+    pub async fn next_event(&mut self, expected: &str) -> Event {
+        if let Some((code, reason)) = &self.closed {
+            return Event::Close(*code, reason.clone());
+        }
+        let message = tokio::time::timeout(WAIT, self.ws.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "timed out waiting for {expected}; output so far: {:?}; texts: {:?}",
+                    String::from_utf8_lossy(&self.all_output),
+                    self.texts
+                )
+            });
+        let event = match message {
+            None | Some(Err(_)) => Event::Ended,
+            Some(Ok(Message::Binary(bytes))) => match bytes.first() {
+                Some(3) => {
+                    let offset = u64::from_be_bytes(bytes[1..9].try_into().expect("8 bytes"));
+                    Event::Replay(offset, bytes[9..].to_vec())
+                }
+                Some(channel) => Event::Live(*channel, bytes[1..].to_vec()),
+                None => Event::Live(255, Vec::new()),
+            },
+            Some(Ok(Message::Text(text))) => Event::Text(
+                serde_json::from_str(text.as_str()).expect("server text frames are JSON"),
+            ),
+            Some(Ok(Message::Close(frame))) => {
+                let (code, reason) = frame.map_or((1005, String::new()), |f| {
+                    (u16::from(f.code), f.reason.to_string())
+                });
+                Event::Close(code, reason)
+            }
+            Some(Ok(_)) => return Box::pin(self.next_event(expected)).await,
+        };
+        match &event {
+            Event::Live(1, bytes) => {
+                self.stdout.extend_from_slice(bytes);
+                self.all_output.extend_from_slice(bytes);
+            }
+            Event::Live(2, bytes) => {
+                self.stderr.extend_from_slice(bytes);
+                self.all_output.extend_from_slice(bytes);
+            }
+            Event::Replay(offset, bytes) => {
+                self.replays.push((*offset, bytes.clone()));
+                self.all_output.extend_from_slice(bytes);
+            }
+            Event::Text(value) => self.texts.push(value.clone()),
+            Event::Close(code, reason) => self.closed = Some((*code, reason.clone())),
+            Event::Ended => self.closed = Some((1006, String::new())),
+            Event::Live(..) => {}
+        }
+        event
+    }
+
+    pub fn output_text(&self) -> String {
+        String::from_utf8_lossy(&self.all_output).into_owned()
+    }
+
+    /// Waits until the received output contains `needle`.
+    pub async fn wait_output(&mut self, needle: &str) {
+        while !self.output_text().contains(needle) {
+            if let Event::Close(code, reason) = self.next_event(&format!("output {needle:?}")).await
+            {
+                panic!(
+                    "closed ({code} {reason}) before output {needle:?}; got {:?}",
+                    self.output_text()
+                );
+            }
+        }
+    }
+
+    /// Waits for the next JSON frame of `kind` (earlier frames of other kinds are kept).
+    pub async fn wait_text(&mut self, kind: &str) -> Value {
+        loop {
+            match self.next_event(&format!("a {kind:?} frame")).await {
+                Event::Text(value) if value["type"] == kind => return value,
+                Event::Close(code, reason) => {
+                    panic!(
+                        "closed ({code} {reason}) before a {kind:?} frame; texts: {:?}",
+                        self.texts
+                    )
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for the close frame, skipping anything before it.
+    pub async fn wait_close(&mut self) -> (u16, String) {
+        loop {
+            if let Event::Close(code, reason) = self.next_event("the close frame").await {
+                return (code, reason);
+            }
+        }
+    }
+
+    pub async fn send(&mut self, message: Message) {
+        self.ws.send(message).await.expect("sends a frame");
+    }
+
+    pub async fn send_json(&mut self, value: Value) {
+        self.send(Message::Text(value.to_string().into())).await;
+    }
+
+    pub async fn send_stdin(&mut self, text: &str) {
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(text.as_bytes());
+        self.send(Message::Binary(frame.into())).await;
+    }
+
+    /// Types `line` and waits for `needle` (choose one the echoed input does not contain).
+    pub async fn run(&mut self, line: &str, needle: &str) {
+        self.send_stdin(&format!("{line}\n")).await;
+        self.wait_output(needle).await;
+    }
+
+    /// Sends a ping frame and waits for the pong: proves the connection still works.
+    pub async fn ping(&mut self) {
+        self.send_json(json!({"type": "ping"})).await;
+        self.wait_text("pong").await;
+    }
+}
+
+/// True while `pid` exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits until `condition` holds, polling; panics after [`WAIT`] naming `expected`.
+pub async fn eventually(expected: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
