@@ -243,6 +243,53 @@ async fn background_command_reports_status_and_logs_with_a_cursor() {
 }
 
 #[tokio::test]
+async fn a_descendant_holding_stdout_open_does_not_hold_the_stream() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "sleep 30 & echo started"}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["started"]);
+    assert_eq!(events.last().expect("final")["type"], "execution_complete");
+}
+
+#[tokio::test]
+async fn background_output_is_capped_with_a_marker() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "head -c 9000000 /dev/zero | tr '\\0' x; echo", "background": true}))
+        .await;
+    let id = events[0]["text"].as_str().expect("id").to_owned();
+    eventually("the noisy background command to finish", || async {
+        let status: Value = server
+            .get(&format!("/command/status/{id}"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        (status["running"] == false).then_some(())
+    })
+    .await;
+    let response = server.get(&format!("/command/{id}/logs")).await;
+    let cursor: u64 = response.headers()["EXECD-COMMANDS-TAIL-CURSOR"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("number");
+    let body = response.bytes().await.expect("body");
+    assert_eq!(cursor, body.len() as u64);
+    assert!(
+        body.len() < 8 * 1024 * 1024 + 100,
+        "log is capped, got {} bytes",
+        body.len()
+    );
+    let tail = String::from_utf8_lossy(&body[body.len() - 60..]).into_owned();
+    assert!(
+        tail.contains("output truncated"),
+        "marker at the end: {tail:?}"
+    );
+}
+
+#[tokio::test]
 async fn background_stdin_is_dev_null() {
     let server = Server::start().await;
     let events = server
