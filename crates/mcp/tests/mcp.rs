@@ -130,6 +130,42 @@ async fn quick_command_returns_codex_text_and_json(client: &McpClient) -> anyhow
     Ok(())
 }
 
+async fn every_argument_reaches_the_engine(client: &McpClient, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir.join("sub"))?;
+    let result = call(
+        client,
+        "exec_command",
+        json!({"cmd": "echo \"$GREETING\"; pwd -P; tty", "env": {"GREETING": "hi there"},
+               "workdir": "sub", "tty": true, "login": false, "shell": "bash",
+               "max_output_tokens": 1000}),
+    )
+    .await?;
+    let value = structured(&result);
+    let output = value["output"]
+        .as_str()
+        .unwrap_or_default()
+        .replace('\r', "");
+    let sub = dir.canonicalize()?.join("sub");
+    let mut lines = output.lines();
+    assert_eq!(lines.next(), Some("hi there"), "{value}");
+    assert_eq!(lines.next(), Some(sub.to_str().expect("utf-8")), "{value}");
+    assert!(
+        lines.next().is_some_and(|tty| tty.starts_with("/dev/pts/")),
+        "{value}"
+    );
+
+    let timed_out = call(
+        client,
+        "exec_command",
+        json!({"cmd": "sleep 30", "timeout_ms": 300}),
+    )
+    .await?;
+    let value = structured(&timed_out);
+    assert_eq!(value["status"], "exited", "{value}");
+    assert_eq!(value["exit_code"], 124, "{value}");
+    Ok(())
+}
+
 async fn long_command_is_polled_to_its_exit(client: &McpClient, dir: &Path) -> anyhow::Result<()> {
     let flag = dir.join("long-command-flag");
     let cmd = wait_for_flag_cmd(&flag);
@@ -336,6 +372,15 @@ async fn stdio_quick_command_returns_codex_text_and_structured_result() -> anyho
 }
 
 #[tokio::test]
+async fn stdio_passes_every_exec_command_argument() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    every_argument_reaches_the_engine(&client, dir.path()).await?;
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn stdio_long_command_returns_a_session_then_polls_to_exit() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let client = local_stdio_client(dir.path()).await?;
@@ -439,6 +484,7 @@ async fn http_service_serves_the_tools() -> anyhow::Result<()> {
     let client = http_client(&url, None).await?;
     lists_the_four_tools_with_their_schemas(&client).await?;
     quick_command_returns_codex_text_and_json(&client).await?;
+    every_argument_reaches_the_engine(&client, dir.path()).await?;
     long_command_is_polled_to_its_exit(&client, dir.path()).await?;
     sessions_are_listed_and_killed(&client).await?;
     bad_arguments_are_tool_errors(&client).await?;
@@ -517,6 +563,7 @@ async fn remote_mcp_runs_commands_on_execd() -> anyhow::Result<()> {
     let execd = ExecdChild::start("remote-test-token", dir.path()).await?;
     let client = stdio_client(&["--execd", &execd.url, "--token", &execd.token]).await?;
     quick_command_returns_codex_text_and_json(&client).await?;
+    every_argument_reaches_the_engine(&client, dir.path()).await?;
     long_command_is_polled_to_its_exit(&client, dir.path()).await?;
     sessions_are_listed_and_killed(&client).await?;
     bad_arguments_are_tool_errors(&client).await?;
