@@ -49,6 +49,11 @@ pub struct McpArgs {
 pub async fn run(args: McpArgs) -> anyhow::Result<()> {
     let (backend, engine) = match &args.execd {
         Some(url) => {
+            if args.workdir.is_some() || !args.pass_env.is_empty() {
+                tracing::warn!(
+                    "--workdir and --pass-env apply to local commands; with --execd the daemon's own settings apply"
+                );
+            }
             let remote = RemoteExecd::new(url, args.token.clone())?;
             tracing::info!(
                 execd = remote.base_url(),

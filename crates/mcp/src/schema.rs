@@ -33,9 +33,14 @@ fn generate<T: JsonSchema>(settings: SchemaSettings, omit: &[&str]) -> Arc<JsonO
     let schema = settings.into_generator().into_root_schema_for::<T>();
     let mut value = schema.to_value();
     simplify(&mut value);
-    let Value::Object(mut object) = value else {
-        unreachable!("a derived JsonSchema of a struct is a JSON object")
+    // A root schema is a JSON object (schemars only emits `true`/`false` for subschemas).
+    let mut object = match value {
+        Value::Object(object) => object,
+        _ => JsonObject::new(),
     };
+    object
+        .entry("type")
+        .or_insert_with(|| Value::String("object".into()));
     // The type's name and doc comment describe the Rust type, not the tool; the tool has its own
     // description.
     object.remove("title");
