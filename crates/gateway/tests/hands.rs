@@ -21,10 +21,38 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
 }
 
 fn warren_bin() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/warren");
+    workspace_bin("warren", "warren")
+}
+
+fn test_agent_bin() -> PathBuf {
+    workspace_bin("warren-brain", "warren-test-agent")
+}
+
+/// A binary of this workspace in target/debug. Under nextest (which releases the build lock
+/// while tests run) it is built first, so it is never stale; `cargo test --workspace` has built
+/// every workspace binary before running tests (a nested build would wait for its lock forever).
+fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if std::env::var_os("NEXTEST_RUN_ID").is_some() {
+        let _one_build_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--quiet", "-p", package, "--bin", bin])
+            .current_dir(&workspace)
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo build -p {package} --bin {bin} failed"
+        );
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    let path = target.join("debug").join(bin);
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p warren` first",
+        "{} is missing: run `cargo build -p {package} --bin {bin}`",
         path.display()
     );
     path
@@ -304,4 +332,50 @@ fn alive(pid: u32) -> bool {
             .rsplit_once(')')
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
     }
+}
+
+#[tokio::test]
+async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
+    let (hands, _dir) = new_hands();
+    let agent = AgentCommand {
+        program: test_agent_bin().display().to_string(),
+        args: vec![],
+    };
+    let worker = within("test agent start", Worker::spawn(&agent))
+        .await
+        .expect("worker");
+    let sink = Arc::new(Collect::default());
+    let mcp = within(
+        "hands for MCP",
+        hands.mcp_server(&warren_bin().display().to_string()),
+    )
+    .await
+    .expect("mcp entry");
+    let session = within(
+        "session/new",
+        worker.new_session(
+            hands.workspace().to_owned(),
+            vec![mcp],
+            hands.clone(),
+            sink.clone(),
+        ),
+    )
+    .await
+    .expect("session");
+    within(
+        "mcp turn",
+        session.prompt("mcp echo from-mcp > via-mcp.txt; pwd".into()),
+    )
+    .await
+    .expect("turn");
+    let text = sink.agent_text();
+    assert!(text.starts_with("mcp: "), "{text}");
+    assert!(text.contains("exited with code 0"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(hands.workspace().join("via-mcp.txt"))
+            .expect("made by the exec tool in the hands"),
+        "from-mcp\n"
+    );
+    within("close", session.close()).await;
+    hands.stop().await;
 }

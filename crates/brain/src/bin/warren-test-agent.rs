@@ -8,6 +8,8 @@
 //! - `term COMMAND`: runs `bash -c COMMAND` through the terminal methods and reports
 //!   `exit N: OUTPUT`.
 //! - `crash`: says `crashing` and exits with status 3 in the middle of the turn.
+//! - `mcp CMD`: starts the first stdio MCP server given in `session/new`, calls its
+//!   `exec_command` tool with `cmd` = CMD and says `mcp: <text result>`.
 //! - `bg`: starts `sleep 300` itself, in its own process group, and says `bg=<pid>` (a child
 //!   that must not outlive the worker).
 //!
@@ -23,8 +25,8 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, ContentBlock,
     ContentChunk, CreateTerminalRequest, InitializeRequest, InitializeResponse, LoadSessionRequest,
-    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
-    PermissionOptionKind, PromptRequest, PromptResponse, ReadTextFileRequest,
+    LoadSessionResponse, McpServer, McpServerStdio, NewSessionRequest, NewSessionResponse,
+    PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse, ReadTextFileRequest,
     ReleaseTerminalRequest, RequestPermissionOutcome, RequestPermissionRequest,
     ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
     SessionId, SessionNotification, SessionResumeCapabilities, SessionUpdate, StopReason,
@@ -77,6 +79,8 @@ async fn serve(
     let cancel = Arc::new(watch::channel(0u64).0);
     let on_cancel = cancel.clone();
     let n_sessions = Arc::new(AtomicU64::new(0));
+    let mcp_servers: Arc<std::sync::Mutex<Vec<McpServer>>> = Arc::default();
+    let on_new_mcp = mcp_servers.clone();
     Agent
         .v1()
         .name("warren-test-agent")
@@ -100,7 +104,8 @@ async fn serve(
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |_request: NewSessionRequest, responder, _cx| {
+            async move |request: NewSessionRequest, responder, _cx| {
+                *on_new_mcp.lock().unwrap_or_else(|p| p.into_inner()) = request.mcp_servers;
                 let n = n_sessions.fetch_add(1, Ordering::SeqCst);
                 responder.respond(NewSessionResponse::new(format!(
                     "test-{}-{n}",
@@ -139,8 +144,12 @@ async fn serve(
             async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
                 let mut cancelled = cancel.subscribe();
                 cancelled.mark_unchanged();
+                let mcp = mcp_servers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
                 tokio::spawn(async move {
-                    let result = run_turn(&cx, request, &mut cancelled).await;
+                    let result = run_turn(&cx, request, &mut cancelled, mcp).await;
                     let _ = responder.respond_with_result(result.map(PromptResponse::new));
                 });
                 Ok(())
@@ -155,6 +164,7 @@ async fn run_turn(
     cx: &ConnectionTo<Client>,
     request: PromptRequest,
     cancelled: &mut watch::Receiver<u64>,
+    mcp_servers: Vec<McpServer>,
 ) -> agent_client_protocol::Result<StopReason> {
     let session_id = request.session_id;
     let text: String = request
@@ -264,6 +274,17 @@ async fn run_turn(
             let _ = cx.send_request(probe).block_task().await;
             std::process::exit(3);
         }
+        "mcp" => {
+            let Some(McpServer::Stdio(server)) = mcp_servers.into_iter().next() else {
+                say(cx, &session_id, "mcp: no stdio MCP server was given");
+                return Ok(StopReason::EndTurn);
+            };
+            let text = call_exec_command(&server, rest)
+                .await
+                .unwrap_or_else(|error| format!("failed: {error}"));
+            say(cx, &session_id, format!("mcp: {text}"));
+            Ok(StopReason::EndTurn)
+        }
         "bg" => {
             let child = std::process::Command::new("sleep")
                 .arg("300")
@@ -278,4 +299,58 @@ async fn run_turn(
             Ok(StopReason::EndTurn)
         }
     }
+}
+
+/// A minimal MCP client over stdio: `initialize`, `notifications/initialized`, then one
+/// `tools/call` of `exec_command`; returns the first text content of the result.
+async fn call_exec_command(server: &McpServerStdio, cmd: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut child = tokio::process::Command::new(&server.command)
+        .args(&server.args)
+        .envs(
+            server
+                .env
+                .iter()
+                .map(|var| (var.name.clone(), var.value.clone())),
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let messages = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "warren-test-agent", "version": "0"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "exec_command", "arguments": {"cmd": cmd}}}),
+    ];
+    for message in messages {
+        stdin.write_all(format!("{message}\n").as_bytes()).await?;
+    }
+    stdin.flush().await?;
+    while let Some(line) = lines.next_line().await? {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if message["id"] == 2 {
+            if let Some(error) = message.get("error") {
+                anyhow::bail!("tools/call failed: {error}");
+            }
+            let text = message["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default();
+            return Ok(text.to_owned());
+        }
+    }
+    anyhow::bail!("the MCP server closed its output before answering")
 }
