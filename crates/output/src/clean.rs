@@ -188,25 +188,34 @@ impl LineModel {
     }
 
     fn csi(&mut self, chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-        let mut params = String::new();
+        // Parameters are parsed in place (no allocation: progress bars send two SGR
+        // sequences per redraw). At most 16 numbers are kept; more never matter here.
+        let mut numbers = [0usize; 16];
+        let mut n_numbers = 1;
+        let mut private = false;
         let mut final_char = None;
         for c in chars.by_ref() {
-            if ('\x40'..='\x7e').contains(&c) {
-                final_char = Some(c);
-                break;
-            }
-            if params.len() < 64 {
-                params.push(c);
+            match c {
+                '0'..='9' => {
+                    let slot = &mut numbers[n_numbers - 1];
+                    *slot = slot
+                        .saturating_mul(10)
+                        .saturating_add(c as usize - '0' as usize);
+                }
+                ';' | ':' => n_numbers = (n_numbers + 1).min(numbers.len()),
+                '?' | '>' | '<' | '=' => private = true,
+                '\x40'..='\x7e' => {
+                    final_char = Some(c);
+                    break;
+                }
+                _ => {}
             }
         }
         let Some(final_char) = final_char else { return };
-        if params.starts_with(['?', '>', '<', '=']) {
+        if private {
             return; // private modes (cursor visibility, bracketed paste...) change no text
         }
-        let numbers: Vec<usize> = params
-            .split(';')
-            .map(|p| p.trim().parse::<usize>().unwrap_or(0))
-            .collect();
+        let numbers = &numbers[..n_numbers];
         let arg = |i: usize, default: usize| match numbers.get(i) {
             Some(0) | None => default,
             Some(n) => *n,
