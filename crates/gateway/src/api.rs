@@ -115,8 +115,17 @@ async fn register_device(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let token = gateway.devices.register(&body.device_id, presented)?;
+        .map(|token| token.trim().to_string());
+    // Registration fsyncs the device file: keep it off the async workers.
+    let device_id = body.device_id.clone();
+    let registering = gateway.clone();
+    let token = tokio::task::spawn_blocking(move || {
+        registering
+            .devices
+            .register(&device_id, presented.as_deref())
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(e.to_string()))??;
     tracing::info!(device_id = %body.device_id, "device registered");
     let registered = DeviceRegistered {
         device_id: body.device_id,
@@ -149,7 +158,11 @@ async fn admin_reset_device(
     _admin: Admin,
     Path(device_id): Path<String>,
 ) -> Result<StatusCode, GatewayError> {
-    gateway.devices.reset(&device_id)?;
+    let resetting = gateway.clone();
+    let id = device_id.clone();
+    tokio::task::spawn_blocking(move || resetting.devices.reset(&id))
+        .await
+        .map_err(|e| GatewayError::Internal(e.to_string()))??;
     tracing::info!(%device_id, "device tokens revoked by admin");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -59,11 +59,17 @@ pub async fn create_session(
     device_id: &str,
     title: Option<String>,
 ) -> Result<Arc<Session>, GatewayError> {
-    let sessions = &gateway.sessions;
     // Only a worker that is already warm is taken here; starting one would make creation slow,
     // and the first message starts one anyway.
     let warm_available = gateway.pool.n_ready() > 0;
-    let (session, brain_slot) = sessions.create(device_id, title, warm_available)?;
+    // Creation fsyncs the new files: keep it off the async workers.
+    let creating = gateway.clone();
+    let owner = device_id.to_string();
+    let (session, brain_slot) = tokio::task::spawn_blocking(move || {
+        creating.sessions.create(&owner, title, warm_available)
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(e.to_string()))??;
     tracing::info!(session = %session.id, %device_id, "session created");
     if let Some(slot) = brain_slot {
         match gateway.pool.take().await {
