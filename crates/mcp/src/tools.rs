@@ -40,8 +40,9 @@ them; they keep running between calls.";
 const WRITE_STDIN_DESCRIPTION: &str = "\
 Write `chars` to a running session's stdin and return its new output. No newline is added: \
 send `\\n` to press Enter.
-Empty `chars` just polls: it waits up to `yield_time_ms` (5000..300000) for more output or the \
-exit. `\\u0003` interrupts the command (Ctrl-C), `\\u0004` closes its stdin (Ctrl-D).
+Empty `chars` polls: the call waits `yield_time_ms` (default 5000, up to 300000) and returns \
+early when the command exits or waits for input. Poll to follow a long command instead of \
+starting it again. `\\u0003` interrupts the command (Ctrl-C), `\\u0004` closes its stdin (Ctrl-D).
 When a result shows the exit code, the session is gone and its id is unknown afterwards.";
 
 const LIST_SESSIONS_DESCRIPTION: &str = "\
