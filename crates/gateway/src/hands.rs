@@ -30,6 +30,8 @@ use warren_process::TreeId;
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// SIGTERM grace when stopping hands.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// Bound on one file transfer or kill request to execd.
+const FILE_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// Output kept per terminal when the agent names no limit.
 const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 
@@ -224,6 +226,7 @@ pub struct Hands {
     http: reqwest::Client,
     terminals: Mutex<HashMap<String, Arc<Terminal>>>,
     stopped: std::sync::atomic::AtomicBool,
+    n_starts: std::sync::atomic::AtomicU64,
 }
 
 impl Hands {
@@ -234,9 +237,15 @@ impl Hands {
             provider,
             workspace,
             instance: tokio::sync::Mutex::new(None),
-            http: reqwest::Client::new(),
+            // A hung execd must not hang the agent forever; `/command` streams carry no total
+            // timeout (commands may run long), the file and kill requests do (below).
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
             terminals: Mutex::new(HashMap::new()),
             stopped: std::sync::atomic::AtomicBool::new(false),
+            n_starts: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -261,6 +270,7 @@ impl Hands {
             }
         }
         let started = self.provider.start(self.workspace.clone()).await?;
+        self.n_starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let endpoint = started.endpoint().clone();
         *instance = Some(started);
         Ok(endpoint)
@@ -274,6 +284,12 @@ impl Hands {
             &endpoint.url,
             &endpoint.token,
         ))
+    }
+
+    /// How many sandboxes these hands have started: more than one means earlier ones died (or
+    /// were stopped) and processes and shell state were reset.
+    pub fn n_starts(&self) -> u64 {
+        self.n_starts.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// True while a sandbox runs (without starting one).
@@ -363,6 +379,7 @@ impl Hands {
             .get(format!("{}/files/download", endpoint.url))
             .header("X-EXECD-ACCESS-TOKEN", &endpoint.token)
             .query(&[("path", execd_path.as_str())])
+            .timeout(FILE_REQUEST_TIMEOUT)
             .send()
             .await
             .map_err(|e| HostError::Failed(format!("hands unreachable: {e}")))?;
@@ -398,6 +415,7 @@ impl Hands {
             .post(format!("{}/files/upload", endpoint.url))
             .header("X-EXECD-ACCESS-TOKEN", &endpoint.token)
             .multipart(form)
+            .timeout(FILE_REQUEST_TIMEOUT)
             .send()
             .await
             .map_err(|e| HostError::Failed(format!("hands unreachable: {e}")))?;
@@ -478,6 +496,7 @@ impl Hands {
             .delete(format!("{}/command", terminal.endpoint.url))
             .header("X-EXECD-ACCESS-TOKEN", &terminal.endpoint.token)
             .query(&[("id", command_id.as_str())])
+            .timeout(FILE_REQUEST_TIMEOUT)
             .send()
             .await;
         if let Err(error) = result {

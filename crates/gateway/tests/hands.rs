@@ -379,3 +379,56 @@ async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
     within("close", session.close()).await;
     hands.stop().await;
 }
+
+/// Pids of processes whose command line mentions `needle` (a unique temp path of this test).
+fn pids_mentioning(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn hands_that_died_are_started_again_on_next_use() {
+    let (hands, _dir) = new_hands();
+    let first = within("hands start", hands.endpoint())
+        .await
+        .expect("start");
+    assert_eq!(hands.n_starts(), 1);
+    let workspace = hands.workspace().display().to_string();
+    let execd = pids_mentioning(&workspace);
+    assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &execd[0].to_string()])
+        .status()
+        .expect("kill -9 the execd this test started");
+    assert!(killed.success());
+    within("the dead hands are noticed", async {
+        while hands.is_running() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let path = hands.workspace().join("after.txt");
+    within(
+        "write after restart",
+        hands.write_text_file(path.clone(), "again".into()),
+    )
+    .await
+    .expect("write through new hands");
+    assert_eq!(hands.n_starts(), 2);
+    assert_ne!(
+        hands.endpoint().await.expect("endpoint"),
+        first,
+        "a new execd with a new token"
+    );
+    assert_eq!(std::fs::read_to_string(path).expect("written"), "again");
+    hands.stop().await;
+}
