@@ -28,13 +28,12 @@ fn test_agent_bin() -> PathBuf {
     workspace_bin("warren-brain", "warren-test-agent")
 }
 
-/// A binary of this workspace in target/debug. Under nextest (which releases the build lock
-/// while tests run) it is built first, so it is never stale; `cargo test --workspace` has built
-/// every workspace binary before running tests (a nested build would wait for its lock forever).
+/// A binary of this workspace in target/debug, built first so it is never stale (cargo test
+/// and nextest both release the build lock while tests run).
 fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if std::env::var_os("NEXTEST_RUN_ID").is_some() {
+    {
         let _one_build_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
