@@ -761,6 +761,54 @@ async fn delete_kills_every_process_including_background_jobs() {
     assert_eq!(holder.wait_close().await.0, 1000);
 }
 
+#[tokio::test]
+async fn daemon_shutdown_kills_every_session_shell_and_its_jobs() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (daemon, served) = pty_support::start_with_shutdown(Config::default(), async move {
+        let _ = stopped.await;
+    })
+    .await;
+    let (_first, mut holder) = daemon.shell().await;
+    holder
+        .run(
+            "sleep 1002 & echo job=$!; echo sh=$$; echo ok-$((1+1))",
+            "ok-2",
+        )
+        .await;
+    let output = holder.output_text();
+    let pid_after = |key: &str| -> i32 {
+        let start = output.rfind(key).expect("pid printed") + key.len();
+        output[start..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .expect("pid")
+    };
+    let (job, shell) = (pid_after("job="), pid_after("sh="));
+    let second = daemon.create(json!({})).await;
+    let mut piped = daemon.connect(&second, "pty=0").await;
+    piped.run("echo pipe-sh=$$; echo ok-$((2+2))", "ok-4").await;
+    let piped_output = piped.output_text();
+    let start = piped_output.rfind("pipe-sh=").expect("pid printed") + "pipe-sh=".len();
+    let piped_shell: i32 = piped_output[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .expect("pid");
+    assert!(alive(job) && alive(shell) && alive(piped_shell));
+    stop.send(()).expect("daemon still running");
+    tokio::time::timeout(pty_support::WAIT, served)
+        .await
+        .expect("serve returns")
+        .expect("serve task");
+    eventually("every shell and job is dead", || {
+        !alive(job) && !alive(shell) && !alive(piped_shell)
+    })
+    .await;
+}
+
 // --- limits and robustness ----------------------------------------------------------------
 
 #[tokio::test]

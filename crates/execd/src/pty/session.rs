@@ -40,7 +40,7 @@ pub const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// background job may hold the terminal open; its output is not waited for forever).
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
 /// Most bytes in one viewer frame.
-const MAX_VIEWER_PAYLOAD: usize = 64 * 1024;
+const MAX_VIEWER_PAYLOAD: usize = 128 * 1024;
 /// First read buffer of a pump; it grows to a full frame only while output streams.
 const SMALL_READ: usize = 4096;
 

@@ -28,6 +28,13 @@ const SILENCE_LIMIT: Duration = Duration::from_secs(60);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rejected frames after which a viewer is disconnected.
 const MAX_VIEWER_VIOLATIONS: u32 = 5;
+/// Read buffer of a connection (larger frames still arrive; they take more reads).
+const READ_BUFFER_BYTES: usize = 8 * 1024;
+/// While output streams, a viewer waits this long after being woken so it sends a few large
+/// frames instead of one per terminal read: viewers then cost the holder little CPU.
+const VIEWER_BATCH_DELAY: Duration = Duration::from_millis(2);
+/// Bytes sent in one wake-up above which a viewer counts as streaming.
+const VIEWER_STREAMING_BYTES: usize = 16 * 1024;
 
 const CLOSE_NORMAL: u16 = 1000;
 const CLOSE_POLICY: u16 = 1008;
@@ -49,6 +56,9 @@ pub async fn attach(
     Ok(upgrade
         .max_message_size(MAX_INCOMING_BYTES)
         .max_frame_size(MAX_INCOMING_BYTES)
+        // tungstenite zero-fills its whole read buffer before each read, so its size is
+        // resident memory per connection; client frames are mostly keystrokes.
+        .read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let conn = Conn {
                 socket,
@@ -410,12 +420,15 @@ async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         let mut violations = 0;
         // Check once before waiting: output or an exit may have come after the replay.
         let mut pending = true;
+        let mut streaming = false;
         loop {
             if pending {
                 pending = false;
+                let mut n_sent = 0;
                 loop {
                     match session.viewer_read(&mut offset, generation) {
                         ViewerRead::Frame(frame) => {
+                            n_sent += frame.len();
                             if !conn.send(Message::Binary(frame.into())).await {
                                 return Next::Stop;
                             }
@@ -429,11 +442,15 @@ async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
                         ViewerRead::Idle => break,
                     }
                 }
+                streaming = n_sent >= VIEWER_STREAMING_BYTES;
             }
             tokio::select! {
                 changed = progress.changed() => {
                     if changed.is_err() {
                         return Next::Stop;
+                    }
+                    if streaming {
+                        tokio::time::sleep(VIEWER_BATCH_DELAY).await;
                     }
                     pending = true;
                 }

@@ -28,22 +28,34 @@ pub async fn start() -> Daemon {
 }
 
 pub async fn start_with(config: Config) -> Daemon {
+    start_with_shutdown(config, std::future::pending()).await.0
+}
+
+/// A daemon that shuts down (and tears every session down) when `shutdown` resolves; the
+/// handle resolves once `serve` has returned.
+pub async fn start_with_shutdown(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Daemon, tokio::task::JoinHandle<()>) {
     let token = config.access_token.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binds 127.0.0.1:0");
     let addr = listener.local_addr().expect("local addr");
     let execd = Execd::new(config);
-    tokio::spawn(async move {
-        warren_execd::serve(execd, listener, std::future::pending())
+    let served = tokio::spawn(async move {
+        warren_execd::serve(execd, listener, shutdown)
             .await
             .expect("daemon serves");
     });
-    Daemon {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        token,
-    }
+    (
+        Daemon {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            token,
+        },
+        served,
+    )
 }
 
 impl Daemon {
