@@ -37,6 +37,10 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// SIGTERM grace when stopping a worker's process tree.
 const KILL_GRACE: Duration = Duration::from_secs(2);
+/// After the agent exited, how long its stderr may take to reach end of file.
+const STDERR_DRAIN_WAIT: Duration = Duration::from_millis(500);
+/// The last stderr line is kept to this many characters.
+const STDERR_LINE_MAX_CHARS: usize = 300;
 /// After the connection breaks, how long to wait for the process's exit status.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(3);
 
@@ -322,21 +326,40 @@ impl Worker {
         };
 
         let (exit_tx, exit_rx) = watch::channel(None);
+        // The agent's last stderr line usually says why it died ("API key not set"): it goes
+        // into the exit status the gateway reports.
+        let last_stderr_line = Arc::new(Mutex::new(String::new()));
+        let stderr_reader = tokio::spawn({
+            let last_stderr_line = last_stderr_line.clone();
+            async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(target: "warren_brain::agent_stderr", pid, "{line}");
+                    if !line.trim().is_empty() {
+                        let mut last = last_stderr_line.lock().unwrap_or_else(|p| p.into_inner());
+                        *last = line.chars().take(STDERR_LINE_MAX_CHARS).collect();
+                    }
+                }
+            }
+        });
         tokio::spawn(async move {
-            let status = match child.wait().await {
+            let mut status = match child.wait().await {
                 Ok(status) => status.to_string(),
                 Err(error) => format!("wait failed: {error}"),
             };
             warren_process::reaper::release(pid);
+            // Bounded: a grandchild may keep the agent's stderr open.
+            let _ = tokio::time::timeout(STDERR_DRAIN_WAIT, stderr_reader).await;
+            let last = last_stderr_line
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if !last.is_empty() {
+                status = format!("{status}; its last stderr line: {last}");
+            }
             tracing::debug!(pid, %status, "agent process exited");
             let _ = exit_tx.send(Some(status));
-        });
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt;
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::debug!(target: "warren_brain::agent_stderr", pid, "{line}");
-            }
         });
 
         let shared = Arc::new(Shared {

@@ -483,3 +483,22 @@ async fn closing_a_crashed_worker_kills_the_processes_it_left_behind() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn an_agent_that_dies_at_start_reports_its_last_stderr_line() {
+    let command = AgentCommand {
+        program: "bash".into(),
+        args: vec![
+            "-c".into(),
+            "echo starting >&2; echo 'error: no API key set' >&2; exit 2".into(),
+        ],
+    };
+    let result = within("spawn of an agent that fails", Worker::spawn(&command)).await;
+    match result {
+        Err(BrainError::WorkerExited { status }) => {
+            assert!(status.contains("error: no API key set"), "{status}");
+            assert!(status.contains('2'), "{status}");
+        }
+        other => panic!("expected WorkerExited, got {:?}", other.err()),
+    }
+}
