@@ -692,3 +692,84 @@ async fn python_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Re
     run_sdk_client(&python, &["http", &url, &execd.token]).await?;
     execd.stop().await
 }
+
+// ---------------------------------------------------------------------------------------------
+// And the official MCP TypeScript SDK (pinned in tests/node/package.json), whose schema
+// validation is what strict clients such as Claude Code build on.
+
+/// A directory with the pinned SDK installed (once, under a lock) and the check script copied in.
+async fn sdk_node_dir() -> anyhow::Result<std::path::PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/warren-mcp-node");
+    std::fs::create_dir_all(&dir)?;
+    // Serialised with flock so parallel test processes install once; the stamp names the
+    // package.json it was installed from.
+    let install = r#"
+        set -euo pipefail
+        exec 9>"$1/.lock"
+        flock 9
+        if ! cmp -s "$2/package.json" "$1/.installed-package.json"; then
+          cp "$2/package.json" "$1/package.json"
+          (cd "$1" && npm install --no-audit --no-fund --silent >&2)
+          cp "$2/package.json" "$1/.installed-package.json"
+        fi
+        cp "$2/mcp_sdk_client.mjs" "$1/mcp_sdk_client.mjs.tmp"
+        mv "$1/mcp_sdk_client.mjs.tmp" "$1/mcp_sdk_client.mjs"
+    "#;
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(900),
+        tokio::process::Command::new("bash")
+            .args(["-c", install, "install"])
+            .arg(&dir)
+            .arg(&source)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!("npm install of the MCP SDK did not finish within 15 minutes")
+    })??;
+    anyhow::ensure!(
+        output.status.success(),
+        "installing the MCP TypeScript SDK failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(dir)
+}
+
+async fn run_node_client(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let output = within(
+        "the MCP TypeScript SDK checks",
+        tokio::process::Command::new("node")
+            .arg(dir.join("mcp_sdk_client.mjs"))
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    anyhow::ensure!(
+        output.status.success(),
+        "MCP TypeScript SDK checks failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn typescript_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Result<()> {
+    let node_dir = sdk_node_dir().await?;
+    let dir = tempfile::tempdir()?;
+    let binary = warren_binary()
+        .to_str()
+        .expect("utf-8 binary path")
+        .to_owned();
+    let workdir = dir.path().to_str().expect("utf-8 temp dir").to_owned();
+    run_node_client(&node_dir, &["stdio", &binary, &workdir]).await?;
+
+    let execd = ExecdChild::start("typescript-sdk-token", dir.path()).await?;
+    let url = format!("{}/mcp", execd.url);
+    run_node_client(&node_dir, &["http", &url, &execd.token]).await?;
+    execd.stop().await
+}
