@@ -160,10 +160,14 @@ pub async fn serve(
                         format!("unknown session {}", request.session_id.0),
                     ));
                 };
+                // Watch for cancel from here, inside the dispatch loop: a `session/cancel` right
+                // behind this prompt is then seen even if the turn's task has not started yet.
+                let mut cancel = state.cancel.subscribe();
+                cancel.mark_unchanged();
                 // The turn waits for the client (permission, terminal): run it outside the
                 // dispatch loop so cancel notifications and responses keep flowing.
                 tokio::spawn(async move {
-                    let result = run_turn(&cx, request, state).await;
+                    let result = run_turn(&cx, request, state, cancel).await;
                     let _ = responder.respond_with_result(result.map(PromptResponse::new));
                 });
                 Ok(())
@@ -214,10 +218,9 @@ async fn run_turn(
     cx: &ConnectionTo<Client>,
     request: PromptRequest,
     state: SessionState,
+    mut cancel: watch::Receiver<u64>,
 ) -> agent_client_protocol::Result<StopReason> {
     let session_id = request.session_id;
-    let mut cancel = state.cancel.subscribe();
-    cancel.mark_unchanged();
     let command = prompt_text(&request.prompt).trim().to_owned();
     if command.is_empty() {
         say(
