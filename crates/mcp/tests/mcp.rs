@@ -702,16 +702,17 @@ async fn sdk_node_dir() -> anyhow::Result<std::path::PathBuf> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/warren-mcp-node");
     std::fs::create_dir_all(&dir)?;
-    // Serialised with flock so parallel test processes install once; the stamp names the
-    // package.json it was installed from.
+    // Serialised with flock so parallel test processes install once; the stamp holds the
+    // package.json and lock it was installed from, so a change to either reinstalls.
     let install = r#"
         set -euo pipefail
         exec 9>"$1/.lock"
         flock 9
-        if ! cmp -s "$2/package.json" "$1/.installed-package.json"; then
-          cp "$2/package.json" "$1/package.json"
-          (cd "$1" && npm install --no-audit --no-fund --silent >&2)
-          cp "$2/package.json" "$1/.installed-package.json"
+        cat "$2/package.json" "$2/package-lock.json" > "$1/.wanted"
+        if ! cmp -s "$1/.wanted" "$1/.installed"; then
+          cp "$2/package.json" "$2/package-lock.json" "$1/"
+          (cd "$1" && npm ci --no-audit --no-fund --silent >&2)
+          mv "$1/.wanted" "$1/.installed"
         fi
         cp "$2/mcp_sdk_client.mjs" "$1/mcp_sdk_client.mjs.tmp"
         mv "$1/mcp_sdk_client.mjs.tmp" "$1/mcp_sdk_client.mjs"
