@@ -572,6 +572,48 @@ async fn takeover_evicts_with_4001_and_keeps_shell_state() {
 }
 
 #[tokio::test]
+async fn takeover_succeeds_when_the_old_holder_stopped_reading() {
+    let daemon = start().await;
+    let id = daemon.create(json!({"command": "yes"})).await;
+    let stalled = daemon.connect(&id, "pty=0").await;
+    // `stalled` reads nothing more: once a few MB are out its socket is full and the daemon's
+    // send to it waits.
+    eventually_async(&daemon, &id, 4_000_000).await;
+    let mut new = daemon
+        .try_connect(&id, "takeover=1")
+        .await
+        .expect("upgrades");
+    loop {
+        match new.next_event("connected after the takeover").await {
+            Event::Text(value) if value["type"] == "connected" => break,
+            Event::Text(value) if value["type"] == "error" => panic!("takeover refused: {value}"),
+            Event::Close(code, reason) => panic!("closed ({code} {reason})"),
+            _ => {}
+        }
+    }
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+    drop(stalled.ws);
+}
+
+/// Waits until the session's output offset reaches `n_bytes`.
+async fn eventually_async(daemon: &pty_support::Daemon, id: &str, n_bytes: u64) {
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    loop {
+        let offset = daemon.status(id).await["output_offset"]
+            .as_u64()
+            .expect("offset");
+        if offset >= n_bytes {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "output stuck at {offset} bytes"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn takeover_on_a_free_session_connects() {
     let daemon = start().await;
     let id = daemon.create(json!({})).await;

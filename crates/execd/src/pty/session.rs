@@ -499,6 +499,9 @@ impl Session {
     /// Marks the session deleted and kills every process any of its shells started. Blocks
     /// (in a blocking task) until they are gone.
     pub async fn teardown(&self) {
+        // Holding the attach lock means no attach is between "not deleted" and starting a
+        // shell, so no shell can start after its tree was collected here.
+        let _attach = self.attach_lock.lock().await;
         let trees = {
             let mut state = self.lock();
             state.deleted = true;

@@ -173,7 +173,6 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         mut kick,
         finished,
     } = attach;
-    let _finished = finished;
     let outcome = async {
         if let Some((offset, bytes)) = replay
             && !conn.send(Message::Binary(encode_replay(offset, &bytes).into())).await
@@ -232,6 +231,9 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
     }
     .await;
     session.release_holder(&queued_bytes);
+    // A takeover waits for this, not for the close below, which a client that stopped reading
+    // could hold up for the whole write timeout.
+    drop(finished);
     if let Next::Close(code, reason) = outcome {
         conn.close(code, reason).await;
     }
