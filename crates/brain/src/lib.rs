@@ -19,12 +19,18 @@
 //!   session, reporting which in [`Resumed`] ([`Resumed::ContextLost`] means the gateway should
 //!   emit an `error` event saying the agent's context was lost).
 //! - [`BrainSession::prompt`] runs one turn and returns ACP's stop reason (`"end_turn"`,
-//!   `"cancelled"`, ...). Updates reach the sink as they arrive, all of them before `prompt`
-//!   returns. A worker that dies mid-turn makes `prompt` fail with [`BrainError::WorkerExited`].
+//!   `"cancelled"`, ...). Updates reach the sink as they arrive (the `update` object exactly as
+//!   the agent sent it), all of them before `prompt` returns. A worker that dies mid-turn makes
+//!   `prompt` fail with [`BrainError::WorkerExited`], whose status carries the agent's last
+//!   stderr line. [`BrainSession::exited`] resolves when the process dies outside a turn.
 //! - [`BrainSession::cancel`] sends `session/cancel` and answers every pending permission request
 //!   `cancelled` (the sink's permission futures are dropped; the gateway should record them as
 //!   resolved by cancellation). [`BrainSession::close`] stops the worker: `session/close` when the
-//!   agent advertises it, then kills the process group.
+//!   agent advertises it, then kills the agent's whole process tree (also after a crash:
+//!   leftovers such as its MCP servers are found by a marker variable). Dropping a worker or a
+//!   session without `close` kills it too.
+//! - The built-in agent is [`shell_agent`]; `warren-test-agent` (a binary of this crate, for
+//!   tests only) is a scripted agent: permission, cancel, `fs/*`, terminals, MCP, crash.
 //!
 //! Deliberately absent: no HTTP, no event log, no knowledge of hands beyond the [`Host`] trait.
 
