@@ -211,9 +211,23 @@ pub fn tool_definitions() -> Vec<Tool> {
 }
 
 /// Deserializes tool arguments; the error names the field (`missing field `cmd``).
-fn parse<T: DeserializeOwned>(arguments: JsonObject) -> Result<T, BackendError> {
+fn parse<T: DeserializeOwned>(mut arguments: JsonObject) -> Result<T, BackendError> {
+    arguments.values_mut().for_each(integral_float_to_integer);
     serde_json::from_value(Value::Object(arguments))
         .map_err(|e| BackendError::Rejected(format!("invalid arguments: {e}")))
+}
+
+/// Some clients send every number as a float (`"yield_time_ms": 5000.0`); a whole float means
+/// the integer, so it should not be refused as a wrong type. Fractions still are.
+fn integral_float_to_integer(value: &mut Value) {
+    let Some(float) = value.as_f64().filter(|_| value.is_f64()) else {
+        return;
+    };
+    if float.fract() == 0.0 && float >= 0.0 && float <= u64::MAX as f64 {
+        *value = Value::from(float as u64);
+    } else if float.fract() == 0.0 && float < 0.0 && float >= i64::MIN as f64 {
+        *value = Value::from(float as i64);
+    }
 }
 
 /// Text content: the rendered Codex-layout text; structured content: the result without it.
@@ -330,6 +344,30 @@ mod tests {
             assert_eq!(text, expected);
             assert_eq!(result.structured_content, None);
         }
+    }
+
+    #[test]
+    fn whole_floats_are_accepted_as_integers_and_fractions_are_not() {
+        let parsed: Result<WriteStdinArgs, _> =
+            parse(object(json!({"session_id": 4242.0, "yield_time_ms": 5000.0})).expect("object"));
+        let parsed = parsed.expect("whole floats parse");
+        assert_eq!(
+            (parsed.session_id, parsed.yield_time_ms),
+            (4242, Some(5000))
+        );
+        let fraction: Result<WriteStdinArgs, _> =
+            parse(object(json!({"session_id": 4242.5})).expect("object"));
+        let error = fraction
+            .expect_err("a fraction is not a session id")
+            .to_string();
+        assert!(
+            error.contains("invalid type: floating point `4242.5`"),
+            "{error}"
+        );
+        let negative: Result<KillSessionArgs, _> =
+            parse(object(json!({"session_id": -3.0})).expect("object"));
+        let error = negative.expect_err("negative").to_string();
+        assert!(error.contains("invalid value: integer `-3`"), "{error}");
     }
 
     #[tokio::test]
