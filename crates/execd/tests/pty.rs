@@ -766,6 +766,22 @@ async fn pipe_mode_separates_stderr() {
     assert_eq!(String::from_utf8_lossy(&holder.stderr), "to-err-4\n");
 }
 
+#[tokio::test]
+async fn concurrent_stdout_and_stderr_writers_keep_the_offset_exact() {
+    let daemon = start().await;
+    let command = "head -c 300000 /dev/zero & head -c 200000 /dev/zero >&2; wait";
+    let id = daemon.create(json!({ "command": command })).await;
+    let mut holder = daemon.try_connect(&id, "pty=0").await.expect("connects");
+    assert_eq!(holder.wait_text("exit").await["exit_code"], 0);
+    // Anything printed before the attach subscribed arrives in the replay instead.
+    let replayed: usize = holder.replays.iter().map(|(_, bytes)| bytes.len()).sum();
+    assert_eq!(
+        holder.stdout.len() + holder.stderr.len() + replayed,
+        500_000
+    );
+    assert_eq!(daemon.status(&id).await["output_offset"], 500_000);
+}
+
 // --- teardown -----------------------------------------------------------------------------
 
 #[tokio::test]
