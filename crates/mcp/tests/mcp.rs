@@ -417,6 +417,38 @@ async fn stdio_bad_arguments_and_unknown_sessions_are_tool_errors() -> anyhow::R
 }
 
 #[tokio::test]
+async fn stdio_cancelled_call_leaves_its_session_running_and_listed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    let started = dir.path().join("started");
+    let cmd = format!("touch '{}'; sleep 600", started.display());
+    let arguments = json!({"cmd": cmd, "yield_time_ms": 30000});
+    // The agent's turn is interrupted while the call waits: dropping the call sends
+    // notifications/cancelled. The command must keep running, findable by list_sessions.
+    tokio::select! {
+        result = call(&client, "exec_command", arguments) => {
+            anyhow::bail!("exec_command returned before it was cancelled: {result:?}")
+        }
+        () = async {
+            while !started.exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        } => {}
+    }
+    let listed = call(&client, "list_sessions", json!({})).await?;
+    let sessions = structured(&listed)["sessions"].clone();
+    let session = sessions
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["cmd"] == cmd))
+        .and_then(|s| s["session_id"].as_u64())
+        .unwrap_or_else(|| panic!("the cancelled call's session is not listed: {sessions}"));
+    let killed = call(&client, "kill_session", json!({"session_id": session})).await?;
+    assert_eq!(structured(&killed)["status"], "exited");
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn stdio_client_disconnect_kills_running_commands() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let client = local_stdio_client(dir.path()).await?;
