@@ -23,8 +23,8 @@ use agent_client_protocol::v1::schema::{
     RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest,
     ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionId,
     SessionNotification, SessionResumeCapabilities, SessionUpdate, StopReason, Terminal,
-    TerminalId, TerminalOutputRequest, TextContent, ToolCall, ToolCallContent, ToolCallStatus,
-    ToolCallUpdate, ToolCallUpdateFields, ToolKind, WaitForTerminalExitRequest,
+    TerminalExitStatus, TerminalId, TerminalOutputRequest, TextContent, ToolCall, ToolCallContent,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, WaitForTerminalExitRequest,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use tokio::sync::watch;
@@ -352,6 +352,16 @@ async fn stream_terminal(
     terminal_id: &TerminalId,
     cancel: &mut watch::Receiver<u64>,
 ) -> agent_client_protocol::Result<TerminalEnd> {
+    // `terminal/wait_for_exit` runs alongside the polling, so a short command's turn ends as
+    // soon as it exits instead of at the next poll.
+    let mut wait_for_exit = Box::pin(
+        cx.send_request(WaitForTerminalExitRequest::new(
+            session_id.clone(),
+            terminal_id.clone(),
+        ))
+        .block_task(),
+    );
+    let mut exit: Option<TerminalExitStatus> = None;
     let mut shown = String::new();
     loop {
         let output = cx
@@ -370,21 +380,15 @@ async fn stream_terminal(
             say(cx, session_id, new_text);
         }
         shown = output.output;
-        if output.exit_status.is_some() {
-            let exit = cx
-                .send_request(WaitForTerminalExitRequest::new(
-                    session_id.clone(),
-                    terminal_id.clone(),
-                ))
-                .block_task()
-                .await?
-                .exit_status;
+        // The output read after the exit is complete: the turn can end.
+        if let Some(exit) = exit {
             return Ok(TerminalEnd::Exited {
                 exit_code: exit.exit_code,
                 signal: exit.signal,
             });
         }
         tokio::select! {
+            result = &mut wait_for_exit => exit = Some(result?.exit_status),
             _ = cancel.changed() => {
                 let _ = cx
                     .send_request(KillTerminalRequest::new(session_id.clone(), terminal_id.clone()))
