@@ -502,3 +502,37 @@ async fn an_agent_that_dies_at_start_reports_its_last_stderr_line() {
         other => panic!("expected WorkerExited, got {:?}", other.err()),
     }
 }
+
+#[tokio::test]
+async fn the_shell_agent_works_with_the_pypi_acp_client() {
+    let python = support::python_venv();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/python/acp_client_drive.py");
+    let workdir = tempfile::tempdir().expect("temp dir");
+    let victim = workdir.path().join("victim.txt");
+    std::fs::write(&victim, "x").expect("write");
+    let run = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(workdir.path())
+        .arg(env!("CARGO_BIN_EXE_warren-test-agent"))
+        .arg("shell")
+        .kill_on_drop(true)
+        .output();
+    let output = within("the Python ACP client driving the shell agent", run)
+        .await
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "python client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+    assert_eq!(report["turns"][0]["stop_reason"], "end_turn");
+    assert_eq!(report["turns"][0]["text"], "from-python-client\n");
+    assert_eq!(report["permissions"], 1, "only the rm asked: {report}");
+    assert_eq!(report["turns"][1]["stop_reason"], "end_turn");
+    assert!(
+        !victim.exists(),
+        "the allowed rm ran in the client's terminal"
+    );
+}
