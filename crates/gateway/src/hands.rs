@@ -104,6 +104,20 @@ struct LocalInstance {
     endpoint: HandsEndpoint,
     tree: TreeId,
     exit: watch::Receiver<Option<String>>,
+    /// Set by `stop`; otherwise dropping the instance kills the sandbox.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for LocalInstance {
+    fn drop(&mut self) {
+        // Hands dropped without `stop` (an error path, a session dropped by mistake) must not
+        // leave an execd and its commands running.
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) || !self.is_alive() {
+            return;
+        }
+        let tree = self.tree.clone();
+        std::thread::spawn(move || warren_process::kill_tree(&tree, STOP_GRACE));
+    }
 }
 
 impl HandsInstance for LocalInstance {
@@ -117,6 +131,8 @@ impl HandsInstance for LocalInstance {
 
     fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
+            self.stopped
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             let tree = self.tree.clone();
             let _ =
                 tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, STOP_GRACE))
@@ -214,6 +230,7 @@ impl LocalHands {
             endpoint: HandsEndpoint { url, token },
             tree,
             exit: exit_rx,
+            stopped: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -270,7 +287,8 @@ impl Hands {
             }
         }
         let started = self.provider.start(self.workspace.clone()).await?;
-        self.n_starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.n_starts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let endpoint = started.endpoint().clone();
         *instance = Some(started);
         Ok(endpoint)

@@ -431,3 +431,21 @@ async fn hands_that_died_are_started_again_on_next_use() {
     assert_eq!(std::fs::read_to_string(path).expect("written"), "again");
     hands.stop().await;
 }
+
+#[tokio::test]
+async fn dropping_hands_without_stop_still_kills_the_sandbox() {
+    let (hands, _dir) = new_hands();
+    within("hands start", hands.endpoint())
+        .await
+        .expect("start");
+    let workspace = hands.workspace().display().to_string();
+    let execd = pids_mentioning(&workspace);
+    assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
+    drop(hands);
+    within("the execd of dropped hands is gone", async {
+        while alive(execd[0]) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
