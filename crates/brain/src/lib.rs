@@ -91,19 +91,14 @@ pub struct McpServerSpec {
 }
 
 impl McpServerSpec {
-    /// Warren's exec tools bound to one hands: `<warren_exe> mcp --execd URL --token T`.
+    /// Warren's exec tools bound to one hands: `<warren_exe> mcp --execd URL`, with the access
+    /// token in `WARREN_EXECD_TOKEN` rather than on the command line, where `ps` would show it.
     pub fn warren_exec(warren_exe: impl Into<String>, execd_url: &str, token: &str) -> Self {
         Self {
             name: "warren".to_owned(),
             command: warren_exe.into(),
-            args: vec![
-                "mcp".to_owned(),
-                "--execd".to_owned(),
-                execd_url.to_owned(),
-                "--token".to_owned(),
-                token.to_owned(),
-            ],
-            env: Vec::new(),
+            args: vec!["mcp".to_owned(), "--execd".to_owned(), execd_url.to_owned()],
+            env: vec![("WARREN_EXECD_TOKEN".to_owned(), token.to_owned())],
         }
     }
 }
