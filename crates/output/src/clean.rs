@@ -78,6 +78,22 @@ fn render_alternate_screens(text: &str, rows: u16, cols: u16) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+fn is_control(c: char) -> bool {
+    (c as u32) < 0x20 || c == '\x7f'
+}
+
+fn put_char(line: &mut Vec<char>, col: &mut usize, c: char) {
+    if *col < line.len() {
+        line[*col] = c;
+    } else {
+        if *col > line.len() {
+            line.resize(*col, ' ');
+        }
+        line.push(c);
+    }
+    *col += 1;
+}
+
 /// A widthless terminal: a list of lines and a cursor.
 struct LineModel {
     lines: Vec<Vec<char>>,
@@ -112,14 +128,7 @@ impl LineModel {
     }
 
     fn put(&mut self, c: char) {
-        let line = &mut self.lines[self.row];
-        if self.col < line.len() {
-            line[self.col] = c;
-        } else {
-            line.resize(self.col, ' ');
-            line.push(c);
-        }
-        self.col += 1;
+        put_char(&mut self.lines[self.row], &mut self.col, c);
     }
 
     fn newline(&mut self) {
@@ -137,8 +146,19 @@ impl LineModel {
                 '\x08' => self.col = self.col.saturating_sub(1),
                 '\t' => self.put('\t'),
                 ESC => self.escape(&mut chars),
-                c if (c as u32) < 0x20 || c == '\x7f' => {}
-                c => self.put(c),
+                c if is_control(c) => {}
+                c => {
+                    // A run of printable characters lands on one line: borrow it once.
+                    let line = &mut self.lines[self.row];
+                    put_char(line, &mut self.col, c);
+                    while let Some(&next) = chars.peek() {
+                        if is_control(next) {
+                            break;
+                        }
+                        put_char(line, &mut self.col, next);
+                        chars.next();
+                    }
+                }
             }
         }
     }
