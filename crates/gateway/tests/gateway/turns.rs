@@ -411,3 +411,70 @@ async fn agent_output_streams_while_the_command_still_runs() {
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn over_the_server_brain_limit_a_message_gets_429_at_once_until_a_slot_frees() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.max_brains = 1;
+        args.warm_workers = 0;
+        args
+    })
+    .await;
+    let token = gw.register("phone-0001").await;
+    let first = gw.create_session(&token).await;
+    let second = gw.create_session(&token).await;
+    let mut first_events = gw.events(&token, &first, None).await;
+    assert_eq!(
+        gw.post_message(&token, &first, "echo one").await.status(),
+        202
+    );
+    first_events
+        .until("turn_end in the session holding the brain", |e| {
+            e.event == "turn_end"
+        })
+        .await;
+
+    let refused = gw.post_message(&token, &second, "echo two").await;
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.expect("body");
+    assert_eq!(body["code"], "SERVER_BUSY");
+    let info: Value = gw
+        .http
+        .get(format!("{}/v1/sessions/{second}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(
+        (info["turn"].clone(), info["last_seq"].clone()),
+        (0.into(), 0.into()),
+        "a refused message leaves no trace"
+    );
+
+    let deleted = gw
+        .http
+        .delete(format!("{}/v1/sessions/{first}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 204);
+    let mut second_events = gw.events(&token, &second, None).await;
+    assert_eq!(
+        gw.post_message(&token, &second, "echo two").await.status(),
+        202,
+        "the slot was given back"
+    );
+    let seen = second_events
+        .until("turn_end in the second session", |e| e.event == "turn_end")
+        .await;
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    gw.stop().await;
+}
