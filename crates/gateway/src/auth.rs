@@ -162,7 +162,10 @@ impl Devices {
         let now = Utc::now();
         let mut state = self.lock();
         let existing = state.by_id.get(device_id).cloned();
-        if existing.as_ref().is_some_and(|record| record.token_live(now)) {
+        if existing
+            .as_ref()
+            .is_some_and(|record| record.token_live(now))
+        {
             let owner = presented.and_then(|token| state.lookup(token, now));
             if owner.is_none_or(|owner| owner.device_id != device_id) {
                 return Err(GatewayError::DeviceAlreadyBound);
