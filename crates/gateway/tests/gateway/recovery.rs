@@ -383,3 +383,71 @@ async fn asking_for_compacted_history_starts_with_a_gap_event() {
     gw.stop().await;
     drop(data_dir);
 }
+
+#[tokio::test]
+async fn serve_prints_the_url_the_generated_app_key_and_how_to_register() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("warren-data");
+    let mut child = Command::new(warren_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--warm-workers", "0"])
+        .arg("--data")
+        .arg(&data)
+        .env_remove("WARREN_APP_KEY")
+        .env("WARREN_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start warren serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = Vec::new();
+    while !printed.iter().any(|line: &String| line.contains("curl")) {
+        printed.push(rx.recv_timeout(WAIT).expect("serve prints its banner"));
+    }
+    let url = printed[0]
+        .strip_prefix("warren gateway listening on ")
+        .expect("url line")
+        .to_string();
+    let key = printed
+        .iter()
+        .find_map(|line| line.strip_prefix("app key: "))
+        .expect("app key line")
+        .to_string();
+    assert!(
+        key.starts_with("wk_") && key.len() == 46,
+        "a generated key: {key}"
+    );
+    assert!(
+        printed
+            .last()
+            .expect("curl line")
+            .contains(&format!("X-App-Key: {key}"))
+    );
+    let registered = reqwest::Client::new()
+        .post(format!("{url}/v1/devices"))
+        .header("X-App-Key", &key)
+        .json(&serde_json::json!({"device_id": "my-phone-01"}))
+        .send()
+        .await
+        .expect("register with the printed key");
+    assert_eq!(registered.status(), 201);
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    let exited = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(exited.success(), "clean exit on SIGTERM: {exited}");
+}
