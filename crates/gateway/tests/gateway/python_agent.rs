@@ -141,3 +141,59 @@ async fn a_python_acp_agent_works_through_the_gateway() {
     assert_eq!(said(&seen), "permission: allow");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn an_agent_that_cannot_resume_gets_a_new_session_and_an_error_says_context_was_lost() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root");
+    let agent = format!(
+        "{} {}",
+        python(),
+        root.join("tests/python/acp_echo_agent.py").display()
+    );
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.agent = Some(agent);
+        args.brain_idle = std::time::Duration::from_secs(1);
+        args
+    })
+    .await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "first").await.status(),
+        202
+    );
+    events
+        .until("turn_end of the first turn", |e| e.event == "turn_end")
+        .await;
+    events
+        .until("the idle brain stopped", |e| {
+            e.event == "status" && e.data["brain"] == "idle"
+        })
+        .await;
+
+    assert_eq!(
+        gw.post_message(&token, &session, "second").await.status(),
+        202
+    );
+    let seen = events
+        .until("turn_end after a new agent session", |e| {
+            e.event == "turn_end"
+        })
+        .await;
+    let error = seen
+        .iter()
+        .find(|e| e.event == "error")
+        .expect("an error event");
+    assert_eq!(error.data["code"], "CONTEXT_LOST");
+    assert_eq!(said(&seen), "echo: second");
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    gw.stop().await;
+}
