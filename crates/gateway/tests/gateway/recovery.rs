@@ -59,7 +59,7 @@ fn start_gateway(data: &Path) -> GatewayProcess {
 
 /// Pids of processes whose command line mentions `needle` (our temp data dir): the hands and
 /// agents this test's gateways started.
-fn processes_mentioning(needle: &str) -> Vec<u32> {
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let mut pids = Vec::new();
     let me = std::process::id();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {

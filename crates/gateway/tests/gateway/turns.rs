@@ -478,3 +478,45 @@ async fn over_the_server_brain_limit_a_message_gets_429_at_once_until_a_slot_fre
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let mut events = gw.events(&token, &session, None).await;
+    assert_eq!(
+        gw.post_message(&token, &session, "sleep 60").await.status(),
+        202
+    );
+    events
+        .until("the agent working on `sleep 60`", |e| e.event == "update")
+        .await;
+    let workspace = gw.gateway.args.data.join("sessions").join(&session);
+    let needle = workspace.to_string_lossy().to_string();
+    assert!(
+        !crate::recovery::processes_mentioning(&needle).is_empty(),
+        "the hands run"
+    );
+
+    let deleted = gw
+        .http
+        .delete(format!("{}/v1/sessions/{session}", gw.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 204);
+    // The stream delivers what was already sent, then ends.
+    while events
+        .next("the end of the deleted session's stream")
+        .await
+        .is_some()
+    {}
+    assert!(
+        crate::recovery::processes_mentioning(&needle).is_empty(),
+        "the hands stopped with the session"
+    );
+    assert!(!workspace.exists());
+    gw.stop().await;
+}
