@@ -45,6 +45,8 @@ pub struct Gateway {
     /// The `warren` binary that runs hands, the MCP server and the built-in agent.
     pub warren_bin: PathBuf,
     pub started: Instant,
+    /// Held for the gateway's lifetime: one gateway per data directory.
+    _data_lock: std::fs::File,
 }
 
 impl Gateway {
@@ -53,6 +55,7 @@ impl Gateway {
     pub async fn open(mut args: GatewayArgs) -> Result<Arc<Gateway>, GatewayError> {
         std::fs::create_dir_all(&args.data)?;
         args.data = std::fs::canonicalize(&args.data)?;
+        let data_lock = store::lock_data_dir(&args.data)?;
         let warren_bin = match &args.warren_bin {
             Some(path) => path.clone(),
             None => std::env::current_exe()?,
@@ -86,6 +89,7 @@ impl Gateway {
             pool,
             warren_bin,
             started: Instant::now(),
+            _data_lock: data_lock,
         });
         turns::spawn_idle_sweeper(&gateway);
         Ok(gateway)

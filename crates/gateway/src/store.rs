@@ -49,6 +49,28 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<T> {
     serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// Takes the exclusive lock on `data_dir/.lock`, so two gateways never share a data directory.
+/// The lock lives as long as the returned file (the kernel drops it when the process dies, even
+/// by kill -9; the descriptor is close-on-exec, so children never inherit it).
+pub fn lock_data_dir(data_dir: &Path) -> io::Result<File> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(data_dir.join(".lock"))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "another gateway is using the data directory {}",
+                data_dir.display()
+            ),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Now, as RFC 3339 UTC with milliseconds.
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -57,6 +79,16 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_dir_is_locked_by_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let held = lock_data_dir(dir.path()).expect("first lock");
+        let second = lock_data_dir(dir.path()).expect_err("second lock refused");
+        assert_eq!(second.kind(), io::ErrorKind::WouldBlock);
+        drop(held);
+        lock_data_dir(dir.path()).expect("lock again after release");
+    }
 
     #[test]
     fn atomic_write_replaces_content_and_leaves_no_temp_file() {
