@@ -788,3 +788,70 @@ async fn missing_shell_is_an_immediate_spawn_error() {
         assert!(matches!(err, ExecError::Spawn { .. }), "{err}");
     }
 }
+
+#[tokio::test]
+async fn orphaned_grandchildren_are_reaped_not_left_as_zombies() {
+    let h = harness();
+    let result = exec(&h.engine, cmd("sh -c 'sleep 0.5 & echo $!'")).await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    let pid: i32 = result.output.trim().parse().expect("the orphan's pid");
+    // The orphan was re-parented to this process (the subreaper); once it exits, the reaper
+    // must collect it, so its /proc entry disappears entirely instead of staying a zombie.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "orphan {pid} was not reaped within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn raw_log_is_bounded_named_and_deleted_at_shutdown() {
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log_dir = logs.path().join("logs");
+    let dir = log_dir.clone();
+    let h = harness_with(move |config| {
+        config.log_dir = dir;
+        config.max_log_bytes = 100 * 1024;
+    });
+    let args = ExecCommandArgs {
+        max_output_tokens: Some(100),
+        ..cmd("seq 1 200000")
+    };
+    let result = exec(&h.engine, args).await;
+    let file = result.output_file.expect("truncated output names the log");
+    assert_eq!(
+        std::fs::metadata(&file).expect("log exists").len(),
+        100 * 1024
+    );
+    assert!(
+        result.output.contains("its first 102400 bytes"),
+        "{}",
+        result.output
+    );
+    let head = std::fs::read_to_string(&file).expect("readable log");
+    assert!(head.starts_with("1\n2\n3\n"));
+    h.engine.shutdown().await;
+    assert!(
+        !std::path::Path::new(&file).exists(),
+        "logs are deleted at shutdown"
+    );
+    assert!(
+        !log_dir.exists(),
+        "the log directory is removed at shutdown"
+    );
+}
+
+#[tokio::test]
+async fn untruncated_results_name_no_log_and_leave_none_behind() {
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log_dir = logs.path().join("logs");
+    let dir = log_dir.clone();
+    let h = harness_with(move |config| config.log_dir = dir);
+    let result = exec(&h.engine, cmd("echo small")).await;
+    assert!(result.output_file.is_none());
+    let leftovers = std::fs::read_dir(&log_dir).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(leftovers, 0, "a finished session's unnamed log is deleted");
+}

@@ -44,29 +44,40 @@ pub fn release(pid: u32) {
 }
 
 /// Reaps every zombie child of this process that no owner is waiting for. Returns how many.
+///
+/// The `/proc` scan runs without the lock (it takes milliseconds on a busy machine, and owners
+/// spawning or releasing must not wait for it); only the final check-and-wait of each zombie
+/// candidate holds it. A candidate that is owned by then is skipped, and an owner can only
+/// register a pid while holding the lock, so the reaper never steals an owned exit status.
 pub fn reap_orphans() -> usize {
     let me = std::process::id() as i32;
-    let set = owned();
-    let mut n_reaped = 0;
     let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let mut zombies = Vec::new();
     for entry in dir.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        if set.contains(&pid) {
-            continue;
-        }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
         let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
         let mut fields = rest.split_whitespace();
         let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else { continue };
-        if state != "Z" || ppid.parse::<i32>().ok() != Some(me) {
+        if state == "Z" && ppid.parse::<i32>().ok() == Some(me) {
+            zombies.push(pid);
+        }
+    }
+    if zombies.is_empty() {
+        return 0;
+    }
+    let set = owned();
+    let mut n_reaped = 0;
+    for pid in zombies {
+        if set.contains(&pid) {
             continue;
         }
-        if let Some(pid) = Pid::from_raw(pid) {
-            if let Ok(Some(_)) = rustix::process::waitpid(Some(pid), WaitOptions::NOHANG) {
-                n_reaped += 1;
-            }
+        if let Some(pid) = Pid::from_raw(pid)
+            && let Ok(Some(_)) = rustix::process::waitpid(Some(pid), WaitOptions::NOHANG)
+        {
+            n_reaped += 1;
         }
     }
     n_reaped
