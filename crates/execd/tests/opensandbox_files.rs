@@ -1,6 +1,8 @@
 //! The OpenSandbox-compatible files API against a real router on 127.0.0.1:0: every route and
 //! error, and the confinement to `--root` (symlinks to `/etc`, chains, `..`, URL-encoded `..`,
-//! absolute link targets, FIFOs, devices, a file swapped for a symlink while being read).
+//! absolute link targets outside the root, FIFOs, devices, a file swapped for a symlink while
+//! being read), and the links it follows (absolute links inside the root, every absolute link
+//! with the root `/`), with a link loop answered rather than hung on.
 
 mod opensandbox_support;
 
@@ -595,7 +597,7 @@ async fn url_encoded_dot_dot_is_refused() {
 }
 
 #[tokio::test]
-async fn absolute_link_targets_are_refused() {
+async fn absolute_link_targets_outside_the_root_are_refused() {
     let server = Server::start().await;
     symlink("/etc/hostname", server.path("abs")).expect("symlink");
     std::fs::create_dir(server.path("d")).expect("mkdir");
@@ -698,7 +700,7 @@ async fn a_file_swapped_for_a_symlink_between_checks_never_leaks_outside_content
             let mut n = 0u64;
             while swapping.load(std::sync::atomic::Ordering::Relaxed) {
                 let _ = std::fs::remove_file(&tmp);
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     std::fs::write(&tmp, "inside").expect("write");
                 } else {
                     symlink("/etc/passwd", &tmp).expect("symlink");
@@ -734,4 +736,154 @@ async fn a_file_swapped_for_a_symlink_between_checks_never_leaks_outside_content
     }
     swapping.store(false, std::sync::atomic::Ordering::Relaxed);
     flipper.join().expect("flipper thread");
+}
+
+#[tokio::test]
+async fn an_absolute_link_to_a_file_inside_the_root_is_followed() {
+    let server = Server::start().await;
+    std::fs::create_dir(server.path("real")).expect("mkdir");
+    std::fs::write(server.path("real/data.txt"), "inside\n").expect("write");
+    let link = server.path("abs");
+    symlink(server.path("real/data.txt"), &link).expect("symlink");
+    // Spelled with `.` and `..` at the root's level, still inside.
+    let dotted = server.path("dotted");
+    let root_name = server.root.file_name().expect("root has a name");
+    symlink(
+        format!(
+            "{}/./../{}/real/data.txt",
+            server.root.display(),
+            root_name.to_string_lossy()
+        ),
+        &dotted,
+    )
+    .expect("symlink");
+
+    for path in [&link, &dotted] {
+        let response = server
+            .get(&format!("/files/download?path={}", q(path)))
+            .await;
+        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(response.text().await.expect("text"), "inside\n");
+    }
+    let info: Value = server
+        .get(&format!("/files/info?path={}", q(&link)))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info[&link]["type"], "symlink", "info describes the link");
+
+    let response = server
+        .post_json(
+            "/files/replace",
+            json!({link.clone(): {"old": "inside", "new": "rewritten"}}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(server.path("real/data.txt")).expect("read"),
+        "rewritten\n",
+        "replace writes the file the link points to"
+    );
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .expect("link")
+            .file_type()
+            .is_symlink(),
+        "the link stays a link"
+    );
+}
+
+#[tokio::test]
+async fn an_absolute_link_to_a_directory_inside_the_root_can_be_listed_and_written_through() {
+    let server = Server::start().await;
+    std::fs::create_dir_all(server.path("real/sub")).expect("mkdir");
+    std::fs::write(server.path("real/a.txt"), "a").expect("write");
+    let dir_link = server.path("absdir");
+    symlink(server.path("real"), &dir_link).expect("symlink");
+
+    let p = |rel: &str| format!("{dir_link}/{rel}");
+    assert_eq!(
+        list(&server, &dir_link, "").await,
+        [(p("a.txt"), "file".into()), (p("sub"), "directory".into())]
+    );
+    let info: Value = server
+        .get(&format!("/files/info?path={}", q(&p("a.txt"))))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info[p("a.txt")]["type"], "file");
+    assert_eq!(info[p("a.txt")]["size"], 1);
+
+    let response = upload(&server, &[(json!({"path": p("sub/new/up.txt")}), b"up")]).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(server.path("real/sub/new/up.txt")).expect("uploaded"),
+        "up"
+    );
+}
+
+#[tokio::test]
+async fn a_symlink_loop_is_a_clear_error_not_a_hang() {
+    let server = Server::start().await;
+    symlink(server.path("loop_b"), server.path("loop_a")).expect("symlink");
+    symlink("loop_a", server.path("loop_b")).expect("symlink");
+    symlink(server.path("me"), server.path("me")).expect("symlink");
+    for path in [
+        server.path("loop_a"),
+        server.path("loop_a/below"),
+        server.path("me"),
+    ] {
+        let response = tokio::time::timeout(
+            WAIT,
+            server.get(&format!("/files/download?path={}", q(&path))),
+        )
+        .await
+        .expect("a link loop is answered without hanging");
+        let (status, code, message) = error_body(response).await;
+        assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"), "{path}");
+        assert!(
+            message.contains("too many levels of symbolic links"),
+            "{path}: {message}"
+        );
+    }
+    let response = server
+        .post_json("/directories", json!({server.path("loop_a/made"): {}}))
+        .await;
+    let (status, _, message) = error_body(response).await;
+    assert_eq!(status, 500, "mkdir through a loop: {message}");
+    assert!(message.contains("symbolic links"), "{message}");
+}
+
+#[tokio::test]
+async fn with_the_root_slash_absolute_links_are_followed() {
+    let server = Server::start_with(|config| config.root = "/".into()).await;
+    let elsewhere = tempfile::tempdir().expect("temporary directory");
+    let elsewhere = std::fs::canonicalize(elsewhere.path()).expect("canonical");
+    let here = tempfile::tempdir().expect("temporary directory");
+    let here = std::fs::canonicalize(here.path()).expect("canonical");
+    std::fs::write(elsewhere.join("file.txt"), "far away").expect("write");
+    symlink(elsewhere.join("file.txt"), here.join("file-link")).expect("symlink");
+    symlink(&elsewhere, here.join("dir-link")).expect("symlink");
+
+    let file_link = here.join("file-link").display().to_string();
+    let response = server
+        .get(&format!("/files/download?path={}", q(&file_link)))
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("text"), "far away");
+
+    let dir_link = here.join("dir-link").display().to_string();
+    assert_eq!(
+        list(&server, &dir_link, "").await,
+        [(format!("{dir_link}/file.txt"), "file".into())]
+    );
+    // `..` at `/` stays at `/`, as in the kernel.
+    let climbing = format!("/../..{}", elsewhere.join("file.txt").display());
+    let response = server
+        .get(&format!("/files/download?path={}", q(&climbing)))
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("text"), "far away");
 }

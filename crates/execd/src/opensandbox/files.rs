@@ -1,29 +1,29 @@
 //! The files API (`/files/*`, `/directories*`), confined to `--root`.
 //!
-//! Every path is expanded (`~`, `$VAR`), must lie lexically under the root, and is then resolved
-//! beneath an open handle of the root with cap-std, which uses `openat2(RESOLVE_BENEATH |
-//! RESOLVE_NO_MAGICLINKS)` where the kernel has it: a `..`, symlink or absolute link target that
-//! leads out of the root is refused by the kernel at the moment of use, so a file swapped for a
-//! symlink between two checks cannot escape. Contents are only read or written through a handle
-//! whose type was checked with `fstat` after a non-blocking open, so FIFOs and devices are never
-//! read or written. Refusals are 403 `PATH_ESCAPE` / `NOT_REGULAR_FILE`.
+//! Every path is expanded (`~`, `$VAR`), must lie under the root, and is then resolved by
+//! [`super::resolve`] from an open handle of the root, one entry at a time with `O_NOFOLLOW`
+//! and `openat2(RESOLVE_BENEATH)`: a `..`, relative link or absolute link target that leads out
+//! of the root is refused, an absolute link to a place inside the root is followed (with the
+//! default root `/`, every absolute link), and a file swapped for a symlink between two checks
+//! cannot escape. Contents are only read or written through a handle whose type was checked
+//! first, so FIFOs and devices are never read or written. Refusals are 403 `PATH_ESCAPE` /
+//! `NOT_REGULAR_FILE`; a symlink loop is a 500 `RUNTIME_ERROR` that says so.
 //!
 //! All filesystem work runs on the blocking pool. Uploads are streamed into a temporary file next
-//! to the destination, fsynced and renamed into place. With the default root `/`, absolute
-//! symlinks are refused too (they are resolved beneath the root handle, never from the host `/`).
+//! to the destination, fsynced and renamed into place. `/files/replace` rewrites the file a
+//! symlink points to, leaving the link in place; an upload replaces the link itself.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::Multipart;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use cap_fs_ext::{DirExt, OpenOptionsMaybeDirExt};
-use cap_std::ambient_authority;
+use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, File, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
 use chrono::{DateTime, Utc};
 use tokio::io::AsyncWriteExt;
@@ -33,6 +33,7 @@ use warren_protocol::opensandbox::{
 
 use super::CompatError;
 use super::commands::rfc3339;
+use super::resolve::{self, Entry, Part, Refusal, Root, Want};
 
 /// Most entries one search or listing returns.
 pub const MAX_LISTED_ENTRIES: usize = 10_000;
@@ -46,12 +47,19 @@ pub struct Files {
     root: PathBuf,
 }
 
-/// A request path resolved to a path relative to the root.
+/// A request path as parts below the root.
 #[derive(Debug, Clone)]
 struct Target {
     /// The path as the client wrote it (after expansion); used in messages and answers.
     shown: String,
-    rel: PathBuf,
+    parts: Vec<Part>,
+}
+
+impl Target {
+    /// The parts of the directory holding the target, `None` for the root itself.
+    fn parent_parts(&self) -> Option<&[Part]> {
+        self.parts.split_last().map(|(_, parent)| parent)
+    }
 }
 
 /// Expands a leading `~` (the daemon user's home) and `$NAME` / `${NAME}`; an undefined
@@ -99,8 +107,11 @@ pub fn expand_path(raw: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// An escape refused by the resolver, by the kernel (`EXDEV` from `RESOLVE_BENEATH`) or by
+/// cap-std.
 fn is_escape(err: &io::Error) -> bool {
-    err.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
+    matches!(resolve::refusal(err), Some(Refusal::Escape))
+        || err.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
         || (err.kind() == io::ErrorKind::PermissionDenied
             && err.to_string().contains("outside of the filesystem"))
 }
@@ -109,6 +120,19 @@ fn is_escape(err: &io::Error) -> bool {
 fn fs_error(path: &str, err: io::Error) -> CompatError {
     if is_escape(&err) {
         return CompatError::PathEscape(format!("path {path} leads outside the root"));
+    }
+    match resolve::refusal(&err) {
+        Some(Refusal::NotRegular) => {
+            return CompatError::NotRegularFile(format!("{path} is not a regular file"));
+        }
+        Some(Refusal::Loop) => {
+            return CompatError::Runtime(format!(
+                "too many levels of symbolic links resolving {path} (more than {} links, or a \
+                 loop)",
+                resolve::MAX_LINKS_FOLLOWED
+            ));
+        }
+        Some(Refusal::Escape) | None => {}
     }
     match err.kind() {
         io::ErrorKind::NotFound => CompatError::FileNotFound(format!("file not found: {path}")),
@@ -229,46 +253,41 @@ fn file_info(shown: String, meta: &Metadata, names: &Names) -> FileInfo {
     }
 }
 
-/// Opens a path for its contents or attributes without ever blocking on a FIFO, and refuses
-/// anything but regular files (and directories when `allow_dir`).
+/// Opens a path (following symlinks) for reading its contents or changing its attributes:
+/// only regular files (and directories when `allow_dir`); anything else is refused before it is
+/// opened. Also returns where the file really is, for writing it back.
 fn open_checked(
-    dir: &Dir,
+    root: &Root,
     target: &Target,
-    write: bool,
     allow_dir: bool,
-) -> Result<(File, Metadata), CompatError> {
-    let mut options = OpenOptions::new();
-    options.read(!write).write(write);
-    options.custom_flags(libc_flags());
-    if allow_dir {
-        options.maybe_dir(true);
-    }
-    let file = dir
-        .open_with(&target.rel, &options)
+) -> Result<(File, Metadata, Entry), CompatError> {
+    let want = if allow_dir {
+        Want::FileOrDir
+    } else {
+        Want::File
+    };
+    let (fd, entry) = root
+        .open(&target.parts, want)
         .map_err(|e| fs_error(&target.shown, e))?;
+    let file = File::from(fd);
     let meta = file.metadata().map_err(|e| fs_error(&target.shown, e))?;
-    if !(meta.is_file() || (allow_dir && meta.is_dir())) {
-        return Err(CompatError::NotRegularFile(format!(
-            "{} is not a regular file",
-            target.shown
-        )));
-    }
-    Ok((file, meta))
+    Ok((file, meta, entry))
 }
 
-/// `O_NONBLOCK | O_NOCTTY`: opening a FIFO or a terminal must neither wait nor adopt it.
-fn libc_flags() -> i32 {
-    (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32
+/// The entry a path names, without following a final symlink.
+fn locate(root: &Root, target: &Target) -> Result<Entry, CompatError> {
+    root.locate(&target.parts)
+        .map_err(|e| fs_error(&target.shown, e))
 }
 
-fn apply_permission(dir: &Dir, target: &Target, perm: &Permission) -> Result<(), CompatError> {
+fn apply_permission(root: &Root, target: &Target, perm: &Permission) -> Result<(), CompatError> {
     let mode = perm.mode.filter(|m| *m != 0).map(octal_mode).transpose()?;
     let owner = perm.owner.as_deref().filter(|o| !o.is_empty());
     let group = perm.group.as_deref().filter(|g| !g.is_empty());
     if mode.is_none() && owner.is_none() && group.is_none() {
         return Ok(());
     }
-    let (file, _) = open_checked(dir, target, false, true)?;
+    let (file, _, _) = open_checked(root, target, true)?;
     let file = file.into_std();
     set_owner_and_mode(&file, &target.shown, owner, group, mode)
 }
@@ -302,20 +321,15 @@ fn set_owner_and_mode(
     Ok(())
 }
 
-/// `mkdir -p` beneath the root. An existing component that is a symlink out of the root makes
-/// `mkdir` say "exists"; following it beneath the root then gives the real answer (an escape).
-fn create_dirs(dir: &Dir, rel: &Path, shown: &str) -> Result<(), CompatError> {
-    match dir.create_dir_all(rel) {
-        Ok(()) => Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => match dir.metadata(rel) {
-            Ok(meta) if meta.is_dir() => Ok(()),
-            Ok(_) => Err(CompatError::Runtime(format!(
-                "{shown}: a path component is not a directory"
-            ))),
-            Err(err) => Err(fs_error(shown, err)),
-        },
-        Err(err) => Err(fs_error(shown, err)),
-    }
+/// `mkdir -p` below the root, following symlinks that stay inside it.
+fn create_dirs(root: &Root, parts: &[Part], shown: &str) -> Result<(), CompatError> {
+    root.create_dirs(parts).map_err(|err| {
+        if err.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) {
+            CompatError::Runtime(format!("{shown}: a path component is not a directory"))
+        } else {
+            fs_error(shown, err)
+        }
+    })
 }
 
 fn join_shown(base: &str, name: &str) -> String {
@@ -336,13 +350,13 @@ impl Files {
         &self.root
     }
 
-    fn open_root(&self) -> Result<Dir, CompatError> {
-        Dir::open_ambient_dir(&self.root, ambient_authority()).map_err(|e| {
+    fn open_root(&self) -> Result<Root, CompatError> {
+        Root::new(&self.root).map_err(|e| {
             CompatError::Internal(format!("cannot open root {}: {e}", self.root.display()))
         })
     }
 
-    /// Expands `raw` and makes it relative to the root; lexically outside → `PATH_ESCAPE`.
+    /// Expands `raw` and makes it parts below the root; lexically outside → `PATH_ESCAPE`.
     fn target(&self, raw: &str) -> Result<Target, CompatError> {
         if raw.is_empty() {
             return Err(CompatError::InvalidRequest(
@@ -361,25 +375,9 @@ impl Files {
         } else {
             self.root.join(path)
         };
-        let rel = absolute
-            .strip_prefix(&self.root)
-            .map_err(|_| CompatError::PathEscape(format!("path {shown} is outside the root")))?;
-        let rel = if rel.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            rel.to_path_buf()
-        };
-        Ok(Target { shown, rel })
-    }
-
-    /// The parent of `target` (relative to the root), `None` for the root itself.
-    fn parent_of(target: &Target) -> Option<PathBuf> {
-        let parent = target.rel.parent()?;
-        Some(if parent.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            parent.to_path_buf()
-        })
+        let parts = resolve::parts_beneath(&self.root, &absolute)
+            .ok_or_else(|| CompatError::PathEscape(format!("path {shown} is outside the root")))?;
+        Ok(Target { shown, parts })
     }
 
     pub async fn info(
@@ -388,13 +386,13 @@ impl Files {
     ) -> Result<HashMap<String, FileInfo>, CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             let names = Names::load();
             let mut answer = HashMap::new();
             for raw in paths {
                 let target = files.target(&raw)?;
-                let meta = dir
-                    .symlink_metadata(&target.rel)
+                let meta = locate(&root, &target)?
+                    .lstat()
                     .map_err(|e| fs_error(&target.shown, e))?;
                 answer.insert(raw, file_info(target.shown, &meta, &names));
             }
@@ -406,10 +404,15 @@ impl Files {
     pub async fn delete_files(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             for raw in paths {
                 let target = files.target(&raw)?;
-                match dir.symlink_metadata(&target.rel) {
+                let entry = match root.locate(&target.parts) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(fs_error(&target.shown, e)),
+                    Ok(entry) => entry,
+                };
+                match entry.lstat() {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(fs_error(&target.shown, e)),
                     Ok(meta) if meta.is_dir() => {
@@ -420,7 +423,7 @@ impl Files {
                     }
                     Ok(_) => {}
                 }
-                match dir.remove_file_or_symlink(&target.rel) {
+                match entry.dir.remove_file_or_symlink(&entry.name) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
                         return Err(fs_error(&target.shown, e));
                     }
@@ -435,13 +438,17 @@ impl Files {
     pub async fn rename(self: &Arc<Self>, items: Vec<RenameItem>) -> Result<(), CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             for item in items {
                 let src = files.target(&item.src)?;
                 let dest = files.target(&item.dest)?;
-                dir.symlink_metadata(&src.rel)
-                    .map_err(|e| fs_error(&src.shown, e))?;
-                match dir.symlink_metadata(&dest.rel) {
+                let src_entry = locate(&root, &src)?;
+                src_entry.lstat().map_err(|e| fs_error(&src.shown, e))?;
+                if let Some(parent) = dest.parent_parts() {
+                    create_dirs(&root, parent, &dest.shown)?;
+                }
+                let dest_entry = locate(&root, &dest)?;
+                match dest_entry.lstat() {
                     Ok(_) => {
                         return Err(CompatError::Runtime(format!(
                             "destination {} already exists",
@@ -451,10 +458,9 @@ impl Files {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(fs_error(&dest.shown, e)),
                 }
-                if let Some(parent) = Self::parent_of(&dest) {
-                    create_dirs(&dir, &parent, &dest.shown)?;
-                }
-                dir.rename(&src.rel, &dir, &dest.rel)
+                src_entry
+                    .dir
+                    .rename(&src_entry.name, &dest_entry.dir, &dest_entry.name)
                     .map_err(|e| fs_error(&src.shown, e))?;
             }
             Ok(())
@@ -468,10 +474,10 @@ impl Files {
     ) -> Result<(), CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             for (raw, perm) in request {
                 let target = files.target(&raw)?;
-                apply_permission(&dir, &target, &perm)?;
+                apply_permission(&root, &target, &perm)?;
             }
             Ok(())
         })
@@ -484,11 +490,11 @@ impl Files {
     ) -> Result<(), CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             for (raw, perm) in request {
                 let target = files.target(&raw)?;
-                create_dirs(&dir, &target.rel, &target.shown)?;
-                apply_permission(&dir, &target, &perm)?;
+                create_dirs(&root, &target.parts, &target.shown)?;
+                apply_permission(&root, &target, &perm)?;
             }
             Ok(())
         })
@@ -498,23 +504,24 @@ impl Files {
     pub async fn remove_dirs(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             for raw in paths {
                 let target = files.target(&raw)?;
-                if target
-                    .rel
-                    .components()
-                    .all(|c| matches!(c, Component::CurDir))
-                {
+                let entry = match root.locate(&target.parts) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(fs_error(&target.shown, e)),
+                    Ok(entry) => entry,
+                };
+                if entry.is_root() {
                     return Err(CompatError::Runtime(
                         "refusing to remove the root".to_owned(),
                     ));
                 }
-                let result = match dir.symlink_metadata(&target.rel) {
+                let result = match entry.lstat() {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => Err(e),
-                    Ok(meta) if meta.is_dir() => dir.remove_dir_all(&target.rel),
-                    Ok(_) => dir.remove_file_or_symlink(&target.rel),
+                    Ok(meta) if meta.is_dir() => entry.dir.remove_dir_all(&entry.name),
+                    Ok(_) => entry.dir.remove_file_or_symlink(&entry.name),
                 };
                 match result {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -543,9 +550,7 @@ impl Files {
         blocking(move || {
             let root = files.open_root()?;
             let target = files.target(&raw)?;
-            let dir = root
-                .open_dir(&target.rel)
-                .map_err(|e| fs_error(&target.shown, e))?;
+            let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut found = Vec::new();
             walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
@@ -572,9 +577,7 @@ impl Files {
         blocking(move || {
             let root = files.open_root()?;
             let target = files.target(&raw)?;
-            let dir = root
-                .open_dir(&target.rel)
-                .map_err(|e| fs_error(&target.shown, e))?;
+            let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut listed = Vec::new();
             walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
@@ -597,11 +600,11 @@ impl Files {
         }
         let files = Arc::clone(self);
         blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             let mut results = HashMap::new();
             for (raw, item) in request {
                 let target = files.target(&raw)?;
-                let (file, meta) = open_checked(&dir, &target, false, false)?;
+                let (file, meta, entry) = open_checked(&root, &target, false)?;
                 if meta.len() > MAX_TEXT_BYTES {
                     return Err(CompatError::Runtime(format!(
                         "{} is larger than {MAX_TEXT_BYTES} bytes",
@@ -615,7 +618,7 @@ impl Files {
                 let (replaced, n_replaced) =
                     replace_all(&content, item.old.as_bytes(), item.new.as_bytes());
                 if n_replaced > 0 {
-                    files.write_atomically(&dir, &target, &replaced, &meta)?;
+                    write_atomically(&entry, &target.shown, &replaced, &meta)?;
                 }
                 results.insert(
                     raw,
@@ -627,31 +630,6 @@ impl Files {
             Ok(results)
         })
         .await
-    }
-
-    /// Writes `content` to a temporary file next to `target`, gives it the old file's mode and
-    /// owner, fsyncs it and renames it over `target`.
-    fn write_atomically(
-        &self,
-        dir: &Dir,
-        target: &Target,
-        content: &[u8],
-        old: &Metadata,
-    ) -> Result<(), CompatError> {
-        let (temp, file) = create_temp_beside(dir, target)?;
-        let mut file = file.into_std();
-        let result = (|| {
-            file.write_all(content)?;
-            let _ = std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()));
-            file.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))?;
-            file.sync_all()?;
-            dir.rename(&temp, dir, &target.rel)
-        })();
-        if let Err(err) = result {
-            let _ = dir.remove_file(&temp);
-            return Err(fs_error(&target.shown, err));
-        }
-        Ok(())
     }
 
     /// `POST /files/upload`: pairs `metadata` and `file` parts by order and streams each file
@@ -728,12 +706,13 @@ impl Files {
             .transpose()?;
         let files = Arc::clone(self);
         let prepared = target.clone();
-        let (dir, temp, file) = blocking(move || {
-            let dir = files.open_root()?;
-            if let Some(parent) = Self::parent_of(&prepared) {
-                create_dirs(&dir, &parent, &prepared.shown)?;
+        let (entry, temp, file) = blocking(move || {
+            let root = files.open_root()?;
+            if let Some(parent) = prepared.parent_parts() {
+                create_dirs(&root, parent, &prepared.shown)?;
             }
-            match dir.symlink_metadata(&prepared.rel) {
+            let entry = locate(&root, &prepared)?;
+            match entry.lstat() {
                 Ok(meta) if !meta.is_file() && !meta.is_symlink() => {
                     return Err(CompatError::NotRegularFile(format!(
                         "{} exists and is not a regular file",
@@ -745,8 +724,8 @@ impl Files {
                 }
                 _ => {}
             }
-            let (temp, file) = create_temp_beside(&dir, &prepared)?;
-            Ok((dir, temp, file))
+            let (temp, file) = create_temp_beside(&entry, &prepared.shown)?;
+            Ok((entry, temp, file))
         })
         .await?;
         let mut writer = tokio::fs::File::from_std(file.into_std());
@@ -779,12 +758,14 @@ impl Files {
                     mode,
                 )?;
                 file.sync_all().map_err(|e| fs_error(&target.shown, e))?;
-                dir.rename(&temp, &dir, &target.rel)
+                entry
+                    .dir
+                    .rename(&temp, &entry.dir, &entry.name)
                     .map_err(|e| fs_error(&target.shown, e))
             };
             let result = finish();
             if result.is_err() {
-                let _ = dir.remove_file(&temp);
+                let _ = entry.dir.remove_file(&temp);
             }
             result
         })
@@ -805,9 +786,9 @@ impl Files {
         }
         let files = Arc::clone(self);
         let (file, meta, shown) = blocking(move || {
-            let dir = files.open_root()?;
+            let root = files.open_root()?;
             let target = files.target(&raw)?;
-            let (file, meta) = open_checked(&dir, &target, false, false)?;
+            let (file, meta, _) = open_checked(&root, &target, false)?;
             Ok((file.into_std(), meta, target.shown))
         })
         .await?;
@@ -870,27 +851,57 @@ impl Files {
     }
 }
 
-/// Creates `.<name>.warren-<uuid>` beside `target`, exclusively, for writing.
-fn create_temp_beside(dir: &Dir, target: &Target) -> Result<(PathBuf, File), CompatError> {
-    let name = target
-        .rel
-        .file_name()
-        .ok_or_else(|| CompatError::InvalidRequest(format!("{} names no file", target.shown)))?;
-    let temp_name = format!(
+/// Opens the directory a path names (following symlinks) for listing.
+fn open_dir(root: &Root, target: &Target) -> Result<Dir, CompatError> {
+    let (fd, _) = root
+        .open(&target.parts, Want::Dir)
+        .map_err(|e| fs_error(&target.shown, e))?;
+    Ok(Dir::from(fd))
+}
+
+/// Creates `.<name>.warren-<uuid>` beside `entry`, exclusively, for writing.
+fn create_temp_beside(entry: &Entry, shown: &str) -> Result<(PathBuf, File), CompatError> {
+    if entry.is_root() {
+        return Err(CompatError::InvalidRequest(format!(
+            "{shown} names no file"
+        )));
+    }
+    let temp = PathBuf::from(format!(
         ".{}.warren-{}",
-        name.to_string_lossy(),
+        entry.name.to_string_lossy(),
         uuid::Uuid::new_v4().simple()
-    );
-    let temp = match Files::parent_of(target) {
-        Some(parent) => parent.join(temp_name),
-        None => PathBuf::from(temp_name),
-    };
+    ));
     let mut options = OpenOptions::new();
     options.write(true).create_new(true).mode(0o644);
-    let file = dir
+    let file = entry
+        .dir
         .open_with(&temp, &options)
-        .map_err(|e| fs_error(&target.shown, e))?;
+        .map_err(|e| fs_error(shown, e))?;
     Ok((temp, file))
+}
+
+/// Writes `content` to a temporary file next to `entry`, gives it the old file's mode and
+/// owner, fsyncs it and renames it over `entry`.
+fn write_atomically(
+    entry: &Entry,
+    shown: &str,
+    content: &[u8],
+    old: &Metadata,
+) -> Result<(), CompatError> {
+    let (temp, file) = create_temp_beside(entry, shown)?;
+    let mut file = file.into_std();
+    let result = (|| {
+        file.write_all(content)?;
+        let _ = std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()));
+        file.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))?;
+        file.sync_all()?;
+        entry.dir.rename(&temp, &entry.dir, &entry.name)
+    })();
+    if let Err(err) = result {
+        let _ = entry.dir.remove_file(&temp);
+        return Err(fs_error(shown, err));
+    }
+    Ok(())
 }
 
 /// Pre-order walk: each entry (not following symlinks), then its descendants, in lexical

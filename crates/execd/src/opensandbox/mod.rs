@@ -10,6 +10,7 @@ mod bash_sessions;
 mod commands;
 mod files;
 mod metrics;
+mod resolve;
 mod spawn;
 pub mod stream;
 
