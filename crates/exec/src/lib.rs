@@ -161,21 +161,16 @@ impl Engine {
         let session = self.get(args.session_id)?;
         session.touch();
         let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
-        let (yield_ms, detect_input) = if args.chars.is_empty() {
-            (
-                clamp(
-                    args.yield_time_ms.unwrap_or(POLL_YIELD_RANGE_MS.0),
-                    POLL_YIELD_RANGE_MS,
-                ),
-                true,
+        // An empty write is a poll: agents poll long-running commands, so its yield is longer.
+        let yield_ms = if args.chars.is_empty() {
+            clamp(
+                args.yield_time_ms.unwrap_or(POLL_YIELD_RANGE_MS.0),
+                POLL_YIELD_RANGE_MS,
             )
         } else {
-            (
-                clamp(
-                    args.yield_time_ms.unwrap_or(WRITE_YIELD_DEFAULT_MS),
-                    WRITE_YIELD_RANGE_MS,
-                ),
-                true,
+            clamp(
+                args.yield_time_ms.unwrap_or(WRITE_YIELD_DEFAULT_MS),
+                WRITE_YIELD_RANGE_MS,
             )
         };
         let mut note = None;
@@ -186,7 +181,7 @@ impl Engine {
             }
         }
         let deadline = call_start + Duration::from_millis(yield_ms);
-        let outcome = session.wait(deadline, Instant::now(), detect_input).await;
+        let outcome = session.wait(deadline, Instant::now(), true).await;
         let mut result = self.result_of(&session, outcome, max_tokens, call_start);
         if let Some(note) = note {
             result.output.push_str(&note);
@@ -263,7 +258,7 @@ impl Engine {
         if result.exit_code.is_none() {
             result.exit_code = Some(-1);
         }
-        self.remove(session_id, true);
+        self.remove(session_id);
         result.text = render_text(&result);
         Ok(result)
     }
@@ -371,13 +366,11 @@ impl Engine {
 
     /// Forgets a finished session. Its log is kept (bounded) when a result named it, so the
     /// `output_file` an agent was given stays readable; otherwise it is deleted now.
-    fn remove(&self, id: SessionId, finished: bool) {
+    fn remove(&self, id: SessionId) {
         let Some(session) = self.lock_sessions().remove(&id) else {
             return;
         };
-        if finished {
-            session.stop_tasks();
-        }
+        session.stop_tasks();
         if session.state().log_named {
             let mut retained = lock(&self.retained_logs);
             retained.push_back(session.log_path.clone());
@@ -475,7 +468,7 @@ impl Engine {
         };
         result.text = render_text(&result);
         if finished {
-            self.remove(session.id, true);
+            self.remove(session.id);
         }
         result
     }
