@@ -202,7 +202,7 @@ impl Engine {
                     state.finished,
                     state.exit,
                     state.timed_out,
-                    now.duration_since(state.last_used),
+                    now.duration_since(state.last_used.max(state.last_output)),
                     state.capture.len(),
                     now.duration_since(state.last_output) >= self.config.input_quiet,
                 )

@@ -63,7 +63,8 @@ pub(crate) struct SessionState {
     pub capture: HeadTailCapture,
     /// When output last arrived (or the session started).
     pub last_output: Instant,
-    /// When a call last used the session (for pruning) or output arrived.
+    /// When a call last used the session: pruning order. Output does not count, so a chatty
+    /// server the agent forgot about is not kept over sessions the agent works with.
     pub last_used: Instant,
     pub exit: Option<ExitInfo>,
     /// Output reached end of file.
@@ -399,9 +400,7 @@ async fn read_output(
         {
             let mut state = session.state();
             state.capture.push(data);
-            let now = Instant::now();
-            state.last_output = now;
-            state.last_used = now;
+            state.last_output = Instant::now();
             state.log_bytes = log_bytes;
             state.log_capped |= capped;
         }
