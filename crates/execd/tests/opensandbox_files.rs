@@ -822,6 +822,34 @@ async fn an_absolute_link_to_a_directory_inside_the_root_can_be_listed_and_writt
         std::fs::read_to_string(server.path("real/sub/new/up.txt")).expect("uploaded"),
         "up"
     );
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": p("sub/new/up.txt"), "dest": p("sub/moved.txt")}]),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert!(Path::new(&server.path("real/sub/moved.txt")).exists());
+    let response = server
+        .delete(&format!("/files?path={}", q(&p("sub/moved.txt"))))
+        .await;
+    assert_eq!(response.status(), 200);
+    assert!(!Path::new(&server.path("real/sub/moved.txt")).exists());
+    let response = server
+        .delete(&format!("/directories?path={}", q(&p("sub/new"))))
+        .await;
+    assert_eq!(response.status(), 200);
+    assert!(!Path::new(&server.path("real/sub/new")).exists());
+    assert!(Path::new(&server.path("real/sub")).is_dir());
+    let response = server
+        .delete(&format!("/directories?path={}", q(&dir_link)))
+        .await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        Path::new(&server.path("real/a.txt")).exists(),
+        "removing a link to a directory removes the link, not the directory"
+    );
+    assert!(std::fs::symlink_metadata(&dir_link).is_err());
 }
 
 #[tokio::test]
@@ -886,4 +914,53 @@ async fn with_the_root_slash_absolute_links_are_followed() {
         .await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("text"), "far away");
+}
+
+#[tokio::test]
+async fn a_directory_link_retargeted_from_inside_to_etc_never_leaks_outside_content() {
+    let server = Server::start().await;
+    std::fs::create_dir(server.path("real")).expect("mkdir");
+    std::fs::write(server.path("real/passwd"), "inside").expect("write");
+    let link = server.path("dir");
+    let swapping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flipper = {
+        let (link, tmp) = (link.clone(), server.path("dir.tmp"));
+        let inside = server.path("real");
+        let swapping = swapping.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while swapping.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::remove_file(&tmp);
+                let target = if n.is_multiple_of(2) { &inside } else { "/etc" };
+                symlink(target, &tmp).expect("symlink");
+                std::fs::rename(&tmp, &link).expect("rename");
+                n += 1;
+            }
+        })
+    };
+    let url = format!("/files/download?path={}", q(&format!("{link}/passwd")));
+    let (mut n_inside, mut n_refused, mut n_requests) = (0, 0, 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while n_requests < 200 || n_inside == 0 || n_refused == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting to see both link targets"
+        );
+        let response = server.get(&url).await;
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("text");
+        assert!(!text.contains("root:"), "outside content leaked: {text}");
+        match status {
+            200 => {
+                assert_eq!(text, "inside");
+                n_inside += 1;
+            }
+            403 => n_refused += 1,
+            404 => {}
+            other => panic!("unexpected status {other}: {text}"),
+        }
+        n_requests += 1;
+    }
+    swapping.store(false, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().expect("flipper thread");
 }
