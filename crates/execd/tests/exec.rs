@@ -325,3 +325,46 @@ async fn shutdown_kills_running_exec_sessions() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_session_outlives_a_client_that_gave_up_waiting() {
+    let server = Server::start().await;
+    let request = server
+        .http
+        .post(format!("{}/v1/exec", server.base))
+        .timeout(Duration::from_millis(500))
+        .json(&json!({"cmd": "echo started; sleep 1000", "yield_time_ms": 30000}));
+    let gave_up = request.send().await;
+    assert!(
+        gave_up.is_err(),
+        "the client times out before the 30 s yield"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let session = loop {
+        let (_, list) = server
+            .send(server.http.get(format!("{}/v1/exec", server.base)))
+            .await;
+        let found = list["sessions"].as_array().and_then(|s| {
+            s.iter()
+                .find(|s| s["cmd"] == "echo started; sleep 1000")
+                .cloned()
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the session was never listed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(session["status"], "running");
+    let id = session["session_id"].to_string();
+    let (status, poll) = server.stdin(&id, json!({"yield_time_ms": 5000})).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        poll["output"], "started\n",
+        "the unread output waited for the next call"
+    );
+    let (status, _) = server
+        .send(server.http.delete(format!("{}/v1/exec/{id}", server.base)))
+        .await;
+    assert_eq!(status, 200);
+}
