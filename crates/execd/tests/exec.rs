@@ -117,7 +117,7 @@ async fn running_session_is_listed_polled_answered_and_deleted() {
         .as_array()
         .expect("sessions array")
         .iter()
-        .find(|s| s["session_id"].to_string() == id)
+        .find(|s| s["session_id"].as_u64().map(|n| n.to_string()).as_deref() == Some(id.as_str()))
         .expect("the session is listed");
     assert_eq!(entry["tty"], false);
     assert!(entry["pid"].as_u64().is_some_and(|pid| pid > 1));
