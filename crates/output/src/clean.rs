@@ -14,6 +14,10 @@ use std::borrow::Cow;
 
 const ESC: char = '\x1b';
 
+/// Cursor addressing never goes further right than this (a terminal would stop at its width;
+/// lines here do not wrap, so printed text may still make them longer).
+const MAX_COL: usize = 4096;
+
 /// Alternate-screen switches: `?1049`, `?1047` and `?47`, set (`h`) or reset (`l`).
 const ALT_ENTER: &[&str] = &["\x1b[?1049h", "\x1b[?1047h", "\x1b[?47h"];
 const ALT_LEAVE: &[&str] = &["\x1b[?1049l", "\x1b[?1047l", "\x1b[?47l"];
@@ -119,6 +123,25 @@ impl LineModel {
 
     fn screen_top(&self) -> usize {
         self.floor.max(self.lines.len().saturating_sub(self.rows))
+    }
+
+    /// Moves the cursor down `n` lines; like a terminal it stops at the bottom of the screen
+    /// (or of what was printed), so a hostile `ESC[999999999B` allocates nothing.
+    fn move_down(&mut self, n: usize) {
+        let bottom = (self.lines.len() - 1).max(self.screen_top() + self.rows - 1);
+        self.row = self.row.saturating_add(n).min(bottom);
+        self.ensure_row(self.row);
+    }
+
+    /// Moves the cursor to screen row `row` (1-based), clamped to the screen.
+    fn set_screen_row(&mut self, row: usize) {
+        self.row = self.screen_top() + row.clamp(1, self.rows) - 1;
+        self.ensure_row(self.row);
+    }
+
+    /// Moves the cursor to column `col`, clamped so cursor addressing cannot make a line huge.
+    fn set_col(&mut self, col: usize) {
+        self.col = col.min(MAX_COL);
     }
 
     fn ensure_row(&mut self, row: usize) {
@@ -247,15 +270,11 @@ impl LineModel {
                     .saturating_sub(arg(0, 1))
                     .max(self.screen_top().min(self.row))
             }
-            'B' | 'e' => {
-                self.row += arg(0, 1);
-                self.ensure_row(self.row);
-            }
-            'C' | 'a' => self.col += arg(0, 1),
+            'B' | 'e' => self.move_down(arg(0, 1)),
+            'C' | 'a' => self.set_col(self.col.saturating_add(arg(0, 1))),
             'D' => self.col = self.col.saturating_sub(arg(0, 1)),
             'E' => {
-                self.row += arg(0, 1);
-                self.ensure_row(self.row);
+                self.move_down(arg(0, 1));
                 self.col = 0;
             }
             'F' => {
@@ -265,17 +284,12 @@ impl LineModel {
                     .max(self.screen_top().min(self.row));
                 self.col = 0;
             }
-            'G' | '`' => self.col = arg(0, 1) - 1,
+            'G' | '`' => self.set_col(arg(0, 1) - 1),
             'H' | 'f' => {
-                let top = self.screen_top();
-                self.row = top + arg(0, 1) - 1;
-                self.ensure_row(self.row);
-                self.col = arg(1, 1) - 1;
+                self.set_screen_row(arg(0, 1));
+                self.set_col(arg(1, 1) - 1);
             }
-            'd' => {
-                self.row = self.screen_top() + arg(0, 1) - 1;
-                self.ensure_row(self.row);
-            }
+            'd' => self.set_screen_row(arg(0, 1)),
             'K' => {
                 let line = &mut self.lines[self.row];
                 match numbers.first().copied().unwrap_or(0) {
@@ -323,7 +337,7 @@ impl LineModel {
             '@' => {
                 let line = &mut self.lines[self.row];
                 if self.col < line.len() {
-                    let n = arg(0, 1);
+                    let n = arg(0, 1).min(MAX_COL);
                     line.splice(self.col..self.col, std::iter::repeat_n(' ', n));
                 }
             }
@@ -395,6 +409,93 @@ mod tests {
         ];
         for (input, expected) in table {
             assert_eq!(clean(input), expected, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_cursor_addressing_stays_bounded() {
+        let table = [
+            "\x1b[999999999B\x1b[999999999Cx\n",
+            "\x1b[999999999;999999999Hx\n",
+            "\x1b[999999999dx\x1b[999999999Gy\n",
+            "ab\x1b[1D\x1b[999999999@\n",
+            "\x1b[99999999999999999999999999999Ex\n",
+        ];
+        for input in table {
+            let cleaned = clean(input);
+            assert!(
+                cleaned.len() < 4096 + 64,
+                "{input:?} grew to {} bytes",
+                cleaned.len()
+            );
+        }
+    }
+
+    /// Deterministic fuzzing: random mixes of text, control characters and escape fragments
+    /// never panic, never leave an escape character behind, and never grow without bound.
+    #[test]
+    fn random_terminal_noise_never_panics_or_explodes() {
+        const PIECES: &[&str] = &[
+            "a",
+            "é",
+            "😀",
+            " ",
+            "\n",
+            "\r",
+            "\x08",
+            "\t",
+            "\x07",
+            "\x00",
+            "\x1b",
+            "\x1b[",
+            "\x1b]",
+            "\x1b[2J",
+            "\x1b[H",
+            "\x1b[K",
+            "\x1b[1K",
+            "\x1b[0J",
+            "\x1b[5A",
+            "\x1b[3B",
+            "\x1b[9C",
+            "\x1b[4D",
+            "\x1b[31m",
+            "\x1b[?25l",
+            "\x1b7",
+            "\x1b8",
+            "\x1bM",
+            "\x1b[2P",
+            "\x1b[3@",
+            "\x1b[2X",
+            ";",
+            "9",
+            "\x1b\\",
+            "\x1b[?1049h",
+            "\x1b[?1049l",
+            "\x1b(B",
+            "\x1b[s",
+            "\x1b[u",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..3000 {
+            let n_pieces = (next() % 60) as usize;
+            let input: String = (0..n_pieces)
+                .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                .collect();
+            let cleaned = clean_terminal(&input, 24, 80);
+            assert!(
+                !cleaned.contains('\x1b'),
+                "{input:?} left an escape: {cleaned:?}"
+            );
+            assert!(
+                cleaned.len() <= input.len() * 8 + 80 * 26,
+                "{input:?} exploded"
+            );
         }
     }
 
