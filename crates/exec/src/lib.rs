@@ -413,7 +413,12 @@ impl Engine {
         let rendered = warren_output::render_chunk(&captured, options);
         let mut output = rendered.text;
         let mut output_file = None;
-        if rendered.truncated {
+        if rendered.truncated && !session.has_log {
+            output.push_str(
+                "[the full output is not available: its log file could not be created]\n",
+            );
+        }
+        if rendered.truncated && session.has_log {
             let path = session.log_path.display().to_string();
             let extent = if log_capped {
                 format!("its first {log_bytes} bytes")

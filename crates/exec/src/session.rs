@@ -102,6 +102,8 @@ pub(crate) struct Session {
     /// Target of the command's fd 0 (`pipe:[N]` or `/dev/pts/N`), for awaiting-input checks.
     pub input_target: Option<PathBuf>,
     pub log_path: PathBuf,
+    /// The raw log could be created (a result only names it then).
+    pub has_log: bool,
     pub timeout: Option<Duration>,
     state: Mutex<SessionState>,
     changed: watch::Sender<()>,
@@ -140,6 +142,7 @@ impl Session {
         let now = Instant::now();
         let input_target = warren_process::procfs::fd_target(spawned.pid as i32, 0);
         let (changed, _) = watch::channel(());
+        let log = open_log(&meta.log_path);
         let session = Arc::new(Session {
             id: meta.id,
             cmd: meta.cmd,
@@ -150,6 +153,7 @@ impl Session {
             tree: spawned.tree,
             input_target,
             log_path: meta.log_path,
+            has_log: log.is_some(),
             timeout: meta.timeout,
             state: Mutex::new(SessionState {
                 capture: HeadTailCapture::new(config.capture_bytes),
@@ -172,7 +176,6 @@ impl Session {
             timer: Mutex::new(None),
         });
 
-        let log = open_log(&session.log_path);
         let reader = tokio::spawn(read_output(
             Arc::clone(&session),
             spawned.output,

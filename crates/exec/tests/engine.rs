@@ -855,3 +855,13 @@ async fn untruncated_results_name_no_log_and_leave_none_behind() {
     let leftovers = std::fs::read_dir(&log_dir).map(|d| d.count()).unwrap_or(0);
     assert_eq!(leftovers, 0, "a finished session's unnamed log is deleted");
 }
+
+#[tokio::test]
+async fn an_unwritable_log_directory_is_never_named_as_output_file() {
+    let h = harness_with(|config| config.log_dir = "/proc/warren-cannot-create/logs".into());
+    let args = ExecCommandArgs { max_output_tokens: Some(10), ..cmd("seq 1 1000") };
+    let result = exec(&h.engine, args).await;
+    assert_eq!(result.exit_code, Some(0), "commands still run without a log");
+    assert!(result.output_file.is_none());
+    assert!(result.output.contains("log file could not be created"), "{}", result.output);
+}
