@@ -98,37 +98,78 @@ fn put_char(line: &mut Vec<char>, col: &mut usize, c: char) {
     *col += 1;
 }
 
-/// A widthless terminal: a list of lines and a cursor.
+/// A widthless terminal: a list of lines and a cursor. Rows are absolute line numbers; lines
+/// that scrolled above the screen (where no cursor movement can reach them) are moved into
+/// `done` as text, so memory follows the screen, not the whole output.
 struct LineModel {
-    lines: Vec<Vec<char>>,
+    done: String,
+    /// Absolute row of `lines[0]`: how many lines were moved into `done`.
+    base: usize,
+    lines: std::collections::VecDeque<Vec<char>>,
     row: usize,
     col: usize,
     rows: usize,
-    /// Lines above this index are scrollback that cursor addressing never reaches.
+    /// Lines above this row are scrollback that cursor addressing never reaches.
     floor: usize,
-    saved: (usize, usize),
+    saved: Option<(usize, usize)>,
 }
 
 impl LineModel {
     fn new(rows: usize) -> Self {
         Self {
-            lines: vec![Vec::new()],
+            done: String::new(),
+            base: 0,
+            lines: std::collections::VecDeque::from([Vec::new()]),
             row: 0,
             col: 0,
             rows,
             floor: 0,
-            saved: (0, 0),
+            saved: None,
         }
     }
 
+    fn total(&self) -> usize {
+        self.base + self.lines.len()
+    }
+
     fn screen_top(&self) -> usize {
-        self.floor.max(self.lines.len().saturating_sub(self.rows))
+        self.floor
+            .max(self.total().saturating_sub(self.rows))
+            .max(self.base)
+    }
+
+    fn current(&mut self) -> &mut Vec<char> {
+        let index = self.row - self.base;
+        &mut self.lines[index]
+    }
+
+    /// Moves lines no cursor movement can reach any more into `done`.
+    fn retire_scrolled_lines(&mut self) {
+        let mut keep_from = self.screen_top().min(self.row);
+        if let Some((saved_row, _)) = self.saved {
+            keep_from = keep_from.min(saved_row);
+        }
+        while self.base < keep_from && self.lines.len() > 1 {
+            let Some(line) = self.lines.pop_front() else {
+                break;
+            };
+            self.done.extend(line.iter());
+            self.done.push('\n');
+            self.base += 1;
+        }
+    }
+
+    fn restore_cursor(&mut self) {
+        if let Some((row, col)) = self.saved {
+            self.row = row.clamp(self.base, self.total() - 1);
+            self.col = col;
+        }
     }
 
     /// Moves the cursor down `n` lines; like a terminal it stops at the bottom of the screen
     /// (or of what was printed), so a hostile `ESC[999999999B` allocates nothing.
     fn move_down(&mut self, n: usize) {
-        let bottom = (self.lines.len() - 1).max(self.screen_top() + self.rows - 1);
+        let bottom = (self.total() - 1).max(self.screen_top() + self.rows - 1);
         self.row = self.row.saturating_add(n).min(bottom);
         self.ensure_row(self.row);
     }
@@ -145,19 +186,22 @@ impl LineModel {
     }
 
     fn ensure_row(&mut self, row: usize) {
-        while self.lines.len() <= row {
-            self.lines.push(Vec::new());
+        while self.total() <= row {
+            self.lines.push_back(Vec::new());
         }
     }
 
     fn put(&mut self, c: char) {
-        put_char(&mut self.lines[self.row], &mut self.col, c);
+        let mut col = self.col;
+        put_char(self.current(), &mut col, c);
+        self.col = col;
     }
 
     fn newline(&mut self) {
         self.row += 1;
         self.ensure_row(self.row);
         self.col = 0;
+        self.retire_scrolled_lines();
     }
 
     fn feed(&mut self, text: &str) {
@@ -172,7 +216,8 @@ impl LineModel {
                 c if is_control(c) => {}
                 c => {
                     // A run of printable characters lands on one line: borrow it once.
-                    let line = &mut self.lines[self.row];
+                    let index = self.row - self.base;
+                    let line = &mut self.lines[index];
                     put_char(line, &mut self.col, c);
                     while let Some(&next) = chars.peek() {
                         if is_control(next) {
@@ -208,12 +253,8 @@ impl LineModel {
             '(' | ')' | '*' | '+' | '-' | '.' | '/' | '#' | '%' => {
                 chars.next();
             }
-            '7' => self.saved = (self.row, self.col),
-            '8' => {
-                let (row, col) = self.saved;
-                self.row = row.min(self.lines.len() - 1);
-                self.col = col;
-            }
+            '7' => self.saved = Some((self.row, self.col)),
+            '8' => self.restore_cursor(),
             'M' => {
                 self.row = self
                     .row
@@ -291,7 +332,8 @@ impl LineModel {
             }
             'd' => self.set_screen_row(arg(0, 1)),
             'K' => {
-                let line = &mut self.lines[self.row];
+                let index = self.row - self.base;
+                let line = &mut self.lines[index];
                 match numbers.first().copied().unwrap_or(0) {
                     0 => line.truncate(self.col),
                     1 => {
@@ -303,8 +345,9 @@ impl LineModel {
             }
             'J' => match numbers.first().copied().unwrap_or(0) {
                 0 => {
-                    self.lines[self.row].truncate(self.col);
-                    self.lines.truncate(self.row + 1);
+                    let col = self.col;
+                    self.current().truncate(col);
+                    self.lines.truncate(self.row - self.base + 1);
                 }
                 1 => {}
                 _ => {
@@ -313,47 +356,47 @@ impl LineModel {
                     let last_used = self.lines.iter().rposition(|l| !l.is_empty());
                     if let Some(last_used) = last_used {
                         self.lines.truncate(last_used + 1);
-                        self.lines.push(Vec::new());
-                        self.floor = self.lines.len() - 1;
+                        self.lines.push_back(Vec::new());
+                        self.floor = self.total() - 1;
                         self.row = self.floor;
                         self.col = 0;
                     }
                 }
             },
             'X' => {
-                let line = &mut self.lines[self.row];
+                let index = self.row - self.base;
+                let line = &mut self.lines[index];
                 let end = (self.col + arg(0, 1)).min(line.len());
                 if self.col < end {
                     line[self.col..end].fill(' ');
                 }
             }
             'P' => {
-                let line = &mut self.lines[self.row];
+                let index = self.row - self.base;
+                let line = &mut self.lines[index];
                 if self.col < line.len() {
                     let end = (self.col + arg(0, 1)).min(line.len());
                     line.drain(self.col..end);
                 }
             }
             '@' => {
-                let line = &mut self.lines[self.row];
+                let index = self.row - self.base;
+                let line = &mut self.lines[index];
                 if self.col < line.len() {
                     let n = arg(0, 1).min(MAX_COL);
                     line.splice(self.col..self.col, std::iter::repeat_n(' ', n));
                 }
             }
-            's' => self.saved = (self.row, self.col),
-            'u' => {
-                let (row, col) = self.saved;
-                self.row = row.min(self.lines.len() - 1);
-                self.col = col;
-            }
+            's' => self.saved = Some((self.row, self.col)),
+            'u' => self.restore_cursor(),
             _ => {} // SGR colours ('m') and everything else leave the text alone
         }
     }
 
     fn finish(self) -> String {
         let n_chars: usize = self.lines.iter().map(|l| l.len() + 1).sum();
-        let mut out = String::with_capacity(n_chars);
+        let mut out = self.done;
+        out.reserve(n_chars);
         for (i, line) in self.lines.iter().enumerate() {
             if i > 0 {
                 out.push('\n');
@@ -409,6 +452,35 @@ mod tests {
         ];
         for (input, expected) in table {
             assert_eq!(clean(input), expected, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn cursor_movement_reaches_the_screen_but_not_scrollback() {
+        let lines: String = (0..100).map(|i| format!("l{i}\n")).collect();
+        let expected = |replaced: usize, with: &str| -> String {
+            (0..100)
+                .map(|i| {
+                    if i == replaced {
+                        format!("{with}\n")
+                    } else {
+                        format!("l{i}\n")
+                    }
+                })
+                .collect()
+        };
+        let table = [
+            (format!("{lines}\x1b[2AX\n"), expected(98, "X98")),
+            (format!("{lines}\x1b[50AX\n"), expected(77, "X77")),
+            (format!("{lines}\x1b[1;1HX\x1b[24;1H"), expected(77, "X77")),
+        ];
+        for (input, expected) in table {
+            assert_eq!(
+                clean(&input),
+                expected,
+                "input ending {:?}",
+                &input[input.len() - 12..]
+            );
         }
     }
 
