@@ -7,8 +7,13 @@ use agent_client_protocol::v1::schema::{
     CancelNotification, ContentBlock, PromptRequest, SessionId, TextContent,
 };
 
+use tokio_util::sync::CancellationToken;
+
 use crate::BrainError;
 use crate::worker::{Connection, close_session};
+
+/// ACP's stop reason of a cancelled turn.
+const STOP_CANCELLED: &str = "cancelled";
 
 /// How [`crate::Worker::resume_session`] continued the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +75,22 @@ impl BrainSession {
     /// `cancelled`, `max_tokens`, `refusal`, ...). Every `session/update` of the turn has reached
     /// the sink when this returns. One turn at a time ([`BrainError::TurnInProgress`]).
     pub async fn prompt(&self, text: String) -> Result<String, BrainError> {
+        self.prompt_cancellable(text, &CancellationToken::new())
+            .await
+    }
+
+    /// [`prompt`](Self::prompt) that `cancel` ends. Fired before the prompt was sent, nothing is
+    /// sent and the stop reason is `cancelled`; fired later, pending permission requests are
+    /// answered `cancelled`, `session/cancel` follows the prompt, and the agent's own stop reason
+    /// comes back. The token is a latch, so a cancel is never lost between the check and the send.
+    pub async fn prompt_cancellable(
+        &self,
+        text: String,
+        cancel: &CancellationToken,
+    ) -> Result<String, BrainError> {
+        if cancel.is_cancelled() {
+            return Ok(STOP_CANCELLED.to_owned());
+        }
         let _turn = self
             .turn
             .try_lock()
@@ -80,13 +101,20 @@ impl BrainSession {
             vec![ContentBlock::Text(TextContent::new(text))],
         );
         let conn = &self.conn;
-        let response = conn
-            .call(
-                "session/prompt",
-                None,
-                conn.cx.send_request(request).block_task(),
-            )
-            .await?;
+        // `send_request` queues the prompt at once: a `session/cancel` sent below always reaches
+        // the agent after it, never before (where the agent would ignore it).
+        let response = conn.cx.send_request(request).block_task();
+        let answered = async {
+            let mut response = std::pin::pin!(response);
+            tokio::select! {
+                biased;
+                result = &mut response => return result,
+                () = cancel.cancelled() => {}
+            }
+            self.send_cancel();
+            response.await
+        };
+        let response = conn.call("session/prompt", None, answered).await?;
         let stop_reason = match serde_json::to_value(response.stop_reason) {
             Ok(serde_json::Value::String(reason)) => reason,
             Ok(other) => other.to_string(),
@@ -97,8 +125,13 @@ impl BrainSession {
 
     /// Cancels the running turn: pending permission requests are answered `cancelled` and
     /// `session/cancel` is sent. The running [`prompt`](Self::prompt) then returns the agent's
-    /// stop reason (`cancelled` for a well-behaved agent).
+    /// stop reason (`cancelled` for a well-behaved agent). A turn whose prompt may not have been
+    /// sent yet is cancelled with the token of [`prompt_cancellable`](Self::prompt_cancellable).
     pub async fn cancel(&self) {
+        self.send_cancel();
+    }
+
+    fn send_cancel(&self) {
         self.conn.shared.cancel_pending();
         if let Err(error) = self
             .conn

@@ -63,8 +63,8 @@ pub struct SessionState {
     pub brain_slot: Option<BrainSlot>,
     /// Unanswered permission requests of the running turn, by request id.
     pub pending_permissions: HashMap<String, PendingPermission>,
-    /// Set by a cancel that arrived while the brain was still starting.
-    pub cancel_requested: bool,
+    /// Fired by `POST .../cancel`: the running turn's cancellation (a new token every turn).
+    pub turn_cancel: tokio_util::sync::CancellationToken,
     pub last_active: Instant,
     pub deleted: bool,
     session_slot: Option<SessionSlot>,
@@ -271,7 +271,7 @@ impl SessionState {
             brain: BrainState::default(),
             brain_slot: None,
             pending_permissions: HashMap::new(),
-            cancel_requested: false,
+            turn_cancel: tokio_util::sync::CancellationToken::new(),
             last_active: Instant::now(),
             deleted: false,
             session_slot,

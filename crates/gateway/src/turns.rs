@@ -11,12 +11,18 @@
 //!
 //! Every turn runs in its own task; the only shared state is the session's [`SessionState`].
 //! A turn is closed exactly once: whoever clears `running_turn` writes its `turn_end`.
+//!
+//! Cancel is a per-turn [`CancellationToken`], a latch the turn races against: fired while the
+//! brain or hands still start, the turn ends `cancelled` at once and its prompt is never sent
+//! (the brain finishes starting for the next turn); fired later, the brain sends `session/cancel`
+//! after the prompt and the agent's own stop reason ends the turn. No cancel falls in a gap.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use warren_brain::{
     BoxFuture, BrainError, BrainSession, PermissionOutcome, Resumed, TurnSink, Worker,
 };
@@ -99,6 +105,7 @@ pub async fn delete_session(
     let brain = {
         let mut state = session.lock();
         state.running_turn = None;
+        state.turn_cancel.cancel();
         state.pending_permissions.clear();
         std::mem::take(&mut state.brain)
     };
@@ -116,7 +123,7 @@ pub async fn start_turn(
     session: &Arc<Session>,
     text: String,
 ) -> Result<u64, GatewayError> {
-    let turn = {
+    let (turn, cancel) = {
         let mut state = session.lock();
         if state.deleted {
             return Err(GatewayError::SessionNotFound);
@@ -134,7 +141,7 @@ pub async fn start_turn(
         }
         state.turn += 1;
         state.running_turn = Some(state.turn);
-        state.cancel_requested = false;
+        state.turn_cancel = CancellationToken::new();
         state.last_active = Instant::now();
         // Appended under the session lock so a concurrent message cannot interleave its events.
         let turn = state.turn;
@@ -146,41 +153,67 @@ pub async fn start_turn(
             state.running_turn = None;
             return Err(e.into());
         }
-        turn
+        (turn, state.turn_cancel.clone())
     };
     let gateway = gateway.clone();
     let session = session.clone();
-    tokio::spawn(async move { run_turn(gateway, session, turn, text).await });
+    tokio::spawn(async move { run_turn(gateway, session, turn, text, cancel).await });
     Ok(turn)
 }
 
-async fn run_turn(gateway: Arc<Gateway>, session: Arc<Session>, turn: u64, text: String) {
-    let brain = match ensure_brain(&gateway, &session).await {
+async fn run_turn(
+    gateway: Arc<Gateway>,
+    session: Arc<Session>,
+    turn: u64,
+    text: String,
+    cancel: CancellationToken,
+) {
+    // A cancel while the brain starts ends the turn at once, but the start itself runs to its
+    // end: dropping it halfway could strand a worker or half-started hands, and the brain is
+    // wanted by the next turn anyway.
+    let starting = ensure_brain(&gateway, &session);
+    let mut starting = std::pin::pin!(starting);
+    let brain = tokio::select! {
+        biased;
+        brain = &mut starting => brain,
+        () = cancel.cancelled() => {
+            end_turn(&session, turn, "cancelled");
+            starting.await
+        }
+    };
+    let brain = match brain {
         Ok(brain) => brain,
         Err(e) => {
-            session.emit(
-                Some(turn),
-                EventBody::Error {
-                    code: "BRAIN_UNAVAILABLE".into(),
-                    message: e.to_string(),
-                },
-            );
-            {
-                // No brain runs: give its slot back.
-                let mut state = session.lock();
-                if matches!(state.brain, BrainState::None) {
-                    state.brain_slot = None;
-                }
+            let mut state = session.lock();
+            let still_running = state.running_turn == Some(turn);
+            if still_running {
+                session.emit(
+                    Some(turn),
+                    EventBody::Error {
+                        code: "BRAIN_UNAVAILABLE".into(),
+                        message: e.to_string(),
+                    },
+                );
+            } else {
+                tracing::warn!(session = %session.id, turn, error = %e, "brain start failed after the turn ended");
             }
+            // No brain runs: give its slot back, unless a later turn already counts on it.
+            let later_turn = state.running_turn.is_some() && !still_running;
+            if matches!(state.brain, BrainState::None) && !later_turn {
+                state.brain_slot = None;
+            }
+            drop(state);
             end_turn(&session, turn, "error");
             return;
         }
     };
-    if session.lock().cancel_requested {
+    if cancel.is_cancelled() {
+        // Cancelled while the brain started: the prompt is never sent. Checked here as well as
+        // in the brain so a later turn never sees this one holding the brain's turn lock.
         end_turn(&session, turn, "cancelled");
         return;
     }
-    let result = brain.prompt(text).await;
+    let result = brain.prompt_cancellable(text, &cancel).await;
     match result {
         Ok(stop_reason) => end_turn(&session, turn, &stop_reason),
         Err(e) => {
@@ -223,7 +256,6 @@ fn end_turn(session: &Session, turn: u64, stop_reason: &str) {
         return;
     }
     state.running_turn = None;
-    state.cancel_requested = false;
     for request_id in drain_pending(&mut state) {
         session.emit(
             Some(turn),
@@ -381,22 +413,15 @@ async fn stop_brain(brain: BrainState) {
     }
 }
 
-/// `POST /v1/sessions/{id}/cancel`.
+/// `POST /v1/sessions/{id}/cancel`: fires the running turn's token (see the module docs); 409
+/// `NO_TURN_RUNNING` when no turn runs.
 pub async fn cancel_turn(session: &Arc<Session>) -> Result<(), GatewayError> {
-    let brain = {
-        let mut state = session.lock();
-        if state.running_turn.is_none() {
-            return Err(GatewayError::NoTurnRunning);
-        }
-        state.cancel_requested = true;
-        match &state.brain {
-            BrainState::Ready(brain) => Some(brain.clone()),
-            _ => None,
-        }
-    };
-    if let Some(brain) = brain {
-        brain.cancel().await;
+    let state = session.lock();
+    if state.running_turn.is_none() {
+        return Err(GatewayError::NoTurnRunning);
     }
+    // Checked and fired under the lock that also starts turns: the token is this turn's.
+    state.turn_cancel.cancel();
     Ok(())
 }
 
@@ -440,6 +465,7 @@ pub fn answer_permission(
 pub async fn shut_down_session(session: &Arc<Session>) {
     let brain = {
         let mut state = session.lock();
+        state.turn_cancel.cancel();
         if let Some(turn) = state.running_turn.take() {
             for request_id in drain_pending(&mut state) {
                 session.emit(

@@ -14,10 +14,13 @@
 //!   that must not outlive the worker).
 //!
 //! Flags: `--resume` advertises `session/resume`, `--load` advertises `session/load` (and replays
-//! one history chunk while loading), `--close` advertises `session/close`. `shell` as the first
-//! argument runs the built-in shell agent instead (so brain tests need no `warren` binary).
+//! one history chunk while loading), `--close` advertises `session/close`. `--gate-session PATH`
+//! holds back the answers to `session/new`, `session/resume` and `session/load` until PATH exists
+//! (a brain that is still starting, for as long as a test needs). `shell` as the first argument
+//! runs the built-in shell agent instead (so brain tests need no `warren` binary).
 
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -43,10 +46,16 @@ async fn main() -> anyhow::Result<()> {
     if args.first().map(String::as_str) == Some("shell") {
         return warren_brain::shell_agent::run().await;
     }
+    let session_gate = args
+        .iter()
+        .position(|a| a == "--gate-session")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
     let flags = Flags {
         resume: args.iter().any(|a| a == "--resume"),
         load: args.iter().any(|a| a == "--load"),
         close: args.iter().any(|a| a == "--close"),
+        session_gate: session_gate.map(Arc::new),
     };
     let transport = ByteStreams::new(
         tokio::io::stdout().compat_write(),
@@ -57,11 +66,22 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("test agent: {e}"))
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Flags {
     resume: bool,
     load: bool,
     close: bool,
+    /// `--gate-session PATH`.
+    session_gate: Option<Arc<PathBuf>>,
+}
+
+/// Resolves once the `--gate-session` file exists (at once without the flag). Polls: the agent
+/// has no other way to hear about the file, and it only ever waits in tests.
+async fn session_gate_open(gate: Option<Arc<PathBuf>>) {
+    let Some(gate) = gate else { return };
+    while !gate.exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 fn say(cx: &ConnectionTo<Client>, session_id: &SessionId, text: impl Into<String>) {
@@ -81,20 +101,26 @@ async fn serve(
     let n_sessions = Arc::new(AtomicU64::new(0));
     let mcp_servers: Arc<std::sync::Mutex<Vec<McpServer>>> = Arc::default();
     let on_new_mcp = mcp_servers.clone();
+    let (gate_new, gate_resume, gate_load) = (
+        flags.session_gate.clone(),
+        flags.session_gate.clone(),
+        flags.session_gate.clone(),
+    );
+    let (resume, load, close) = (flags.resume, flags.load, flags.close);
     Agent
         .v1()
         .name("warren-test-agent")
         .on_receive_request(
             async move |request: InitializeRequest, responder, _cx| {
                 let mut session = SessionCapabilities::new();
-                if flags.resume {
+                if resume {
                     session = session.resume(SessionResumeCapabilities::new());
                 }
-                if flags.close {
+                if close {
                     session = session.close(SessionCloseCapabilities::new());
                 }
                 let capabilities = AgentCapabilities::new()
-                    .load_session(flags.load)
+                    .load_session(load)
                     .session_capabilities(session);
                 responder.respond(
                     InitializeResponse::new(request.protocol_version)
@@ -107,23 +133,39 @@ async fn serve(
             async move |request: NewSessionRequest, responder, _cx| {
                 *on_new_mcp.lock().unwrap_or_else(|p| p.into_inner()) = request.mcp_servers;
                 let n = n_sessions.fetch_add(1, Ordering::SeqCst);
-                responder.respond(NewSessionResponse::new(format!(
-                    "test-{}-{n}",
-                    std::process::id()
-                )))
+                let gate = gate_new.clone();
+                // Waits off the dispatch loop, so notifications keep flowing meanwhile.
+                tokio::spawn(async move {
+                    session_gate_open(gate).await;
+                    let _ = responder.respond(NewSessionResponse::new(format!(
+                        "test-{}-{n}",
+                        std::process::id()
+                    )));
+                });
+                Ok(())
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
             async move |_request: ResumeSessionRequest, responder, _cx| {
-                responder.respond(ResumeSessionResponse::new())
+                let gate = gate_resume.clone();
+                tokio::spawn(async move {
+                    session_gate_open(gate).await;
+                    let _ = responder.respond(ResumeSessionResponse::new());
+                });
+                Ok(())
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
             async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
-                say(&cx, &request.session_id, "replayed history");
-                responder.respond(LoadSessionResponse::new())
+                let gate = gate_load.clone();
+                tokio::spawn(async move {
+                    session_gate_open(gate).await;
+                    say(&cx, &request.session_id, "replayed history");
+                    let _ = responder.respond(LoadSessionResponse::new());
+                });
+                Ok(())
             },
             agent_client_protocol::on_receive_request!(),
         )

@@ -2,6 +2,7 @@
 //! and SSE clients. One test binary; `helpers` starts gateways and reads event streams.
 
 mod auth;
+mod cancel;
 mod helpers;
 mod python_agent;
 mod recovery;
