@@ -545,12 +545,14 @@ fn spawn_pipes(
     };
     let child = spawn_piped(&command)?;
     let pid = child.pid;
+    let probe = rustix::io::dup(std::os::fd::AsFd::as_fd(&child.stdout))?;
     let mut process = child.child;
     Ok(Spawned {
         pid,
         tree: child.tree,
         output: Box::new(child.stdout),
         stdin: child.stdin.map(|s| Box::new(s) as session::BoxedWriter),
+        pending_output: Box::new(move || rustix::io::ioctl_fionread(&probe).unwrap_or(0)),
         wait: Box::pin(async move {
             let status = process.wait().await;
             warren_process::reaper::release(pid);
@@ -596,14 +598,13 @@ fn spawn_tty(
     let child = spawn_pty(&command, size)?;
     let pid = child.child.pid();
     let mut process = child.child;
-    // The control half keeps a duplicate of the master open; dropping it here means the reader
-    // sees end of output once the command and its descendants close the terminal.
-    drop(child.control);
+    let control = child.control;
     Ok(Spawned {
         pid,
         tree: child.tree,
         output: Box::new(child.reader),
         stdin: Some(Box::new(child.writer)),
+        pending_output: Box::new(move || control.pending_output().unwrap_or(0)),
         wait: Box::pin(async move { process.wait().await }),
     })
 }

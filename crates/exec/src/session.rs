@@ -30,6 +30,8 @@ const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) type BoxedWriter = Box<dyn AsyncWrite + Send + Unpin>;
 pub(crate) type BoxedReader = Box<dyn AsyncRead + Send + Unpin>;
+/// Bytes of output waiting in the pipe or terminal that the reader has not taken yet.
+pub(crate) type PendingOutput = Box<dyn Fn() -> u64 + Send + Sync>;
 
 /// How the process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +112,7 @@ pub(crate) struct Session {
     stdin: tokio::sync::Mutex<Option<BoxedWriter>>,
     kill_grace: Duration,
     input_quiet: Duration,
+    pending_output: PendingOutput,
     reader: Mutex<Option<tokio::task::AbortHandle>>,
     timer: Mutex<Option<tokio::task::AbortHandle>>,
 }
@@ -120,6 +123,7 @@ pub(crate) struct Spawned {
     pub tree: TreeId,
     pub output: BoxedReader,
     pub stdin: Option<BoxedWriter>,
+    pub pending_output: PendingOutput,
     /// Resolves with the exit status; must release the pid to the reaper itself.
     pub wait: std::pin::Pin<
         Box<dyn std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send>,
@@ -171,6 +175,7 @@ impl Session {
             changed,
             stdin: tokio::sync::Mutex::new(spawned.stdin),
             kill_grace: config.kill_grace,
+            pending_output: spawned.pending_output,
             input_quiet: config.input_quiet,
             reader: Mutex::new(None),
             timer: Mutex::new(None),
@@ -257,7 +262,11 @@ impl Session {
                 return WaitOutcome::YieldExpired;
             }
             let quiet_enough = now.duration_since(quiet_since) >= self.input_quiet;
-            if detect_input && may_wait_for_input && quiet_enough && self.awaits_input().await {
+            if detect_input
+                && may_wait_for_input
+                && quiet_enough
+                && self.quietly_awaits_input().await
+            {
                 return WaitOutcome::AwaitingInput;
             }
             let next_check = if detect_input && may_wait_for_input {
@@ -271,6 +280,16 @@ impl Session {
                 _ = tokio::time::sleep_until(next_check.into()) => {}
             }
         }
+    }
+
+    /// [`Self::awaits_input`], and all output so far has been taken by the reader (so the
+    /// prompt is in the result, not still in the pipe) with none arriving during the check.
+    async fn quietly_awaits_input(&self) -> bool {
+        let before = self.state().last_output;
+        if (self.pending_output)() > 0 || !self.awaits_input().await {
+            return false;
+        }
+        (self.pending_output)() == 0 && self.state().last_output == before
     }
 
     /// True when a process of the tree is blocked reading the command's input.

@@ -859,9 +859,20 @@ async fn untruncated_results_name_no_log_and_leave_none_behind() {
 #[tokio::test]
 async fn an_unwritable_log_directory_is_never_named_as_output_file() {
     let h = harness_with(|config| config.log_dir = "/proc/warren-cannot-create/logs".into());
-    let args = ExecCommandArgs { max_output_tokens: Some(10), ..cmd("seq 1 1000") };
+    let args = ExecCommandArgs {
+        max_output_tokens: Some(10),
+        ..cmd("seq 1 1000")
+    };
     let result = exec(&h.engine, args).await;
-    assert_eq!(result.exit_code, Some(0), "commands still run without a log");
+    assert_eq!(
+        result.exit_code,
+        Some(0),
+        "commands still run without a log"
+    );
     assert!(result.output_file.is_none());
-    assert!(result.output.contains("log file could not be created"), "{}", result.output);
+    assert!(
+        result.output.contains("log file could not be created"),
+        "{}",
+        result.output
+    );
 }

@@ -119,6 +119,12 @@ pub struct PtyControl {
 }
 
 impl PtyControl {
+    /// Bytes the terminal has queued for the master side that nobody has read yet
+    /// (`FIONREAD`): lets a caller tell "quiet" from "output not drained yet".
+    pub fn pending_output(&self) -> io::Result<u64> {
+        rustix::io::ioctl_fionread(&self.master).map_err(io::Error::from)
+    }
+
     pub fn resize(&self, size: PtySize) -> io::Result<()> {
         resize(self.master.as_fd(), size)
     }
