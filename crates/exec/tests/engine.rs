@@ -32,9 +32,15 @@ fn harness() -> Harness {
     harness_with(|_| {})
 }
 
+/// A command expected to finish: the longest yield, so a loaded machine never turns "exited"
+/// into "running". Not a login shell: this machine's profile (`pyenv rehash`) prints errors when
+/// many login shells start at once, which would garble exact-output assertions;
+/// `login_shell_is_the_default` covers the default.
 fn cmd(cmd: &str) -> ExecCommandArgs {
     ExecCommandArgs {
         cmd: cmd.into(),
+        yield_time_ms: Some(30_000),
+        login: Some(false),
         ..ExecCommandArgs::default()
     }
 }
@@ -43,6 +49,7 @@ fn cmd_yield(cmd: &str, yield_time_ms: u64) -> ExecCommandArgs {
     ExecCommandArgs {
         cmd: cmd.into(),
         yield_time_ms: Some(yield_time_ms),
+        login: Some(false),
         ..ExecCommandArgs::default()
     }
 }
@@ -104,6 +111,22 @@ async fn poll_until_exited(engine: &Engine, session_id: u32) -> (String, ExecRes
             "session {session_id} did not exit within 60 s"
         );
     }
+}
+
+#[tokio::test]
+async fn login_shell_is_the_default() {
+    let h = harness();
+    let args = ExecCommandArgs {
+        cmd: "shopt -q login_shell && echo login-shell".into(),
+        yield_time_ms: Some(30_000),
+        ..ExecCommandArgs::default()
+    };
+    let result = exec(&h.engine, args).await;
+    assert!(
+        result.output.ends_with("login-shell\n"),
+        "{:?}",
+        result.output
+    );
 }
 
 #[tokio::test]
@@ -202,7 +225,7 @@ async fn read_prompt_on_pipes_is_reported_as_awaiting_input_then_answered() {
     let answer = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "bob\n")
         },
     )
@@ -228,7 +251,7 @@ async fn python_input_on_pipes_is_reported_as_awaiting_input() {
     let answer = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "42\n")
         },
     )
@@ -440,7 +463,7 @@ async fn ctrl_c_interrupts_a_pipe_session() {
     let result = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "\u{3}")
         },
     )
@@ -457,7 +480,7 @@ async fn ctrl_d_closes_stdin_of_a_pipe_session() {
     let result = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "abc\u{4}")
         },
     )
@@ -673,7 +696,7 @@ async fn read_prompt_on_a_tty_is_reported_as_awaiting_input_then_answered() {
     let answer = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "bob\n")
         },
     )
@@ -700,7 +723,7 @@ async fn python_input_on_a_tty_is_reported_as_awaiting_input() {
     let answer = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "42\n")
         },
     )
@@ -714,7 +737,7 @@ async fn tty_sessions_run_on_a_terminal_with_a_colour_term() {
     let h = harness();
     let result = exec(
         &h.engine,
-        tty("test -t 0 && test -t 1 && echo \"$TERM\"", 10_000),
+        tty("test -t 0 && test -t 1 && echo \"$TERM\"", 30_000),
     )
     .await;
     assert_eq!(result.exit_code, Some(0), "{:?}", result.output);
@@ -729,7 +752,7 @@ async fn ctrl_c_on_a_tty_interrupts_the_foreground_command() {
     let result = stdin(
         &h.engine,
         WriteStdinArgs {
-            yield_time_ms: Some(10_000),
+            yield_time_ms: Some(30_000),
             ..write(id, "\u{3}")
         },
     )
@@ -742,7 +765,7 @@ async fn ctrl_c_on_a_tty_interrupts_the_foreground_command() {
 async fn alternate_screen_program_is_shown_as_its_final_screen() {
     let h = harness();
     let script = "printf 'before\\n\\033[?1049h\\033[H\\033[2Jframe one\\033[H\\033[2Jfinal frame\\033[?1049l'; echo after";
-    let result = exec(&h.engine, tty(script, 10_000)).await;
+    let result = exec(&h.engine, tty(script, 30_000)).await;
     assert_eq!(result.output, "before\nfinal frame\nafter\n");
 }
 
@@ -766,7 +789,7 @@ async fn tty_sessions_get_the_scrubbed_environment_not_the_daemons() {
     let script = format!("echo \"${{{dropped}:-absent}} ${{MY_SECRET_TOKEN:-scrubbed}}\"");
     let args = ExecCommandArgs {
         login: Some(false),
-        ..tty(&script, 10_000)
+        ..tty(&script, 30_000)
     };
     let result = exec(&h.engine, args).await;
     assert_eq!(

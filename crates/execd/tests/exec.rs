@@ -50,7 +50,12 @@ impl Server {
         (status, body)
     }
 
-    async fn exec(&self, body: Value) -> (u16, Value) {
+    /// `POST /v1/exec`, not as a login shell unless the body says so: this machine's profile
+    /// (`pyenv rehash`) prints errors when many login shells start at once.
+    async fn exec(&self, mut body: Value) -> (u16, Value) {
+        if body.get("login").is_none() {
+            body["login"] = Value::Bool(false);
+        }
         self.send(self.http.post(format!("{}/v1/exec", self.base)).json(&body))
             .await
     }
@@ -77,7 +82,9 @@ impl Server {
 #[tokio::test]
 async fn exec_returns_the_structured_result_and_codex_text() {
     let server = Server::start().await;
-    let (status, body) = server.exec(json!({"cmd": "echo hello; exit 3"})).await;
+    let (status, body) = server
+        .exec(json!({"cmd": "echo hello; exit 3", "yield_time_ms": 30000}))
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "exited");
     assert_eq!(body["exit_code"], 3);
@@ -132,7 +139,17 @@ async fn running_session_is_listed_polled_answered_and_deleted() {
         .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["status"], "running");
-    assert_eq!(answer["output"], "answer y\n");
+    let mut output = answer["output"].as_str().unwrap_or_default().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !output.contains('\n') {
+        assert!(
+            Instant::now() < deadline,
+            "no answer echoed within 30 s: {output:?}"
+        );
+        let (_, poll) = server.stdin(&id, json!({})).await;
+        output.push_str(poll["output"].as_str().unwrap_or_default());
+    }
+    assert_eq!(output, "answer y\n");
 
     let (status, killed) = server
         .send(server.http.delete(format!("{}/v1/exec/{id}", server.base)))
@@ -294,7 +311,7 @@ async fn the_access_token_guards_the_exec_routes() {
         .http
         .post(format!("{}/v1/exec", server.base))
         .header("X-EXECD-ACCESS-TOKEN", "s3cret")
-        .json(&json!({"cmd": "echo ok"}));
+        .json(&json!({"cmd": "echo ok", "login": false, "yield_time_ms": 30000}));
     let (status, body) = server.send(request).await;
     assert_eq!((status, body["output"].as_str()), (200, Some("ok\n")));
 }
@@ -333,7 +350,7 @@ async fn a_session_outlives_a_client_that_gave_up_waiting() {
         .http
         .post(format!("{}/v1/exec", server.base))
         .timeout(Duration::from_millis(500))
-        .json(&json!({"cmd": "echo started; sleep 1000", "yield_time_ms": 30000}));
+        .json(&json!({"cmd": "echo started; sleep 1000", "login": false, "yield_time_ms": 30000}));
     let gave_up = request.send().await;
     assert!(
         gave_up.is_err(),
