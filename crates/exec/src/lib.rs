@@ -52,6 +52,9 @@ pub struct Engine {
     sessions: Mutex<HashMap<SessionId, Arc<Session>>>,
     /// Logs of finished sessions that a result named, oldest first.
     retained_logs: Mutex<VecDeque<PathBuf>>,
+    /// Ids of recently ended sessions, not handed out again soon, so an agent polling an old id
+    /// gets "unknown" instead of someone else's session.
+    retired_ids: Mutex<VecDeque<SessionId>>,
     shutting_down: std::sync::atomic::AtomicBool,
     next_log: std::sync::atomic::AtomicU64,
 }
@@ -68,6 +71,7 @@ impl Engine {
             default_shell: default_shell.to_owned(),
             sessions: Mutex::new(HashMap::new()),
             retained_logs: Mutex::new(VecDeque::new()),
+            retired_ids: Mutex::new(VecDeque::new()),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             next_log: std::sync::atomic::AtomicU64::new(1),
         })
@@ -315,9 +319,10 @@ impl Engine {
 
     fn allocate_id(&self) -> SessionId {
         let sessions = self.lock_sessions();
+        let retired = lock(&self.retired_ids);
         loop {
             let id: SessionId = rand::random_range(1000..100_000);
-            if !sessions.contains_key(&id) {
+            if !sessions.contains_key(&id) && !retired.contains(&id) {
                 return id;
             }
         }
@@ -349,6 +354,7 @@ impl Engine {
                     .map(|(_, _, id)| *id);
                 let Some(victim) = victim else { break };
                 if let Some(removed) = sessions.remove(&victim) {
+                    self.retire_id(victim);
                     pruned.push(removed);
                 }
             }
@@ -364,12 +370,22 @@ impl Engine {
         }
     }
 
+    fn retire_id(&self, id: SessionId) {
+        const N_RETIRED_IDS: usize = 1024;
+        let mut retired = lock(&self.retired_ids);
+        if retired.len() >= N_RETIRED_IDS {
+            retired.pop_front();
+        }
+        retired.push_back(id);
+    }
+
     /// Forgets a finished session. Its log is kept (bounded) when a result named it, so the
     /// `output_file` an agent was given stays readable; otherwise it is deleted now.
     fn remove(&self, id: SessionId) {
         let Some(session) = self.lock_sessions().remove(&id) else {
             return;
         };
+        self.retire_id(id);
         session.stop_tasks();
         if session.state().log_named {
             let mut retained = lock(&self.retained_logs);
