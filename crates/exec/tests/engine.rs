@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warren_exec::{Engine, EngineConfig, ExecError};
-use warren_protocol::exec::{ExecCommandArgs, ExecResult, ExecStatus, WriteStdinArgs};
+use warren_protocol::exec::{ExecCommandArgs, ExecResult, ExecStatus, SessionInfo, WriteStdinArgs};
 
 struct Harness {
     engine: Arc<Engine>,
@@ -85,15 +85,88 @@ fn is_dead(pid: i32) -> bool {
     }
 }
 
-async fn wait_until_dead(pid: i32, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !is_dead(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "{what} (pid {pid}) still alive after 20 s"
-        );
+/// Polls `done` every 50 ms until it holds; fails naming `what` after `timeout`.
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+async fn wait_until_dead(pid: i32, what: &str) {
+    wait_until(
+        &format!("{what} (pid {pid}) dies"),
+        Duration::from_secs(20),
+        || is_dead(pid),
+    )
+    .await;
+}
+
+/// Starts a command that is expected to outlive its yield; returns its session id.
+async fn start(engine: &Engine, args: ExecCommandArgs) -> u32 {
+    exec(engine, args)
+        .await
+        .session_id
+        .expect("a command still running after its yield has a session id")
+}
+
+/// Writes `chars` to a session and waits up to the longest yield, so a command that the input
+/// ends is reported as exited.
+async fn reply(engine: &Engine, session_id: u32, chars: &str) -> ExecResult {
+    let args = WriteStdinArgs {
+        yield_time_ms: Some(30_000),
+        ..write(session_id, chars)
+    };
+    stdin(engine, args).await
+}
+
+/// Waits until the listed session reports `exited` (without reading its output).
+async fn wait_until_listed_as_exited(engine: &Engine, session_id: u32, what: &str) -> SessionInfo {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = engine.list_sessions().await;
+        let info = listed
+            .sessions
+            .into_iter()
+            .find(|s| s.session_id == session_id)
+            .expect("the session stays listed until its output is read");
+        if info.status == ExecStatus::Exited {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "{what} exits within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs a command that prompts, checks it is reported as awaiting input (well before its
+/// 30 s yield) showing exactly `prompt`, then answers it and returns the final result.
+async fn prompt_then_answer(
+    engine: &Engine,
+    args: ExecCommandArgs,
+    prompt: &str,
+    answer: &str,
+) -> (ExecResult, ExecResult) {
+    let started = Instant::now();
+    let prompted = exec(engine, args).await;
+    assert_eq!(prompted.status, ExecStatus::AwaitingInput, "{prompted:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "returned well before the 30 s yield"
+    );
+    assert_eq!(prompted.output, prompt);
+    let id = prompted.session_id.expect("session id");
+    let answered = reply(engine, id, answer).await;
+    assert_eq!(answered.status, ExecStatus::Exited, "{answered:?}");
+    (prompted, answered)
+}
+
+/// Starts a long `sleep`, sends Ctrl-C and checks the command ends with 130 (SIGINT).
+async fn assert_ctrl_c_interrupts(engine: &Engine, args: ExecCommandArgs) {
+    let id = start(engine, args).await;
+    let result = reply(engine, id, "\u{3}").await;
+    assert_eq!(result.status, ExecStatus::Exited);
+    assert_eq!(result.exit_code, Some(130));
 }
 
 /// Polls the session until it reports `exited`, collecting output.
@@ -203,34 +276,14 @@ async fn dev_server_loop_is_polled_then_killed_with_no_survivor() {
 #[tokio::test]
 async fn read_prompt_on_pipes_is_reported_as_awaiting_input_then_answered() {
     let h = harness();
-    let started = Instant::now();
-    let prompt = exec(
-        &h.engine,
-        cmd_yield("printf 'Name? '; read n; echo \"hello $n\"", 30_000),
-    )
-    .await;
-    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "returned well before the 30 s yield"
-    );
-    assert_eq!(prompt.output, "Name? ");
+    let script = "printf 'Name? '; read n; echo \"hello $n\"";
+    let (prompt, answer) =
+        prompt_then_answer(&h.engine, cmd_yield(script, 30_000), "Name? ", "bob\n").await;
     assert!(
         prompt.text.contains("Process is waiting for input\n"),
         "{}",
         prompt.text
     );
-    let id = prompt.session_id.expect("session id");
-
-    let answer = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "bob\n")
-        },
-    )
-    .await;
-    assert_eq!(answer.status, ExecStatus::Exited, "{answer:?}");
     assert_eq!(answer.exit_code, Some(0));
     assert_eq!(answer.output, "hello bob\n");
 }
@@ -238,25 +291,8 @@ async fn read_prompt_on_pipes_is_reported_as_awaiting_input_then_answered() {
 #[tokio::test]
 async fn python_input_on_pipes_is_reported_as_awaiting_input() {
     let h = harness();
-    let started = Instant::now();
-    let prompt = exec(
-        &h.engine,
-        cmd_yield("python3 -c \"print('got', input('x: '))\"", 30_000),
-    )
-    .await;
-    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
-    assert!(started.elapsed() < Duration::from_secs(20));
-    assert_eq!(prompt.output, "x: ");
-    let id = prompt.session_id.expect("session id");
-    let answer = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "42\n")
-        },
-    )
-    .await;
-    assert_eq!(answer.status, ExecStatus::Exited);
+    let script = "python3 -c \"print('got', input('x: '))\"";
+    let (_, answer) = prompt_then_answer(&h.engine, cmd_yield(script, 30_000), "x: ", "42\n").await;
     assert_eq!(answer.output, "got 42\n");
 }
 
@@ -458,33 +494,14 @@ async fn exit_codes_and_signals_are_reported() {
 #[tokio::test]
 async fn ctrl_c_interrupts_a_pipe_session() {
     let h = harness();
-    let first = exec(&h.engine, cmd_yield("sleep 100", 250)).await;
-    let id = first.session_id.expect("session id");
-    let result = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "\u{3}")
-        },
-    )
-    .await;
-    assert_eq!(result.status, ExecStatus::Exited);
-    assert_eq!(result.exit_code, Some(130));
+    assert_ctrl_c_interrupts(&h.engine, cmd_yield("sleep 100", 250)).await;
 }
 
 #[tokio::test]
 async fn ctrl_d_closes_stdin_of_a_pipe_session() {
     let h = harness();
-    let first = exec(&h.engine, cmd_yield("wc -c", 250)).await;
-    let id = first.session_id.expect("session id");
-    let result = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "abc\u{4}")
-        },
-    )
-    .await;
+    let id = start(&h.engine, cmd_yield("wc -c", 250)).await;
+    let result = reply(&h.engine, id, "abc\u{4}").await;
     assert_eq!(result.status, ExecStatus::Exited);
     assert_eq!(result.output.trim(), "3");
 }
@@ -536,31 +553,14 @@ async fn relative_workdir_resolves_against_the_default() {
 #[tokio::test]
 async fn exited_session_keeps_unread_output_until_the_next_poll() {
     let h = harness();
-    let first = exec(
+    let id = start(
         &h.engine,
         cmd_yield("echo one; sleep 1; echo two; exit 5", 250),
     )
     .await;
-    let id = first.session_id.expect("session id");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = h.engine.list_sessions().await;
-        let info = listed
-            .sessions
-            .iter()
-            .find(|s| s.session_id == id)
-            .expect("still listed while unread");
-        if info.status == ExecStatus::Exited {
-            assert_eq!(info.exit_code, Some(5));
-            assert!(info.unread_bytes > 0);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the command did not exit within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let info = wait_until_listed_as_exited(&h.engine, id, "the command").await;
+    assert_eq!(info.exit_code, Some(5));
+    assert!(info.unread_bytes > 0);
     let last = stdin(&h.engine, write(id, "")).await;
     assert_eq!(last.status, ExecStatus::Exited);
     assert_eq!(last.exit_code, Some(5));
@@ -579,8 +579,7 @@ async fn seventy_sessions_prune_the_least_recently_used_beyond_sixty_four() {
     let h = harness();
     let mut started = Vec::new();
     for _ in 0..70 {
-        let result = exec(&h.engine, cmd_yield("sleep 1000", 250)).await;
-        started.push(result.session_id.expect("running"));
+        started.push(start(&h.engine, cmd_yield("sleep 1000", 250)).await);
     }
     let listed = h.engine.list_sessions().await;
     assert_eq!(listed.sessions.len(), 64);
@@ -606,39 +605,11 @@ async fn exited_sessions_are_pruned_before_running_ones() {
         config.max_sessions = 4;
         config.n_protected_recent = 1;
     });
-    let oldest_running = exec(&h.engine, cmd_yield("sleep 1000", 250))
-        .await
-        .session_id
-        .expect("running");
-    let running = exec(&h.engine, cmd_yield("sleep 1000", 250))
-        .await
-        .session_id
-        .expect("running");
-    let short = exec(&h.engine, cmd_yield("sleep 0.5", 250))
-        .await
-        .session_id
-        .expect("running");
-    let newest = exec(&h.engine, cmd_yield("sleep 1000", 250))
-        .await
-        .session_id
-        .expect("running");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = h.engine.list_sessions().await;
-        let info = listed
-            .sessions
-            .iter()
-            .find(|s| s.session_id == short)
-            .expect("listed");
-        if info.status == ExecStatus::Exited {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sleep 0.5 did not exit within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let oldest_running = start(&h.engine, cmd_yield("sleep 1000", 250)).await;
+    let running = start(&h.engine, cmd_yield("sleep 1000", 250)).await;
+    let short = start(&h.engine, cmd_yield("sleep 0.5", 250)).await;
+    let newest = start(&h.engine, cmd_yield("sleep 1000", 250)).await;
+    wait_until_listed_as_exited(&h.engine, short, "sleep 0.5").await;
     exec(&h.engine, cmd_yield("sleep 1000", 250)).await;
     let ids: Vec<u32> = h
         .engine
@@ -658,8 +629,7 @@ async fn exited_sessions_are_pruned_before_running_ones() {
 #[tokio::test]
 async fn shutdown_kills_every_session_and_refuses_new_commands() {
     let h = harness();
-    let first = exec(&h.engine, cmd_yield("sleep 1000", 250)).await;
-    let id = first.session_id.expect("session id");
+    let id = start(&h.engine, cmd_yield("sleep 1000", 250)).await;
     let pid = h.engine.list_sessions().await.sessions[0].pid as i32;
     assert_eq!(h.engine.list_sessions().await.sessions[0].session_id, id);
     h.engine.shutdown().await;
@@ -680,28 +650,8 @@ fn tty(cmd: &str, yield_time_ms: u64) -> ExecCommandArgs {
 #[tokio::test]
 async fn read_prompt_on_a_tty_is_reported_as_awaiting_input_then_answered() {
     let h = harness();
-    let started = Instant::now();
-    let prompt = exec(
-        &h.engine,
-        tty("printf 'Name? '; read n; echo \"hello $n\"", 30_000),
-    )
-    .await;
-    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "returned well before the 30 s yield"
-    );
-    assert_eq!(prompt.output, "Name? ");
-    let id = prompt.session_id.expect("session id");
-    let answer = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "bob\n")
-        },
-    )
-    .await;
-    assert_eq!(answer.status, ExecStatus::Exited, "{answer:?}");
+    let script = "printf 'Name? '; read n; echo \"hello $n\"";
+    let (_, answer) = prompt_then_answer(&h.engine, tty(script, 30_000), "Name? ", "bob\n").await;
     assert_eq!(answer.exit_code, Some(0));
     assert_eq!(
         answer.output, "bob\nhello bob\n",
@@ -712,23 +662,8 @@ async fn read_prompt_on_a_tty_is_reported_as_awaiting_input_then_answered() {
 #[tokio::test]
 async fn python_input_on_a_tty_is_reported_as_awaiting_input() {
     let h = harness();
-    let prompt = exec(
-        &h.engine,
-        tty("python3 -c \"print('got', input('x: '))\"", 30_000),
-    )
-    .await;
-    assert_eq!(prompt.status, ExecStatus::AwaitingInput, "{prompt:?}");
-    assert_eq!(prompt.output, "x: ");
-    let id = prompt.session_id.expect("session id");
-    let answer = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "42\n")
-        },
-    )
-    .await;
-    assert_eq!(answer.status, ExecStatus::Exited);
+    let script = "python3 -c \"print('got', input('x: '))\"";
+    let (_, answer) = prompt_then_answer(&h.engine, tty(script, 30_000), "x: ", "42\n").await;
     assert!(answer.output.ends_with("got 42\n"), "{:?}", answer.output);
 }
 
@@ -747,18 +682,7 @@ async fn tty_sessions_run_on_a_terminal_with_a_colour_term() {
 #[tokio::test]
 async fn ctrl_c_on_a_tty_interrupts_the_foreground_command() {
     let h = harness();
-    let first = exec(&h.engine, tty("sleep 100", 250)).await;
-    let id = first.session_id.expect("session id");
-    let result = stdin(
-        &h.engine,
-        WriteStdinArgs {
-            yield_time_ms: Some(30_000),
-            ..write(id, "\u{3}")
-        },
-    )
-    .await;
-    assert_eq!(result.status, ExecStatus::Exited);
-    assert_eq!(result.exit_code, Some(130));
+    assert_ctrl_c_interrupts(&h.engine, tty("sleep 100", 250)).await;
 }
 
 #[tokio::test]
@@ -820,14 +744,13 @@ async fn orphaned_grandchildren_are_reaped_not_left_as_zombies() {
     let pid: i32 = result.output.trim().parse().expect("the orphan's pid");
     // The orphan was re-parented to this process (the subreaper); once it exits, the reaper
     // must collect it, so its /proc entry disappears entirely instead of staying a zombie.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "orphan {pid} was not reaped within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let proc_entry = format!("/proc/{pid}");
+    wait_until(
+        &format!("orphan {pid} is reaped"),
+        Duration::from_secs(20),
+        || !std::path::Path::new(&proc_entry).exists(),
+    )
+    .await;
 }
 
 #[tokio::test]
