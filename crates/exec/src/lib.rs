@@ -542,6 +542,24 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The command both modes run: `shell flag cmd` in `workdir` with exactly `env` (the daemon's
+/// environment is not inherited, so secrets it holds never reach the command).
+fn command_spec(
+    shell: &str,
+    flag: &str,
+    cmd: &str,
+    workdir: &Path,
+    env: Vec<(String, String)>,
+) -> warren_process::CommandSpec {
+    let mut command = warren_process::CommandSpec::new(shell)
+        .arg(flag)
+        .arg(cmd)
+        .cwd(workdir)
+        .env_clear();
+    command.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    command
+}
+
 fn spawn_pipes(
     shell: &str,
     flag: &str,
@@ -549,18 +567,15 @@ fn spawn_pipes(
     workdir: &Path,
     env: Vec<(String, String)>,
 ) -> std::io::Result<Spawned> {
-    use warren_process::pipes::{OutputMode, PipeCommand, StdinMode, spawn_piped};
-    let command = PipeCommand {
-        program: shell.into(),
-        args: vec![flag.into(), cmd.into()],
-        env: env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
-        clear_env: true,
-        cwd: Some(workdir.to_path_buf()),
+    use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode, spawn_piped};
+    let command = command_spec(shell, flag, cmd, workdir, env);
+    let options = PipeOptions {
         stdin: StdinMode::Pipe,
         output: OutputMode::Merged,
+        leader: Leader::Session,
     };
-    let child = spawn_piped(&command)?;
-    let pid = child.pid;
+    let child = spawn_piped(&command, options)?;
+    let pid = child.pid();
     let probe = rustix::io::dup(std::os::fd::AsFd::as_fd(&child.stdout))?;
     let mut process = child.child;
     Ok(Spawned {
@@ -569,11 +584,7 @@ fn spawn_pipes(
         output: Box::new(child.stdout),
         stdin: child.stdin.map(|s| Box::new(s) as session::BoxedWriter),
         pending_output: Box::new(move || rustix::io::ioctl_fionread(&probe).unwrap_or(0)),
-        wait: Box::pin(async move {
-            let status = process.wait().await;
-            warren_process::reaper::release(pid);
-            status
-        }),
+        wait: Box::pin(async move { process.wait().await }),
     })
 }
 
@@ -585,28 +596,8 @@ fn spawn_tty(
     env: Vec<(String, String)>,
     config: &EngineConfig,
 ) -> std::io::Result<Spawned> {
-    use warren_process::pty::{PtySize, ShellCommand, spawn_pty};
-    // The PTY spawner adds variables to the daemon's environment and cannot remove any, so
-    // variables the command must not see (secrets) are removed by `env -u NAME`, which then
-    // execs the shell: same pid, same session, marker variable kept.
-    let unset: Vec<std::ffi::OsString> = std::env::vars_os()
-        .map(|(name, _)| name)
-        .filter(|name| {
-            !env.iter()
-                .any(|(kept, _)| std::ffi::OsStr::new(kept) == name)
-        })
-        .collect();
-    let mut command = if unset.is_empty() {
-        ShellCommand::new(shell)
-    } else {
-        let mut command = ShellCommand::new("env");
-        for name in unset {
-            command = command.arg("-u").arg(name);
-        }
-        command.arg("--").arg(shell)
-    };
-    command = command.arg(flag).arg(cmd).cwd(workdir);
-    command.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    use warren_process::pty::{PtySize, spawn_pty};
+    let command = command_spec(shell, flag, cmd, workdir, env);
     let size = PtySize {
         rows: config.tty_rows,
         cols: config.tty_cols,

@@ -320,7 +320,7 @@ impl Session {
             write_all(stdin.as_mut(), &rest.as_bytes()[..cut]).await?;
             match rest[cut..].chars().next() {
                 Some('\u{3}') => {
-                    if let Err(e) = warren_process::pipes::signal_group(
+                    if let Err(e) = warren_process::signal_group(
                         self.tree.root_pid,
                         rustix::process::Signal::INT,
                     ) {

@@ -1,14 +1,17 @@
-//! Process handling for Warren: discovering a command's whole process tree, killing it with
-//! escalation (SIGTERM to every process group, a grace period, SIGKILL, a bounded wait), and
-//! reaping orphans as a child subreaper.
+//! Process handling for Warren: starting a command ([`CommandSpec`]) on a PTY or on pipes,
+//! signalling its process group, discovering its whole process tree, killing it with escalation
+//! (SIGTERM to every process group, a grace period, SIGKILL, a bounded wait), and reaping
+//! orphans as a child subreaper.
 //!
-//! This is the only crate that sends signals or reaps processes. It does not capture output or
-//! know about HTTP; spawning on PTYs and pipes builds on the helpers here.
+//! This is the only crate that spawns processes, sends signals or reaps. It does not capture
+//! output or know about HTTP.
 
-pub mod pty;
+pub mod command;
 pub mod pipes;
 pub mod procfs;
+pub mod pty;
 pub mod reaper;
 pub mod tree;
 
+pub use command::{CommandSpec, OwnedChild, exit_code, signal_group};
 pub use tree::{KillReport, TreeId, kill_tree, tree_members};

@@ -1,23 +1,21 @@
-//! Spawning an interactive command either on a new pseudo-terminal (its own terminal session
-//! with the PTY as controlling terminal) or on pipes (its own process group, stdout and stderr
-//! kept apart), plus the few terminal operations a server needs afterwards: resizing and finding
-//! the terminal's foreground process group, the one Ctrl-C would hit.
+//! Spawning a command on a new pseudo-terminal (the leader of its own terminal session with the
+//! PTY as controlling terminal), plus the few terminal operations a server needs afterwards:
+//! resizing and finding the terminal's foreground process group, the one Ctrl-C would hit.
 //!
-//! Every spawn goes through [`crate::reaper::spawn_owned`] and puts a fresh tree marker
+//! What runs is a [`CommandSpec`], the same one [`crate::pipes::spawn_piped`] takes. The spawn
+//! goes through [`crate::reaper::spawn_owned`] and puts a fresh tree marker
 //! ([`crate::tree::TREE_MARKER_VAR`]) in the command's environment, so [`crate::kill_tree`] with
-//! the returned [`TreeId`] finds everything the command started. [`OwnedChild::wait`] releases
-//! the pid to the reaper after waiting. This module does not read or buffer output: callers get
-//! the raw PTY halves or pipes and own the read loop.
+//! the returned [`TreeId`] finds everything the command started; [`OwnedChild::wait`] releases
+//! the pid to the reaper. This module does not read or buffer output: callers get the raw PTY
+//! halves and own the read loop.
 
-use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
 
 use rustix::process::{Pid, Signal};
 
-use crate::tree::{TREE_MARKER_VAR, TreeId};
+use crate::command::{CommandSpec, OwnedChild};
+use crate::tree::TreeId;
 
 /// A terminal size in character cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,81 +32,6 @@ impl Default for PtySize {
     fn default() -> Self {
         Self::DEFAULT
     }
-}
-
-/// What to run: program, arguments, working directory and extra environment variables (added
-/// to the daemon's own environment).
-#[derive(Debug, Clone, Default)]
-pub struct ShellCommand {
-    pub program: OsString,
-    pub args: Vec<OsString>,
-    pub cwd: Option<PathBuf>,
-    pub env: Vec<(OsString, OsString)>,
-}
-
-impl ShellCommand {
-    pub fn new(program: impl Into<OsString>) -> Self {
-        Self {
-            program: program.into(),
-            ..Self::default()
-        }
-    }
-
-    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.args.push(arg.into());
-        self
-    }
-
-    pub fn cwd(mut self, cwd: impl Into<PathBuf>) -> Self {
-        self.cwd = Some(cwd.into());
-        self
-    }
-
-    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-
-    fn to_tokio(&self, marker: &str) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(&self.program);
-        command.args(&self.args);
-        if let Some(cwd) = &self.cwd {
-            command.current_dir(cwd);
-        }
-        command.envs(self.env.iter().map(|(k, v)| (k, v)));
-        command.env(TREE_MARKER_VAR, marker);
-        command
-    }
-}
-
-/// A spawned child that was registered with the reaper; [`OwnedChild::wait`] releases it.
-#[derive(Debug)]
-pub struct OwnedChild {
-    child: tokio::process::Child,
-    pid: u32,
-    released: bool,
-}
-
-impl OwnedChild {
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// Waits for the child to exit and hands its pid back to the reaper. Cancel-safe: dropping
-    /// the future before completion leaves the child owned.
-    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        let status = self.child.wait().await?;
-        if !self.released {
-            self.released = true;
-            crate::reaper::release(self.pid);
-        }
-        Ok(status)
-    }
-}
-
-/// The exit code a client sees: the process's code, or -1 when a signal killed it.
-pub fn exit_code(status: ExitStatus) -> i32 {
-    status.code().unwrap_or(-1)
 }
 
 /// Operations on a PTY master that need no read or write half: resize and foreground group.
@@ -137,7 +60,7 @@ impl PtyControl {
     /// Sends `signal` to the terminal's foreground process group.
     pub fn signal_foreground(&self, signal: Signal) -> io::Result<()> {
         let pgrp = self.foreground_process_group()?;
-        signal_process_group(pgrp, signal)
+        crate::command::signal_group(pgrp, signal)
     }
 }
 
@@ -162,20 +85,6 @@ pub fn foreground_process_group(master: BorrowedFd<'_>) -> io::Result<i32> {
         .map_err(io::Error::from)
 }
 
-/// Sends `signal` to process group `pgrp`. Refuses to signal group 0/1 or the daemon's own
-/// group, which a caller could otherwise hit through a stale or racy lookup.
-pub fn signal_process_group(pgrp: i32, signal: Signal) -> io::Result<()> {
-    let own = rustix::process::getpgrp().as_raw_nonzero().get();
-    if pgrp <= 1 || pgrp == own {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "refusing to signal this process group",
-        ));
-    }
-    let pgrp = Pid::from_raw(pgrp).expect("pgrp checked positive above");
-    rustix::process::kill_process_group(pgrp, signal).map_err(io::Error::from)
-}
-
 /// A command running on its own PTY.
 #[derive(Debug)]
 pub struct PtyChild {
@@ -191,7 +100,7 @@ pub struct PtyChild {
 /// Spawns `command` on a new PTY of `size`: the child is the leader of a new terminal session
 /// and the PTY is its controlling terminal. The PTY's slave side is closed in this process
 /// before returning, so the reader sees EOF once the child's terminal session lets go of it.
-pub fn spawn_pty(command: &ShellCommand, size: PtySize) -> io::Result<PtyChild> {
+pub fn spawn_pty(command: &CommandSpec, size: PtySize) -> io::Result<PtyChild> {
     let (pty, pts) = pty_process::open().map_err(pty_error)?;
     resize(pty.as_fd(), size)?;
     // The duplicate must be close-on-exec, or every child would hold the master open.
@@ -205,72 +114,14 @@ pub fn spawn_pty(command: &ShellCommand, size: PtySize) -> io::Result<PtyChild> 
         let pid = child.id();
         Ok((child, pid))
     })?;
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
+    let child = OwnedChild::new(child)?;
     let (reader, writer) = pty.into_split();
     Ok(PtyChild {
-        child: OwnedChild {
-            child,
-            pid,
-            released: false,
-        },
-        tree: TreeId::new(pid as i32, Some(marker)),
+        tree: TreeId::new(child.pid() as i32, Some(marker)),
+        child,
         reader,
         writer,
         control,
-    })
-}
-
-/// A command running on pipes in its own process group.
-#[derive(Debug)]
-pub struct PipedChild {
-    pub child: OwnedChild,
-    /// Root pid (also the process group id) and marker: pass to [`crate::kill_tree`].
-    pub tree: TreeId,
-    pub stdin: tokio::process::ChildStdin,
-    pub stdout: tokio::process::ChildStdout,
-    pub stderr: tokio::process::ChildStderr,
-}
-
-impl PipedChild {
-    /// The child's process group (it leads its own).
-    pub fn process_group(&self) -> i32 {
-        self.tree.root_pid
-    }
-}
-
-/// Spawns `command` with piped stdin, stdout and stderr as the leader of a new process group.
-pub fn spawn_piped(command: &ShellCommand) -> io::Result<PipedChild> {
-    let marker = TreeId::new_marker();
-    let mut tokio_command = command.to_tokio(&marker);
-    tokio_command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = crate::reaper::spawn_owned(|| {
-        let child = tokio_command.spawn()?;
-        let pid = child.id();
-        Ok((child, pid))
-    })?;
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
-    let missing = || io::Error::other("spawned child lacks a piped stdio handle");
-    let stdin = child.stdin.take().ok_or_else(missing)?;
-    let stdout = child.stdout.take().ok_or_else(missing)?;
-    let stderr = child.stderr.take().ok_or_else(missing)?;
-    Ok(PipedChild {
-        child: OwnedChild {
-            child,
-            pid,
-            released: false,
-        },
-        tree: TreeId::new(pid as i32, Some(marker)),
-        stdin,
-        stdout,
-        stderr,
     })
 }
 
@@ -288,6 +139,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::command::exit_code;
 
     async fn read_pty_until(reader: &mut pty_process::OwnedReadPty, needle: &str) -> String {
         let mut seen = Vec::new();
@@ -308,7 +160,7 @@ mod tests {
 
     #[tokio::test]
     async fn pty_child_leads_its_session_with_the_pty_as_controlling_terminal() {
-        let command = ShellCommand::new("sh").arg("-c").arg("stty size; cat");
+        let command = CommandSpec::new("sh").arg("-c").arg("stty size; cat");
         let mut spawned = spawn_pty(
             &command,
             PtySize {
@@ -340,25 +192,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn piped_child_keeps_stdout_and_stderr_apart() {
-        let command = ShellCommand::new("sh")
+    async fn pty_child_environment_loses_removed_variables_and_keeps_the_marker() {
+        let command = CommandSpec::new("sh")
             .arg("-c")
-            .arg("echo out; echo err >&2");
-        let mut spawned = spawn_piped(&command).expect("spawns");
-        let mut out = String::new();
-        let mut err = String::new();
-        spawned
-            .stdout
-            .read_to_string(&mut out)
+            .arg("echo \"[${HOME:-no home} ${WARREN_TREE_ID:+marked} $FOO]\"")
+            .env_remove("HOME")
+            .env("FOO", "bar");
+        let mut spawned = spawn_pty(&command, PtySize::DEFAULT).expect("spawns");
+        let text = read_pty_until(&mut spawned.reader, "]").await;
+        assert!(text.contains("[no home marked bar]"), "{text:?}");
+        let status = tokio::time::timeout(Duration::from_secs(20), spawned.child.wait())
             .await
-            .expect("reads stdout");
-        spawned
-            .stderr
-            .read_to_string(&mut err)
-            .await
-            .expect("reads stderr");
-        assert_eq!((out.as_str(), err.as_str()), ("out\n", "err\n"));
-        let status = spawned.child.wait().await.expect("waits");
+            .expect("the child exits")
+            .expect("waits");
         assert_eq!(exit_code(status), 0);
     }
 }

@@ -18,7 +18,9 @@ static OWNED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 fn owned() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
     // A panic while holding this lock cannot leave the set inconsistent (single inserts and
     // removes), so a poisoned lock is still usable.
-    OWNED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    OWNED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Marks this process as a child subreaper (`PR_SET_CHILD_SUBREAPER`).
@@ -51,16 +53,28 @@ pub fn release(pid: u32) {
 /// register a pid while holding the lock, so the reaper never steals an owned exit status.
 pub fn reap_orphans() -> usize {
     let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
     let mut zombies = Vec::new();
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
         let mut fields = rest.split_whitespace();
-        let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else { continue };
+        let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else {
+            continue;
+        };
         if state == "Z" && ppid.parse::<i32>().ok() == Some(me) {
             zombies.push(pid);
         }
@@ -87,8 +101,7 @@ pub fn reap_orphans() -> usize {
 /// second, in case signals were coalesced). Call once per daemon, inside a tokio runtime.
 pub fn start() -> io::Result<()> {
     become_subreaper()?;
-    let mut sigchld =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+    let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {

@@ -59,11 +59,19 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
     let sid = fields.next()?.parse().ok()?;
-    Some(ProcStat { pid, ppid, pgid, sid, zombie: state == "Z" || state == "X" })
+    Some(ProcStat {
+        pid,
+        ppid,
+        pgid,
+        sid,
+        zombie: state == "Z" || state == "X",
+    })
 }
 
 fn all_processes() -> Vec<ProcStat> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     dir.filter_map(|entry| {
         let entry = entry.ok()?;
         let name = entry.file_name();
@@ -75,9 +83,13 @@ fn all_processes() -> Vec<ProcStat> {
 }
 
 fn has_marker(pid: i32, marker: &str) -> bool {
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
     let needle = format!("{TREE_MARKER_VAR}={marker}");
-    environ.split(|b| *b == 0).any(|var| var == needle.as_bytes())
+    environ
+        .split(|b| *b == 0)
+        .any(|var| var == needle.as_bytes())
 }
 
 /// Live (non-zombie) members of the tree, never including this process or its process group.
@@ -91,12 +103,16 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
     let mut members = BTreeSet::new();
     // Pid 0 is the kernel's (init and kthreadd are its children) and 1 is init: rooting a tree
     // there would make every process on the machine a member. Such a tree is its marker only.
-    let mut stack = if tree.root_pid > 1 { vec![tree.root_pid] } else { Vec::new() };
+    let mut stack = if tree.root_pid > 1 {
+        vec![tree.root_pid]
+    } else {
+        Vec::new()
+    };
     while let Some(pid) = stack.pop() {
-        if members.insert(pid) {
-            if let Some(kids) = children.get(&pid) {
-                stack.extend(kids.iter().copied());
-            }
+        if members.insert(pid)
+            && let Some(kids) = children.get(&pid)
+        {
+            stack.extend(kids.iter().copied());
         }
     }
     for p in &procs {
@@ -126,12 +142,12 @@ fn signal_members(members: &[i32], signal: Signal) {
     let own_pgid = rustix::process::getpgrp().as_raw_nonzero().get();
     let mut groups = BTreeSet::new();
     for pid in members {
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            if let Some(stat) = parse_stat(&text) {
-                if stat.pgid > 1 && stat.pgid != own_pgid {
-                    groups.insert(stat.pgid);
-                }
-            }
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some(stat) = parse_stat(&text)
+            && stat.pgid > 1
+            && stat.pgid != own_pgid
+        {
+            groups.insert(stat.pgid);
         }
     }
     for pgid in groups {
@@ -168,7 +184,10 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// Blocking; call it from `spawn_blocking` in async code.
 pub fn kill_tree(tree: &TreeId, grace: Duration) -> KillReport {
     let members = tree_members(tree);
-    let mut report = KillReport { n_members: members.len(), ..KillReport::default() };
+    let mut report = KillReport {
+        n_members: members.len(),
+        ..KillReport::default()
+    };
     if members.is_empty() {
         return report;
     }
@@ -211,7 +230,10 @@ mod tests {
     #[test]
     fn parse_stat_reads_fields_after_a_command_name_with_parens_and_spaces() {
         let stat = parse_stat("42 (my (odd) name) S 7 42 40 34816 42 4194304").expect("parses");
-        assert_eq!((stat.pid, stat.ppid, stat.pgid, stat.sid, stat.zombie), (42, 7, 42, 40, false));
+        assert_eq!(
+            (stat.pid, stat.ppid, stat.pgid, stat.sid, stat.zombie),
+            (42, 7, 42, 40, false)
+        );
         let zombie = parse_stat("9 (x) Z 1 9 9 0").expect("parses");
         assert!(zombie.zombie);
         assert!(parse_stat("garbage").is_none());

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::process::Child;
-use warren_process::TreeId;
+use warren_process::{OwnedChild, TreeId};
 use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
 use super::CompatError;
@@ -40,8 +39,7 @@ struct BashSession {
 }
 
 struct Shell {
-    child: Child,
-    pid: u32,
+    child: OwnedChild,
     stdin: pipe::Sender,
     output: pipe::Receiver,
     lines: LineSplitter,
@@ -172,7 +170,7 @@ impl BashSession {
             tokio::time::timeout(Duration::from_secs(10), self.shell.lock()).await
             && let Some(mut shell) = shell.take()
         {
-            spawn::wait(&mut shell.child, shell.pid).await;
+            spawn::wait(&mut shell.child).await;
         }
         self.set_tree(None);
     }
@@ -190,7 +188,6 @@ impl BashSession {
         self.set_tree(Some(spawned.tree));
         Ok(Shell {
             child: spawned.child,
-            pid: spawned.pid,
             stdin,
             output: spawned.stdout,
             lines: LineSplitter::default(),
@@ -225,7 +222,7 @@ impl BashSession {
             RunEnd::Finished(code) => code,
             RunEnd::ShellGone(code) => {
                 if let Some(mut shell) = guard.take() {
-                    spawn::wait(&mut shell.child, shell.pid).await;
+                    spawn::wait(&mut shell.child).await;
                 }
                 self.set_tree(None);
                 code
@@ -235,7 +232,7 @@ impl BashSession {
                     spawn::kill(tree, KILL_GRACE).await;
                 }
                 if let Some(mut shell) = guard.take() {
-                    spawn::wait(&mut shell.child, shell.pid).await;
+                    spawn::wait(&mut shell.child).await;
                 }
                 self.set_tree(None);
                 -1
@@ -316,7 +313,7 @@ impl Shell {
     /// The exit code of a shell whose output ended.
     async fn exit_code(&mut self) -> i32 {
         match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
-            Ok(Ok(status)) => spawn::exit_code(status),
+            Ok(Ok(status)) => warren_process::exit_code(status),
             _ => -1,
         }
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, SecondsFormat, Utc};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use warren_process::TreeId;
+use warren_process::{OwnedChild, TreeId};
 use warren_protocol::opensandbox::{CommandStatus, EventType, RunCommandRequest};
 
 use super::CompatError;
@@ -377,20 +377,19 @@ fn read_range(path: &Path, start: u64, len: u64) -> std::io::Result<Vec<u8>> {
 /// Waits for the child, killing its tree when `timeout` passes first. Returns the exit code
 /// (-1 after a signal or the timeout) and the record's error text.
 async fn wait_with_timeout(
-    child: &mut tokio::process::Child,
-    pid: u32,
+    child: &mut OwnedChild,
     tree: TreeId,
     timeout: Option<Duration>,
 ) -> (i32, Option<String>) {
     let Some(timeout) = timeout else {
-        let code = spawn::wait(child, pid).await;
+        let code = spawn::wait(child).await;
         return (code, (code < 0).then(|| "killed by a signal".to_owned()));
     };
     tokio::select! {
-        code = spawn::wait(child, pid) => (code, (code < 0).then(|| "killed by a signal".to_owned())),
+        code = spawn::wait(child) => (code, (code < 0).then(|| "killed by a signal".to_owned())),
         () = tokio::time::sleep(timeout) => {
             spawn::kill(tree, KILL_GRACE).await;
-            spawn::wait(child, pid).await;
+            spawn::wait(child).await;
             (-1, Some(format!("timed out after {} ms", timeout.as_millis())))
         }
     }
@@ -405,13 +404,12 @@ async fn drive_background(
 ) {
     let spawn::Spawned {
         mut child,
-        pid,
         tree,
         stdout,
         ..
     } = spawned;
     let mut copier = tokio::spawn(copy_to_log(stdout, log));
-    let (exit_code, error) = wait_with_timeout(&mut child, pid, tree, timeout).await;
+    let (exit_code, error) = wait_with_timeout(&mut child, tree, timeout).await;
     // Output written just before the exit is on disk before the record says finished. The
     // copier itself runs to end of file: descendants that keep the pipe open (`nohup server &`)
     // keep it going, bounded by MAX_LOG_BYTES.
@@ -471,7 +469,6 @@ async fn drive_foreground(
 ) {
     let spawn::Spawned {
         mut child,
-        pid,
         tree,
         stdout,
         stderr,
@@ -518,7 +515,7 @@ async fn drive_foreground(
                     None => stderr = None,
                 }
             }
-            code = spawn::wait(&mut child, pid), if exit_code.is_none() => {
+            code = spawn::wait(&mut child), if exit_code.is_none() => {
                 exit_code = Some(code);
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
             }

@@ -1,11 +1,11 @@
 //! Starting a command or a session shell for the OpenSandbox routes on top of
 //! `warren_process::pipes` (own session and process group, stdin from `/dev/null` or a pipe,
 //! stdout and stderr on pipes merged or apart, the tree marker, the reaper registration).
-//! This module only maps a request to a `PipeCommand`: the daemon's environment minus secrets,
-//! plus the request's variables, and the shell to use.
+//! This module only maps a request to a `CommandSpec`: the daemon's environment minus its
+//! access token, plus the request's variables, the ids to run as, and the shell to use.
 //!
-//! Killing and reaping stay in `warren_process` (`kill_tree`, `reaper`); the owner of a
-//! [`Spawned`] must [`wait`] it, which releases the pid from the reaper.
+//! Killing and reaping stay in `warren_process` (`kill_tree`, `OwnedChild`); the owner of a
+//! [`Spawned`] must [`wait`] it, which releases the pid to the reaper.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -13,10 +13,8 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use tokio::process::Child;
-use warren_process::TreeId;
-use warren_process::pipes::{OutputMode, PipeChild, PipeCommand, StdinMode, spawn_piped_as};
-use warren_process::reaper;
+use warren_process::pipes::{Leader, OutputMode, PipeOptions, PipedChild, StdinMode, spawn_piped};
+use warren_process::{CommandSpec, OwnedChild, TreeId};
 
 /// Variables of the daemon that commands must not inherit.
 const HIDDEN_ENV: &[&str] = &["EXECD_ACCESS_TOKEN"];
@@ -53,22 +51,15 @@ impl SpawnSpec {
 }
 
 /// A started process. Dropping it neither kills nor reaps it; call [`wait`].
-pub type Spawned = PipeChild;
-
-/// Exit code of a finished process, -1 when a signal ended it.
-pub fn exit_code(status: std::process::ExitStatus) -> i32 {
-    status.code().unwrap_or(-1)
-}
+pub type Spawned = PipedChild;
 
 /// Waits for the child and hands its pid back to the reaper. Returns the exit code (-1 after a
 /// signal, or when waiting failed).
-pub async fn wait(child: &mut Child, pid: u32) -> i32 {
-    let status = child.wait().await;
-    reaper::release(pid);
-    match status {
-        Ok(status) => exit_code(status),
+pub async fn wait(child: &mut OwnedChild) -> i32 {
+    match child.wait().await {
+        Ok(status) => warren_process::exit_code(status),
         Err(err) => {
-            tracing::warn!(pid, %err, "waiting for a command failed");
+            tracing::warn!(pid = child.pid(), %err, "waiting for a command failed");
             -1
         }
     }
@@ -87,17 +78,21 @@ pub fn shell() -> &'static str {
 /// Starts `spec` through `warren_process::pipes` (own session and process group, tree marker,
 /// registered with the reaper). Must be called inside a tokio runtime.
 pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(name, _)| !HIDDEN_ENV.iter().any(|hidden| name == hidden))
-        .filter(|(name, _)| !spec.envs.contains_key(&*name.to_string_lossy()))
-        .collect();
-    env.extend(spec.envs.iter().map(|(k, v)| (k.into(), v.into())));
-    let command = PipeCommand {
+    let command = CommandSpec {
         program: spec.program.clone(),
         args: spec.args.clone(),
-        env,
-        clear_env: true,
         cwd: Some(spec.cwd.clone()),
+        env: spec
+            .envs
+            .iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect(),
+        env_remove: HIDDEN_ENV.iter().map(OsString::from).collect(),
+        env_clear: false,
+        uid: spec.uid,
+        gid: spec.gid,
+    };
+    let options = PipeOptions {
         stdin: if spec.stdin_pipe {
             StdinMode::Pipe
         } else {
@@ -108,8 +103,9 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
         } else {
             OutputMode::Separate
         },
+        leader: Leader::Session,
     };
-    spawn_piped_as(&command, spec.uid, spec.gid)
+    spawn_piped(&command, options)
 }
 
 /// Kills the whole tree (TERM, `grace`, KILL) on the blocking pool.

@@ -22,9 +22,9 @@ use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use warren_process::TreeId;
-use warren_process::pty::{
-    OwnedChild, PtyControl, PtySize, ShellCommand, exit_code, signal_process_group,
-};
+use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
+use warren_process::pty::{PtyControl, PtySize};
+use warren_process::{CommandSpec, OwnedChild, exit_code, signal_group};
 use warren_protocol::pty::{
     CHANNEL_REPLAY, CHANNEL_STDERR, CHANNEL_STDOUT, MAX_LIVE_PAYLOAD, PtyMode, REPLAY_HEADER_LEN,
 };
@@ -70,7 +70,7 @@ impl SignalTarget {
     pub fn send(&self, signal: rustix::process::Signal) -> std::io::Result<()> {
         match self {
             SignalTarget::Foreground(control) => control.signal_foreground(signal),
-            SignalTarget::Group(pgrp) => signal_process_group(*pgrp, signal),
+            SignalTarget::Group(pgrp) => signal_group(*pgrp, signal),
         }
     }
 }
@@ -398,9 +398,9 @@ impl Session {
         self.progress.send_replace(total);
     }
 
-    fn shell_command(&self) -> ShellCommand {
+    fn shell_command(&self) -> CommandSpec {
         let (program, bash) = shell_program();
-        let mut command = ShellCommand::new(program);
+        let mut command = CommandSpec::new(program);
         if bash {
             command = command.arg("--noprofile").arg("--norc");
         }
@@ -433,12 +433,21 @@ impl Session {
                 (spawned.child, spawned.tree, parts, pumps)
             }
             PtyMode::Pipe => {
-                let spawned = warren_process::pty::spawn_piped(&command).map_err(failed)?;
-                let stdin: StdinWriter = Box::new(spawned.stdin);
+                // Its own process group in the daemon's session, stdout and stderr apart.
+                let options = PipeOptions {
+                    stdin: StdinMode::Pipe,
+                    output: OutputMode::Separate,
+                    leader: Leader::ProcessGroup,
+                };
+                let spawned =
+                    warren_process::pipes::spawn_piped(&command, options).map_err(failed)?;
+                let missing = || failed(std::io::Error::other("spawned shell lacks a pipe"));
+                let stdin: StdinWriter = Box::new(spawned.stdin.ok_or_else(missing)?);
+                let stderr = spawned.stderr.ok_or_else(missing)?;
                 let parts = (stdin, SignalTarget::Group(spawned.tree.root_pid), None);
                 let pumps = vec![
                     Pump::new(Box::new(spawned.stdout), CHANNEL_STDOUT),
-                    Pump::new(Box::new(spawned.stderr), CHANNEL_STDERR),
+                    Pump::new(Box::new(stderr), CHANNEL_STDERR),
                 ];
                 (spawned.child, spawned.tree, parts, pumps)
             }
