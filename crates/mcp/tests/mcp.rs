@@ -6,6 +6,7 @@ mod support;
 
 use std::path::Path;
 
+use anyhow::Context as _;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 use support::*;
@@ -240,13 +241,8 @@ async fn prompt_is_answered_with_write_stdin(client: &McpClient) -> anyhow::Resu
 async fn sessions_are_listed_and_killed(client: &McpClient) -> anyhow::Result<()> {
     let session = start_running(client, "sleep 600").await?;
 
+    let entry = listed_session(client, |s| s["session_id"] == session).await?;
     let listed = call(client, "list_sessions", json!({})).await?;
-    let sessions = structured(&listed)["sessions"].clone();
-    let entry = sessions
-        .as_array()
-        .and_then(|all| all.iter().find(|s| s["session_id"] == session))
-        .unwrap_or_else(|| panic!("session {session} not in {sessions}"))
-        .clone();
     assert_eq!(entry["cmd"], "sleep 600");
     assert_eq!(entry["status"], "running");
     assert!(entry["pid"].as_u64().is_some_and(|pid| pid > 0), "{entry}");
@@ -346,105 +342,115 @@ async fn local_stdio_client(dir: &Path) -> anyhow::Result<McpClient> {
     stdio_client(&["--workdir", dir.to_str().expect("utf-8 temp dir")]).await
 }
 
-#[tokio::test]
-async fn stdio_lists_the_four_tools_with_their_input_schemas() -> anyhow::Result<()> {
+/// Runs `scenario` against `warren mcp --workdir <a fresh temp dir>` over stdio, then closes it.
+async fn on_local_stdio(
+    scenario: impl AsyncFnOnce(&McpClient, &Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let client = local_stdio_client(dir.path()).await?;
-    lists_the_four_tools_with_their_schemas(&client).await?;
+    scenario(&client, dir.path()).await?;
     client.cancel().await?;
     Ok(())
+}
+
+#[tokio::test]
+async fn stdio_lists_the_four_tools_with_their_input_schemas() -> anyhow::Result<()> {
+    on_local_stdio(async |client, _| lists_the_four_tools_with_their_schemas(client).await).await
 }
 
 #[tokio::test]
 async fn stdio_quick_command_returns_codex_text_and_structured_result() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    quick_command_returns_codex_text_and_json(&client).await?;
-    // Commands run in --workdir by default.
-    let pwd = call(&client, "exec_command", json!({"cmd": "pwd -P"})).await?;
-    let expected = dir.path().canonicalize()?;
-    assert_eq!(
-        structured(&pwd)["output"],
-        format!("{}\n", expected.display())
-    );
-    client.cancel().await?;
-    Ok(())
+    on_local_stdio(async |client, dir| {
+        quick_command_returns_codex_text_and_json(client).await?;
+        // Commands run in --workdir by default.
+        commands_run_in(client, dir).await
+    })
+    .await
 }
 
 #[tokio::test]
 async fn stdio_passes_every_exec_command_argument() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    every_argument_reaches_the_engine(&client, dir.path()).await?;
-    client.cancel().await?;
-    Ok(())
+    on_local_stdio(async |client, dir| every_argument_reaches_the_engine(client, dir).await).await
 }
 
 #[tokio::test]
 async fn stdio_long_command_returns_a_session_then_polls_to_exit() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    long_command_is_polled_to_its_exit(&client, dir.path()).await?;
-    client.cancel().await?;
-    Ok(())
+    on_local_stdio(async |client, dir| long_command_is_polled_to_its_exit(client, dir).await).await
 }
 
 #[tokio::test]
 async fn stdio_prompt_reports_awaiting_input_and_takes_an_answer() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    prompt_is_answered_with_write_stdin(&client).await?;
-    client.cancel().await?;
-    Ok(())
+    on_local_stdio(async |client, _| prompt_is_answered_with_write_stdin(client).await).await
 }
 
 #[tokio::test]
 async fn stdio_lists_and_kills_sessions() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    sessions_are_listed_and_killed(&client).await?;
-    client.cancel().await?;
-    Ok(())
+    on_local_stdio(async |client, _| sessions_are_listed_and_killed(client).await).await
 }
 
 #[tokio::test]
 async fn stdio_bad_arguments_and_unknown_sessions_are_tool_errors() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    bad_arguments_are_tool_errors(&client).await?;
-    client.cancel().await?;
-    Ok(())
+    on_local_stdio(async |client, _| bad_arguments_are_tool_errors(client).await).await
 }
 
 #[tokio::test]
 async fn stdio_cancelled_call_leaves_its_session_running_and_listed() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let client = local_stdio_client(dir.path()).await?;
-    let started = dir.path().join("started");
+    on_local_stdio(async |client, dir| cancelled_call_leaves_its_session_running(client, dir).await)
+        .await
+}
+
+async fn cancelled_call_leaves_its_session_running(
+    client: &McpClient,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let started = dir.join("started");
     let cmd = format!("touch '{}'; sleep 600", started.display());
     let arguments = json!({"cmd": cmd, "yield_time_ms": 30000});
     // The agent's turn is interrupted while the call waits: dropping the call sends
     // notifications/cancelled. The command must keep running, findable by list_sessions.
     tokio::select! {
-        result = call(&client, "exec_command", arguments) => {
+        result = call(client, "exec_command", arguments) => {
             anyhow::bail!("exec_command returned before it was cancelled: {result:?}")
         }
-        () = async {
-            while !started.exists() {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        } => {}
+        waited = within("the command to start", until_exists(&started)) => waited?,
     }
-    let listed = call(&client, "list_sessions", json!({})).await?;
-    let sessions = structured(&listed)["sessions"].clone();
-    let session = sessions
-        .as_array()
-        .and_then(|all| all.iter().find(|s| s["cmd"] == cmd))
-        .and_then(|s| s["session_id"].as_u64())
-        .unwrap_or_else(|| panic!("the cancelled call's session is not listed: {sessions}"));
-    let killed = call(&client, "kill_session", json!({"session_id": session})).await?;
+    let session = listed_session(client, |s| s["cmd"] == cmd).await?;
+    let session = session["session_id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("the cancelled call's session has no id: {session}"));
+    let killed = call(client, "kill_session", json!({"session_id": session})).await?;
     assert_eq!(structured(&killed)["status"], "exited");
-    client.cancel().await?;
+    Ok(())
+}
+
+/// Polls every 20 ms until `path` exists (wrap in `within` for the timeout).
+async fn until_exists(path: &Path) {
+    while !path.exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The `list_sessions` entry matching `pred`; fails naming the listing if there is none.
+async fn listed_session(
+    client: &McpClient,
+    pred: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let listed = call(client, "list_sessions", json!({})).await?;
+    let sessions = structured(&listed)["sessions"].clone();
+    sessions
+        .as_array()
+        .and_then(|all| all.iter().find(|s| pred(s)))
+        .cloned()
+        .with_context(|| format!("the session is not listed: {sessions}"))
+}
+
+/// Commands run in `dir` by default.
+async fn commands_run_in(client: &McpClient, dir: &Path) -> anyhow::Result<()> {
+    let pwd = call(client, "exec_command", json!({"cmd": "pwd -P"})).await?;
+    assert_eq!(
+        structured(&pwd)["output"],
+        format!("{}\n", dir.canonicalize()?.display())
+    );
     Ok(())
 }
 
@@ -453,12 +459,8 @@ async fn stdio_client_disconnect_kills_running_commands() -> anyhow::Result<()> 
     let dir = tempfile::tempdir()?;
     let client = local_stdio_client(dir.path()).await?;
     let session = start_running(&client, "sleep 600").await?;
-    let listed = call(&client, "list_sessions", json!({})).await?;
-    let pid = structured(&listed)["sessions"]
-        .as_array()
-        .and_then(|all| all.iter().find(|s| s["session_id"] == session))
-        .and_then(|s| s["pid"].as_u64())
-        .expect("listed with a pid");
+    let entry = listed_session(&client, |s| s["session_id"] == session).await?;
+    let pid = entry["pid"].as_u64().expect("listed with a pid");
     // Closing stdin ends `warren mcp`, which kills the sessions it started.
     within("warren mcp to exit after stdin closes", client.cancel()).await??;
     let proc_dir = format!("/proc/{pid}");
@@ -600,11 +602,7 @@ async fn remote_mcp_runs_commands_on_execd() -> anyhow::Result<()> {
     sessions_are_listed_and_killed(&client).await?;
     bad_arguments_are_tool_errors(&client).await?;
     // The command ran on execd, in its root.
-    let pwd = call(&client, "exec_command", json!({"cmd": "pwd -P"})).await?;
-    assert_eq!(
-        structured(&pwd)["output"],
-        format!("{}\n", dir.path().canonicalize()?.display())
-    );
+    commands_run_in(&client, dir.path()).await?;
     client.cancel().await?;
     execd.stop().await
 }
@@ -669,38 +667,34 @@ async fn remote_mcp_refuses_a_malformed_execd_url_at_startup() -> anyhow::Result
 /// The interoperability venv's python, created once by `scripts/python-env.sh`.
 async fn sdk_python() -> anyhow::Result<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/python-env.sh");
-    let output = tokio::time::timeout(
-        std::time::Duration::from_secs(900),
-        tokio::process::Command::new("bash")
-            .arg(&script)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("scripts/python-env.sh did not finish within 15 minutes"))??;
-    anyhow::ensure!(
-        output.status.success(),
-        "scripts/python-env.sh failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?.trim().to_owned())
+    let mut command = tokio::process::Command::new("bash");
+    command.arg(&script);
+    let stdout = install_sdk("scripts/python-env.sh", command).await?;
+    Ok(String::from_utf8(stdout)?.trim().to_owned())
 }
 
-/// Runs `tests/python/mcp_sdk_client.py <args>`; it names every failed check on stderr.
-async fn run_sdk_client(python: &str, args: &[&str]) -> anyhow::Result<()> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_sdk_client.py");
-    let output = within(
-        "the MCP Python SDK checks",
-        tokio::process::Command::new(python)
-            .arg(&script)
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
+/// Runs a one-off SDK installation (minutes on a cold cache); returns its stdout.
+async fn install_sdk(what: &str, mut command: tokio::process::Command) -> anyhow::Result<Vec<u8>> {
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(900),
+        command.kill_on_drop(true).output(),
     )
-    .await??;
+    .await
+    .map_err(|_| anyhow::anyhow!("{what} did not finish within 15 minutes"))??;
     anyhow::ensure!(
         output.status.success(),
-        "MCP Python SDK checks failed ({}):\n{}{}",
+        "{what} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(output.stdout)
+}
+
+/// Runs an SDK's check script, which names every failed check on stderr.
+async fn run_sdk_checks(what: &str, mut command: tokio::process::Command) -> anyhow::Result<()> {
+    let output = within(what, command.kill_on_drop(true).output()).await??;
+    anyhow::ensure!(
+        output.status.success(),
+        "{what} failed ({}):\n{}{}",
         output.status,
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
@@ -708,21 +702,36 @@ async fn run_sdk_client(python: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn python_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Result<()> {
-    let python = sdk_python().await?;
+/// Runs `checks` (an SDK client's arguments) against `warren mcp` over stdio, then against a
+/// real execd's `/mcp` behind `token`.
+async fn sdk_checks_over_stdio_and_execd_http(
+    token: &str,
+    checks: impl AsyncFn(&[&str]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let binary = warren_binary()
         .to_str()
         .expect("utf-8 binary path")
         .to_owned();
     let workdir = dir.path().to_str().expect("utf-8 temp dir").to_owned();
-    run_sdk_client(&python, &["stdio", &binary, &workdir]).await?;
+    checks(&["stdio", &binary, &workdir]).await?;
 
-    let execd = ExecdChild::start("python-sdk-token", dir.path()).await?;
+    let execd = ExecdChild::start(token, dir.path()).await?;
     let url = format!("{}/mcp", execd.url);
-    run_sdk_client(&python, &["http", &url, &execd.token]).await?;
+    checks(&["http", &url, &execd.token]).await?;
     execd.stop().await
+}
+
+#[tokio::test]
+async fn python_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Result<()> {
+    let python = sdk_python().await?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_sdk_client.py");
+    sdk_checks_over_stdio_and_execd_http("python-sdk-token", async |args| {
+        let mut command = tokio::process::Command::new(&python);
+        command.arg(&script).args(args);
+        run_sdk_checks("the MCP Python SDK checks", command).await
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -749,60 +758,22 @@ async fn sdk_node_dir() -> anyhow::Result<std::path::PathBuf> {
         cp "$2/mcp_sdk_client.mjs" "$1/mcp_sdk_client.mjs.tmp"
         mv "$1/mcp_sdk_client.mjs.tmp" "$1/mcp_sdk_client.mjs"
     "#;
-    let output = tokio::time::timeout(
-        std::time::Duration::from_secs(900),
-        tokio::process::Command::new("bash")
-            .args(["-c", install, "install"])
-            .arg(&dir)
-            .arg(&source)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| {
-        anyhow::anyhow!("npm install of the MCP SDK did not finish within 15 minutes")
-    })??;
-    anyhow::ensure!(
-        output.status.success(),
-        "installing the MCP TypeScript SDK failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut command = tokio::process::Command::new("bash");
+    command
+        .args(["-c", install, "install"])
+        .arg(&dir)
+        .arg(&source);
+    install_sdk("npm install of the MCP TypeScript SDK", command).await?;
     Ok(dir)
-}
-
-async fn run_node_client(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let output = within(
-        "the MCP TypeScript SDK checks",
-        tokio::process::Command::new("node")
-            .arg(dir.join("mcp_sdk_client.mjs"))
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await??;
-    anyhow::ensure!(
-        output.status.success(),
-        "MCP TypeScript SDK checks failed ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(())
 }
 
 #[tokio::test]
 async fn typescript_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Result<()> {
     let node_dir = sdk_node_dir().await?;
-    let dir = tempfile::tempdir()?;
-    let binary = warren_binary()
-        .to_str()
-        .expect("utf-8 binary path")
-        .to_owned();
-    let workdir = dir.path().to_str().expect("utf-8 temp dir").to_owned();
-    run_node_client(&node_dir, &["stdio", &binary, &workdir]).await?;
-
-    let execd = ExecdChild::start("typescript-sdk-token", dir.path()).await?;
-    let url = format!("{}/mcp", execd.url);
-    run_node_client(&node_dir, &["http", &url, &execd.token]).await?;
-    execd.stop().await
+    sdk_checks_over_stdio_and_execd_http("typescript-sdk-token", async |args| {
+        let mut command = tokio::process::Command::new("node");
+        command.arg(node_dir.join("mcp_sdk_client.mjs")).args(args);
+        run_sdk_checks("the MCP TypeScript SDK checks", command).await
+    })
+    .await
 }

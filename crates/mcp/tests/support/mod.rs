@@ -119,10 +119,7 @@ pub async fn call(
     let Value::Object(arguments) = arguments else {
         bail!("arguments must be a JSON object")
     };
-    let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-    within(&format!("the {name} result"), client.call_tool(params))
-        .await?
-        .with_context(|| format!("calling {name}"))
+    call_raw(client, name, arguments).await
 }
 
 /// Calls tool `name` with raw arguments, which may be wrong on purpose.
