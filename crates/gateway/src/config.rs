@@ -88,13 +88,7 @@ impl GatewayArgs {
 /// `2h`, `90m`, `30s`, `500ms`, `1d`, or plain seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}"))?;
+    let (number, unit) = split_number(text, "duration")?;
     let seconds = |n: u64| Ok(Duration::from_secs(n));
     match unit {
         "" | "s" => seconds(number),
@@ -111,13 +105,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// `512MiB`, `1GiB`, `200MB`, `64KiB`, or plain bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}"))?;
+    let (number, unit) = split_number(text, "size")?;
     let factor: u64 = match unit {
         "" | "B" => 1,
         "KB" => 1_000,
@@ -135,6 +123,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     number
         .checked_mul(factor)
         .ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+/// Splits `text` (already trimmed) into its leading decimal number and the unit after it.
+fn split_number<'a>(text: &'a str, what: &str) -> Result<(u64, &'a str), String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number = number
+        .parse()
+        .map_err(|_| format!("invalid {what} {text:?}"))?;
+    Ok((number, unit))
 }
 
 #[cfg(test)]

@@ -256,16 +256,7 @@ fn end_turn(session: &Session, turn: u64, stop_reason: &str) {
         return;
     }
     state.running_turn = None;
-    for request_id in drain_pending(&mut state) {
-        session.emit(
-            Some(turn),
-            EventBody::PermissionResolved {
-                request_id,
-                outcome: "cancelled".into(),
-                option_id: None,
-            },
-        );
-    }
+    cancel_pending_permissions(session, &mut state, turn);
     state.last_active = Instant::now();
     if let Err(e) = session.log.append(
         Some(turn),
@@ -467,16 +458,7 @@ pub async fn shut_down_session(session: &Arc<Session>) {
         let mut state = session.lock();
         state.turn_cancel.cancel();
         if let Some(turn) = state.running_turn.take() {
-            for request_id in drain_pending(&mut state) {
-                session.emit(
-                    Some(turn),
-                    EventBody::PermissionResolved {
-                        request_id,
-                        outcome: "cancelled".into(),
-                        option_id: None,
-                    },
-                );
-            }
+            cancel_pending_permissions(session, &mut state, turn);
             session.emit(
                 Some(turn),
                 EventBody::TurnEnd {
@@ -492,14 +474,24 @@ pub async fn shut_down_session(session: &Arc<Session>) {
     session.log.close();
 }
 
-fn drain_pending(state: &mut SessionState) -> Vec<String> {
-    let mut ids: Vec<String> = state
+/// Resolves every unanswered permission request of `turn` as `cancelled`, in request id order.
+fn cancel_pending_permissions(session: &Session, state: &mut SessionState, turn: u64) {
+    let mut request_ids: Vec<String> = state
         .pending_permissions
         .drain()
         .map(|(id, _)| id)
         .collect();
-    ids.sort();
-    ids
+    request_ids.sort();
+    for request_id in request_ids {
+        session.emit(
+            Some(turn),
+            EventBody::PermissionResolved {
+                request_id,
+                outcome: "cancelled".into(),
+                option_id: None,
+            },
+        );
+    }
 }
 
 /// Stops brains that had no turn and no pending permission for `--brain-idle`.

@@ -1,59 +1,13 @@
-//! Cancel is never lost: a cancel while the brain still starts ends the turn `cancelled` and its
+//! Cancel is never lost: a cancel while the brain starts ends the turn `cancelled` and its
 //! prompt is never sent; a cancel racing the prompt or arriving mid-command ends the turn
 //! `cancelled` with exactly one `turn_end`; a cancel with no turn running is 409.
 
-use std::path::{Path, PathBuf};
-
 use serde_json::Value;
 
-use crate::helpers::{Received, TestGateway, args_with_shell_agent, args_without_agent};
-
-/// `warren-test-agent` (the scripted ACP agent of `warren-brain`), built once per test process.
-fn test_agent_bin() -> PathBuf {
-    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(path) = built.as_ref() {
-        return path.clone();
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "warren-brain",
-            "--bin",
-            "warren-test-agent",
-        ])
-        .current_dir(&workspace)
-        .status()
-        .expect("run cargo build -p warren-brain");
-    assert!(status.success(), "cargo build of warren-test-agent failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let path = target.join("debug").join("warren-test-agent");
-    assert!(path.exists(), "{} exists after the build", path.display());
-    *built = Some(path.clone());
-    path
-}
-
-async fn cancel(gw: &TestGateway, token: &str, session: &str) -> reqwest::Response {
-    gw.http
-        .post(format!("{}/v1/sessions/{session}/cancel", gw.url))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("cancel request")
-}
-
-fn text_of(events: &[Received]) -> String {
-    events
-        .iter()
-        .filter(|e| e.event == "update")
-        .map(|e| e.data["update"].to_string())
-        .collect()
-}
+use crate::helpers::{
+    Received, TestGateway, args_with_shell_agent, args_without_agent, stop_reason, test_agent_bin,
+    text_of,
+};
 
 fn turn_ends_of(events: &[Received], turn: u64) -> usize {
     events
@@ -62,42 +16,40 @@ fn turn_ends_of(events: &[Received], turn: u64) -> usize {
         .count()
 }
 
-#[tokio::test]
-async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_runs() {
-    let gates = tempfile::tempdir().expect("gate dir");
-    let gate = gates.path().join("open-session");
-    let agent = format!(
-        "{} --gate-session {}",
-        test_agent_bin().display(),
-        gate.display()
-    );
-    let gw = TestGateway::start(|data| {
+/// A gateway whose agent is `warren-test-agent` with `agent_args`.
+async fn with_test_agent(agent_args: &[&str]) -> TestGateway {
+    let mut agent = test_agent_bin().display().to_string();
+    for arg in agent_args {
+        agent.push(' ');
+        agent.push_str(arg);
+    }
+    TestGateway::start(|data| {
         let mut args = args_with_shell_agent(data);
         args.agent = Some(agent);
         args
     })
-    .await;
-    let token = gw.register("phone-0001").await;
-    let session = gw.create_session(&token).await;
+    .await
+}
+
+#[tokio::test]
+async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_runs() {
+    let gates = tempfile::tempdir().expect("gate dir");
+    let gate = gates.path().join("open-session");
+    let gate_arg = gate.display().to_string();
+    let gw = with_test_agent(&["--gate-session", &gate_arg]).await;
+    let mut chat = gw.conversation("phone-0001").await;
     let workspace = gw
         .gateway
         .sessions
-        .get("phone-0001", &session)
+        .get("phone-0001", &chat.session)
         .expect("session")
         .workspace();
-    let mut events = gw.events(&token, &session, None).await;
 
-    let accepted = gw
-        .post_message(&token, &session, "term touch marker-file")
-        .await;
-    assert_eq!(accepted.status(), 202);
+    chat.accept("term touch marker-file").await;
     // The agent cannot have started: its `session/new` waits for the gate file.
-    assert_eq!(cancel(&gw, &token, &session).await.status(), 202);
-    let mut seen = events
-        .until(
-            "turn_end of the turn cancelled while the brain starts",
-            |e| e.event == "turn_end",
-        )
+    assert_eq!(chat.cancel().await.status(), 202);
+    let mut seen = chat
+        .until_turn_end("the turn cancelled while the brain starts")
         .await;
     let end = seen.last().expect("turn_end");
     assert_eq!(end.data["turn"], 1);
@@ -108,27 +60,18 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
     );
 
     std::fs::write(&gate, b"").expect("open the gate");
-    assert_eq!(
-        gw.post_message(
-            &token,
-            &session,
-            "term test -e marker-file && echo present || echo absent"
-        )
-        .await
-        .status(),
-        202
-    );
-    let second = events
+    chat.accept("term test -e marker-file && echo present || echo absent")
+        .await;
+    let second = chat
         .until("turn_end of the turn looking for the marker", |e| {
             e.event == "turn_end" && e.data["turn"] == 2
         })
         .await;
-    assert_eq!(
-        second.last().expect("turn_end").data["stop_reason"],
-        "end_turn"
+    assert_eq!(stop_reason(&second), "end_turn");
+    assert!(
+        text_of(&second).contains("absent"),
+        "no marker file: {second:#?}"
     );
-    let output = text_of(&second);
-    assert!(output.contains("absent"), "no marker file: {second:#?}");
     assert!(
         !workspace.join("marker-file").exists(),
         "the cancelled command never ran"
@@ -136,21 +79,13 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
     seen.extend(second);
 
     // The same command in a turn that is not cancelled does create the file where we looked.
-    assert_eq!(
-        gw.post_message(&token, &session, "term touch marker-file")
-            .await
-            .status(),
-        202
-    );
-    let third = events
+    chat.accept("term touch marker-file").await;
+    let third = chat
         .until("turn_end of the uncancelled touch", |e| {
             e.event == "turn_end" && e.data["turn"] == 3
         })
         .await;
-    assert_eq!(
-        third.last().expect("turn_end").data["stop_reason"],
-        "end_turn"
-    );
+    assert_eq!(stop_reason(&third), "end_turn");
     assert!(
         workspace.join("marker-file").exists(),
         "an uncancelled `touch` creates {}",
@@ -165,49 +100,23 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
 
 #[tokio::test]
 async fn a_cancel_right_after_the_message_is_never_lost() {
-    let agent = test_agent_bin().display().to_string();
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.agent = Some(agent);
-        args
-    })
-    .await;
-    let token = gw.register("phone-0001").await;
-    let session = gw.create_session(&token).await;
-    let mut events = gw.events(&token, &session, None).await;
+    let gw = with_test_agent(&[]).await;
+    let mut chat = gw.conversation("phone-0001").await;
     // `wait` only ends on `session/cancel`: a lost cancel leaves the turn running and the wait
     // below times out. Each round's cancel lands somewhere else in the turn's start.
     for round in 1..=12u64 {
-        let accepted = gw.post_message(&token, &session, "wait").await;
+        let accepted = chat.send("wait").await;
         assert_eq!(accepted.status(), 202, "message of round {round}");
         let body: Value = accepted.json().await.expect("accepted body");
         assert_eq!(body["turn"], round);
-        assert_eq!(
-            cancel(&gw, &token, &session).await.status(),
-            202,
-            "cancel of round {round}"
-        );
-        let seen = events
-            .until(&format!("turn_end of round {round}"), |e| {
-                e.event == "turn_end"
-            })
-            .await;
+        assert_eq!(chat.cancel().await.status(), 202, "cancel of round {round}");
+        let seen = chat.until_turn_end(&format!("round {round}")).await;
         let end = seen.last().expect("turn_end");
         assert_eq!(end.data["turn"], round);
         assert_eq!(end.data["stop_reason"], "cancelled", "round {round}");
     }
     // Every turn ended exactly once: the next message starts turn 13 and ends normally.
-    assert_eq!(
-        gw.post_message(&token, &session, "echo after all")
-            .await
-            .status(),
-        202
-    );
-    let seen = events
-        .until("turn_end of the turn after the cancels", |e| {
-            e.event == "turn_end"
-        })
-        .await;
+    let seen = chat.turn("echo after all").await;
     let end = seen.last().expect("turn_end");
     assert_eq!(
         end.data["turn"], 13,
@@ -220,46 +129,21 @@ async fn a_cancel_right_after_the_message_is_never_lost() {
 #[tokio::test]
 async fn a_cancel_during_a_running_command_stops_it_and_ends_the_turn_cancelled() {
     let gw = TestGateway::start(args_with_shell_agent).await;
-    let token = gw.register("phone-0001").await;
-    let session = gw.create_session(&token).await;
-    let mut events = gw.events(&token, &session, None).await;
-    assert_eq!(
-        gw.post_message(
-            &token,
-            &session,
-            "echo started; sleep 60; printf '%s-%s\\n' fin ished"
-        )
-        .await
-        .status(),
-        202
-    );
-    let mut seen = events
+    let mut chat = gw.conversation("phone-0001").await;
+    chat.accept("echo started; sleep 60; printf '%s-%s\\n' fin ished")
+        .await;
+    let mut seen = chat
         .until("the command's first output", |e| {
             e.event == "update" && e.data["update"].to_string().contains("started")
         })
         .await;
-    assert_eq!(cancel(&gw, &token, &session).await.status(), 202);
-    seen.extend(
-        events
-            .until("turn_end after the cancel", |e| e.event == "turn_end")
-            .await,
-    );
-    assert_eq!(
-        seen.last().expect("turn_end").data["stop_reason"],
-        "cancelled"
-    );
+    assert_eq!(chat.cancel().await.status(), 202);
+    seen.extend(chat.until_turn_end("the cancelled turn").await);
+    assert_eq!(stop_reason(&seen), "cancelled");
     // The tool call carries the command line, never its output after the sleep.
     assert!(!text_of(&seen).contains("fin-ished"), "{seen:#?}");
 
-    assert_eq!(
-        gw.post_message(&token, &session, "echo next")
-            .await
-            .status(),
-        202
-    );
-    let next = events
-        .until("turn_end of the next turn", |e| e.event == "turn_end")
-        .await;
+    let next = chat.turn("echo next").await;
     let end = next.last().expect("turn_end");
     assert_eq!(end.data["turn"], 2);
     assert_eq!(end.data["stop_reason"], "end_turn");
@@ -275,27 +159,17 @@ async fn a_cancel_during_a_running_command_stops_it_and_ends_the_turn_cancelled(
 #[tokio::test]
 async fn a_cancel_with_no_turn_running_is_409_no_turn_running() {
     let gw = TestGateway::start(args_without_agent).await;
-    let token = gw.register("phone-0001").await;
-    let session = gw.create_session(&token).await;
-    let mut events = gw.events(&token, &session, None).await;
+    let mut chat = gw.conversation("phone-0001").await;
 
-    let before_any = cancel(&gw, &token, &session).await;
+    let before_any = chat.cancel().await;
     assert_eq!(before_any.status(), 409, "no turn yet");
     let body: Value = before_any.json().await.expect("error body");
     assert_eq!(body["code"], "NO_TURN_RUNNING");
 
     // The agent cannot start: the turn ends with `error`, and then nothing runs either.
-    assert_eq!(
-        gw.post_message(&token, &session, "echo hi").await.status(),
-        202
-    );
-    let seen = events
-        .until("turn_end of the turn without an agent", |e| {
-            e.event == "turn_end"
-        })
-        .await;
-    assert_eq!(seen.last().expect("turn_end").data["stop_reason"], "error");
-    let after_turn = cancel(&gw, &token, &session).await;
+    let seen = chat.turn("echo hi").await;
+    assert_eq!(stop_reason(&seen), "error");
+    let after_turn = chat.cancel().await;
     assert_eq!(after_turn.status(), 409, "the turn has ended");
     let body: Value = after_turn.json().await.expect("error body");
     assert_eq!(body["code"], "NO_TURN_RUNNING");

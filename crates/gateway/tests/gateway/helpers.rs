@@ -128,6 +128,86 @@ impl TestGateway {
             .expect("message request")
     }
 
+    /// A request with the device's token: `GET`/`POST`/`DELETE` of `path` (below `/v1`).
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}/v1{path}", self.url))
+            .bearer_auth(token)
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {
+        self.request(reqwest::Method::GET, token, path)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    pub async fn get_json(&self, token: &str, path: &str) -> Value {
+        self.get(token, path)
+            .await
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("JSON body of GET {path}: {e}"))
+    }
+
+    pub async fn delete(&self, token: &str, path: &str) -> reqwest::Response {
+        self.request(reqwest::Method::DELETE, token, path)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("DELETE {path}: {e}"))
+    }
+
+    pub async fn session_info(&self, token: &str, session: &str) -> Value {
+        self.get_json(token, &format!("/sessions/{session}")).await
+    }
+
+    pub async fn cancel(&self, token: &str, session: &str) -> reqwest::Response {
+        self.request(
+            reqwest::Method::POST,
+            token,
+            &format!("/sessions/{session}/cancel"),
+        )
+        .send()
+        .await
+        .expect("cancel request")
+    }
+
+    pub async fn answer_permission(
+        &self,
+        token: &str,
+        session: &str,
+        request_id: &str,
+        option_id: &str,
+    ) -> reqwest::Response {
+        self.request(
+            reqwest::Method::POST,
+            token,
+            &format!("/sessions/{session}/permissions/{request_id}"),
+        )
+        .json(&serde_json::json!({ "option_id": option_id }))
+        .send()
+        .await
+        .expect("permission answer request")
+    }
+
+    /// Registers `device_id`, creates a session and opens its event stream.
+    pub async fn conversation(&self, device_id: &str) -> Conversation<'_> {
+        let token = self.register(device_id).await;
+        let session = self.create_session(&token).await;
+        let events = self.events(&token, &session, None).await;
+        Conversation {
+            gw: self,
+            token,
+            session,
+            events,
+        }
+    }
+
     pub async fn events(
         &self,
         token: &str,
@@ -145,6 +225,93 @@ impl TestGateway {
         assert_eq!(response.status(), 200, "opening the event stream");
         EventStream::new(response)
     }
+}
+
+/// One device's session with its event stream open: what most turn tests talk to.
+pub struct Conversation<'a> {
+    pub gw: &'a TestGateway,
+    pub token: String,
+    pub session: String,
+    pub events: EventStream,
+}
+
+impl Conversation<'_> {
+    pub async fn send(&self, text: &str) -> reqwest::Response {
+        self.gw.post_message(&self.token, &self.session, text).await
+    }
+
+    /// Sends `text` and asserts it was accepted (202).
+    pub async fn accept(&self, text: &str) {
+        let status = self.send(text).await.status();
+        assert_eq!(status, 202, "message {text:?} accepted");
+    }
+
+    /// Reads until the first event satisfying `done`, returning everything read including it.
+    pub async fn until(
+        &mut self,
+        what: &str,
+        done: impl FnMut(&Received) -> bool,
+    ) -> Vec<Received> {
+        self.events.until(what, done).await
+    }
+
+    /// Reads until the next `turn_end`.
+    pub async fn until_turn_end(&mut self, what: &str) -> Vec<Received> {
+        self.events
+            .until(&format!("turn_end of {what}"), |e| e.event == "turn_end")
+            .await
+    }
+
+    /// Sends `text`, asserts 202 and reads until its `turn_end`.
+    pub async fn turn(&mut self, text: &str) -> Vec<Received> {
+        self.accept(text).await;
+        self.until_turn_end(&format!("{text:?}")).await
+    }
+
+    pub async fn cancel(&self) -> reqwest::Response {
+        self.gw.cancel(&self.token, &self.session).await
+    }
+
+    pub async fn info(&self) -> Value {
+        self.gw.session_info(&self.token, &self.session).await
+    }
+
+    pub async fn answer_permission(&self, request_id: &str, option_id: &str) -> reqwest::Response {
+        self.gw
+            .answer_permission(&self.token, &self.session, request_id, option_id)
+            .await
+    }
+
+    /// The session's workspace directory on disk.
+    pub fn workspace(&self) -> PathBuf {
+        self.gw
+            .data
+            .join("sessions")
+            .join(&self.session)
+            .join("workspace")
+    }
+}
+
+/// The text of every `update` event, concatenated.
+pub fn text_of(events: &[Received]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == "update")
+        .map(|e| e.data["update"].to_string())
+        .collect()
+}
+
+/// The `stop_reason` of the last event read (a `turn_end`).
+pub fn stop_reason(events: &[Received]) -> &Value {
+    &events.last().expect("a turn_end was read").data["stop_reason"]
+}
+
+/// The first event of kind `event`.
+pub fn first_of<'a>(events: &'a [Received], event: &str) -> &'a Received {
+    events
+        .iter()
+        .find(|e| e.event == event)
+        .unwrap_or_else(|| panic!("a {event} event among {events:#?}"))
 }
 
 /// One SSE event as the client saw it.
@@ -214,28 +381,49 @@ impl EventStream {
 /// The real `warren` binary (target/debug/warren), built once per test process.
 pub fn warren_bin() -> PathBuf {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    cargo_bin(&BUILT, &["-p", "warren"], "warren")
+}
+
+/// `warren-test-agent` (the scripted ACP agent of `warren-brain`), built once per test process.
+pub fn test_agent_bin() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    cargo_bin(
+        &BUILT,
+        &["-p", "warren-brain", "--bin", "warren-test-agent"],
+        "warren-test-agent",
+    )
+}
+
+/// Builds a workspace binary with `cargo build --quiet <package_args>` once (remembered in
+/// `built`) and returns its path in the debug target directory.
+fn cargo_bin(built: &Mutex<Option<PathBuf>>, package_args: &[&str], name: &str) -> PathBuf {
+    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(path) = built.as_ref() {
         return path.clone();
     }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let workspace = manifest
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("workspace root")
-        .to_path_buf();
+    let workspace = repo_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", "warren"])
+        .args(["build", "--quiet"])
+        .args(package_args)
         .current_dir(&workspace)
         .status()
-        .expect("run cargo build -p warren");
-    assert!(status.success(), "cargo build -p warren failed");
+        .unwrap_or_else(|e| panic!("run cargo build of {name}: {e}"));
+    assert!(status.success(), "cargo build of {name} failed");
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| workspace.join("target"));
-    let path = target.join("debug").join("warren");
+    let path = target.join("debug").join(name);
     assert!(path.exists(), "{} exists after the build", path.display());
     *built = Some(path.clone());
     path
+}
+
+/// The workspace root (two levels above this crate).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("workspace root")
+        .to_path_buf()
 }

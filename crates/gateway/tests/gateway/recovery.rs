@@ -9,17 +9,66 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::helpers::{EventStream, WAIT, warren_bin};
+use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent, stop_reason, warren_bin};
 
-struct GatewayProcess {
+/// A `warren` child process in its own process group, and the lines it prints on stdout.
+struct WarrenProcess {
     child: Child,
-    url: String,
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
-fn start_gateway(data: &Path) -> GatewayProcess {
-    use std::os::unix::process::CommandExt;
-    let mut child = Command::new(warren_bin())
-        .args([
+impl WarrenProcess {
+    /// Starts `warren <args> --data <data>` with warnings-only logging.
+    fn spawn(args: &[&str], data: &Path) -> WarrenProcess {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(warren_bin())
+            .args(args)
+            .arg("--data")
+            .arg(data)
+            .env_remove("WARREN_APP_KEY")
+            .env("WARREN_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start warren {args:?}: {e}"));
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        WarrenProcess { child, lines }
+    }
+
+    fn next_line(&self, what: &str) -> String {
+        self.lines
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|e| panic!("timed out waiting for {what}: {e}"))
+    }
+
+    /// Sends SIGTERM and asserts a clean exit.
+    async fn terminate(mut self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let exited = tokio::task::spawn_blocking(move || self.child.wait())
+            .await
+            .expect("join")
+            .expect("wait");
+        assert!(exited.success(), "clean exit on SIGTERM: {exited}");
+    }
+}
+
+/// `warren gateway` on a free port with one warm worker; returns it and its URL.
+fn start_gateway(data: &Path) -> (WarrenProcess, String) {
+    let gateway = WarrenProcess::spawn(
+        &[
             "gateway",
             "--listen",
             "127.0.0.1:0",
@@ -27,34 +76,31 @@ fn start_gateway(data: &Path) -> GatewayProcess {
             "recovery-key",
             "--warm-workers",
             "1",
-        ])
-        .arg("--data")
-        .arg(data)
-        .env("WARREN_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start warren gateway");
-    let stdout = child.stdout.take().expect("stdout piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(first)) = lines.next() {
-            let _ = tx.send(first);
-        }
-        for _ in lines {}
-    });
-    let first = rx
-        .recv_timeout(WAIT)
-        .expect("the gateway prints its address");
-    let url = first
+        ],
+        data,
+    );
+    let url = gateway
+        .next_line("the gateway prints its address")
         .strip_prefix("warren gateway listening on ")
         .expect("address line")
         .trim()
         .to_string();
-    GatewayProcess { child, url }
+    (gateway, url)
+}
+
+async fn post_message(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    session: &str,
+    text: &str,
+) -> reqwest::Response {
+    http.post(format!("{url}/v1/sessions/{session}/messages"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({ "text": text }))
+        .send()
+        .await
+        .expect("message")
 }
 
 /// Pids of processes whose command line mentions `needle` (our temp data dir): the hands and
@@ -90,23 +136,15 @@ fn kill_processes_mentioning(needle: &str) {
     }
 }
 
-async fn read_until(
-    stream: &mut EventStream,
-    what: &str,
-    done: impl FnMut(&crate::helpers::Received) -> bool,
-) -> Vec<crate::helpers::Received> {
-    stream.until(what, done).await
-}
-
 #[tokio::test]
 async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     let http = reqwest::Client::new();
-    let mut first = start_gateway(&data);
+    let (mut first, first_url) = start_gateway(&data);
 
     let registered: Value = http
-        .post(format!("{}/v1/devices", first.url))
+        .post(format!("{first_url}/v1/devices"))
         .header("X-App-Key", "recovery-key")
         .json(&serde_json::json!({"device_id": "phone-0001"}))
         .send()
@@ -117,7 +155,7 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         .expect("register body");
     let token = registered["token"].as_str().expect("token").to_string();
     let created: Value = http
-        .post(format!("{}/v1/sessions", first.url))
+        .post(format!("{first_url}/v1/sessions"))
         .bearer_auth(&token)
         .send()
         .await
@@ -129,24 +167,17 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     let events_url =
         |url: &str, after: u64| format!("{url}/v1/sessions/{session}/events?after={after}");
     let response = http
-        .get(events_url(&first.url, 0))
+        .get(events_url(&first_url, 0))
         .bearer_auth(&token)
         .send()
         .await
         .expect("events");
     let mut stream = EventStream::new(response);
-    let accepted = http
-        .post(format!("{}/v1/sessions/{session}/messages", first.url))
-        .bearer_auth(&token)
-        .json(&serde_json::json!({"text": "sleep 60"}))
-        .send()
-        .await
-        .expect("message");
+    let accepted = post_message(&http, &first_url, &token, &session, "sleep 60").await;
     assert_eq!(accepted.status(), 202);
-    read_until(&mut stream, "the agent working on `sleep 60`", |e| {
-        e.event == "update"
-    })
-    .await;
+    stream
+        .until("the agent working on `sleep 60`", |e| e.event == "update")
+        .await;
 
     first.child.kill().expect("kill -9 the gateway");
     first.child.wait().expect("reap the gateway");
@@ -167,9 +198,9 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     write!(file, "{{\"seq\":{},\"ts\":\"2026-", n_before + 1).expect("append torn line");
     drop(file);
 
-    let mut second = start_gateway(&data);
+    let (second, second_url) = start_gateway(&data);
     let response = http
-        .get(events_url(&second.url, 0))
+        .get(events_url(&second_url, 0))
         .bearer_auth(&token)
         .send()
         .await
@@ -180,10 +211,11 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         "the device token survived the restart"
     );
     let mut stream = EventStream::new(response);
-    let replay = read_until(&mut stream, "the recovery status event", |e| {
-        e.event == "status" && e.data["message"].is_string()
-    })
-    .await;
+    let replay = stream
+        .until("the recovery status event", |e| {
+            e.event == "status" && e.data["message"].is_string()
+        })
+        .await;
     let seqs: Vec<u64> = replay.iter().map(|e| e.id.expect("id")).collect();
     assert_eq!(
         seqs,
@@ -208,24 +240,16 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
             .expect("every stored line parses (the torn one is gone)");
     }
 
-    let accepted = http
-        .post(format!("{}/v1/sessions/{session}/messages", second.url))
-        .bearer_auth(&token)
-        .json(&serde_json::json!({"text": "echo back again"}))
-        .send()
-        .await
-        .expect("message after restart");
+    let accepted = post_message(&http, &second_url, &token, &session, "echo back again").await;
     assert_eq!(accepted.status(), 202);
     let body: Value = accepted.json().await.expect("body");
     assert_eq!(body["turn"], 2);
-    let seen = read_until(&mut stream, "turn_end of the turn after restart", |e| {
-        e.event == "turn_end"
-    })
-    .await;
-    assert_eq!(
-        seen.last().expect("turn_end").data["stop_reason"],
-        "end_turn"
-    );
+    let seen = stream
+        .until("turn_end of the turn after restart", |e| {
+            e.event == "turn_end"
+        })
+        .await;
+    assert_eq!(stop_reason(&seen), "end_turn");
     let output: String = seen
         .iter()
         .filter(|e| e.event == "update")
@@ -237,17 +261,7 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     );
 
     // SIGTERM: the gateway stops its brains and hands and exits.
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(second.child.id().to_string())
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    let exited = tokio::task::spawn_blocking(move || second.child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
-    assert!(exited.success(), "clean exit on SIGTERM: {exited}");
+    second.terminate().await;
     let leftovers = processes_mentioning(&data.to_string_lossy());
     kill_processes_mentioning(&data.to_string_lossy());
     assert!(
@@ -272,21 +286,43 @@ fn write_log(path: &Path, events: &[(u64, Option<u64>, Value)]) {
     std::fs::write(path, text).expect("write event log");
 }
 
-#[tokio::test]
-async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
-    let gw = crate::helpers::TestGateway::start(crate::helpers::args_without_agent).await;
+/// A gateway restarted on a session whose whole event log was replaced by `events`.
+struct Restarted {
+    gw: TestGateway,
+    token: String,
+    session: String,
+    _data_dir: Option<tempfile::TempDir>,
+}
+
+impl Restarted {
+    async fn stop(self) {
+        self.gw.stop().await;
+    }
+}
+
+async fn restart_with_log(events: &[(u64, Option<u64>, Value)]) -> Restarted {
+    let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("phone-0001").await;
     let session = gw.create_session(&token).await;
-    let args = crate::helpers::args_without_agent(gw.data.clone());
+    let args = args_without_agent(gw.data.clone());
     let data_dir = gw.stop().await;
     let log = args
         .data
         .join("sessions")
         .join(&session)
         .join("events.jsonl");
-    write_log(
-        &log,
-        &[
+    write_log(&log, events);
+    Restarted {
+        gw: TestGateway::start_in(args).await,
+        token,
+        session,
+        _data_dir: data_dir,
+    }
+}
+
+#[tokio::test]
+async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
+    let restarted = restart_with_log(&[
             (
                 1,
                 Some(1),
@@ -298,11 +334,10 @@ async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
                 Some(1),
                 serde_json::json!({"type": "permission_request", "request_id": "perm-a", "tool_call": {}, "options": []}),
             ),
-        ],
-    );
-
-    let gw = crate::helpers::TestGateway::start_in(args).await;
-    let mut events = gw.events(&token, &session, None).await;
+        ])
+        .await;
+    let (gw, token, session) = (&restarted.gw, &restarted.token, &restarted.session);
+    let mut events = gw.events(token, session, None).await;
     let seen = events
         .until("the recovery status event", |e| e.event == "status")
         .await;
@@ -321,16 +356,7 @@ async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
     assert_eq!(seen[3].data["outcome"], "cancelled");
     assert_eq!(seen[3].data["request_id"], "perm-a");
     assert_eq!(seen[4].data["stop_reason"], "interrupted");
-    let info: Value = gw
-        .http
-        .get(format!("{}/v1/sessions/{session}", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("body");
+    let info = gw.session_info(token, session).await;
     assert_eq!(
         (
             info["turn"].clone(),
@@ -339,34 +365,20 @@ async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
         ),
         (1.into(), "idle".into(), 6.into())
     );
-    gw.stop().await;
-    drop(data_dir);
+    restarted.stop().await;
 }
 
 #[tokio::test]
 async fn asking_for_compacted_history_starts_with_a_gap_event() {
-    let gw = crate::helpers::TestGateway::start(crate::helpers::args_without_agent).await;
-    let token = gw.register("phone-0001").await;
-    let session = gw.create_session(&token).await;
-    let args = crate::helpers::args_without_agent(gw.data.clone());
-    let data_dir = gw.stop().await;
-    let log = args
-        .data
-        .join("sessions")
-        .join(&session)
-        .join("events.jsonl");
     let status = serde_json::json!({"type": "status", "brain": "ready"});
-    write_log(
-        &log,
-        &[
-            (5, None, status.clone()),
-            (6, None, status.clone()),
-            (7, None, status),
-        ],
-    );
-
-    let gw = crate::helpers::TestGateway::start_in(args).await;
-    let mut events = gw.events(&token, &session, Some(2)).await;
+    let restarted = restart_with_log(&[
+        (5, None, status.clone()),
+        (6, None, status.clone()),
+        (7, None, status),
+    ])
+    .await;
+    let (gw, token, session) = (&restarted.gw, &restarted.token, &restarted.session);
+    let mut events = gw.events(token, session, Some(2)).await;
     let gap = events.next("the gap event").await.expect("gap");
     assert_eq!(gap.event, "gap");
     assert_eq!(
@@ -380,37 +392,20 @@ async fn asking_for_compacted_history_starts_with_a_gap_event() {
         .map(|e| e.id)
         .collect();
     assert_eq!(ids, [Some(5), Some(6), Some(7)]);
-    gw.stop().await;
-    drop(data_dir);
+    restarted.stop().await;
 }
 
 #[tokio::test]
 async fn serve_prints_the_url_the_generated_app_key_and_how_to_register() {
-    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("warren-data");
-    let mut child = Command::new(warren_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--warm-workers", "0"])
-        .arg("--data")
-        .arg(&data)
-        .env_remove("WARREN_APP_KEY")
-        .env("WARREN_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start warren serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let serve = WarrenProcess::spawn(
+        &["serve", "--listen", "127.0.0.1:0", "--warm-workers", "0"],
+        &data,
+    );
     let mut printed = Vec::new();
     while !printed.iter().any(|line: &String| line.contains("curl")) {
-        printed.push(rx.recv_timeout(WAIT).expect("serve prints its banner"));
+        printed.push(serve.next_line("serve prints its banner"));
     }
     let url = printed[0]
         .strip_prefix("warren gateway listening on ")
@@ -439,15 +434,5 @@ async fn serve_prints_the_url_the_generated_app_key_and_how_to_register() {
         .await
         .expect("register with the printed key");
     assert_eq!(registered.status(), 201);
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    let exited = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
-    assert!(exited.success(), "clean exit on SIGTERM: {exited}");
+    serve.terminate().await;
 }

@@ -1,5 +1,6 @@
 //! Sessions through the API: lifecycle, body validation, quotas reserved atomically.
 
+use reqwest::Method;
 use serde_json::Value;
 
 use crate::helpers::{TestGateway, args_without_agent};
@@ -9,9 +10,7 @@ async fn session_is_created_listed_read_and_deleted() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("phone-0001").await;
     let created: Value = gw
-        .http
-        .post(format!("{}/v1/sessions", gw.url))
-        .bearer_auth(&token)
+        .request(Method::POST, &token, "/sessions")
         .json(&serde_json::json!({"title": "fix the build"}))
         .send()
         .await
@@ -41,43 +40,20 @@ async fn session_is_created_listed_read_and_deleted() {
     assert_eq!(created["hands"], "none", "hands start lazily");
 
     let untitled = gw
-        .http
-        .post(format!("{}/v1/sessions", gw.url))
-        .bearer_auth(&token)
+        .request(Method::POST, &token, "/sessions")
         .send()
         .await
         .expect("empty body");
     assert_eq!(untitled.status(), 201, "the body is optional");
 
-    let listed: Value = gw
-        .http
-        .get(format!("{}/v1/sessions", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("body");
+    let listed = gw.get_json(&token, "/sessions").await;
     assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(2));
     let session_dir = gw.data.join("sessions").join(&id);
     assert!(session_dir.join("meta.json").exists());
 
-    let deleted = gw
-        .http
-        .delete(format!("{}/v1/sessions/{id}", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("delete");
+    let deleted = gw.delete(&token, &format!("/sessions/{id}")).await;
     assert_eq!(deleted.status(), 204);
-    let gone = gw
-        .http
-        .get(format!("{}/v1/sessions/{id}", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("get");
+    let gone = gw.get(&token, &format!("/sessions/{id}")).await;
     assert_eq!(gone.status(), 404);
     assert!(!session_dir.exists(), "session data removed");
     gw.stop().await;
@@ -88,23 +64,19 @@ async fn bad_bodies_get_400_with_a_code() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("phone-0001").await;
     let session = gw.create_session(&token).await;
+    let messages = format!("/sessions/{session}/messages");
     let cases = [
-        gw.http
-            .post(format!("{}/v1/sessions", gw.url))
+        gw.request(Method::POST, &token, "/sessions")
             .body("{not json")
             .header("content-type", "application/json"),
-        gw.http
-            .post(format!("{}/v1/sessions/{session}/messages", gw.url))
+        gw.request(Method::POST, &token, &messages)
             .json(&serde_json::json!({"txt": "x"})),
-        gw.http
-            .post(format!("{}/v1/sessions/{session}/messages", gw.url))
-            .body("plain"),
-        gw.http
-            .get(format!("{}/v1/sessions/{session}/events", gw.url))
+        gw.request(Method::POST, &token, &messages).body("plain"),
+        gw.request(Method::GET, &token, &format!("/sessions/{session}/events"))
             .header("Last-Event-ID", "abc"),
     ];
     for request in cases {
-        let response = request.bearer_auth(&token).send().await.expect("request");
+        let response = request.send().await.expect("request");
         let url = response.url().to_string();
         assert_eq!(response.status(), 400, "{url}");
         let body: Value = response.json().await.expect("error body");
@@ -120,12 +92,7 @@ async fn bad_bodies_get_400_with_a_code() {
 async fn fifty_parallel_creations_never_exceed_the_quota() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("busy-device").await;
-    let requests = (0..50).map(|_| {
-        gw.http
-            .post(format!("{}/v1/sessions", gw.url))
-            .bearer_auth(&token)
-            .send()
-    });
+    let requests = (0..50).map(|_| gw.request(Method::POST, &token, "/sessions").send());
     let responses = futures_util::future::join_all(requests).await;
     let mut n_created = 0;
     let mut n_refused = 0;
@@ -142,16 +109,7 @@ async fn fifty_parallel_creations_never_exceed_the_quota() {
         }
     }
     assert_eq!((n_created, n_refused), (20, 30));
-    let listed: Value = gw
-        .http
-        .get(format!("{}/v1/sessions", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("body");
+    let listed = gw.get_json(&token, "/sessions").await;
     assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(20));
     gw.stop().await;
 }
@@ -189,16 +147,8 @@ async fn health_and_metrics_answer() {
 #[tokio::test]
 async fn a_message_whose_agent_cannot_start_ends_its_turn_with_error() {
     let gw = TestGateway::start(args_without_agent).await;
-    let token = gw.register("phone-0001").await;
-    let session = gw.create_session(&token).await;
-    let mut events = gw.events(&token, &session, None).await;
-    let accepted = gw.post_message(&token, &session, "echo hi").await;
-    assert_eq!(accepted.status(), 202);
-    let seen = events
-        .until("turn_end after the agent failed to start", |e| {
-            e.event == "turn_end"
-        })
-        .await;
+    let mut chat = gw.conversation("phone-0001").await;
+    let seen = chat.turn("echo hi").await;
     let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds.first(), Some(&"user_message"));
     assert!(kinds.contains(&"error"), "{kinds:?}");
@@ -206,7 +156,7 @@ async fn a_message_whose_agent_cannot_start_ends_its_turn_with_error() {
         seen.last().map(|e| e.data["stop_reason"].clone()),
         Some("error".into())
     );
-    let again = gw.post_message(&token, &session, "echo again").await;
+    let again = chat.send("echo again").await;
     assert_eq!(again.status(), 202, "the conversation stays usable");
     gw.stop().await;
 }
