@@ -56,23 +56,40 @@ impl Server {
         if body.get("login").is_none() {
             body["login"] = Value::Bool(false);
         }
-        self.send(self.http.post(format!("{}/v1/exec", self.base)).json(&body))
+        self.send(self.http.post(self.url("/v1/exec")).json(&body))
             .await
     }
 
     async fn stdin(&self, id: &str, body: Value) -> (u16, Value) {
         self.send(
             self.http
-                .post(format!("{}/v1/exec/{id}/stdin", self.base))
+                .post(self.url(&format!("/v1/exec/{id}/stdin")))
                 .json(&body),
         )
         .await
     }
 
+    /// `GET /v1/exec`: the listed sessions.
+    async fn list(&self) -> Value {
+        let (status, list) = self.send(self.http.get(self.url("/v1/exec"))).await;
+        assert_eq!(status, 200, "{list}");
+        list["sessions"].clone()
+    }
+
+    /// `DELETE /v1/exec/{id}`.
+    async fn kill(&self, id: &str) -> (u16, Value) {
+        self.send(self.http.delete(self.url(&format!("/v1/exec/{id}"))))
+            .await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
     async fn raw_exec(&self, body: &'static str) -> (u16, Value) {
         let request = self
             .http
-            .post(format!("{}/v1/exec", self.base))
+            .post(self.url("/v1/exec"))
             .header("content-type", "application/json")
             .body(body);
         self.send(request).await
@@ -116,11 +133,8 @@ async fn running_session_is_listed_polled_answered_and_deleted() {
         .expect("session id")
         .to_string();
 
-    let (status, list) = server
-        .send(server.http.get(format!("{}/v1/exec", server.base)))
-        .await;
-    assert_eq!(status, 200);
-    let entry = list["sessions"]
+    let sessions = server.list().await;
+    let entry = sessions
         .as_array()
         .expect("sessions array")
         .iter()
@@ -151,9 +165,7 @@ async fn running_session_is_listed_polled_answered_and_deleted() {
     }
     assert_eq!(output, "answer y\n");
 
-    let (status, killed) = server
-        .send(server.http.delete(format!("{}/v1/exec/{id}", server.base)))
-        .await;
+    let (status, killed) = server.kill(&id).await;
     assert_eq!(status, 200, "{killed}");
     assert_eq!(killed["status"], "exited");
     assert!(killed["exit_code"].as_i64().is_some());
@@ -179,7 +191,7 @@ async fn empty_stdin_body_is_a_poll() {
     loop {
         let request = server
             .http
-            .post(format!("{}/v1/exec/{id}/stdin", server.base));
+            .post(server.url(&format!("/v1/exec/{id}/stdin")));
         let (status, poll) = server.send(request).await;
         assert_eq!(status, 200, "{poll}");
         output.push_str(poll["output"].as_str().unwrap_or_default());
@@ -281,9 +293,7 @@ async fn unknown_session_ids_are_404() {
             (404, Some("SESSION_NOT_FOUND")),
             "stdin {id}"
         );
-        let (status, body) = server
-            .send(server.http.delete(format!("{}/v1/exec/{id}", server.base)))
-            .await;
+        let (status, body) = server.kill(id).await;
         assert_eq!(
             (status, body["code"].as_str()),
             (404, Some("SESSION_NOT_FOUND")),
@@ -309,7 +319,7 @@ async fn the_access_token_guards_the_exec_routes() {
     assert_eq!(status, 401);
     let request = server
         .http
-        .post(format!("{}/v1/exec", server.base))
+        .post(server.url("/v1/exec"))
         .header("X-EXECD-ACCESS-TOKEN", "s3cret")
         .json(&json!({"cmd": "echo ok", "login": false, "yield_time_ms": 30000}));
     let (status, body) = server.send(request).await;
@@ -323,24 +333,22 @@ async fn shutdown_kills_running_exec_sessions() {
         .exec(json!({"cmd": "sleep 1000", "yield_time_ms": 250}))
         .await;
     assert_eq!(first["status"], "running");
-    let (_, list) = server
-        .send(server.http.get(format!("{}/v1/exec", server.base)))
-        .await;
-    let pid = list["sessions"][0]["pid"].as_i64().expect("pid") as i32;
+    let pid = server.list().await[0]["pid"].as_i64().expect("pid") as i32;
     server.execd.shutdown().await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.is_empty()
-            || stat
-                .rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        {
-            break;
-        }
+    while !is_dead(pid) {
         assert!(Instant::now() < deadline, "sleep 1000 survived shutdown");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// True once `pid` is gone or a zombie.
+fn is_dead(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.is_empty()
+        || stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
 }
 
 #[tokio::test]
@@ -348,7 +356,7 @@ async fn a_session_outlives_a_client_that_gave_up_waiting() {
     let server = Server::start().await;
     let request = server
         .http
-        .post(format!("{}/v1/exec", server.base))
+        .post(server.url("/v1/exec"))
         .timeout(Duration::from_millis(500))
         .json(&json!({"cmd": "echo started; sleep 1000", "login": false, "yield_time_ms": 30000}));
     let gave_up = request.send().await;
@@ -358,10 +366,8 @@ async fn a_session_outlives_a_client_that_gave_up_waiting() {
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     let session = loop {
-        let (_, list) = server
-            .send(server.http.get(format!("{}/v1/exec", server.base)))
-            .await;
-        let found = list["sessions"].as_array().and_then(|s| {
+        let sessions = server.list().await;
+        let found = sessions.as_array().and_then(|s| {
             s.iter()
                 .find(|s| s["cmd"] == "echo started; sleep 1000")
                 .cloned()
@@ -380,8 +386,6 @@ async fn a_session_outlives_a_client_that_gave_up_waiting() {
         poll["output"], "started\n",
         "the unread output waited for the next call"
     );
-    let (status, _) = server
-        .send(server.http.delete(format!("{}/v1/exec/{id}", server.base)))
-        .await;
+    let (status, _) = server.kill(&id).await;
     assert_eq!(status, 200);
 }

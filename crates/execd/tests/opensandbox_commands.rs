@@ -61,13 +61,7 @@ async fn timeout_kills_the_command_and_reports_minus_one() {
         .await;
     let last = events.last().expect("a final event");
     assert_eq!(last["error"]["evalue"], "-1");
-    let id = events[0]["text"].as_str().expect("id");
-    let status: Value = server
-        .get(&format!("/command/status/{id}"))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let status = server.command_status(&command_id(&events)).await;
     assert_eq!(status["running"], false);
     assert_eq!(status["exit_code"], -1);
 }
@@ -79,18 +73,9 @@ async fn an_enormous_timeout_is_accepted() {
         .run(json!({"command": "true", "timeout": i64::MAX}))
         .await;
     assert_eq!(events.last().expect("final")["type"], "execution_complete");
-    let created: Value = server
-        .post_json("/session", json!({}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let id = created["session_id"].as_str().expect("id").to_owned();
+    let id = server.create_session(json!({})).await;
     let events = server
-        .events(
-            &format!("/session/{id}/run"),
-            json!({"command": "true", "timeout": i64::MAX}),
-        )
+        .run_in_session(&id, json!({"command": "true", "timeout": i64::MAX}))
         .await;
     assert_eq!(events.last().expect("final")["type"], "execution_complete");
 }
@@ -133,14 +118,14 @@ async fn invalid_command_requests_are_rejected_with_400() {
             "{body}"
         );
     }
-    let response = server
-        .client
-        .post(server.url("/command"))
-        .header("content-type", "application/json")
-        .body("{not json")
-        .send()
-        .await
-        .expect("sent");
+    let response = send(
+        server
+            .client
+            .post(server.url("/command"))
+            .header("content-type", "application/json")
+            .body("{not json"),
+    )
+    .await;
     assert_eq!(error_body(response).await.1, "INVALID_REQUEST_BODY");
 }
 
@@ -173,22 +158,12 @@ async fn output_is_streamed_while_the_command_runs() {
                 break;
             }
         }
-        let events = parse_events(&text);
-        events[0]["text"].as_str().expect("id").to_owned()
+        command_id(&parse_events(&text))
     })
     .await
     .expect("the first line arrives while the command still runs");
-    let status: Value = server
-        .get(&format!("/command/status/{id}"))
-        .await
-        .json()
-        .await
-        .expect("json");
-    assert_eq!(status["running"], true);
-    assert_eq!(
-        server.delete(&format!("/command?id={id}")).await.status(),
-        200
-    );
+    assert_eq!(server.command_status(&id).await["running"], true);
+    assert_eq!(server.interrupt(&id).await.status(), 200);
     let rest = tokio::time::timeout(WAIT, async {
         let mut rest = String::new();
         while let Some(chunk) = stream.next().await {
@@ -209,17 +184,10 @@ async fn background_command_reports_status_and_logs_with_a_cursor() {
         .run(json!({"command": "echo one; echo two >&2; echo three", "background": true}))
         .await;
     assert_eq!(kinds(&events), ["init", "ping", "execution_complete"]);
-    let id = events[0]["text"].as_str().expect("id").to_owned();
-    let status = eventually("the background command to finish", || async {
-        let status: Value = server
-            .get(&format!("/command/status/{id}"))
-            .await
-            .json()
-            .await
-            .ok()?;
-        (status["running"] == false).then_some(status)
-    })
-    .await;
+    let id = command_id(&events);
+    let status = server
+        .wait_until_finished(&id, "the background command to finish")
+        .await;
     assert_eq!(status["exit_code"], 0);
     assert_eq!(status["content"], "echo one; echo two >&2; echo three");
     assert!(
@@ -255,20 +223,12 @@ async fn a_descendant_holding_stdout_open_does_not_hold_the_stream() {
 #[tokio::test]
 async fn background_output_is_capped_with_a_marker() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": "head -c 9000000 /dev/zero | tr '\\0' x; echo", "background": true}))
+    let id = server
+        .start_background("head -c 9000000 /dev/zero | tr '\\0' x; echo")
         .await;
-    let id = events[0]["text"].as_str().expect("id").to_owned();
-    eventually("the noisy background command to finish", || async {
-        let status: Value = server
-            .get(&format!("/command/status/{id}"))
-            .await
-            .json()
-            .await
-            .ok()?;
-        (status["running"] == false).then_some(())
-    })
-    .await;
+    server
+        .wait_until_finished(&id, "the noisy background command to finish")
+        .await;
     let response = server.get(&format!("/command/{id}/logs")).await;
     let cursor: u64 = response.headers()["EXECD-COMMANDS-TAIL-CURSOR"]
         .to_str()
@@ -292,10 +252,7 @@ async fn background_output_is_capped_with_a_marker() {
 #[tokio::test]
 async fn background_stdin_is_dev_null() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": "cat; echo done", "background": true}))
-        .await;
-    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let id = server.start_background("cat; echo done").await;
     let logs = eventually("the background command to read end of file", || async {
         let text = server
             .get(&format!("/command/{id}/logs"))
@@ -319,8 +276,7 @@ async fn unknown_commands_and_foreground_logs_are_errors() {
     );
     let (status, code, _) = error_body(server.get("/command/nope/logs").await).await;
     assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
-    let events = server.run(json!({"command": "true"})).await;
-    let id = events[0]["text"].as_str().expect("id");
+    let id = command_id(&server.run(json!({"command": "true"})).await);
     let (status, code, _) = error_body(server.get(&format!("/command/{id}/logs")).await).await;
     assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
 }
@@ -328,29 +284,13 @@ async fn unknown_commands_and_foreground_logs_are_errors() {
 #[tokio::test]
 async fn interrupt_kills_a_running_background_command_and_refuses_finished_ones() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": "sleep 30", "background": true}))
+    let id = server.start_background("sleep 30").await;
+    assert_eq!(server.interrupt(&id).await.status(), 200);
+    let status = server
+        .wait_until_finished(&id, "the interrupted command to be recorded as finished")
         .await;
-    let id = events[0]["text"].as_str().expect("id").to_owned();
-    assert_eq!(
-        server.delete(&format!("/command?id={id}")).await.status(),
-        200
-    );
-    let status = eventually(
-        "the interrupted command to be recorded as finished",
-        || async {
-            let status: Value = server
-                .get(&format!("/command/status/{id}"))
-                .await
-                .json()
-                .await
-                .ok()?;
-            (status["running"] == false).then_some(status)
-        },
-    )
-    .await;
     assert_eq!(status["exit_code"], -1);
-    let (status, code, _) = error_body(server.delete(&format!("/command?id={id}")).await).await;
+    let (status, code, _) = error_body(server.interrupt(&id).await).await;
     assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
     let (status, code, _) = error_body(server.delete("/command?id=unknown").await).await;
     assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
@@ -363,18 +303,12 @@ async fn interrupt_kills_grandchildren_in_new_sessions_too() {
     let server = Server::start().await;
     let pid_file = server.path("grandchild.pid");
     let command = format!("setsid sleep 300 & echo $! > {pid_file}; wait");
-    let events = server
-        .run(json!({"command": command, "background": true}))
-        .await;
-    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let id = server.start_background(&command).await;
     let pid: i32 = eventually("the grandchild pid file", || async {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     })
     .await;
-    assert_eq!(
-        server.delete(&format!("/command?id={id}")).await.status(),
-        200
-    );
+    assert_eq!(server.interrupt(&id).await.status(), 200);
     eventually("the setsid grandchild to be gone", || async {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let state = stat
@@ -391,10 +325,7 @@ async fn interrupt_kills_grandchildren_in_new_sessions_too() {
 async fn finished_records_expire_and_take_their_logs_with_them() {
     let server = Server::start_with(|config| config.command_retention_secs = 0).await;
     let log_dir = server.execd.opensandbox.command_log_dir().to_path_buf();
-    let events = server
-        .run(json!({"command": "echo hi", "background": true}))
-        .await;
-    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let id = server.start_background("echo hi").await;
     eventually("the finished record to expire", || async {
         (server.get(&format!("/command/status/{id}")).await.status() == 404).then_some(())
     })
@@ -432,19 +363,12 @@ async fn a_client_that_leaves_does_not_kill_the_command() {
 async fn bash_session_keeps_exported_variables_and_the_working_directory() {
     let server = Server::start().await;
     let cwd = server.path("session/home");
-    let response = server.post_json("/session", json!({"cwd": cwd})).await;
-    assert_eq!(response.status(), 200);
-    let created: Value = response.json().await.expect("json");
-    let id = created["session_id"]
-        .as_str()
-        .expect("session id")
-        .to_owned();
+    let id = server.create_session(json!({"cwd": cwd})).await;
     assert!(
         std::path::Path::new(&cwd).is_dir(),
         "the session directory is created"
     );
-    let run_path = format!("/session/{id}/run");
-    let run = |command: &str| server.events(&run_path, json!({"command": command}));
+    let run = |command: &str| server.run_in_session(&id, json!({"command": command}));
 
     let events = run("export GREETING=hello; mkdir -p sub; cd sub").await;
     assert_eq!(events[0]["type"], "init");
@@ -465,52 +389,24 @@ async fn bash_session_keeps_exported_variables_and_the_working_directory() {
 #[tokio::test]
 async fn session_run_failure_reports_the_exit_code_and_the_session_survives() {
     let server = Server::start().await;
-    let created: Value = server
-        .post_json("/session", json!({}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let id = created["session_id"].as_str().expect("id").to_owned();
-    let events = server
-        .events(&format!("/session/{id}/run"), json!({"command": "false"}))
-        .await;
+    let id = server.create_session(json!({})).await;
+    let run = |command: &str| server.run_in_session(&id, json!({"command": command}));
+    let events = run("false").await;
     assert_eq!(events.last().expect("final")["error"]["evalue"], "1");
-    let events = server
-        .events(
-            &format!("/session/{id}/run"),
-            json!({"command": "printf 'no newline'"}),
-        )
-        .await;
+    let events = run("printf 'no newline'").await;
     assert_eq!(texts(&events, "stdout"), ["no newline"]);
-    let events = server
-        .events(&format!("/session/{id}/run"), json!({"command": "exit 4"}))
-        .await;
+    let events = run("exit 4").await;
     assert_eq!(events.last().expect("final")["error"]["evalue"], "4");
-    let events = server
-        .events(
-            &format!("/session/{id}/run"),
-            json!({"command": "echo again"}),
-        )
-        .await;
+    let events = run("echo again").await;
     assert_eq!(texts(&events, "stdout"), ["again"]);
 }
 
 #[tokio::test]
 async fn session_run_timeout_reports_minus_one() {
     let server = Server::start().await;
-    let created: Value = server
-        .post_json("/session", json!({}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let id = created["session_id"].as_str().expect("id").to_owned();
+    let id = server.create_session(json!({})).await;
     let events = server
-        .events(
-            &format!("/session/{id}/run"),
-            json!({"command": "sleep 30", "timeout": 200}),
-        )
+        .run_in_session(&id, json!({"command": "sleep 30", "timeout": 200}))
         .await;
     assert_eq!(events.last().expect("final")["error"]["evalue"], "-1");
 }
@@ -536,12 +432,7 @@ async fn session_errors_and_deletion() {
     assert_eq!((status, code.as_str()), (404, "CONTEXT_NOT_FOUND"));
 
     // An empty body is allowed.
-    let response = server
-        .client
-        .post(server.url("/session"))
-        .send()
-        .await
-        .expect("sent");
+    let response = send(server.client.post(server.url("/session"))).await;
     assert_eq!(response.status(), 200);
     let id = response.json::<Value>().await.expect("json")["session_id"]
         .as_str()
@@ -554,9 +445,7 @@ async fn session_errors_and_deletion() {
     )
     .await;
     assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
-    server
-        .events(&format!("/session/{id}/run"), json!({"command": "true"}))
-        .await;
+    server.run_in_session(&id, json!({"command": "true"})).await;
     assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 200);
     let (status, _, _) = error_body(
         server
@@ -570,20 +459,9 @@ async fn session_errors_and_deletion() {
 #[tokio::test]
 async fn deleting_a_command_id_that_names_a_session_closes_the_session() {
     let server = Server::start().await;
-    let created: Value = server
-        .post_json("/session", json!({}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let id = created["session_id"].as_str().expect("id").to_owned();
-    server
-        .events(&format!("/session/{id}/run"), json!({"command": "true"}))
-        .await;
-    assert_eq!(
-        server.delete(&format!("/command?id={id}")).await.status(),
-        200
-    );
+    let id = server.create_session(json!({})).await;
+    server.run_in_session(&id, json!({"command": "true"})).await;
+    assert_eq!(server.interrupt(&id).await.status(), 200);
     assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 404);
 }
 
@@ -594,7 +472,7 @@ async fn ping_metrics_and_unsupported_routes() {
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("text"), "");
 
-    let metrics: Value = server.get("/metrics").await.json().await.expect("json");
+    let metrics = server.get_json("/metrics").await;
     for field in ["cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib"] {
         assert!(metrics[field].is_number(), "{field} in {metrics}");
     }
@@ -637,14 +515,14 @@ async fn access_token_guards_everything_but_ping() {
             .status(),
         401
     );
-    let response = server
-        .client
-        .post(server.url("/command"))
-        .header("X-EXECD-ACCESS-TOKEN", "s3cret")
-        .json(&json!({"command": "true"}))
-        .send()
-        .await
-        .expect("sent");
+    let response = send(
+        server
+            .client
+            .post(server.url("/command"))
+            .header("X-EXECD-ACCESS-TOKEN", "s3cret")
+            .json(&json!({"command": "true"})),
+    )
+    .await;
     assert_eq!(response.status(), 200);
     let events = parse_events(&response.text().await.expect("text"));
     assert_eq!(
@@ -656,22 +534,9 @@ async fn access_token_guards_everything_but_ping() {
 #[tokio::test]
 async fn shutdown_kills_running_commands_and_sessions() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": "sleep 300", "background": true}))
-        .await;
-    let id = events[0]["text"].as_str().expect("id").to_owned();
+    let id = server.start_background("sleep 300").await;
     server.shutdown().await;
-    eventually(
-        "the command to be recorded as finished after shutdown",
-        || async {
-            let status: Value = server
-                .get(&format!("/command/status/{id}"))
-                .await
-                .json()
-                .await
-                .ok()?;
-            (status["running"] == false).then_some(())
-        },
-    )
-    .await;
+    server
+        .wait_until_finished(&id, "the command to be recorded as finished after shutdown")
+        .await;
 }

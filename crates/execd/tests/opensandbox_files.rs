@@ -53,6 +53,83 @@ async fn upload(server: &Server, pairs: &[(Value, &[u8])]) -> reqwest::Response 
         .expect("upload is sent")
 }
 
+/// `GET /files/download?path=…`.
+async fn download(server: &Server, path: &str) -> reqwest::Response {
+    server
+        .get(&format!("/files/download?path={}", q(path)))
+        .await
+}
+
+/// `GET /files/info?path=…`, parsed.
+async fn info(server: &Server, path: &str) -> Value {
+    server
+        .get_json(&format!("/files/info?path={}", q(path)))
+        .await
+}
+
+/// A thread that keeps changing the tree (`swap(n)` for n = 0, 1, 2, …) until dropped.
+struct Swapping {
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn keep_swapping(mut swap: impl FnMut(u64) + Send + 'static) -> Swapping {
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let still_running = running.clone();
+    let thread = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while still_running.load(std::sync::atomic::Ordering::Relaxed) {
+            swap(n);
+            n += 1;
+        }
+    });
+    Swapping {
+        running,
+        thread: Some(thread),
+    }
+}
+
+impl Drop for Swapping {
+    fn drop(&mut self) {
+        self.running
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+            && !std::thread::panicking()
+        {
+            panic!("the swapping thread panicked");
+        }
+    }
+}
+
+/// Downloads `path` again and again while it is being swapped: every answer is the inside
+/// content ("inside"), a refusal (403) or not found (404), never outside content. Goes on
+/// until both the inside file and a refusal were seen, and at least 200 requests were made.
+async fn assert_downloads_never_leak(server: &Server, path: &str, both_states: &str) {
+    let (mut n_inside, mut n_refused, mut n_requests) = (0, 0, 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while n_requests < 200 || n_inside == 0 || n_refused == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting to see {both_states}"
+        );
+        let response = download(server, path).await;
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("text");
+        assert!(!text.contains("root:"), "outside content leaked: {text}");
+        match status {
+            200 => {
+                assert_eq!(text, "inside");
+                n_inside += 1;
+            }
+            403 => n_refused += 1,
+            404 => {}
+            other => panic!("unexpected status {other}: {text}"),
+        }
+        n_requests += 1;
+    }
+}
+
 fn q(path: &str) -> String {
     // Percent-encode what a query value needs; keeps the test URLs readable otherwise.
     path.replace('%', "%25")
@@ -78,7 +155,7 @@ async fn upload_creates_parents_and_download_and_info_see_the_file() {
     assert_eq!(response.text().await.expect("text"), "");
     assert_eq!(std::fs::read(&b).expect("b exists"), [0u8, 1, 2, 255]);
 
-    let response = server.get(&format!("/files/download?path={}", q(&a))).await;
+    let response = download(&server, &a).await;
     assert_eq!(response.status(), 200);
     assert_eq!(
         response.headers()["content-type"],
@@ -191,12 +268,7 @@ async fn download_supports_ranges_and_line_windows() {
         .await
         .expect("sent");
     assert_eq!(response.status(), 400);
-    let (status, code, _) = error_body(
-        server
-            .get(&format!("/files/download?path={}", q(&server.path("none"))))
-            .await,
-    )
-    .await;
+    let (status, code, _) = error_body(download(&server, &server.path("none")).await).await;
     assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
 }
 
@@ -615,12 +687,7 @@ async fn absolute_link_targets_outside_the_root_are_refused() {
     )
     .await;
     // The link itself can still be described and deleted (lstat, no following).
-    let info: Value = server
-        .get(&format!("/files/info?path={}", q(&server.path("abs"))))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let info = info(&server, &server.path("abs")).await;
     assert_eq!(info[server.path("abs")]["type"], "symlink");
     assert_eq!(
         server
@@ -661,12 +728,7 @@ async fn a_fifo_is_never_opened_and_nothing_hangs() {
         .await
         .expect("upload onto a FIFO answers");
     assert_eq!(error_body(response).await.1, "NOT_REGULAR_FILE");
-    let info: Value = server
-        .get(&format!("/files/info?path={}", q(&fifo)))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let info = info(&server, &fifo).await;
     assert_eq!(info[&fifo]["type"], "other");
 }
 
@@ -691,51 +753,19 @@ async fn dev_zero_is_never_read_with_the_default_root() {
 async fn a_file_swapped_for_a_symlink_between_checks_never_leaks_outside_content() {
     let server = Server::start().await;
     let path = server.path("flip");
-    let swapping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let flipper = {
-        let path = path.clone();
-        let tmp = server.path("flip.tmp");
-        let swapping = swapping.clone();
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while swapping.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = std::fs::remove_file(&tmp);
-                if n.is_multiple_of(2) {
-                    std::fs::write(&tmp, "inside").expect("write");
-                } else {
-                    symlink("/etc/passwd", &tmp).expect("symlink");
-                }
-                std::fs::rename(&tmp, &path).expect("rename");
-                n += 1;
+    let _swapping = {
+        let (path, tmp) = (path.clone(), server.path("flip.tmp"));
+        keep_swapping(move |n| {
+            let _ = std::fs::remove_file(&tmp);
+            if n.is_multiple_of(2) {
+                std::fs::write(&tmp, "inside").expect("write");
+            } else {
+                symlink("/etc/passwd", &tmp).expect("symlink");
             }
+            std::fs::rename(&tmp, &path).expect("rename");
         })
     };
-    let url = format!("/files/download?path={}", q(&path));
-    let (mut n_inside, mut n_refused, mut n_requests) = (0, 0, 0);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    // Until both states were seen (and at least 200 requests), within the usual deadline.
-    while n_requests < 200 || n_inside == 0 || n_refused == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting to see both the file and the link"
-        );
-        let response = server.get(&url).await;
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("text");
-        assert!(!text.contains("root:"), "outside content leaked: {text}");
-        match status {
-            200 => {
-                assert_eq!(text, "inside");
-                n_inside += 1;
-            }
-            403 => n_refused += 1,
-            404 => {}
-            other => panic!("unexpected status {other}: {text}"),
-        }
-        n_requests += 1;
-    }
-    swapping.store(false, std::sync::atomic::Ordering::Relaxed);
-    flipper.join().expect("flipper thread");
+    assert_downloads_never_leak(&server, &path, "both the file and the link").await;
 }
 
 #[tokio::test]
@@ -759,18 +789,11 @@ async fn an_absolute_link_to_a_file_inside_the_root_is_followed() {
     .expect("symlink");
 
     for path in [&link, &dotted] {
-        let response = server
-            .get(&format!("/files/download?path={}", q(path)))
-            .await;
+        let response = download(&server, path).await;
         assert_eq!(response.status(), 200, "{path}");
         assert_eq!(response.text().await.expect("text"), "inside\n");
     }
-    let info: Value = server
-        .get(&format!("/files/info?path={}", q(&link)))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let info = info(&server, &link).await;
     assert_eq!(info[&link]["type"], "symlink", "info describes the link");
 
     let response = server
@@ -807,12 +830,7 @@ async fn an_absolute_link_to_a_directory_inside_the_root_can_be_listed_and_writt
         list(&server, &dir_link, "").await,
         [(p("a.txt"), "file".into()), (p("sub"), "directory".into())]
     );
-    let info: Value = server
-        .get(&format!("/files/info?path={}", q(&p("a.txt"))))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let info = info(&server, &p("a.txt")).await;
     assert_eq!(info[p("a.txt")]["type"], "file");
     assert_eq!(info[p("a.txt")]["size"], 1);
 
@@ -896,9 +914,7 @@ async fn with_the_root_slash_absolute_links_are_followed() {
     symlink(&elsewhere, here.join("dir-link")).expect("symlink");
 
     let file_link = here.join("file-link").display().to_string();
-    let response = server
-        .get(&format!("/files/download?path={}", q(&file_link)))
-        .await;
+    let response = download(&server, &file_link).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("text"), "far away");
 
@@ -909,9 +925,7 @@ async fn with_the_root_slash_absolute_links_are_followed() {
     );
     // `..` at `/` stays at `/`, as in the kernel.
     let climbing = format!("/../..{}", elsewhere.join("file.txt").display());
-    let response = server
-        .get(&format!("/files/download?path={}", q(&climbing)))
-        .await;
+    let response = download(&server, &climbing).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("text"), "far away");
 }
@@ -922,45 +936,16 @@ async fn a_directory_link_retargeted_from_inside_to_etc_never_leaks_outside_cont
     std::fs::create_dir(server.path("real")).expect("mkdir");
     std::fs::write(server.path("real/passwd"), "inside").expect("write");
     let link = server.path("dir");
-    let swapping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let flipper = {
+    let _swapping = {
         let (link, tmp) = (link.clone(), server.path("dir.tmp"));
         let inside = server.path("real");
-        let swapping = swapping.clone();
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while swapping.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = std::fs::remove_file(&tmp);
-                let target = if n.is_multiple_of(2) { &inside } else { "/etc" };
-                symlink(target, &tmp).expect("symlink");
-                std::fs::rename(&tmp, &link).expect("rename");
-                n += 1;
-            }
+        keep_swapping(move |n| {
+            let _ = std::fs::remove_file(&tmp);
+            let target = if n.is_multiple_of(2) { &inside } else { "/etc" };
+            symlink(target, &tmp).expect("symlink");
+            std::fs::rename(&tmp, &link).expect("rename");
         })
     };
-    let url = format!("/files/download?path={}", q(&format!("{link}/passwd")));
-    let (mut n_inside, mut n_refused, mut n_requests) = (0, 0, 0);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while n_requests < 200 || n_inside == 0 || n_refused == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting to see both link targets"
-        );
-        let response = server.get(&url).await;
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("text");
-        assert!(!text.contains("root:"), "outside content leaked: {text}");
-        match status {
-            200 => {
-                assert_eq!(text, "inside");
-                n_inside += 1;
-            }
-            403 => n_refused += 1,
-            404 => {}
-            other => panic!("unexpected status {other}: {text}"),
-        }
-        n_requests += 1;
-    }
-    swapping.store(false, std::sync::atomic::Ordering::Relaxed);
-    flipper.join().expect("flipper thread");
+    let path = format!("{link}/passwd");
+    assert_downloads_never_leak(&server, &path, "both link targets").await;
 }

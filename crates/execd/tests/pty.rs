@@ -8,7 +8,7 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::protocol::Message;
 use warren_execd::Config;
 
-use pty_support::{Event, alive, eventually, start, start_with};
+use pty_support::{Event, alive, eventually, pid_after, start, start_with};
 
 // --- REST ---------------------------------------------------------------------------------
 
@@ -213,19 +213,9 @@ async fn holder_can_reattach_after_disconnecting() {
     let daemon = start().await;
     let (id, holder) = daemon.shell().await;
     drop(holder);
-    // The old connection's task notices the drop asynchronously; a retry loop with a deadline
-    // waits for that instead of sleeping.
-    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
-    let mut holder = loop {
-        match daemon.try_connect(&id, "").await {
-            Ok(client) => break client,
-            Err((409, _)) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(other) => panic!("reattach refused: {other:?}"),
-        }
-    };
-    holder.wait_text("connected").await;
+    // The old connection's task notices the drop asynchronously; `reconnect` retries with a
+    // deadline instead of sleeping.
+    let mut holder = reconnect(&daemon, &id, "").await;
     holder.run("echo back-$((6+6))", "back-12").await;
 }
 
@@ -283,21 +273,14 @@ async fn shell_restarts_on_the_next_attach_and_the_ring_survives() {
     holder.run("echo first-$((7*7))", "first-49").await;
     holder.send_stdin("exit 3\n").await;
     assert_eq!(holder.wait_text("exit").await["exit_code"], 3);
-    let offset = daemon.status(&id).await["output_offset"]
-        .as_u64()
-        .expect("offset");
+    let offset = daemon.output_offset(&id).await;
     let mut holder = daemon.connect(&id, "since=0").await;
     assert!(
         holder.output_text().contains("first-49"),
         "replay keeps the old shell's output"
     );
     holder.run("echo second-$((8*8))", "second-64").await;
-    assert!(
-        daemon.status(&id).await["output_offset"]
-            .as_u64()
-            .expect("offset")
-            > offset
-    );
+    assert!(daemon.output_offset(&id).await > offset);
     assert_eq!(daemon.status(&id).await["running"], true);
 }
 
@@ -306,27 +289,22 @@ async fn reconnect_replays_output_from_since_with_its_offset() {
     let daemon = start().await;
     let (id, mut holder) = daemon.shell().await;
     holder.run("echo before-$((9*9))", "before-81").await;
-    holder.send(Message::Close(None)).await;
-    holder.wait_close().await;
-    let offset = daemon.status(&id).await["output_offset"]
-        .as_u64()
-        .expect("offset");
+    holder.close().await;
+    let offset = daemon.output_offset(&id).await;
     assert!(offset > 0);
     let mut again = reconnect(&daemon, &id, "").await;
     assert_eq!(again.replays.len(), 1, "one replay frame before connected");
     assert_eq!(again.replays[0].0, 0);
     assert!(again.output_text().contains("before-81"));
-    again.send(Message::Close(None)).await;
-    again.wait_close().await;
+    again.close().await;
     let mut tail = reconnect(&daemon, &id, &format!("since={}", offset - 3)).await;
     assert_eq!(tail.replays[0].0, offset - 3);
-    tail.send(Message::Close(None)).await;
-    tail.wait_close().await;
+    tail.close().await;
     let nothing = reconnect(&daemon, &id, &format!("since={offset}")).await;
     assert!(nothing.replays.is_empty() || nothing.replays[0].0 >= offset);
 }
 
-/// Connects as holder once the previous holder's connection is gone.
+/// Connects as holder once the previous holder's connection is gone (409 until then).
 async fn reconnect(daemon: &pty_support::Daemon, id: &str, query: &str) -> pty_support::Client {
     let deadline = tokio::time::Instant::now() + pty_support::WAIT;
     let mut client = loop {
@@ -347,8 +325,7 @@ async fn since_values_are_parsed_leniently() {
     let daemon = start().await;
     let (id, mut holder) = daemon.shell().await;
     holder.run("echo since-$((2*21))", "since-42").await;
-    holder.send(Message::Close(None)).await;
-    holder.wait_close().await;
+    holder.close().await;
     for (since, offset) in [
         ("-5", 0),
         ("abc", 0),
@@ -361,8 +338,7 @@ async fn since_values_are_parsed_leniently() {
             Some(offset),
             "since={since}"
         );
-        client.send(Message::Close(None)).await;
-        client.wait_close().await;
+        client.close().await;
     }
     // A huge but valid offset replays nothing.
     let mut client = reconnect(&daemon, &id, "since=18446744073709551615").await;
@@ -379,9 +355,7 @@ async fn since_before_the_oldest_retained_byte_is_clamped() {
     let mut holder = daemon.try_connect(&id, "pty=0").await.expect("connects");
     holder.wait_text("exit").await;
     holder.wait_close().await;
-    let total = daemon.status(&id).await["output_offset"]
-        .as_u64()
-        .expect("offset");
+    let total = daemon.output_offset(&id).await;
     assert_eq!(total, 3_000_000 + 1 + 11);
     let mut viewer_like = reconnect(&daemon, &id, "since=5&pty=0").await;
     let (offset, bytes) = viewer_like.replays[0].clone();
@@ -578,7 +552,9 @@ async fn takeover_succeeds_when_the_old_holder_stopped_reading() {
     let stalled = daemon.connect(&id, "pty=0").await;
     // `stalled` reads nothing more: once a few MB are out its socket is full and the daemon's
     // send to it waits.
-    eventually_async(&daemon, &id, 4_000_000).await;
+    daemon
+        .wait_for_output_offset(&id, 4_000_000, pty_support::WAIT)
+        .await;
     let mut new = daemon
         .try_connect(&id, "takeover=1")
         .await
@@ -593,24 +569,6 @@ async fn takeover_succeeds_when_the_old_holder_stopped_reading() {
     }
     assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
     drop(stalled.ws);
-}
-
-/// Waits until the session's output offset reaches `n_bytes`.
-async fn eventually_async(daemon: &pty_support::Daemon, id: &str, n_bytes: u64) {
-    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
-    loop {
-        let offset = daemon.status(id).await["output_offset"]
-            .as_u64()
-            .expect("offset");
-        if offset >= n_bytes {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "output stuck at {offset} bytes"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -797,16 +755,7 @@ async fn delete_kills_every_process_including_background_jobs() {
         )
         .await;
     let output = holder.output_text();
-    let pid_after = |key: &str| -> i32 {
-        let start = output.rfind(key).expect("pid printed") + key.len();
-        output[start..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .expect("pid")
-    };
-    let (background, detached) = (pid_after("bg="), pid_after("ss="));
+    let (background, detached) = (pid_after(&output, "bg="), pid_after(&output, "ss="));
     assert!(alive(background) && alive(detached));
     let (status, body) = daemon.delete(&format!("/pty/{id}")).await;
     assert_eq!((status, body.as_str()), (200, ""));
@@ -834,27 +783,11 @@ async fn daemon_shutdown_kills_every_session_shell_and_its_jobs() {
         )
         .await;
     let output = holder.output_text();
-    let pid_after = |key: &str| -> i32 {
-        let start = output.rfind(key).expect("pid printed") + key.len();
-        output[start..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .expect("pid")
-    };
-    let (job, shell) = (pid_after("job="), pid_after("sh="));
+    let (job, shell) = (pid_after(&output, "job="), pid_after(&output, "sh="));
     let second = daemon.create(json!({})).await;
     let mut piped = daemon.connect(&second, "pty=0").await;
     piped.run("echo pipe-sh=$$; echo ok-$((2+2))", "ok-4").await;
-    let piped_output = piped.output_text();
-    let start = piped_output.rfind("pipe-sh=").expect("pid printed") + "pipe-sh=".len();
-    let piped_shell: i32 = piped_output[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .expect("pid");
+    let piped_shell = pid_after(&piped.output_text(), "pipe-sh=");
     assert!(alive(job) && alive(shell) && alive(piped_shell));
     stop.send(()).expect("daemon still running");
     tokio::time::timeout(pty_support::WAIT, served)
@@ -877,18 +810,9 @@ async fn holder_that_never_reads_does_not_block_the_shell() {
         .await;
     let mut holder = daemon.try_connect(&id, "pty=0").await.expect("connects");
     // The holder reads nothing while 48 MB are produced: the shell must get through them all.
-    let mut offset = 0;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while offset < 48_000_000 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the shell got stuck at {offset} bytes"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        offset = daemon.status(&id).await["output_offset"]
-            .as_u64()
-            .expect("offset");
-    }
+    let offset = daemon
+        .wait_for_output_offset(&id, 48_000_000, std::time::Duration::from_secs(60))
+        .await;
     // The holder that fell behind was disconnected: with close code 1013 if the close frame
     // got through its full socket in time, else the connection just ends. It may reconnect
     // with since.

@@ -65,28 +65,20 @@ impl Server {
     }
 
     pub async fn post_json(&self, path: &str, body: Value) -> reqwest::Response {
-        self.client
-            .post(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .expect("request is sent")
+        send(self.client.post(self.url(path)).json(&body)).await
     }
 
     pub async fn get(&self, path: &str) -> reqwest::Response {
-        self.client
-            .get(self.url(path))
-            .send()
-            .await
-            .expect("request is sent")
+        send(self.client.get(self.url(path))).await
+    }
+
+    /// GETs `path` and parses the body as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get(path).await.json().await.expect("the body is JSON")
     }
 
     pub async fn delete(&self, path: &str) -> reqwest::Response {
-        self.client
-            .delete(self.url(path))
-            .send()
-            .await
-            .expect("request is sent")
+        send(self.client.delete(self.url(path))).await
     }
 
     /// POSTs to a streaming route and collects every event until the stream ends.
@@ -103,6 +95,51 @@ impl Server {
     /// Runs a foreground command and returns its events.
     pub async fn run(&self, body: Value) -> Vec<Value> {
         self.events("/command", body).await
+    }
+
+    /// Starts `command` in the background and returns its id.
+    pub async fn start_background(&self, command: &str) -> String {
+        let events = self
+            .run(serde_json::json!({"command": command, "background": true}))
+            .await;
+        command_id(&events)
+    }
+
+    /// `GET /command/status/{id}`.
+    pub async fn command_status(&self, id: &str) -> Value {
+        self.get_json(&format!("/command/status/{id}")).await
+    }
+
+    /// Waits until command `id` is recorded as finished and returns its status; `what` names
+    /// the wait in the failure.
+    pub async fn wait_until_finished(&self, id: &str, what: &str) -> Value {
+        let path = format!("/command/status/{id}");
+        eventually(what, || async {
+            let status: Value = self.get(&path).await.json().await.ok()?;
+            (status["running"] == false).then_some(status)
+        })
+        .await
+    }
+
+    /// `DELETE /command?id={id}`: interrupts a command (or closes a bash session).
+    pub async fn interrupt(&self, id: &str) -> reqwest::Response {
+        self.delete(&format!("/command?id={id}")).await
+    }
+
+    /// Creates a bash session with `body` and returns its id.
+    pub async fn create_session(&self, body: Value) -> String {
+        let response = self.post_json("/session", body).await;
+        assert_eq!(response.status(), 200, "the session is created");
+        let created: Value = response.json().await.expect("the body is JSON");
+        created["session_id"]
+            .as_str()
+            .expect("the response names the session")
+            .to_owned()
+    }
+
+    /// Runs `body` in bash session `id` and returns its events.
+    pub async fn run_in_session(&self, id: &str, body: Value) -> Vec<Value> {
+        self.events(&format!("/session/{id}/run"), body).await
     }
 
     pub async fn shutdown(&self) {
@@ -132,6 +169,20 @@ pub fn parse_events(text: &str) -> Vec<Value> {
             event
         })
         .collect()
+}
+
+/// Sends a request, which must reach the server.
+pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.send().await.expect("request is sent")
+}
+
+/// The command id that a stream's `init` event carries.
+pub fn command_id(events: &[Value]) -> String {
+    assert_eq!(events[0]["type"], "init", "the stream starts with init");
+    events[0]["text"]
+        .as_str()
+        .expect("init carries the id")
+        .to_owned()
 }
 
 pub fn kinds(events: &[Value]) -> Vec<String> {

@@ -75,12 +75,7 @@ impl Daemon {
             .send()
             .await
             .expect("POST is answered");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        status_and_body(response).await
     }
 
     pub async fn create(&self, body: Value) -> String {
@@ -98,12 +93,7 @@ impl Daemon {
             .send()
             .await
             .expect("GET is answered");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        status_and_body(response).await
     }
 
     pub async fn delete(&self, path: &str) -> (u16, String) {
@@ -120,6 +110,29 @@ impl Daemon {
         let (status, body) = self.get(&format!("/pty/{id}")).await;
         assert_eq!(status, 200, "GET /pty/{id} answered {body}");
         body
+    }
+
+    /// The session's `output_offset`: how many bytes it has produced.
+    pub async fn output_offset(&self, id: &str) -> u64 {
+        self.status(id).await["output_offset"]
+            .as_u64()
+            .expect("output_offset is a number")
+    }
+
+    /// Waits (up to `timeout`) until the session has produced `n_bytes`; returns the offset.
+    pub async fn wait_for_output_offset(&self, id: &str, n_bytes: u64, timeout: Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let offset = self.output_offset(id).await;
+            if offset >= n_bytes {
+                return offset;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "output stuck at {offset} of {n_bytes} bytes after {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Opens a WebSocket; `Err((status, body))` when the handshake is refused.
@@ -305,6 +318,12 @@ impl Client {
         }
     }
 
+    /// Sends a close frame and waits for the daemon's.
+    pub async fn close(&mut self) {
+        self.send(Message::Close(None)).await;
+        self.wait_close().await;
+    }
+
     pub async fn send(&mut self, message: Message) {
         self.ws.send(message).await.expect("sends a frame");
     }
@@ -330,6 +349,27 @@ impl Client {
         self.send_json(json!({"type": "ping"})).await;
         self.wait_text("pong").await;
     }
+}
+
+/// An HTTP response's status and body (JSON when it parses, else the text as a string).
+async fn status_and_body(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The pid printed after the last `key` in `output` (as in `echo key=$!`).
+pub fn pid_after(output: &str, key: &str) -> i32 {
+    let start = output.rfind(key).expect("pid printed") + key.len();
+    output[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .expect("pid")
 }
 
 /// True while `pid` exists and is not a zombie.
