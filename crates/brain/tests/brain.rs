@@ -5,7 +5,12 @@
 
 mod support;
 
-use support::{RecordingSink, TIMEOUT, spawn_session, test_agent, within};
+use std::sync::Arc;
+
+use support::{
+    RecordingSink, TIMEOUT, finish_turn, prompt, resume_in_new_worker, spawn_session, start_turn,
+    test_agent, within,
+};
 use warren_brain::{AgentCommand, BrainError, PermissionOutcome, Resumed, Worker, WorkerPool};
 
 #[tokio::test]
@@ -39,9 +44,7 @@ async fn warm_pool_hands_out_initialized_workers_and_refills_in_the_background()
 #[tokio::test]
 async fn agent_text_reaches_the_sink_as_it_streams_and_the_turn_ends_with_the_stop_reason() {
     let (session, sink, _host) = spawn_session(test_agent(&[])).await;
-    let stop_reason = within("echo turn", session.prompt("echo hello brave world".into()))
-        .await
-        .expect("turn");
+    let stop_reason = prompt(&session, "echo turn", "echo hello brave world").await;
     assert_eq!(stop_reason, "end_turn");
     assert_eq!(
         sink.n_message_chunks(),
@@ -55,19 +58,13 @@ async fn agent_text_reaches_the_sink_as_it_streams_and_the_turn_ends_with_the_st
 #[tokio::test]
 async fn permission_requests_are_forwarded_and_the_clients_answer_returned() {
     let (session, sink, _host) = spawn_session(test_agent(&[])).await;
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move { session.prompt("perm".into()).await }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "perm");
     let request = sink.next_permission().await;
     assert_eq!(request.tool_call["title"], "dangerous thing");
     assert_eq!(request.options[0]["optionId"], "allow");
     request.answer(PermissionOutcome::Selected("allow".into()));
-    let stop_reason = within("perm turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    let stop_reason = finish_turn("perm turn", turn).await;
     assert_eq!(stop_reason, "end_turn");
     assert_eq!(sink.agent_text(), "permission: allow");
 }
@@ -75,11 +72,8 @@ async fn permission_requests_are_forwarded_and_the_clients_answer_returned() {
 #[tokio::test]
 async fn cancel_answers_pending_permissions_cancelled_and_ends_the_turn() {
     let (session, sink, _host) = spawn_session(test_agent(&[])).await;
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move { session.prompt("perm".into()).await }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "perm");
     let request = sink.next_permission().await;
     session.cancel().await;
     within(
@@ -87,32 +81,21 @@ async fn cancel_answers_pending_permissions_cancelled_and_ends_the_turn() {
         request.answer_dropped(),
     )
     .await;
-    let stop_reason = within("cancelled turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    let stop_reason = finish_turn("cancelled turn", turn).await;
     assert_eq!(stop_reason, "cancelled");
 }
 
 #[tokio::test]
 async fn cancel_sends_session_cancel_to_a_running_turn() {
     let (session, sink, _host) = spawn_session(test_agent(&[])).await;
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move { session.prompt("wait".into()).await }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "wait");
     within("the agent says waiting", sink.wait_for_text("waiting")).await;
     session.cancel().await;
-    let stop_reason = within("cancelled turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    let stop_reason = finish_turn("cancelled turn", turn).await;
     assert_eq!(stop_reason, "cancelled");
     // The brain stays usable after a cancelled turn.
-    let again = within("turn after cancel", session.prompt("echo again".into()))
-        .await
-        .expect("turn");
+    let again = prompt(&session, "turn after cancel", "echo again").await;
     assert_eq!(again, "end_turn");
 }
 
@@ -121,19 +104,12 @@ async fn fs_requests_are_served_by_the_host() {
     let (session, sink, host) = spawn_session(test_agent(&[])).await;
     let path = host.root().join("notes.txt");
     let write = format!("write {} first line", path.display());
-    within("write turn", session.prompt(write))
-        .await
-        .expect("write");
+    prompt(&session, "write turn", &write).await;
     assert_eq!(
         std::fs::read_to_string(&path).expect("file written"),
         "first line"
     );
-    within(
-        "read turn",
-        session.prompt(format!("read {}", path.display())),
-    )
-    .await
-    .expect("read");
+    prompt(&session, "read turn", &format!("read {}", path.display())).await;
     assert!(
         sink.agent_text().contains("content: first line"),
         "{}",
@@ -144,9 +120,7 @@ async fn fs_requests_are_served_by_the_host() {
 #[tokio::test]
 async fn terminal_requests_are_served_by_the_host() {
     let (session, sink, _host) = spawn_session(test_agent(&[])).await;
-    within("term turn", session.prompt("term echo hi; exit 3".into()))
-        .await
-        .expect("term");
+    prompt(&session, "term turn", "term echo hi; exit 3").await;
     assert_eq!(sink.agent_text(), "exit 3: hi\n");
 }
 
@@ -174,58 +148,25 @@ async fn close_stops_the_worker_process() {
 
 #[tokio::test]
 async fn resume_uses_session_resume_when_the_agent_supports_it() {
-    let (session, _sink, host) = spawn_session(test_agent(&["--resume"])).await;
-    let acp_session_id = session.acp_session_id().to_owned();
-    session.close().await;
-    let worker = Worker::spawn(&test_agent(&["--resume"]))
-        .await
-        .expect("worker");
+    let agent = test_agent(&["--resume"]);
+    let (session, _sink, host) = spawn_session(agent.clone()).await;
     let sink = RecordingSink::new();
-    let (session, resumed) = within(
-        "resume",
-        worker.resume_session(
-            acp_session_id.clone(),
-            host.root().to_owned(),
-            vec![],
-            host.clone(),
-            sink.clone(),
-        ),
-    )
-    .await
-    .expect("resume");
+    let (acp_session_id, session, resumed) =
+        resume_in_new_worker(session, &agent, &host, sink.clone()).await;
     assert_eq!(resumed, Resumed::Resumed);
     assert_eq!(session.acp_session_id(), acp_session_id);
-    within("turn after resume", session.prompt("echo back".into()))
-        .await
-        .expect("turn");
+    prompt(&session, "turn after resume", "echo back").await;
     assert_eq!(sink.agent_text(), "back");
 }
 
 #[tokio::test]
 async fn resume_falls_back_to_session_load_without_forwarding_the_replay() {
-    let (session, _sink, host) = spawn_session(test_agent(&["--load"])).await;
-    let acp_session_id = session.acp_session_id().to_owned();
-    session.close().await;
-    let worker = Worker::spawn(&test_agent(&["--load"]))
-        .await
-        .expect("worker");
+    let agent = test_agent(&["--load"]);
+    let (session, _sink, host) = spawn_session(agent.clone()).await;
     let sink = RecordingSink::new();
-    let (session, resumed) = within(
-        "load",
-        worker.resume_session(
-            acp_session_id.clone(),
-            host.root().to_owned(),
-            vec![],
-            host.clone(),
-            sink.clone(),
-        ),
-    )
-    .await
-    .expect("load");
+    let (_, session, resumed) = resume_in_new_worker(session, &agent, &host, sink.clone()).await;
     assert_eq!(resumed, Resumed::Loaded);
-    within("turn after load", session.prompt("echo back".into()))
-        .await
-        .expect("turn");
+    prompt(&session, "turn after load", "echo back").await;
     assert_eq!(
         sink.agent_text(),
         "back",
@@ -235,22 +176,10 @@ async fn resume_falls_back_to_session_load_without_forwarding_the_replay() {
 
 #[tokio::test]
 async fn resume_without_agent_support_starts_a_new_session_and_reports_lost_context() {
-    let (session, _sink, host) = spawn_session(test_agent(&[])).await;
-    let acp_session_id = session.acp_session_id().to_owned();
-    session.close().await;
-    let worker = Worker::spawn(&test_agent(&[])).await.expect("worker");
-    let (session, resumed) = within(
-        "resume",
-        worker.resume_session(
-            acp_session_id.clone(),
-            host.root().to_owned(),
-            vec![],
-            host.clone(),
-            RecordingSink::new(),
-        ),
-    )
-    .await
-    .expect("new session");
+    let agent = test_agent(&[]);
+    let (session, _sink, host) = spawn_session(agent.clone()).await;
+    let (acp_session_id, session, resumed) =
+        resume_in_new_worker(session, &agent, &host, RecordingSink::new()).await;
     assert_eq!(resumed, Resumed::ContextLost);
     assert_ne!(session.acp_session_id(), acp_session_id);
 }
@@ -258,9 +187,7 @@ async fn resume_without_agent_support_starts_a_new_session_and_reports_lost_cont
 #[tokio::test]
 async fn the_shell_agent_runs_the_message_in_a_terminal_and_streams_its_output() {
     let (session, sink, _host) = spawn_session(test_agent(&["shell"])).await;
-    let stop_reason = within("shell turn", session.prompt("echo hi; echo there".into()))
-        .await
-        .expect("turn");
+    let stop_reason = prompt(&session, "shell turn", "echo hi; echo there").await;
     assert_eq!(stop_reason, "end_turn");
     assert!(
         sink.agent_text().contains("hi\nthere\n"),
@@ -279,9 +206,7 @@ async fn the_shell_agent_runs_the_message_in_a_terminal_and_streams_its_output()
 #[tokio::test]
 async fn the_shell_agent_reports_a_failing_command() {
     let (session, sink, _host) = spawn_session(test_agent(&["shell"])).await;
-    within("shell turn", session.prompt("echo oops >&2; exit 7".into()))
-        .await
-        .expect("turn");
+    prompt(&session, "shell turn", "echo oops >&2; exit 7").await;
     assert!(sink.agent_text().contains("oops"), "{}", sink.agent_text());
     assert!(
         sink.agent_text().contains("exit code 7"),
@@ -299,18 +224,12 @@ async fn the_shell_agent_asks_before_rm_and_does_not_run_it_when_refused() {
     let (session, sink, host) = spawn_session(test_agent(&["shell"])).await;
     let victim = host.root().join("keep.txt");
     std::fs::write(&victim, "x").expect("write");
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move { session.prompt("rm keep.txt".into()).await }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "rm keep.txt");
     let request = sink.next_permission().await;
     assert_eq!(request.tool_call["title"], "rm keep.txt");
     request.answer(PermissionOutcome::Selected("reject".into()));
-    let stop_reason = within("refused turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    let stop_reason = finish_turn("refused turn", turn).await;
     assert_eq!(stop_reason, "end_turn");
     assert!(victim.exists(), "the refused rm did not run");
     assert!(
@@ -325,39 +244,23 @@ async fn the_shell_agent_runs_rm_once_allowed() {
     let (session, sink, host) = spawn_session(test_agent(&["shell"])).await;
     let victim = host.root().join("gone.txt");
     std::fs::write(&victim, "x").expect("write");
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move { session.prompt("rm gone.txt".into()).await }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "rm gone.txt");
     sink.next_permission()
         .await
         .answer(PermissionOutcome::Selected("allow".into()));
-    within("allowed turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    finish_turn("allowed turn", turn).await;
     assert!(!victim.exists(), "the allowed rm ran");
 }
 
 #[tokio::test]
 async fn cancelling_the_shell_agent_kills_the_running_command() {
     let (session, sink, host) = spawn_session(test_agent(&["shell"])).await;
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move {
-            session
-                .prompt("echo started; sleep 60; echo never".into())
-                .await
-        }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "echo started; sleep 60; echo never");
     within("the command started", sink.wait_for_text("started")).await;
     session.cancel().await;
-    let stop_reason = within("cancelled turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    let stop_reason = finish_turn("cancelled turn", turn).await;
     assert_eq!(stop_reason, "cancelled");
     within("the sleep was killed", host.wait_no_running_terminals()).await;
     assert!(!sink.agent_text().contains("never"));
@@ -365,20 +268,8 @@ async fn cancelling_the_shell_agent_kills_the_running_command() {
 
 #[tokio::test]
 async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
-    let python = support::python_venv();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/python/acp_echo_agent.py");
-    let command = AgentCommand {
-        program: python,
-        args: vec![script.display().to_string()],
-    };
-    let (session, sink, host) = spawn_session(command).await;
-    let stop_reason = within(
-        "python echo turn",
-        session.prompt("hello from warren".into()),
-    )
-    .await
-    .expect("turn");
+    let (session, sink, host) = spawn_session(support::python_agent()).await;
+    let stop_reason = prompt(&session, "python echo turn", "hello from warren").await;
     assert_eq!(stop_reason, "end_turn");
     assert!(
         sink.agent_text().contains("echo: hello from warren"),
@@ -387,39 +278,28 @@ async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
     );
     // The Python agent also exercises the client methods: a file write and a terminal.
     let written = host.root().join("python-was-here.txt");
-    within(
+    prompt(
+        &session,
         "python file turn",
-        session.prompt(format!("write {}", written.display())),
+        &format!("write {}", written.display()),
     )
-    .await
-    .expect("turn");
+    .await;
     assert_eq!(
         std::fs::read_to_string(&written).expect("written by the python agent"),
         "hello from python"
     );
-    within(
-        "python terminal turn",
-        session.prompt("term echo py-term".into()),
-    )
-    .await
-    .expect("turn");
+    prompt(&session, "python terminal turn", "term echo py-term").await;
     assert!(
         sink.agent_text().contains("term: py-term"),
         "{}",
         sink.agent_text()
     );
-    let session = std::sync::Arc::new(session);
-    let turn = tokio::spawn({
-        let session = session.clone();
-        async move { session.prompt("perm".into()).await }
-    });
+    let session = Arc::new(session);
+    let turn = start_turn(&session, "perm");
     let request = sink.next_permission().await;
     assert_eq!(request.tool_call["title"], "python wants to act");
     request.answer(PermissionOutcome::Selected("reject".into()));
-    within("python permission turn", turn)
-        .await
-        .expect("join")
-        .expect("turn");
+    finish_turn("python permission turn", turn).await;
     assert!(
         sink.agent_text().contains("permission: reject"),
         "{}",
@@ -458,9 +338,7 @@ async fn an_agent_that_exits_before_initialize_is_reported_as_exited() {
 #[tokio::test]
 async fn closing_a_crashed_worker_kills_the_processes_it_left_behind() {
     let (session, sink, _host) = spawn_session(test_agent(&[])).await;
-    within("bg turn", session.prompt("bg".into()))
-        .await
-        .expect("turn");
+    prompt(&session, "bg turn", "bg").await;
     let text = sink.agent_text();
     let pid: u32 = text
         .strip_prefix("bg=")
@@ -476,10 +354,8 @@ async fn closing_a_crashed_worker_kills_the_processes_it_left_behind() {
         "{crashed:?}"
     );
     within("close", session.close()).await;
-    within("the orphaned child is killed", async {
-        while !support::is_zombie_or_gone(pid) {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+    support::eventually("the orphaned child is killed", || {
+        support::is_zombie_or_gone(pid)
     })
     .await;
 }

@@ -249,11 +249,13 @@ impl TurnSink for Collect {
     }
 }
 
-#[tokio::test]
-async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
-    let (hands, _dir) = new_hands();
-    let agent = AgentCommand::shell_agent(warren_bin().display().to_string());
-    let worker = within("shell agent start", Worker::spawn(&agent))
+/// Starts `agent` and opens an ACP session in the hands' workspace, with the hands' MCP server
+/// (whose command is `warren mcp ...`) and a sink that allows every permission request.
+async fn session_in_hands(
+    agent: &AgentCommand,
+    hands: &Arc<Hands>,
+) -> (warren_brain::BrainSession, Arc<Collect>) {
+    let worker = within("the agent to start", Worker::spawn(agent))
         .await
         .expect("worker");
     let sink = Arc::new(Collect::default());
@@ -275,6 +277,25 @@ async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
     )
     .await
     .expect("session");
+    (session, sink)
+}
+
+/// Polls `condition` until it holds, for state that no event announces (another process's
+/// exit); fails the test after [`TIMEOUT`] naming `what`.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    within(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
+    let (hands, _dir) = new_hands();
+    let agent = AgentCommand::shell_agent(warren_bin().display().to_string());
+    let (session, sink) = session_in_hands(&agent, &hands).await;
     let stop_reason = within(
         "turn",
         session.prompt("echo hi > made.txt; cat made.txt".into()),
@@ -315,10 +336,8 @@ async fn stopping_hands_kills_background_and_setsid_processes_they_started() {
         "the background processes outlive their command"
     );
     within("hands stop", hands.stop()).await;
-    within("every process of the hands is gone", async {
-        while pids.iter().any(|pid| alive(*pid)) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    eventually("every process of the hands is gone", || {
+        !pids.iter().any(|pid| alive(*pid))
     })
     .await;
 }
@@ -340,27 +359,7 @@ async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
         program: test_agent_bin().display().to_string(),
         args: vec![],
     };
-    let worker = within("test agent start", Worker::spawn(&agent))
-        .await
-        .expect("worker");
-    let sink = Arc::new(Collect::default());
-    let mcp = within(
-        "hands for MCP",
-        hands.mcp_server(&warren_bin().display().to_string()),
-    )
-    .await
-    .expect("mcp entry");
-    let session = within(
-        "session/new",
-        worker.new_session(
-            hands.workspace().to_owned(),
-            vec![mcp],
-            hands.clone(),
-            sink.clone(),
-        ),
-    )
-    .await
-    .expect("session");
+    let (session, sink) = session_in_hands(&agent, &hands).await;
     within(
         "mcp turn",
         session.prompt("mcp echo from-mcp > via-mcp.txt; pwd".into()),
@@ -409,12 +408,7 @@ async fn hands_that_died_are_started_again_on_next_use() {
         .status()
         .expect("kill -9 the execd this test started");
     assert!(killed.success());
-    within("the dead hands are noticed", async {
-        while hands.is_running() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    eventually("the dead hands are noticed", || !hands.is_running()).await;
     let path = hands.workspace().join("after.txt");
     within(
         "write after restart",
@@ -442,10 +436,5 @@ async fn dropping_hands_without_stop_still_kills_the_sandbox() {
     let execd = pids_mentioning(&workspace);
     assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
     drop(hands);
-    within("the execd of dropped hands is gone", async {
-        while alive(execd[0]) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    eventually("the execd of dropped hands is gone", || !alive(execd[0])).await;
 }

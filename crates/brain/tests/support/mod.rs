@@ -13,8 +13,8 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use warren_brain::{
-    AgentCommand, BoxFuture, BrainSession, Host, HostError, PermissionOutcome, TerminalExit,
-    TerminalOutput, TerminalSpec, TurnSink, Worker,
+    AgentCommand, BoxFuture, BrainError, BrainSession, Host, HostError, PermissionOutcome, Resumed,
+    TerminalExit, TerminalOutput, TerminalSpec, TurnSink, Worker,
 };
 
 /// Generous: the machine is shared and loaded.
@@ -51,6 +51,17 @@ pub fn python_venv() -> String {
         .to_owned()
 }
 
+/// Polls `condition` until it holds, for state that no event announces (another process's
+/// exit); fails the test after [`TIMEOUT`] naming `what`.
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    within(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 pub fn is_zombie_or_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
@@ -77,6 +88,71 @@ pub async fn spawn_session(
     .await
     .expect("new session");
     (session, sink, host)
+}
+
+/// Prompts `text` and returns the turn's stop reason, failing the test on an error.
+pub async fn prompt(session: &BrainSession, what: &str, text: &str) -> String {
+    within(what, session.prompt(text.to_owned()))
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Runs a turn in the background so the test can answer or cancel it meanwhile.
+pub fn start_turn(
+    session: &Arc<BrainSession>,
+    text: &str,
+) -> tokio::task::JoinHandle<Result<String, BrainError>> {
+    let session = Arc::clone(session);
+    let text = text.to_owned();
+    tokio::spawn(async move { session.prompt(text).await })
+}
+
+/// Waits for a turn started with [`start_turn`] and returns its stop reason.
+pub async fn finish_turn(
+    what: &str,
+    turn: tokio::task::JoinHandle<Result<String, BrainError>>,
+) -> String {
+    within(what, turn)
+        .await
+        .expect("the turn task does not panic")
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Closes `session`, then asks a new worker of `command` to resume its ACP session with the same
+/// host. Returns the old ACP session id, the new session and how it was resumed.
+pub async fn resume_in_new_worker(
+    session: BrainSession,
+    command: &AgentCommand,
+    host: &Arc<LocalHost>,
+    sink: Arc<RecordingSink>,
+) -> (String, BrainSession, Resumed) {
+    let acp_session_id = session.acp_session_id().to_owned();
+    session.close().await;
+    let worker = within("the new worker to start", Worker::spawn(command))
+        .await
+        .expect("worker");
+    let (session, resumed) = within(
+        "the resumed session",
+        worker.resume_session(
+            acp_session_id.clone(),
+            host.root().to_owned(),
+            vec![],
+            host.clone(),
+            sink,
+        ),
+    )
+    .await
+    .expect("resume_session");
+    (acp_session_id, session, resumed)
+}
+
+/// The Python test agent built on the PyPI ACP package.
+pub fn python_agent() -> AgentCommand {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/acp_echo_agent.py");
+    AgentCommand {
+        program: python_venv(),
+        args: vec![script.display().to_string()],
+    }
 }
 
 pub struct PendingPermission {
@@ -216,18 +292,18 @@ impl LocalHost {
         self.root.path()
     }
 
+    /// Resolves once every terminal created so far has exited.
     pub async fn wait_no_running_terminals(&self) {
-        loop {
-            let running = self
-                .terminals
-                .lock()
-                .expect("lock")
-                .values()
-                .any(|t| t.exit.borrow().is_none());
-            if !running {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let exits: Vec<_> = self
+            .terminals
+            .lock()
+            .expect("lock")
+            .values()
+            .map(|t| t.exit.clone())
+            .collect();
+        for mut exit in exits {
+            // An error means the waiter task is gone, which only happens after it sent the exit.
+            let _ = exit.wait_for(Option::is_some).await;
         }
     }
 
