@@ -611,20 +611,28 @@ fn exit_status(exit: TerminalExit) -> TerminalExitStatus {
         .signal(exit.signal)
 }
 
+/// Registers the handler of one host-served request on a client builder: the handler answers
+/// from `$work`, run on the session's host in a task of its own (see [`serve_host`]).
+macro_rules! on_host_request {
+    ($builder:expr, $shared:expr, |$host:ident, $request:ident: $Request:ty| $work:block) => {{
+        let shared = $shared.clone();
+        $builder.on_receive_request(
+            async move |$request: $Request, responder, _cx| {
+                serve_host(&shared, responder, move |$host| async move { $work });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+    }};
+}
+
 fn client_builder(
     shared: Arc<Shared>,
 ) -> agent_client_protocol::v1::Builder<Client, impl agent_client_protocol::HandleDispatchFrom<Agent>>
 {
     let on_update = shared.clone();
     let on_permission = shared.clone();
-    let on_read = shared.clone();
-    let on_write = shared.clone();
-    let on_create = shared.clone();
-    let on_output = shared.clone();
-    let on_wait = shared.clone();
-    let on_kill = shared.clone();
-    let on_release = shared;
-    Client
+    let builder = Client
         .v1()
         .name("warren-gateway")
         .on_receive_notification(
@@ -644,97 +652,59 @@ fn client_builder(
                 Ok(())
             },
             agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: ReadTextFileRequest, responder, _cx| {
-                serve_host(&on_read, responder, move |host| async move {
-                    let content = host
-                        .read_text_file(request.path, request.line, request.limit)
-                        .await?;
-                    Ok(ReadTextFileResponse::new(content))
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: WriteTextFileRequest, responder, _cx| {
-                serve_host(&on_write, responder, move |host| async move {
-                    host.write_text_file(request.path, request.content).await?;
-                    Ok(WriteTextFileResponse::new())
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: CreateTerminalRequest, responder, _cx| {
-                serve_host(&on_create, responder, move |host| async move {
-                    let spec = TerminalSpec {
-                        command: request.command,
-                        args: request.args,
-                        env: request
-                            .env
-                            .into_iter()
-                            .map(|var| (var.name, var.value))
-                            .collect(),
-                        cwd: request.cwd,
-                        output_byte_limit: request.output_byte_limit,
-                    };
-                    let terminal_id = host.create_terminal(spec).await?;
-                    Ok(CreateTerminalResponse::new(TerminalId::new(terminal_id)))
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: TerminalOutputRequest, responder, _cx| {
-                serve_host(&on_output, responder, move |host| async move {
-                    let output = host
-                        .terminal_output(request.terminal_id.0.to_string())
-                        .await?;
-                    Ok(TerminalOutputResponse::new(output.output, output.truncated)
-                        .exit_status(output.exit.map(exit_status)))
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: WaitForTerminalExitRequest, responder, _cx| {
-                serve_host(&on_wait, responder, move |host| async move {
-                    let exit = host
-                        .wait_for_terminal_exit(request.terminal_id.0.to_string())
-                        .await?;
-                    Ok(WaitForTerminalExitResponse::new(exit_status(exit)))
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: KillTerminalRequest, responder, _cx| {
-                serve_host(&on_kill, responder, move |host| async move {
-                    host.kill_terminal(request.terminal_id.0.to_string())
-                        .await?;
-                    Ok(KillTerminalResponse::new())
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |request: ReleaseTerminalRequest, responder, _cx| {
-                serve_host(&on_release, responder, move |host| async move {
-                    host.release_terminal(request.terminal_id.0.to_string())
-                        .await?;
-                    Ok(ReleaseTerminalResponse::new())
-                });
-                Ok(())
-            },
-            agent_client_protocol::on_receive_request!(),
-        )
+        );
+    let builder = on_host_request!(builder, shared, |host, request: ReadTextFileRequest| {
+        let content = host
+            .read_text_file(request.path, request.line, request.limit)
+            .await?;
+        Ok(ReadTextFileResponse::new(content))
+    });
+    let builder = on_host_request!(builder, shared, |host, request: WriteTextFileRequest| {
+        host.write_text_file(request.path, request.content).await?;
+        Ok(WriteTextFileResponse::new())
+    });
+    let builder = on_host_request!(builder, shared, |host, request: CreateTerminalRequest| {
+        let spec = TerminalSpec {
+            command: request.command,
+            args: request.args,
+            env: request
+                .env
+                .into_iter()
+                .map(|var| (var.name, var.value))
+                .collect(),
+            cwd: request.cwd,
+            output_byte_limit: request.output_byte_limit,
+        };
+        let terminal_id = host.create_terminal(spec).await?;
+        Ok(CreateTerminalResponse::new(TerminalId::new(terminal_id)))
+    });
+    let builder = on_host_request!(builder, shared, |host, request: TerminalOutputRequest| {
+        let output = host
+            .terminal_output(request.terminal_id.0.to_string())
+            .await?;
+        Ok(TerminalOutputResponse::new(output.output, output.truncated)
+            .exit_status(output.exit.map(exit_status)))
+    });
+    let builder = on_host_request!(
+        builder,
+        shared,
+        |host, request: WaitForTerminalExitRequest| {
+            let exit = host
+                .wait_for_terminal_exit(request.terminal_id.0.to_string())
+                .await?;
+            Ok(WaitForTerminalExitResponse::new(exit_status(exit)))
+        }
+    );
+    let builder = on_host_request!(builder, shared, |host, request: KillTerminalRequest| {
+        host.kill_terminal(request.terminal_id.0.to_string())
+            .await?;
+        Ok(KillTerminalResponse::new())
+    });
+    on_host_request!(builder, shared, |host, request: ReleaseTerminalRequest| {
+        host.release_terminal(request.terminal_id.0.to_string())
+            .await?;
+        Ok(ReleaseTerminalResponse::new())
+    })
 }
 
 /// `session/close`, bounded; errors are logged, the caller kills the worker next.
