@@ -423,28 +423,6 @@ async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
 }
 
 #[tokio::test]
-async fn progress_bar_redraws_fold_to_the_final_state() {
-    let h = harness();
-    let result = exec(
-        &h.engine,
-        cmd("for i in $(seq 1 100); do printf '\\rprogress %3d%%' $i; done; echo; echo done"),
-    )
-    .await;
-    assert_eq!(result.output, "progress 100%\ndone\n");
-}
-
-#[tokio::test]
-async fn ansi_colours_are_removed() {
-    let h = harness();
-    let result = exec(
-        &h.engine,
-        cmd("printf '\\033[1;31merror\\033[0m: \\033[32mok\\033[m\\n'"),
-    )
-    .await;
-    assert_eq!(result.output, "error: ok\n");
-}
-
-#[tokio::test]
 async fn nul_bytes_are_withheld_as_binary() {
     let h = harness();
     let result = exec(&h.engine, cmd("printf 'a\\0b\\0c'")).await;
@@ -685,12 +663,31 @@ async fn ctrl_c_on_a_tty_interrupts_the_foreground_command() {
     assert_ctrl_c_interrupts(&h.engine, tty("sleep 100", 250)).await;
 }
 
+/// The result shows output as a terminal would have shown it: behaviour, command, output.
 #[tokio::test]
-async fn alternate_screen_program_is_shown_as_its_final_screen() {
+async fn output_is_cleaned_to_what_a_terminal_shows() {
     let h = harness();
-    let script = "printf 'before\\n\\033[?1049h\\033[H\\033[2Jframe one\\033[H\\033[2Jfinal frame\\033[?1049l'; echo after";
-    let result = exec(&h.engine, tty(script, 30_000)).await;
-    assert_eq!(result.output, "before\nfinal frame\nafter\n");
+    let alternate_screen = "printf 'before\\n\\033[?1049h\\033[H\\033[2Jframe one\\033[H\\033[2Jfinal frame\\033[?1049l'; echo after";
+    let cases = [
+        (
+            "progress bar redraws fold to the final state",
+            cmd("for i in $(seq 1 100); do printf '\\rprogress %3d%%' $i; done; echo; echo done"),
+            "progress 100%\ndone\n",
+        ),
+        (
+            "ANSI colours are removed",
+            cmd("printf '\\033[1;31merror\\033[0m: \\033[32mok\\033[m\\n'"),
+            "error: ok\n",
+        ),
+        (
+            "an alternate-screen program on a tty is shown as its final screen",
+            tty(alternate_screen, 30_000),
+            "before\nfinal frame\nafter\n",
+        ),
+    ];
+    for (behaviour, args, expected) in cases {
+        assert_eq!(exec(&h.engine, args).await.output, expected, "{behaviour}");
+    }
 }
 
 #[tokio::test]

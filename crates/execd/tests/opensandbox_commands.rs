@@ -274,11 +274,19 @@ async fn unknown_commands_and_foreground_logs_are_errors() {
         (status, code.as_str(), message.as_str()),
         (404, "INVALID_REQUEST_BODY", "command not found: nope")
     );
-    let (status, code, _) = error_body(server.get("/command/nope/logs").await).await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+    assert_error(
+        server.get("/command/nope/logs").await,
+        400,
+        "INVALID_REQUEST_BODY",
+    )
+    .await;
     let id = command_id(&server.run(json!({"command": "true"})).await);
-    let (status, code, _) = error_body(server.get(&format!("/command/{id}/logs")).await).await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+    assert_error(
+        server.get(&format!("/command/{id}/logs")).await,
+        400,
+        "INVALID_REQUEST_BODY",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -290,12 +298,14 @@ async fn interrupt_kills_a_running_background_command_and_refuses_finished_ones(
         .wait_until_finished(&id, "the interrupted command to be recorded as finished")
         .await;
     assert_eq!(status["exit_code"], -1);
-    let (status, code, _) = error_body(server.interrupt(&id).await).await;
-    assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
-    let (status, code, _) = error_body(server.delete("/command?id=unknown").await).await;
-    assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
-    let (status, code, _) = error_body(server.delete("/command").await).await;
-    assert_eq!((status, code.as_str()), (400, "MISSING_QUERY"));
+    assert_error(server.interrupt(&id).await, 500, "RUNTIME_ERROR").await;
+    assert_error(
+        server.delete("/command?id=unknown").await,
+        500,
+        "RUNTIME_ERROR",
+    )
+    .await;
+    assert_error(server.delete("/command").await, 400, "MISSING_QUERY").await;
 }
 
 #[tokio::test]
@@ -428,8 +438,12 @@ async fn session_errors_and_deletion() {
             "error running in session. context not found"
         )
     );
-    let (status, code, _) = error_body(server.delete("/session/nope").await).await;
-    assert_eq!((status, code.as_str()), (404, "CONTEXT_NOT_FOUND"));
+    assert_error(
+        server.delete("/session/nope").await,
+        404,
+        "CONTEXT_NOT_FOUND",
+    )
+    .await;
 
     // An empty body is allowed.
     let response = send(server.client.post(server.url("/session"))).await;
@@ -438,13 +452,14 @@ async fn session_errors_and_deletion() {
         .as_str()
         .expect("id")
         .to_owned();
-    let (status, code, _) = error_body(
+    assert_error(
         server
             .post_json(&format!("/session/{id}/run"), json!({"cwd": "/"}))
             .await,
+        400,
+        "INVALID_REQUEST_BODY",
     )
     .await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
     server.run_in_session(&id, json!({"command": "true"})).await;
     assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 200);
     let (status, _, _) = error_body(

@@ -55,16 +55,12 @@ async fn upload(server: &Server, pairs: &[(Value, &[u8])]) -> reqwest::Response 
 
 /// `GET /files/download?path=…`.
 async fn download(server: &Server, path: &str) -> reqwest::Response {
-    server
-        .get(&format!("/files/download?path={}", q(path)))
-        .await
+    server.get(&at("/files/download", path)).await
 }
 
 /// `GET /files/info?path=…`, parsed.
 async fn info(server: &Server, path: &str) -> Value {
-    server
-        .get_json(&format!("/files/info?path={}", q(path)))
-        .await
+    server.get_json(&at("/files/info", path)).await
 }
 
 /// A thread that keeps changing the tree (`swap(n)` for n = 0, 1, 2, …) until dropped.
@@ -128,6 +124,11 @@ async fn assert_downloads_never_leak(server: &Server, path: &str, both_states: &
         }
         n_requests += 1;
     }
+}
+
+/// `route?path=<path>`, the path percent-encoded.
+fn at(route: &str, path: &str) -> String {
+    format!("{route}?path={}", q(path))
 }
 
 fn q(path: &str) -> String {
@@ -206,28 +207,38 @@ async fn upload_errors_name_the_bad_part() {
             .body(body)
             .send()
     };
-    let (status, code, _) = error_body(
+    assert_error(
         send(content_type.clone(), boundary_only.into())
             .await
             .expect("sent"),
+        400,
+        "INVALID_FILE",
     )
     .await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_FILE"));
     let (ct, body) = multipart(&[(json!({"nopath": 1}), b"x")]);
-    let (status, code, _) = error_body(send(ct, body).await.expect("sent")).await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_FILE_METADATA"));
-    let (status, code, _) = error_body(
+    assert_error(
+        send(ct, body).await.expect("sent"),
+        400,
+        "INVALID_FILE_METADATA",
+    )
+    .await;
+    assert_error(
         send("application/json".into(), b"{}".to_vec())
             .await
             .expect("sent"),
+        400,
+        "INVALID_FILE",
     )
     .await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_FILE"));
     // A body cut off in the middle of the file part.
     let (ct, body) = multipart(&[(json!({"path": server.path("cut")}), b"0123456789")]);
     let cut = body[..body.len() - 30].to_vec();
-    let (status, code, _) = error_body(send(ct, cut).await.expect("sent")).await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_FILE_CONTENT"));
+    assert_error(
+        send(ct, cut).await.expect("sent"),
+        400,
+        "INVALID_FILE_CONTENT",
+    )
+    .await;
     assert!(!Path::new(&server.path("cut")).exists());
 }
 
@@ -268,8 +279,12 @@ async fn download_supports_ranges_and_line_windows() {
         .await
         .expect("sent");
     assert_eq!(response.status(), 400);
-    let (status, code, _) = error_body(download(&server, &server.path("none")).await).await;
-    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+    assert_error(
+        download(&server, &server.path("none")).await,
+        404,
+        "FILE_NOT_FOUND",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -310,18 +325,15 @@ async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following
         ]
     );
     assert!(list(&server, &root, "&depth=0").await.is_empty());
-    let (status, code, _) = error_body(server.get("/directories/list").await).await;
-    assert_eq!((status, code.as_str()), (400, "MISSING_QUERY"));
-    let (status, code, _) = error_body(
+    assert_error(server.get("/directories/list").await, 400, "MISSING_QUERY").await;
+    assert_error(
         server
-            .get(&format!(
-                "/directories/list?path={}",
-                q(&server.path("nope"))
-            ))
+            .get(&at("/directories/list", &server.path("nope")))
             .await,
+        404,
+        "FILE_NOT_FOUND",
     )
     .await;
-    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
 }
 
 #[tokio::test]
@@ -344,21 +356,24 @@ async fn search_matches_the_glob_on_base_names_recursively_and_lists_files_only(
         .collect();
     assert_eq!(paths, [format!("{dir}/a.rs"), format!("{dir}/sub/b.rs")]);
     let all: Vec<Value> = server
-        .get(&format!("/files/search?path={}", q(&dir)))
+        .get(&at("/files/search", &dir))
         .await
         .json()
         .await
         .expect("json");
     assert_eq!(all.len(), 3);
-    let (status, code, _) = error_body(server.get("/files/search?pattern=*").await).await;
-    assert_eq!((status, code.as_str()), (400, "MISSING_QUERY"));
-    let (status, code, _) = error_body(
-        server
-            .get(&format!("/files/search?path={}", q(&server.path("nope"))))
-            .await,
+    assert_error(
+        server.get("/files/search?pattern=*").await,
+        400,
+        "MISSING_QUERY",
     )
     .await;
-    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+    assert_error(
+        server.get(&at("/files/search", &server.path("nope"))).await,
+        404,
+        "FILE_NOT_FOUND",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -377,29 +392,34 @@ async fn move_renames_creates_parents_and_refuses_missing_sources_and_existing_d
         std::fs::read_to_string(server.path("new/parent/dst")).expect("moved"),
         "s"
     );
-    let (status, code, _) = error_body(
+    assert_error(
         server
             .post_json(
                 "/files/mv",
                 json!([{"src": server.path("src"), "dest": server.path("x")}]),
             )
             .await,
+        404,
+        "FILE_NOT_FOUND",
     )
     .await;
-    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
-    let (status, code, _) = error_body(
+    assert_error(
         server
             .post_json(
                 "/files/mv",
                 json!([{"src": server.path("new/parent/dst"), "dest": server.path("taken")}]),
             )
             .await,
+        500,
+        "RUNTIME_ERROR",
     )
     .await;
-    assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"));
-    let (status, code, _) =
-        error_body(server.post_json("/files/mv", json!({"src": "x"})).await).await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
+    assert_error(
+        server.post_json("/files/mv", json!({"src": "x"})).await,
+        400,
+        "INVALID_REQUEST_BODY",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -433,26 +453,28 @@ async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
         .await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("text"), "");
-    let (status, code, _) = error_body(
+    assert_error(
         server
             .post_json(
                 "/files/replace",
                 json!({file.clone(): {"old": "", "new": "x"}}),
             )
             .await,
+        400,
+        "INVALID_REQUEST_BODY",
     )
     .await;
-    assert_eq!((status, code.as_str()), (400, "INVALID_REQUEST_BODY"));
-    let (status, code, _) = error_body(
+    assert_error(
         server
             .post_json(
                 "/files/replace",
                 json!({server.path("nope"): {"old": "a", "new": "b"}}),
             )
             .await,
+        404,
+        "FILE_NOT_FOUND",
     )
     .await;
-    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
 }
 
 #[tokio::test]
@@ -497,12 +519,8 @@ async fn permissions_directories_and_deletion() {
         0o700
     );
 
-    let (status, code, _) = error_body(
-        server
-            .delete(&format!("/files?path={}", q(&server.path("made"))))
-            .await,
-    )
-    .await;
+    let (status, code, _) =
+        error_body(server.delete(&at("/files", &server.path("made"))).await).await;
     assert_eq!(
         (status, code.as_str()),
         (500, "RUNTIME_ERROR"),
@@ -522,7 +540,7 @@ async fn permissions_directories_and_deletion() {
     assert!(!Path::new(&file).exists());
     assert_eq!(
         server
-            .delete(&format!("/directories?path={}", q(&server.path("made"))))
+            .delete(&at("/directories", &server.path("made")))
             .await
             .status(),
         200
@@ -530,14 +548,17 @@ async fn permissions_directories_and_deletion() {
     assert!(!Path::new(&server.path("made")).exists());
     assert_eq!(
         server
-            .delete(&format!("/directories?path={}", q(&server.path("made"))))
+            .delete(&at("/directories", &server.path("made")))
             .await
             .status(),
         200
     );
-    let (status, code, _) =
-        error_body(server.get(&format!("/files/info?path={}", q(&file))).await).await;
-    assert_eq!((status, code.as_str()), (404, "FILE_NOT_FOUND"));
+    assert_error(
+        server.get(&at("/files/info", &file)).await,
+        404,
+        "FILE_NOT_FOUND",
+    )
+    .await;
 }
 
 fn users_name() -> String {
@@ -583,21 +604,11 @@ async fn a_symlink_to_etc_inside_the_root_is_refused() {
     let server = Server::start().await;
     symlink("/etc", server.path("etc")).expect("symlink");
     let passwd = server.path("etc/passwd");
+    assert_refused(&server, &at("/files/download", &passwd), "PATH_ESCAPE").await;
+    assert_refused(&server, &at("/files/info", &passwd), "PATH_ESCAPE").await;
     assert_refused(
         &server,
-        &format!("/files/download?path={}", q(&passwd)),
-        "PATH_ESCAPE",
-    )
-    .await;
-    assert_refused(
-        &server,
-        &format!("/files/info?path={}", q(&passwd)),
-        "PATH_ESCAPE",
-    )
-    .await;
-    assert_refused(
-        &server,
-        &format!("/directories/list?path={}", q(&server.path("etc"))),
+        &at("/directories/list", &server.path("etc")),
         "PATH_ESCAPE",
     )
     .await;
@@ -620,13 +631,13 @@ async fn a_symlink_chain_out_of_the_root_is_refused() {
     symlink("../../../../../../../../etc/passwd", server.path("third")).expect("symlink");
     assert_refused(
         &server,
-        &format!("/files/download?path={}", q(&server.path("first"))),
+        &at("/files/download", &server.path("first")),
         "PATH_ESCAPE",
     )
     .await;
     assert_refused(
         &server,
-        &format!("/files/download?path={}", q(&server.path("relative"))),
+        &at("/files/download", &server.path("relative")),
         "PATH_ESCAPE",
     )
     .await;
@@ -636,12 +647,7 @@ async fn a_symlink_chain_out_of_the_root_is_refused() {
 async fn dot_dot_segments_and_paths_outside_the_root_are_refused() {
     let server = Server::start().await;
     let escape = format!("{}/../../../../etc/passwd", server.root.display());
-    assert_refused(
-        &server,
-        &format!("/files/download?path={}", q(&escape)),
-        "PATH_ESCAPE",
-    )
-    .await;
+    assert_refused(&server, &at("/files/download", &escape), "PATH_ESCAPE").await;
     assert_refused(&server, "/files/download?path=/etc/passwd", "PATH_ESCAPE").await;
     let response = server
         .post_json(
@@ -676,13 +682,13 @@ async fn absolute_link_targets_outside_the_root_are_refused() {
     symlink("/", server.path("d/slash")).expect("symlink");
     assert_refused(
         &server,
-        &format!("/files/download?path={}", q(&server.path("abs"))),
+        &at("/files/download", &server.path("abs")),
         "PATH_ESCAPE",
     )
     .await;
     assert_refused(
         &server,
-        &format!("/files/search?path={}", q(&server.path("d/slash/etc"))),
+        &at("/files/search", &server.path("d/slash/etc")),
         "PATH_ESCAPE",
     )
     .await;
@@ -691,7 +697,7 @@ async fn absolute_link_targets_outside_the_root_are_refused() {
     assert_eq!(info[server.path("abs")]["type"], "symlink");
     assert_eq!(
         server
-            .delete(&format!("/files?path={}", q(&server.path("abs"))))
+            .delete(&at("/files", &server.path("abs")))
             .await
             .status(),
         200
@@ -708,12 +714,7 @@ async fn a_fifo_is_never_opened_and_nothing_hangs() {
         .status()
         .expect("mkfifo runs");
     assert!(made.success());
-    assert_refused(
-        &server,
-        &format!("/files/download?path={}", q(&fifo)),
-        "NOT_REGULAR_FILE",
-    )
-    .await;
+    assert_refused(&server, &at("/files/download", &fifo), "NOT_REGULAR_FILE").await;
     let response = tokio::time::timeout(
         WAIT,
         server.post_json(
@@ -848,20 +849,14 @@ async fn an_absolute_link_to_a_directory_inside_the_root_can_be_listed_and_writt
         .await;
     assert_eq!(response.status(), 200);
     assert!(Path::new(&server.path("real/sub/moved.txt")).exists());
-    let response = server
-        .delete(&format!("/files?path={}", q(&p("sub/moved.txt"))))
-        .await;
+    let response = server.delete(&at("/files", &p("sub/moved.txt"))).await;
     assert_eq!(response.status(), 200);
     assert!(!Path::new(&server.path("real/sub/moved.txt")).exists());
-    let response = server
-        .delete(&format!("/directories?path={}", q(&p("sub/new"))))
-        .await;
+    let response = server.delete(&at("/directories", &p("sub/new"))).await;
     assert_eq!(response.status(), 200);
     assert!(!Path::new(&server.path("real/sub/new")).exists());
     assert!(Path::new(&server.path("real/sub")).is_dir());
-    let response = server
-        .delete(&format!("/directories?path={}", q(&dir_link)))
-        .await;
+    let response = server.delete(&at("/directories", &dir_link)).await;
     assert_eq!(response.status(), 200);
     assert!(
         Path::new(&server.path("real/a.txt")).exists(),
@@ -881,12 +876,9 @@ async fn a_symlink_loop_is_a_clear_error_not_a_hang() {
         server.path("loop_a/below"),
         server.path("me"),
     ] {
-        let response = tokio::time::timeout(
-            WAIT,
-            server.get(&format!("/files/download?path={}", q(&path))),
-        )
-        .await
-        .expect("a link loop is answered without hanging");
+        let response = tokio::time::timeout(WAIT, server.get(&at("/files/download", &path)))
+            .await
+            .expect("a link loop is answered without hanging");
         let (status, code, message) = error_body(response).await;
         assert_eq!((status, code.as_str()), (500, "RUNTIME_ERROR"), "{path}");
         assert!(

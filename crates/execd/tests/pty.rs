@@ -653,13 +653,13 @@ async fn resize_with_zero_is_ignored_and_huge_sizes_are_invalid_frames() {
         .send_json(json!({"type": "resize", "cols": -3, "rows": 0}))
         .await;
     holder
-        .send_json(json!({"type": "resize", "cols": 100000, "rows": 40}))
+        .send_invalid(json!({"type": "resize", "cols": 100000, "rows": 40}))
         .await;
-    assert_eq!(holder.wait_text("error").await["code"], "INVALID_FRAME");
     holder
-        .send_json(json!({"type": "resize", "cols": 99999999999999u64, "rows": 99999999999999u64}))
+        .send_invalid(
+            json!({"type": "resize", "cols": 99999999999999u64, "rows": 99999999999999u64}),
+        )
         .await;
-    assert_eq!(holder.wait_text("error").await["code"], "INVALID_FRAME");
     holder.run("stty size; echo same-$((1+1))", "same-2").await;
     assert!(holder.output_text().contains("24 80"));
 }
@@ -699,13 +699,8 @@ async fn unknown_signal_names_get_invalid_frame() {
     let (_id, mut holder) = daemon.shell().await;
     for name in ["SIGFOO", "", "sigint", "9"] {
         holder
-            .send_json(json!({"type": "signal", "signal": name}))
+            .send_invalid(json!({"type": "signal", "signal": name}))
             .await;
-        assert_eq!(
-            holder.wait_text("error").await["code"],
-            "INVALID_FRAME",
-            "signal {name:?}"
-        );
     }
     holder.run("echo ok-$((1+1))", "ok-2").await;
 }
@@ -860,12 +855,7 @@ async fn unknown_frame_types_get_invalid_frame_and_the_connection_stays_open() {
         json!([1, 2]),
         json!({"type": "stdin"}),
     ] {
-        holder.send_json(frame.clone()).await;
-        assert_eq!(
-            holder.wait_text("error").await["code"],
-            "INVALID_FRAME",
-            "{frame}"
-        );
+        holder.send_invalid(frame).await;
     }
     holder.run("echo open-$((1+1))", "open-2").await;
 }

@@ -229,6 +229,13 @@ where
     }
 }
 
+/// Checks an error response's status and machine-readable code; returns its message.
+pub async fn assert_error(response: reqwest::Response, status: u16, code: &str) -> String {
+    let (got_status, got_code, message) = error_body(response).await;
+    assert_eq!((got_status, got_code.as_str()), (status, code), "{message}");
+    message
+}
+
 pub async fn error_body(response: reqwest::Response) -> (u16, String, String) {
     let status = response.status().as_u16();
     let body: Value = response.json().await.expect("error body is JSON");

@@ -344,6 +344,16 @@ impl Client {
         self.wait_output(needle).await;
     }
 
+    /// Sends `frame` and expects an `INVALID_FRAME` error frame back.
+    pub async fn send_invalid(&mut self, frame: Value) {
+        self.send_json(frame.clone()).await;
+        assert_eq!(
+            self.wait_text("error").await["code"],
+            "INVALID_FRAME",
+            "{frame}"
+        );
+    }
+
     /// Sends a ping frame and waits for the pong: proves the connection still works.
     pub async fn ping(&mut self) {
         self.send_json(json!({"type": "ping"})).await;
