@@ -1,6 +1,7 @@
 //! Devices and credentials through the API: first-use binding, 409 without the token, admin
 //! reset, foreign sessions answered 404, and tokens never written to disk or logs.
 
+use reqwest::Method;
 use serde_json::Value;
 
 use crate::helpers::{TestGateway, args_without_agent};
@@ -9,24 +10,14 @@ use crate::helpers::{TestGateway, args_without_agent};
 async fn registering_a_bound_device_without_its_token_is_409() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("phone-0001").await;
-    let again = gw
-        .http
-        .post(format!("{}/v1/devices", gw.url))
-        .header("X-App-Key", &gw.app_key)
-        .json(&serde_json::json!({"device_id": "phone-0001"}))
-        .send()
-        .await
-        .expect("request");
+    let again = gw.registration("phone-0001").send().await.expect("request");
     assert_eq!(again.status(), 409);
     let body: Value = again.json().await.expect("body");
     assert_eq!(body["code"], "DEVICE_ALREADY_BOUND");
 
     let with_token = gw
-        .http
-        .post(format!("{}/v1/devices", gw.url))
-        .header("X-App-Key", &gw.app_key)
+        .registration("phone-0001")
         .bearer_auth(&token)
-        .json(&serde_json::json!({"device_id": "phone-0001"}))
         .send()
         .await
         .expect("request");
@@ -95,24 +86,9 @@ async fn another_device_gets_404_on_every_session_route() {
             assert_eq!(body["code"], "SESSION_NOT_FOUND", "{url}");
         }
     }
-    let listed: Value = gw
-        .http
-        .get(format!("{}/v1/sessions", gw.url))
-        .bearer_auth(&other)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("list body");
+    let listed = gw.get_json(&other, "/sessions").await;
     assert_eq!(listed["sessions"], serde_json::json!([]));
-    let owner_view = gw
-        .http
-        .get(&base)
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .expect("get");
+    let owner_view = gw.get(&owner, &format!("/sessions/{session}")).await;
     assert_eq!(owner_view.status(), 200, "the owner still sees it");
     let no_token = gw.http.get(&base).send().await.expect("get");
     assert_eq!(no_token.status(), 401);
@@ -124,59 +100,28 @@ async fn admin_reset_revokes_tokens_but_keeps_sessions() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("tablet-0001").await;
     let session = gw.create_session(&token).await;
-    let admin = |request: reqwest::RequestBuilder| request.bearer_auth("test-admin-token");
+    let admin = "test-admin-token";
 
-    let listed: Value = admin(gw.http.get(format!("{}/v1/admin/devices", gw.url)))
-        .send()
-        .await
-        .expect("admin list")
-        .json()
-        .await
-        .expect("admin list body");
+    let listed = gw.get_json(admin, "/admin/devices").await;
     assert_eq!(listed[0]["device_id"], "tablet-0001");
     assert_eq!(listed[0]["bound"], true);
     assert_eq!(listed[0]["n_sessions"], 1);
     assert!(!listed.to_string().contains(&token));
 
-    let device_token_as_admin = gw
-        .http
-        .get(format!("{}/v1/admin/devices", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("request");
+    let device_token_as_admin = gw.get(&token, "/admin/devices").await;
     assert_eq!(device_token_as_admin.status(), 401);
-    let admin_reads_no_session = admin(gw.http.get(format!("{}/v1/sessions/{session}", gw.url)))
-        .send()
-        .await
-        .expect("request");
+    let admin_reads_no_session = gw.get(admin, &format!("/sessions/{session}")).await;
     assert_eq!(admin_reads_no_session.status(), 401);
 
-    let reset = admin(
-        gw.http
-            .post(format!("{}/v1/admin/devices/tablet-0001/reset", gw.url)),
-    )
-    .send()
-    .await
-    .expect("reset");
+    let reset = gw
+        .send(Method::POST, admin, "/admin/devices/tablet-0001/reset")
+        .await;
     assert_eq!(reset.status(), 204);
-    let revoked = gw
-        .http
-        .get(format!("{}/v1/sessions", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("request");
+    let revoked = gw.get(&token, "/sessions").await;
     assert_eq!(revoked.status(), 401);
 
     let new_token = gw.register("tablet-0001").await;
-    let kept = gw
-        .http
-        .get(format!("{}/v1/sessions/{session}", gw.url))
-        .bearer_auth(&new_token)
-        .send()
-        .await
-        .expect("request");
+    let kept = gw.get(&new_token, &format!("/sessions/{session}")).await;
     assert_eq!(kept.status(), 200, "sessions survive a reset");
     gw.stop().await;
 }
@@ -189,13 +134,7 @@ async fn admin_routes_are_absent_without_an_admin_token() {
         args
     })
     .await;
-    let response = gw
-        .http
-        .get(format!("{}/v1/admin/devices", gw.url))
-        .bearer_auth("anything")
-        .send()
-        .await
-        .expect("request");
+    let response = gw.get("anything", "/admin/devices").await;
     assert_eq!(response.status(), 404);
     gw.stop().await;
 }
@@ -245,10 +184,7 @@ async fn tokens_never_reach_the_data_dir_or_the_logs() {
         .expect("bad token");
     let _ = gw.post_message(&token, &session, "echo secret-check").await;
     let re = gw
-        .http
-        .post(format!("{}/v1/devices", gw.url))
-        .header("X-App-Key", &gw.app_key)
-        .json(&serde_json::json!({"device_id": "laptop-0001"}))
+        .registration("laptop-0001")
         .send()
         .await
         .expect("re-register");

@@ -90,12 +90,17 @@ impl TestGateway {
         self._data_dir.take()
     }
 
-    pub async fn register(&self, device_id: &str) -> String {
-        let response = self
-            .http
+    /// `POST /v1/devices` for `device_id` with the app key, not sent yet.
+    pub fn registration(&self, device_id: &str) -> reqwest::RequestBuilder {
+        self.http
             .post(format!("{}/v1/devices", self.url))
             .header("X-App-Key", &self.app_key)
             .json(&serde_json::json!({ "device_id": device_id }))
+    }
+
+    pub async fn register(&self, device_id: &str) -> String {
+        let response = self
+            .registration(device_id)
             .send()
             .await
             .expect("register request");
@@ -140,11 +145,21 @@ impl TestGateway {
             .bearer_auth(token)
     }
 
-    pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {
-        self.request(reqwest::Method::GET, token, path)
+    /// Sends a request without a body; panics naming it if it cannot be sent.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        path: &str,
+    ) -> reqwest::Response {
+        self.request(method.clone(), token, path)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {
+        self.send(reqwest::Method::GET, token, path).await
     }
 
     pub async fn get_json(&self, token: &str, path: &str) -> Value {
@@ -156,10 +171,7 @@ impl TestGateway {
     }
 
     pub async fn delete(&self, token: &str, path: &str) -> reqwest::Response {
-        self.request(reqwest::Method::DELETE, token, path)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("DELETE {path}: {e}"))
+        self.send(reqwest::Method::DELETE, token, path).await
     }
 
     pub async fn session_info(&self, token: &str, session: &str) -> Value {
@@ -167,14 +179,8 @@ impl TestGateway {
     }
 
     pub async fn cancel(&self, token: &str, session: &str) -> reqwest::Response {
-        self.request(
-            reqwest::Method::POST,
-            token,
-            &format!("/sessions/{session}/cancel"),
-        )
-        .send()
-        .await
-        .expect("cancel request")
+        let path = format!("/sessions/{session}/cancel");
+        self.send(reqwest::Method::POST, token, &path).await
     }
 
     pub async fn answer_permission(

@@ -88,19 +88,62 @@ fn start_gateway(data: &Path) -> (WarrenProcess, String) {
     (gateway, url)
 }
 
-async fn post_message(
-    http: &reqwest::Client,
-    url: &str,
-    token: &str,
-    session: &str,
-    text: &str,
-) -> reqwest::Response {
-    http.post(format!("{url}/v1/sessions/{session}/messages"))
-        .bearer_auth(token)
-        .json(&serde_json::json!({ "text": text }))
-        .send()
-        .await
-        .expect("message")
+/// A device of a `warren gateway` child process, talking plain HTTP to the URL it is given
+/// (the gateway's address changes across a restart; the device and its token stay).
+struct Device {
+    http: reqwest::Client,
+    token: String,
+}
+
+impl Device {
+    async fn register(url: &str) -> Device {
+        let http = reqwest::Client::new();
+        let registered: Value = http
+            .post(format!("{url}/v1/devices"))
+            .header("X-App-Key", "recovery-key")
+            .json(&serde_json::json!({"device_id": "phone-0001"}))
+            .send()
+            .await
+            .expect("register")
+            .json()
+            .await
+            .expect("register body");
+        let token = registered["token"].as_str().expect("token").to_string();
+        Device { http, token }
+    }
+
+    async fn create_session(&self, url: &str) -> String {
+        let created: Value = self
+            .http
+            .post(format!("{url}/v1/sessions"))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("create")
+            .json()
+            .await
+            .expect("body");
+        created["id"].as_str().expect("id").to_string()
+    }
+
+    async fn events(&self, url: &str, session: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{url}/v1/sessions/{session}/events?after=0"))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("events")
+    }
+
+    async fn post_message(&self, url: &str, session: &str, text: &str) -> reqwest::Response {
+        self.http
+            .post(format!("{url}/v1/sessions/{session}/messages"))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+            .await
+            .expect("message")
+    }
 }
 
 /// Pids of processes whose command line mentions `needle` (our temp data dir): the hands and
@@ -140,40 +183,11 @@ fn kill_processes_mentioning(needle: &str) {
 async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
-    let http = reqwest::Client::new();
     let (mut first, first_url) = start_gateway(&data);
-
-    let registered: Value = http
-        .post(format!("{first_url}/v1/devices"))
-        .header("X-App-Key", "recovery-key")
-        .json(&serde_json::json!({"device_id": "phone-0001"}))
-        .send()
-        .await
-        .expect("register")
-        .json()
-        .await
-        .expect("register body");
-    let token = registered["token"].as_str().expect("token").to_string();
-    let created: Value = http
-        .post(format!("{first_url}/v1/sessions"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("body");
-    let session = created["id"].as_str().expect("id").to_string();
-    let events_url =
-        |url: &str, after: u64| format!("{url}/v1/sessions/{session}/events?after={after}");
-    let response = http
-        .get(events_url(&first_url, 0))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("events");
-    let mut stream = EventStream::new(response);
-    let accepted = post_message(&http, &first_url, &token, &session, "sleep 60").await;
+    let device = Device::register(&first_url).await;
+    let session = device.create_session(&first_url).await;
+    let mut stream = EventStream::new(device.events(&first_url, &session).await);
+    let accepted = device.post_message(&first_url, &session, "sleep 60").await;
     assert_eq!(accepted.status(), 202);
     stream
         .until("the agent working on `sleep 60`", |e| e.event == "update")
@@ -199,12 +213,7 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     drop(file);
 
     let (second, second_url) = start_gateway(&data);
-    let response = http
-        .get(events_url(&second_url, 0))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("events after restart");
+    let response = device.events(&second_url, &session).await;
     assert_eq!(
         response.status(),
         200,
@@ -240,7 +249,9 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
             .expect("every stored line parses (the torn one is gone)");
     }
 
-    let accepted = post_message(&http, &second_url, &token, &session, "echo back again").await;
+    let accepted = device
+        .post_message(&second_url, &session, "echo back again")
+        .await;
     assert_eq!(accepted.status(), 202);
     let body: Value = accepted.json().await.expect("body");
     assert_eq!(body["turn"], 2);

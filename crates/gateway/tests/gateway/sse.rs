@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use warren_gateway::sessions::Session;
 use warren_protocol::gateway::EventBody;
 
 use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent};
@@ -12,6 +13,14 @@ fn filler(i: u64, size: usize) -> EventBody {
     EventBody::Update {
         update: serde_json::json!({"sessionUpdate": "agent_message_chunk", "n": i, "pad": "x".repeat(size)}),
     }
+}
+
+/// A device's token, a new session's id, and the session itself, whose log the test appends to.
+async fn new_session(gw: &TestGateway) -> (String, String, Arc<Session>) {
+    let token = gw.register("phone-0001").await;
+    let id = gw.create_session(&token).await;
+    let session = gw.gateway.sessions.get("phone-0001", &id).expect("session");
+    (token, id, session)
 }
 
 /// A tiny deterministic generator so failures replay the same disconnect points.
@@ -31,9 +40,7 @@ impl Lcg {
 async fn resume_after_random_disconnects_under_10000_events_has_no_gap_and_no_duplicate() {
     const N: u64 = 10_000;
     let gw = TestGateway::start(args_without_agent).await;
-    let token = gw.register("phone-0001").await;
-    let id = gw.create_session(&token).await;
-    let session = gw.gateway.sessions.get("phone-0001", &id).expect("session");
+    let (token, id, session) = new_session(&gw).await;
 
     // The writer appends while the reader disconnects and resumes.
     let writer_session = Arc::clone(&session);
@@ -59,19 +66,8 @@ async fn resume_after_random_disconnects_under_10000_events_has_no_gap_and_no_du
         let mut stream = if n_connections % 2 == 0 {
             gw.events(&token, &id, last).await
         } else {
-            let url = format!(
-                "{}/v1/sessions/{id}/events?after={}",
-                gw.url,
-                last.unwrap_or(0)
-            );
-            let response = gw
-                .http
-                .get(url)
-                .bearer_auth(&token)
-                .send()
-                .await
-                .expect("events");
-            EventStream::new(response)
+            let path = format!("/sessions/{id}/events?after={}", last.unwrap_or(0));
+            EventStream::new(gw.get(&token, &path).await)
         };
         let budget = 1 + rng.below(1500);
         for _ in 0..budget {
@@ -108,9 +104,7 @@ async fn resume_after_random_disconnects_under_10000_events_has_no_gap_and_no_du
 async fn a_reader_that_stops_reading_is_dropped_while_another_keeps_receiving() {
     const N: u64 = 3000;
     let gw = TestGateway::start(args_without_agent).await;
-    let token = gw.register("phone-0001").await;
-    let id = gw.create_session(&token).await;
-    let session = gw.gateway.sessions.get("phone-0001", &id).expect("session");
+    let (token, id, session) = new_session(&gw).await;
 
     let mut fast = gw.events(&token, &id, None).await;
     let mut slow = gw.events(&token, &id, None).await;
@@ -182,19 +176,13 @@ async fn a_reader_that_stops_reading_is_dropped_while_another_keeps_receiving() 
 #[tokio::test]
 async fn stream_sends_stored_events_then_live_ones_with_sse_framing() {
     let gw = TestGateway::start(args_without_agent).await;
-    let token = gw.register("phone-0001").await;
-    let id = gw.create_session(&token).await;
-    let session = gw.gateway.sessions.get("phone-0001", &id).expect("session");
+    let (token, id, session) = new_session(&gw).await;
     for i in 1..=3 {
         session.log.append(Some(1), filler(i, 1)).expect("append");
     }
     let response = gw
-        .http
-        .get(format!("{}/v1/sessions/{id}/events?after=1", gw.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("events");
+        .get(&token, &format!("/sessions/{id}/events?after=1"))
+        .await;
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut stream = EventStream::new(response);
     let second = stream.next("stored event 2").await.expect("event");
