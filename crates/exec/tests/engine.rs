@@ -62,17 +62,22 @@ fn write(session_id: u32, chars: &str) -> WriteStdinArgs {
     }
 }
 
-async fn exec(engine: &Engine, args: ExecCommandArgs) -> ExecResult {
-    tokio::time::timeout(Duration::from_secs(60), engine.exec_command(args))
+/// Awaits `future` for at most 60 s; the panic names `what` was expected.
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), future)
         .await
-        .expect("exec_command returns within 60 s")
+        .unwrap_or_else(|_| panic!("{what} returns within 60 s"))
+}
+
+async fn exec(engine: &Engine, args: ExecCommandArgs) -> ExecResult {
+    within("exec_command", engine.exec_command(args))
+        .await
         .expect("exec_command succeeds")
 }
 
 async fn stdin(engine: &Engine, args: WriteStdinArgs) -> ExecResult {
-    tokio::time::timeout(Duration::from_secs(60), engine.write_stdin(args))
+    within("write_stdin", engine.write_stdin(args))
         .await
-        .expect("write_stdin returns within 60 s")
         .expect("write_stdin succeeds")
 }
 
@@ -268,7 +273,7 @@ async fn dev_server_loop_is_polled_then_killed_with_no_survivor() {
     assert!(killed.exit_code.is_some());
     wait_until_dead(pid, "the killed dev server").await;
     assert!(matches!(
-        h.engine.write_stdin(write(id, "")).await,
+        within("write_stdin", h.engine.write_stdin(write(id, ""))).await,
         Err(ExecError::UnknownSession(unknown)) if unknown == id
     ));
 }
@@ -370,7 +375,9 @@ async fn killing_a_session_kills_setsid_grandchildren() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("unexpected output {output:?}"));
     assert!(!is_dead(pid), "the setsid grandchild runs before the kill");
-    h.engine.kill_session(id).await.expect("kill succeeds");
+    within("kill_session", h.engine.kill_session(id))
+        .await
+        .expect("kill succeeds");
     wait_until_dead(pid, "the setsid grandchild").await;
 }
 
@@ -509,7 +516,9 @@ async fn nonexistent_workdir_is_rejected_at_once() {
     let h = harness();
     let mut args = cmd("true");
     args.workdir = Some("/nonexistent/dir".into());
-    let err = h.engine.exec_command(args).await.expect_err("rejected");
+    let err = within("exec_command", h.engine.exec_command(args))
+        .await
+        .expect_err("rejected");
     assert!(matches!(err, ExecError::InvalidWorkdir { .. }), "{err}");
 }
 
@@ -544,9 +553,7 @@ async fn exited_session_keeps_unread_output_until_the_next_poll() {
     assert_eq!(last.exit_code, Some(5));
     assert!(last.output.ends_with("two\n"), "{:?}", last.output);
     assert!(last.session_id.is_none());
-    let err = h
-        .engine
-        .write_stdin(write(id, ""))
+    let err = within("write_stdin", h.engine.write_stdin(write(id, "")))
         .await
         .expect_err("gone after the final read");
     assert_eq!(err.to_string(), format!("Unknown process id {id}"));
@@ -573,7 +580,7 @@ async fn seventy_sessions_prune_the_least_recently_used_beyond_sixty_four() {
             "{kept} was kept"
         );
     }
-    h.engine.shutdown().await;
+    within("shutdown", h.engine.shutdown()).await;
     assert!(h.engine.list_sessions().await.sessions.is_empty());
 }
 
@@ -601,7 +608,7 @@ async fn exited_sessions_are_pruned_before_running_ones() {
     for id in [oldest_running, running, newest] {
         assert!(ids.contains(&id), "{id} kept");
     }
-    h.engine.shutdown().await;
+    within("shutdown", h.engine.shutdown()).await;
 }
 
 #[tokio::test]
@@ -610,10 +617,10 @@ async fn shutdown_kills_every_session_and_refuses_new_commands() {
     let id = start(&h.engine, cmd_yield("sleep 1000", 250)).await;
     let pid = h.engine.list_sessions().await.sessions[0].pid as i32;
     assert_eq!(h.engine.list_sessions().await.sessions[0].session_id, id);
-    h.engine.shutdown().await;
+    within("shutdown", h.engine.shutdown()).await;
     wait_until_dead(pid, "the session's process after shutdown").await;
     assert!(matches!(
-        h.engine.exec_command(cmd("true")).await,
+        within("exec_command", h.engine.exec_command(cmd("true"))).await,
         Err(ExecError::ShuttingDown)
     ));
 }
@@ -728,7 +735,9 @@ async fn missing_shell_is_an_immediate_spawn_error() {
             tty: Some(tty_mode),
             ..cmd("true")
         };
-        let err = h.engine.exec_command(args).await.expect_err("cannot start");
+        let err = within("exec_command", h.engine.exec_command(args))
+            .await
+            .expect_err("cannot start");
         assert!(matches!(err, ExecError::Spawn { .. }), "{err}");
     }
 }
@@ -776,7 +785,7 @@ async fn raw_log_is_bounded_named_and_deleted_at_shutdown() {
     );
     let head = std::fs::read_to_string(&file).expect("readable log");
     assert!(head.starts_with("1\n2\n3\n"));
-    h.engine.shutdown().await;
+    within("shutdown", h.engine.shutdown()).await;
     assert!(
         !std::path::Path::new(&file).exists(),
         "logs are deleted at shutdown"

@@ -41,16 +41,15 @@ async fn upload(server: &Server, pairs: &[(Value, &[u8])]) -> reqwest::Response 
     let (content_type, body) = multipart(pairs);
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         body.chunks(7).map(|c| Ok(c.to_vec())).collect();
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    send(upload_request(server, content_type).body(body)).await
+}
+
+fn upload_request(server: &Server, content_type: String) -> reqwest::RequestBuilder {
     server
         .client
         .post(server.url("/files/upload"))
         .header("content-type", content_type)
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .expect("upload is sent")
 }
 
 /// `GET /files/download?path=…`.
@@ -199,33 +198,17 @@ async fn upload_errors_name_the_bad_part() {
     let server = Server::start().await;
     let (content_type, _) = multipart(&[]);
     let boundary_only = "--warrenTestBoundary1234--\r\n";
-    let send = |ct: String, body: Vec<u8>| {
-        server
-            .client
-            .post(server.url("/files/upload"))
-            .header("content-type", ct)
-            .body(body)
-            .send()
-    };
+    let upload_raw = |ct: String, body: Vec<u8>| send(upload_request(&server, ct).body(body));
     assert_error(
-        send(content_type.clone(), boundary_only.into())
-            .await
-            .expect("sent"),
+        upload_raw(content_type.clone(), boundary_only.into()).await,
         400,
         "INVALID_FILE",
     )
     .await;
     let (ct, body) = multipart(&[(json!({"nopath": 1}), b"x")]);
+    assert_error(upload_raw(ct, body).await, 400, "INVALID_FILE_METADATA").await;
     assert_error(
-        send(ct, body).await.expect("sent"),
-        400,
-        "INVALID_FILE_METADATA",
-    )
-    .await;
-    assert_error(
-        send("application/json".into(), b"{}".to_vec())
-            .await
-            .expect("sent"),
+        upload_raw("application/json".into(), b"{}".to_vec()).await,
         400,
         "INVALID_FILE",
     )
@@ -233,12 +216,7 @@ async fn upload_errors_name_the_bad_part() {
     // A body cut off in the middle of the file part.
     let (ct, body) = multipart(&[(json!({"path": server.path("cut")}), b"0123456789")]);
     let cut = body[..body.len() - 30].to_vec();
-    assert_error(
-        send(ct, cut).await.expect("sent"),
-        400,
-        "INVALID_FILE_CONTENT",
-    )
-    .await;
+    assert_error(upload_raw(ct, cut).await, 400, "INVALID_FILE_CONTENT").await;
     assert!(!Path::new(&server.path("cut")).exists());
 }
 
@@ -247,37 +225,22 @@ async fn download_supports_ranges_and_line_windows() {
     let server = Server::start().await;
     let file = server.path("lines.txt");
     std::fs::write(&file, "l1\nl2\nl3\nl4\n").expect("write");
-    let url = format!("/files/download?path={}", q(&file));
-    let response = server
-        .client
-        .get(server.url(&url))
-        .header("Range", "bytes=3-7")
-        .send()
-        .await
-        .expect("sent");
+    let url = at("/files/download", &file);
+    let ranged = |url: String, range: &'static str| {
+        send(server.client.get(server.url(&url)).header("Range", range))
+    };
+    let response = ranged(url.clone(), "bytes=3-7").await;
     assert_eq!(response.status(), 206);
     assert_eq!(response.headers()["content-range"], "bytes 3-7/12");
     assert_eq!(response.text().await.expect("text"), "l2\nl3");
-    let response = server
-        .client
-        .get(server.url(&url))
-        .header("Range", "bytes=50-")
-        .send()
-        .await
-        .expect("sent");
+    let response = ranged(url.clone(), "bytes=50-").await;
     assert_eq!(response.status(), 416);
     assert_eq!(response.headers()["content-range"], "bytes */12");
     let response = server.get(&format!("{url}&offset=2&limit=2")).await;
     assert_eq!(response.text().await.expect("text"), "l2\nl3\n");
     let response = server.get(&format!("{url}&offset=3")).await;
     assert_eq!(response.text().await.expect("text"), "l3\nl4\n");
-    let response = server
-        .client
-        .get(server.url(&format!("{url}&offset=1")))
-        .header("Range", "bytes=0-1")
-        .send()
-        .await
-        .expect("sent");
+    let response = ranged(format!("{url}&offset=1"), "bytes=0-1").await;
     assert_eq!(response.status(), 400);
     assert_error(
         download(&server, &server.path("none")).await,
@@ -591,10 +554,8 @@ async fn list(server: &Server, root: &str, query: &str) -> Vec<(String, String)>
 }
 
 async fn assert_refused(server: &Server, url: &str, expected_code: &str) {
-    let response = tokio::time::timeout(WAIT, server.client.get(server.url(url)).send())
-        .await
-        .expect("the request is answered without hanging")
-        .expect("sent");
+    // `send` bounds the wait: a refusal must never hang.
+    let response = send(server.client.get(server.url(url))).await;
     let (status, code, _) = error_body(response).await;
     assert_eq!((status, code.as_str()), (403, expected_code), "{url}");
 }

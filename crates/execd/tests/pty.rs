@@ -111,11 +111,13 @@ async fn access_token_is_required_on_rest_and_websocket_routes() {
     .await;
     let id = daemon.create(json!({})).await;
     let anonymous = reqwest::Client::new();
-    let response = anonymous
-        .get(format!("{}/pty/{id}", daemon.base))
-        .send()
-        .await
-        .expect("answered");
+    let response = tokio::time::timeout(
+        pty_support::WAIT,
+        anonymous.get(format!("{}/pty/{id}", daemon.base)).send(),
+    )
+    .await
+    .expect("answered within the wait")
+    .expect("answered");
     assert_eq!(response.status().as_u16(), 401);
     let body: serde_json::Value = response.json().await.expect("json");
     assert_eq!(

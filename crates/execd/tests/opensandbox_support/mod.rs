@@ -171,9 +171,12 @@ pub fn parse_events(text: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Sends a request, which must reach the server.
+/// Sends a request; the server must answer (at least the headers) within [`WAIT`].
 pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
-    request.send().await.expect("request is sent")
+    tokio::time::timeout(WAIT, request.send())
+        .await
+        .expect("the server answers within 20 s")
+        .expect("request is sent")
 }
 
 /// The command id that a stream's `init` event carries.

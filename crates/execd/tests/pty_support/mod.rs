@@ -68,13 +68,11 @@ impl Daemon {
     }
 
     pub async fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
-        let response = self
+        let request = self
             .request(reqwest::Method::POST, path)
             .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("POST is answered");
+            .body(body.to_string());
+        let response = answered(request, &format!("POST {path}")).await;
         status_and_body(response).await
     }
 
@@ -88,20 +86,14 @@ impl Daemon {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .request(reqwest::Method::GET, path)
-            .send()
-            .await
-            .expect("GET is answered");
+        let request = self.request(reqwest::Method::GET, path);
+        let response = answered(request, &format!("GET {path}")).await;
         status_and_body(response).await
     }
 
     pub async fn delete(&self, path: &str) -> (u16, String) {
-        let response = self
-            .request(reqwest::Method::DELETE, path)
-            .send()
-            .await
-            .expect("DELETE is answered");
+        let request = self.request(reqwest::Method::DELETE, path);
+        let response = answered(request, &format!("DELETE {path}")).await;
         let status = response.status().as_u16();
         (status, response.text().await.expect("body"))
     }
@@ -359,6 +351,14 @@ impl Client {
         self.send_json(json!({"type": "ping"})).await;
         self.wait_text("pong").await;
     }
+}
+
+/// Sends `request`; the daemon must answer within [`WAIT`].
+async fn answered(request: reqwest::RequestBuilder, what: &str) -> reqwest::Response {
+    tokio::time::timeout(WAIT, request.send())
+        .await
+        .unwrap_or_else(|_| panic!("{what} is answered within {WAIT:?}"))
+        .unwrap_or_else(|error| panic!("{what} fails: {error}"))
 }
 
 /// An HTTP response's status and body (JSON when it parses, else the text as a string).
