@@ -50,6 +50,17 @@ pub struct TerminalOutput {
     pub exit: Option<TerminalExit>,
 }
 
+/// ACP's `line` (1-based) and `limit` (lines) of `fs/read_text_file` applied to a file's text:
+/// what every [`Host::read_text_file`] answers.
+pub fn select_lines(text: &str, line: Option<u32>, limit: Option<u32>) -> String {
+    if line.is_none() && limit.is_none() {
+        return text.to_owned();
+    }
+    let skip = line.map_or(0, |l| l.saturating_sub(1) as usize);
+    let take = limit.map_or(usize::MAX, |l| l as usize);
+    text.split_inclusive('\n').skip(skip).take(take).collect()
+}
+
 /// Serves one session's client-side capabilities. Paths are absolute, as ACP requires.
 pub trait Host: Send + Sync + 'static {
     /// `fs/read_text_file`: `line` is 1-based, `limit` a number of lines.

@@ -42,7 +42,7 @@ mod worker;
 
 pub use host::{
     BoxFuture, Host, HostError, PermissionOutcome, TerminalExit, TerminalOutput, TerminalSpec,
-    TurnSink,
+    TurnSink, select_lines,
 };
 pub use pool::WorkerPool;
 pub use session::{BrainSession, Resumed};

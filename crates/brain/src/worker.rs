@@ -22,7 +22,9 @@ use agent_client_protocol::v1::schema::{
     WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{Agent, ByteStreams, Client, ErrorCode, JsonRpcResponse};
+use agent_client_protocol::{
+    Agent, ByteStreams, Client, ErrorCode, JsonRpcRequest, JsonRpcResponse,
+};
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use warren_process::TreeId;
@@ -192,6 +194,21 @@ impl Connection {
     }
 
     /// Awaits `request` unless the process exits first; maps every failure to a [`BrainError`].
+    /// A setup request (`initialize`, `session/new`, `session/resume`, `session/load`), bounded
+    /// by [`SETUP_TIMEOUT`].
+    pub(crate) async fn setup_call<Request: JsonRpcRequest>(
+        &self,
+        method: &'static str,
+        request: Request,
+    ) -> Result<Request::Response, BrainError> {
+        self.call(
+            method,
+            Some(SETUP_TIMEOUT),
+            self.cx.send_request(request).block_task(),
+        )
+        .await
+    }
+
     pub(crate) async fn call<T>(
         &self,
         method: &'static str,
@@ -417,13 +434,7 @@ impl Worker {
                     .terminal(true),
             )
             .client_info(Implementation::new("warren", env!("CARGO_PKG_VERSION")));
-        let response = conn
-            .call(
-                "initialize",
-                Some(SETUP_TIMEOUT),
-                conn.cx.send_request(initialize).block_task(),
-            )
-            .await;
+        let response = conn.setup_call("initialize", initialize).await;
         let response = match response {
             Ok(response) => response,
             Err(error) => {
@@ -464,13 +475,7 @@ impl Worker {
         self.bind(host, sink);
         let request = NewSessionRequest::new(cwd).mcp_servers(to_acp_mcp(&mcp_servers));
         let conn = &self.conn;
-        let response = conn
-            .call(
-                "session/new",
-                Some(SETUP_TIMEOUT),
-                conn.cx.send_request(request).block_task(),
-            )
-            .await?;
+        let response = conn.setup_call("session/new", request).await?;
         Ok(BrainSession::new(self.conn, response.session_id))
     }
 
@@ -492,13 +497,7 @@ impl Worker {
         if conn.caps.resume_session {
             let request =
                 ResumeSessionRequest::new(session_id.clone(), cwd.clone()).mcp_servers(mcp.clone());
-            let result = conn
-                .call(
-                    "session/resume",
-                    Some(SETUP_TIMEOUT),
-                    conn.cx.send_request(request).block_task(),
-                )
-                .await;
+            let result = conn.setup_call("session/resume", request).await;
             match result {
                 Ok(_) => return Ok((BrainSession::new(self.conn, session_id), Resumed::Resumed)),
                 Err(BrainError::Agent { code, message, .. }) => {
@@ -511,13 +510,7 @@ impl Worker {
             let request =
                 LoadSessionRequest::new(session_id.clone(), cwd.clone()).mcp_servers(mcp.clone());
             conn.shared.replaying.store(true, Ordering::SeqCst);
-            let result = conn
-                .call(
-                    "session/load",
-                    Some(SETUP_TIMEOUT),
-                    conn.cx.send_request(request).block_task(),
-                )
-                .await;
+            let result = conn.setup_call("session/load", request).await;
             conn.shared.replaying.store(false, Ordering::SeqCst);
             match result {
                 Ok(_) => return Ok((BrainSession::new(self.conn, session_id), Resumed::Loaded)),
@@ -528,13 +521,7 @@ impl Worker {
             }
         }
         let request = NewSessionRequest::new(cwd).mcp_servers(mcp);
-        let response = conn
-            .call(
-                "session/new",
-                Some(SETUP_TIMEOUT),
-                conn.cx.send_request(request).block_task(),
-            )
-            .await?;
+        let response = conn.setup_call("session/new", request).await?;
         Ok((
             BrainSession::new(self.conn, response.session_id),
             Resumed::ContextLost,

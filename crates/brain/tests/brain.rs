@@ -307,31 +307,30 @@ async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
     );
 }
 
+/// The error of starting `program args` as an agent, which the test expects to fail.
+async fn spawn_error(what: &str, program: &str, args: &[&str]) -> BrainError {
+    let command = AgentCommand {
+        program: program.into(),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+    };
+    match within(what, Worker::spawn(&command)).await {
+        Ok(worker) => panic!("{what}: the agent started (pid {})", worker.pid()),
+        Err(error) => error,
+    }
+}
+
 #[tokio::test]
 async fn a_missing_agent_program_is_a_spawn_error_not_a_hang() {
-    let command = AgentCommand {
-        program: "/nonexistent/agent".into(),
-        args: vec![],
-    };
-    let result = within("spawn of a missing program", Worker::spawn(&command)).await;
-    assert!(
-        matches!(result, Err(BrainError::Spawn { .. })),
-        "{:?}",
-        result.err()
-    );
+    let error = spawn_error("spawn of a missing program", "/nonexistent/agent", &[]).await;
+    assert!(matches!(error, BrainError::Spawn { .. }), "{error:?}");
 }
 
 #[tokio::test]
 async fn an_agent_that_exits_before_initialize_is_reported_as_exited() {
-    let command = AgentCommand {
-        program: "true".into(),
-        args: vec![],
-    };
-    let result = within("spawn of an agent that exits", Worker::spawn(&command)).await;
+    let error = spawn_error("spawn of an agent that exits", "true", &[]).await;
     assert!(
-        matches!(result, Err(BrainError::WorkerExited { .. })),
-        "{:?}",
-        result.err()
+        matches!(error, BrainError::WorkerExited { .. }),
+        "{error:?}"
     );
 }
 
@@ -362,20 +361,14 @@ async fn closing_a_crashed_worker_kills_the_processes_it_left_behind() {
 
 #[tokio::test]
 async fn an_agent_that_dies_at_start_reports_its_last_stderr_line() {
-    let command = AgentCommand {
-        program: "bash".into(),
-        args: vec![
-            "-c".into(),
-            "echo starting >&2; echo 'error: no API key set' >&2; exit 2".into(),
-        ],
-    };
-    let result = within("spawn of an agent that fails", Worker::spawn(&command)).await;
-    match result {
-        Err(BrainError::WorkerExited { status }) => {
+    let script = "echo starting >&2; echo 'error: no API key set' >&2; exit 2";
+    let error = spawn_error("spawn of an agent that fails", "bash", &["-c", script]).await;
+    match error {
+        BrainError::WorkerExited { status } => {
             assert!(status.contains("error: no API key set"), "{status}");
             assert!(status.contains('2'), "{status}");
         }
-        other => panic!("expected WorkerExited, got {:?}", other.err()),
+        other => panic!("expected WorkerExited, got {other:?}"),
     }
 }
 

@@ -23,6 +23,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 use warren_brain::{
     BoxFuture, Host, HostError, McpServerSpec, TerminalExit, TerminalOutput, TerminalSpec,
+    select_lines,
 };
 use warren_process::TreeId;
 
@@ -672,16 +673,6 @@ async fn check_status(
             path.display()
         )),
     })
-}
-
-/// ACP's `line` (1-based) and `limit` (lines) applied to a file's text.
-fn select_lines(text: &str, line: Option<u32>, limit: Option<u32>) -> String {
-    if line.is_none() && limit.is_none() {
-        return text.to_owned();
-    }
-    let skip = line.map_or(0, |l| l.saturating_sub(1) as usize);
-    let take = limit.map_or(usize::MAX, |l| l as usize);
-    text.split_inclusive('\n').skip(skip).take(take).collect()
 }
 
 impl Host for Hands {

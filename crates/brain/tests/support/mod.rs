@@ -331,9 +331,7 @@ impl Host for LocalHost {
             let text = tokio::fs::read_to_string(&path)
                 .await
                 .map_err(|e| HostError::NotFound(e.to_string()))?;
-            let skip = line.map_or(0, |l| l.saturating_sub(1) as usize);
-            let take = limit.map_or(usize::MAX, |l| l as usize);
-            Ok(text.split_inclusive('\n').skip(skip).take(take).collect())
+            Ok(warren_brain::select_lines(&text, line, limit))
         })
     }
 
