@@ -553,11 +553,20 @@ async fn list(server: &Server, root: &str, query: &str) -> Vec<(String, String)>
         .collect()
 }
 
+/// `route?path=<path>` is refused with 403 PATH_ESCAPE.
+async fn assert_escape_refused(server: &Server, route: &str, path: &str) {
+    assert_refused(server, &at(route, path), "PATH_ESCAPE").await;
+}
+
 async fn assert_refused(server: &Server, url: &str, expected_code: &str) {
     // `send` bounds the wait: a refusal must never hang.
     let response = send(server.client.get(server.url(url))).await;
-    let (status, code, _) = error_body(response).await;
-    assert_eq!((status, code.as_str()), (403, expected_code), "{url}");
+    let (status, code, message) = error_body(response).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (403, expected_code),
+        "{url}: {message}"
+    );
 }
 
 #[tokio::test]
@@ -565,21 +574,15 @@ async fn a_symlink_to_etc_inside_the_root_is_refused() {
     let server = Server::start().await;
     symlink("/etc", server.path("etc")).expect("symlink");
     let passwd = server.path("etc/passwd");
-    assert_refused(&server, &at("/files/download", &passwd), "PATH_ESCAPE").await;
-    assert_refused(&server, &at("/files/info", &passwd), "PATH_ESCAPE").await;
-    assert_refused(
-        &server,
-        &at("/directories/list", &server.path("etc")),
-        "PATH_ESCAPE",
-    )
-    .await;
+    assert_escape_refused(&server, "/files/download", &passwd).await;
+    assert_escape_refused(&server, "/files/info", &passwd).await;
+    assert_escape_refused(&server, "/directories/list", &server.path("etc")).await;
     let response = upload(
         &server,
         &[(json!({"path": server.path("etc/warren-escape")}), b"x")],
     )
     .await;
-    let (status, code, message) = error_body(response).await;
-    assert_eq!((status, code.as_str()), (403, "PATH_ESCAPE"), "{message}");
+    assert_error(response, 403, "PATH_ESCAPE").await;
     assert!(!Path::new("/etc/warren-escape").exists());
 }
 
@@ -590,25 +593,15 @@ async fn a_symlink_chain_out_of_the_root_is_refused() {
     symlink("/etc/passwd", server.path("second")).expect("symlink");
     symlink("third", server.path("relative")).expect("symlink");
     symlink("../../../../../../../../etc/passwd", server.path("third")).expect("symlink");
-    assert_refused(
-        &server,
-        &at("/files/download", &server.path("first")),
-        "PATH_ESCAPE",
-    )
-    .await;
-    assert_refused(
-        &server,
-        &at("/files/download", &server.path("relative")),
-        "PATH_ESCAPE",
-    )
-    .await;
+    assert_escape_refused(&server, "/files/download", &server.path("first")).await;
+    assert_escape_refused(&server, "/files/download", &server.path("relative")).await;
 }
 
 #[tokio::test]
 async fn dot_dot_segments_and_paths_outside_the_root_are_refused() {
     let server = Server::start().await;
     let escape = format!("{}/../../../../etc/passwd", server.root.display());
-    assert_refused(&server, &at("/files/download", &escape), "PATH_ESCAPE").await;
+    assert_escape_refused(&server, "/files/download", &escape).await;
     assert_refused(&server, "/files/download?path=/etc/passwd", "PATH_ESCAPE").await;
     let response = server
         .post_json(
@@ -641,18 +634,8 @@ async fn absolute_link_targets_outside_the_root_are_refused() {
     symlink("/etc/hostname", server.path("abs")).expect("symlink");
     std::fs::create_dir(server.path("d")).expect("mkdir");
     symlink("/", server.path("d/slash")).expect("symlink");
-    assert_refused(
-        &server,
-        &at("/files/download", &server.path("abs")),
-        "PATH_ESCAPE",
-    )
-    .await;
-    assert_refused(
-        &server,
-        &at("/files/search", &server.path("d/slash/etc")),
-        "PATH_ESCAPE",
-    )
-    .await;
+    assert_escape_refused(&server, "/files/download", &server.path("abs")).await;
+    assert_escape_refused(&server, "/files/search", &server.path("d/slash/etc")).await;
     // The link itself can still be described and deleted (lstat, no following).
     let info = info(&server, &server.path("abs")).await;
     assert_eq!(info[server.path("abs")]["type"], "symlink");

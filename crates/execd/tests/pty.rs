@@ -8,7 +8,7 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::protocol::Message;
 use warren_execd::Config;
 
-use pty_support::{Event, alive, eventually, pid_after, start, start_with};
+use pty_support::{Event, alive, eventually, start, start_with};
 
 // --- REST ---------------------------------------------------------------------------------
 
@@ -743,16 +743,10 @@ async fn concurrent_stdout_and_stderr_writers_keep_the_offset_exact() {
 async fn delete_kills_every_process_including_background_jobs() {
     let daemon = start().await;
     let (id, mut holder) = daemon.shell().await;
-    holder
-        // In the subshell job control is off, so setsid detaches `sleep` itself (no fork) and
-        // `$!` is its pid.
-        .run(
-            "sleep 1000 & echo bg=$!; (setsid sleep 1001 & echo ss=$!); echo pids-$((1+1))",
-            "pids-2",
-        )
-        .await;
-    let output = holder.output_text();
-    let (background, detached) = (pid_after(&output, "bg="), pid_after(&output, "ss="));
+    // In the subshell job control is off, so setsid detaches `sleep` itself (no fork) and `$!`
+    // is its pid.
+    let line = "sleep 1000 & echo bg=$!; (setsid sleep 1001 & echo ss=$!); echo pids-$((1+1))";
+    let [background, detached] = holder.run_for_pids(line, "pids-2", ["bg=", "ss="]).await;
     assert!(alive(background) && alive(detached));
     let (status, body) = daemon.delete(&format!("/pty/{id}")).await;
     assert_eq!((status, body.as_str()), (200, ""));
@@ -773,18 +767,13 @@ async fn daemon_shutdown_kills_every_session_shell_and_its_jobs() {
     })
     .await;
     let (_first, mut holder) = daemon.shell().await;
-    holder
-        .run(
-            "sleep 1002 & echo job=$!; echo sh=$$; echo ok-$((1+1))",
-            "ok-2",
-        )
-        .await;
-    let output = holder.output_text();
-    let (job, shell) = (pid_after(&output, "job="), pid_after(&output, "sh="));
+    let line = "sleep 1002 & echo job=$!; echo sh=$$; echo ok-$((1+1))";
+    let [job, shell] = holder.run_for_pids(line, "ok-2", ["job=", "sh="]).await;
     let second = daemon.create(json!({})).await;
     let mut piped = daemon.connect(&second, "pty=0").await;
-    piped.run("echo pipe-sh=$$; echo ok-$((2+2))", "ok-4").await;
-    let piped_shell = pid_after(&piped.output_text(), "pipe-sh=");
+    let [piped_shell] = piped
+        .run_for_pids("echo pipe-sh=$$; echo ok-$((2+2))", "ok-4", ["pipe-sh="])
+        .await;
     assert!(alive(job) && alive(shell) && alive(piped_shell));
     stop.send(()).expect("daemon still running");
     tokio::time::timeout(pty_support::WAIT, served)

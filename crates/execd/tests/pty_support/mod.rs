@@ -336,6 +336,19 @@ impl Client {
         self.wait_output(needle).await;
     }
 
+    /// Types `line`, waits for `needle`, and returns the pid printed after each of `keys`
+    /// (as in `echo key=$!`).
+    pub async fn run_for_pids<const N: usize>(
+        &mut self,
+        line: &str,
+        needle: &str,
+        keys: [&str; N],
+    ) -> [i32; N] {
+        self.run(line, needle).await;
+        let output = self.output_text();
+        keys.map(|key| pid_after(&output, key))
+    }
+
     /// Sends `frame` and expects an `INVALID_FRAME` error frame back.
     pub async fn send_invalid(&mut self, frame: Value) {
         self.send_json(frame.clone()).await;
@@ -372,7 +385,7 @@ async fn status_and_body(response: reqwest::Response) -> (u16, Value) {
 }
 
 /// The pid printed after the last `key` in `output` (as in `echo key=$!`).
-pub fn pid_after(output: &str, key: &str) -> i32 {
+fn pid_after(output: &str, key: &str) -> i32 {
     let start = output.rfind(key).expect("pid printed") + key.len();
     output[start..]
         .chars()
