@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{Value, json};
 
+use super::support::{InProcessExecd, ms};
+
 const N_WARMUP: usize = 20;
 const N_ROUND_TRIPS: usize = 300;
 const TARGET_P50: Duration = Duration::from_millis(10);
@@ -28,17 +30,10 @@ pub async fn run() -> anyhow::Result<()> {
         root: root.clone(),
         ..warren_execd::Config::default()
     };
-    let execd = warren_execd::Execd::new(config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(warren_execd::serve(execd, listener, async {
-        let _ = stop_rx.await;
-    }));
-    let outcome = bench(&base).await;
+    let execd = InProcessExecd::start(config).await?;
+    let outcome = bench(&execd.base).await;
     // Ends the server, which kills what is left (the bench session's shell).
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), server).await;
+    let stopped = execd.stop().await;
     let _ = std::fs::remove_dir_all(&root);
     let rows = outcome?;
 
@@ -61,7 +56,7 @@ pub async fn run() -> anyhow::Result<()> {
         "Target: `POST /command` `true` p50 < {} ms ({verdict}); OpenSandbox execd needs >= 1000 ms.",
         TARGET_P50.as_millis()
     );
-    Ok(())
+    stopped
 }
 
 async fn bench(base: &str) -> anyhow::Result<Vec<Row>> {
@@ -150,8 +145,4 @@ fn stats(samples: &[Duration]) -> (Duration, Duration, Duration) {
         |q: f64| sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1];
     let mean = sorted.iter().sum::<Duration>() / sorted.len().max(1) as u32;
     (at(0.50), at(0.99), mean)
-}
-
-fn ms(duration: Duration) -> String {
-    format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
 }

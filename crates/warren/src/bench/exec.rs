@@ -13,65 +13,49 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::support::{ExecdChild, InProcessExecd, Row, ms, percentile, print_table, rss_kib};
 
 const N_OVERHEAD_RUNS: usize = 200;
 const PIPELINE_BYTES: usize = 100 * 1024 * 1024;
 const BIG_OUTPUT_BYTES: u64 = 1024 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
 
-struct Row {
-    measurement: String,
-    result: String,
-    target: &'static str,
-}
-
 pub async fn run() -> anyhow::Result<()> {
     warren_process::reaper::start().context("becoming a subreaper")?;
     let mut rows = Vec::new();
-    overhead(&mut rows, true).await.context("measuring exec overhead")?;
+    overhead(&mut rows, true)
+        .await
+        .context("measuring exec overhead")?;
     // Without the login profile the shell starts in a few ms, so the engine's own cost is not
     // hidden in the profile's run-to-run variance.
-    overhead(&mut rows, false).await.context("measuring exec overhead without a login shell")?;
+    overhead(&mut rows, false)
+        .await
+        .context("measuring exec overhead without a login shell")?;
     pipeline_in_process(&mut rows);
     let daemon = Daemon::start().await.context("starting warren execd")?;
     let result = async {
-        pipeline_end_to_end(&daemon, &mut rows).await.context("measuring end-to-end throughput")?;
-        daemon_memory(&daemon, &mut rows).await.context("measuring daemon memory")
+        pipeline_end_to_end(&daemon, &mut rows)
+            .await
+            .context("measuring end-to-end throughput")?;
+        daemon_memory(&daemon, &mut rows)
+            .await
+            .context("measuring daemon memory")
     }
     .await;
     daemon.stop().await;
     result?;
 
-    println!("| measurement | result | target |");
-    println!("|---|---|---|");
-    for row in rows {
-        println!("| {} | {} | {} |", row.measurement, row.result, row.target);
-    }
+    print_table(&rows);
     Ok(())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 /// Exec through an in-process execd on 127.0.0.1:0 versus a direct spawn, interleaved so both
 /// see the same machine load.
 async fn overhead(rows: &mut Vec<Row>, login: bool) -> anyhow::Result<()> {
     let flag = if login { "-lc" } else { "-c" };
-    let execd = warren_execd::Execd::new(warren_execd::Config::default());
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/v1/exec", listener.local_addr()?);
-    let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(warren_execd::serve(execd, listener, async move {
-        let _ = stopped.await;
-    }));
+    let execd = InProcessExecd::start(warren_execd::Config::default()).await?;
+    let url = format!("{}/v1/exec", execd.base);
     let http = reqwest::Client::new();
     let mut via_http = Vec::with_capacity(N_OVERHEAD_RUNS);
     let mut direct = Vec::with_capacity(N_OVERHEAD_RUNS);
@@ -85,11 +69,16 @@ async fn overhead(rows: &mut Vec<Row>, login: bool) -> anyhow::Result<()> {
             .json()
             .await?;
         let http_time = started.elapsed();
-        anyhow::ensure!(body["exit_code"] == 0, "exec_command(\"true\") failed: {body}");
+        anyhow::ensure!(
+            body["exit_code"] == 0,
+            "exec_command(\"true\") failed: {body}"
+        );
 
         let started = Instant::now();
         let mut command = tokio::process::Command::new("bash");
-        command.args([flag, "true"]).stdin(std::process::Stdio::null());
+        command
+            .args([flag, "true"])
+            .stdin(std::process::Stdio::null());
         let mut child = warren_process::reaper::spawn_owned(|| {
             let child = command.spawn()?;
             let pid = child.id();
@@ -110,8 +99,7 @@ async fn overhead(rows: &mut Vec<Row>, login: bool) -> anyhow::Result<()> {
     }
     // Idle keep-alive connections would hold the graceful shutdown open.
     drop(http);
-    let _ = stop_server.send(());
-    server.await??;
+    execd.stop().await?;
     via_http.sort();
     direct.sort();
     let (http_p50, direct_p50) = (percentile(&via_http, 0.5), percentile(&direct, 0.5));
@@ -145,8 +133,11 @@ fn progress_bar_bytes(n_bytes: usize) -> Vec<u8> {
         let percent = i % 101;
         let bar = "#".repeat(percent / 5);
         data.extend_from_slice(
-            format!("\r\x1b[32m{percent:3}%\x1b[0m [{bar:<20}] {i} items, 12.3 MB/s ETA 0:{:02}", i % 60)
-                .as_bytes(),
+            format!(
+                "\r\x1b[32m{percent:3}%\x1b[0m [{bar:<20}] {i} items, 12.3 MB/s ETA 0:{:02}",
+                i % 60
+            )
+            .as_bytes(),
         );
         if percent == 100 {
             data.push(b'\n');
@@ -170,7 +161,10 @@ fn pipeline_in_process(rows: &mut Vec<Row>) {
     std::hint::black_box(rendered);
     rows.push(Row {
         measurement: "pipeline (capture + clean + fold), 100 MiB progress bars, in process".into(),
-        result: format!("{:.0} MiB/s", PIPELINE_BYTES as f64 / MIB / elapsed.as_secs_f64()),
+        result: format!(
+            "{:.0} MiB/s",
+            PIPELINE_BYTES as f64 / MIB / elapsed.as_secs_f64()
+        ),
         target: ">= 200 MiB/s",
     });
 
@@ -190,62 +184,41 @@ fn pipeline_in_process(rows: &mut Vec<Row>) {
 
 /// A `warren execd` child process, so its memory is measured apart from the benchmark's.
 struct Daemon {
-    child: tokio::process::Child,
-    pid: u32,
-    base: String,
+    execd: ExecdChild,
     http: reqwest::Client,
     scratch: PathBuf,
 }
 
 impl Daemon {
     async fn start() -> anyhow::Result<Self> {
-        // `/proc/self/exe` still works when the binary was rebuilt (replaced) since it started.
-        let exe = PathBuf::from("/proc/self/exe");
-        let scratch = std::env::temp_dir().join(format!("warren-bench-exec-{}", std::process::id()));
+        let scratch =
+            std::env::temp_dir().join(format!("warren-bench-exec-{}", std::process::id()));
         std::fs::create_dir_all(&scratch)?;
-        let mut command = tokio::process::Command::new(exe);
-        command
-            .args(["execd", "--listen", "127.0.0.1:0"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let mut child = warren_process::reaper::spawn_owned(|| {
-            let child = command.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })?;
-        let pid = child.id().context("execd has a pid")?;
-        let stdout = child.stdout.take().context("execd stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .context("execd did not print its address within 30 s")??
-            .context("execd exited before printing its address")?;
-        let base = first
-            .rsplit_once("http://")
-            .map(|(_, addr)| format!("http://{}", addr.trim()))
-            .with_context(|| format!("unexpected first line from execd: {first}"))?;
-        // Keep draining execd's stdout so it can never block on it.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Self { child, pid, base, http: reqwest::Client::new(), scratch })
+        let execd = ExecdChild::start().await?;
+        Ok(Self {
+            execd,
+            http: reqwest::Client::new(),
+            scratch,
+        })
     }
 
     /// Runs `cmd` to completion through `/v1/exec`, polling while it runs.
     async fn run_to_exit(&self, cmd: &str) -> anyhow::Result<Value> {
         let mut body: Value = self
             .http
-            .post(format!("{}/v1/exec", self.base))
+            .post(format!("{}/v1/exec", self.execd.base))
             .json(&json!({"cmd": cmd, "yield_time_ms": 30000, "max_output_tokens": 2000}))
             .send()
             .await?
             .json()
             .await?;
         while body["status"] != "exited" {
-            let id = body["session_id"].as_u64().with_context(|| format!("no session id in {body}"))?;
+            let id = body["session_id"]
+                .as_u64()
+                .with_context(|| format!("no session id in {body}"))?;
             body = self
                 .http
-                .post(format!("{}/v1/exec/{id}/stdin", self.base))
+                .post(format!("{}/v1/exec/{id}/stdin", self.execd.base))
                 .json(&json!({"yield_time_ms": 30000, "max_output_tokens": 2000}))
                 .send()
                 .await?
@@ -255,25 +228,14 @@ impl Daemon {
         Ok(body)
     }
 
+    /// The daemon's resident memory in KiB (0 once it is gone).
     fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        rss_kib(self.execd.pid).unwrap_or(0)
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
         drop(self.http);
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await.is_err() {
-            let _ = self.child.kill().await;
-        }
-        warren_process::reaper::release(self.pid);
+        self.execd.stop().await;
         let _ = std::fs::remove_dir_all(&self.scratch);
     }
 }
@@ -288,7 +250,10 @@ async fn pipeline_end_to_end(daemon: &Daemon, rows: &mut Vec<Row>) -> anyhow::Re
     anyhow::ensure!(body["exit_code"] == 0, "cat failed: {body}");
     rows.push(Row {
         measurement: "100 MiB progress bars end to end (`cat` via execd HTTP)".into(),
-        result: format!("{:.0} MiB/s", PIPELINE_BYTES as f64 / MIB / elapsed.as_secs_f64()),
+        result: format!(
+            "{:.0} MiB/s",
+            PIPELINE_BYTES as f64 / MIB / elapsed.as_secs_f64()
+        ),
         target: ">= 200 MiB/s",
     });
     Ok(())
@@ -296,7 +261,9 @@ async fn pipeline_end_to_end(daemon: &Daemon, rows: &mut Vec<Row>) -> anyhow::Re
 
 async fn daemon_memory(daemon: &Daemon, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let baseline = daemon.rss_kib();
-    let cmd = format!("yes 'a typical log line of about sixty bytes, repeated forever' | head -c {BIG_OUTPUT_BYTES}");
+    let cmd = format!(
+        "yes 'a typical log line of about sixty bytes, repeated forever' | head -c {BIG_OUTPUT_BYTES}"
+    );
     let started = Instant::now();
     let run = daemon.run_to_exit(&cmd);
     tokio::pin!(run);

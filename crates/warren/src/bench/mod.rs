@@ -5,6 +5,7 @@ mod compat;
 mod exec;
 mod gateway;
 mod pty;
+mod support;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {

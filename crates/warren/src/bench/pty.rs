@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
+
+use super::support::{ExecdChild, Row, percentile, print_table, rss_kib};
 
 const STREAM_BYTES: u64 = 256 * 1024 * 1024;
 const STREAM_COMMAND: &str = "head -c 256M /dev/zero | tr '\\0' x";
@@ -33,12 +35,6 @@ const MIB: f64 = 1024.0 * 1024.0;
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-struct Row {
-    measurement: &'static str,
-    result: String,
-    target: &'static str,
-}
-
 pub async fn run() -> anyhow::Result<()> {
     warren_process::reaper::start().context("becoming a subreaper")?;
     let mut rows = Vec::new();
@@ -49,7 +45,7 @@ pub async fn run() -> anyhow::Result<()> {
         floor = floor.max(local_pty_floor().await.context("reading a local PTY")?);
     }
     rows.push(Row {
-        measurement: "local PTY read of the command (floor, best of 3)",
+        measurement: "local PTY read of the command (floor, best of 3)".into(),
         result: mib_per_s(floor),
         target: "–",
     });
@@ -60,30 +56,54 @@ pub async fn run() -> anyhow::Result<()> {
             ("session → WebSocket, PTY mode", ""),
             ("session → WebSocket, pipe mode", "pty=0"),
         ] {
-            let rate = daemon.stream_throughput(query, 0, false).await?;
+            let rate = daemon
+                .stream_throughput(Stream {
+                    query,
+                    ..Stream::ALONE
+                })
+                .await?;
             rows.push(Row {
-                measurement,
+                measurement: measurement.into(),
                 result: format!("{} ({:.2} of floor)", mib_per_s(rate), rate / floor),
                 target: "≥ 0.5 of floor",
             });
         }
         let (p50, p99) = daemon.echo_round_trip().await.context("measuring echo")?;
         rows.push(Row {
-            measurement: "keystroke echo round trip p50 / p99",
+            measurement: "keystroke echo round trip p50 / p99".into(),
             result: format!("{} / {}", micros(p50), micros(p99)),
             target: "p50 ≤ 150 µs",
         });
         // Interleaved rounds, median of each: other load on the machine hits all three alike.
         let (mut alone, mut with_readers, mut with_stuck) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..FAN_OUT_ROUNDS {
-            alone.push(daemon.stream_throughput("", 0, true).await?);
-            with_readers.push(daemon.stream_throughput("", 8, true).await?);
-            with_stuck.push(daemon.stream_throughput_with_stuck_viewer().await?);
+            // Gated: viewers attach first, and the clock starts when the command is let go.
+            let gated = Stream {
+                gated: true,
+                ..Stream::ALONE
+            };
+            alone.push(daemon.stream_throughput(gated).await?);
+            with_readers.push(
+                daemon
+                    .stream_throughput(Stream {
+                        n_reading_viewers: 8,
+                        ..gated
+                    })
+                    .await?,
+            );
+            with_stuck.push(
+                daemon
+                    .stream_throughput(Stream {
+                        n_stuck_viewers: 1,
+                        ..gated
+                    })
+                    .await?,
+            );
         }
         let (alone, with_readers, with_stuck) =
             (median(alone), median(with_readers), median(with_stuck));
         rows.push(Row {
-            measurement: "holder with 8 reading viewers / no viewers",
+            measurement: "holder with 8 reading viewers / no viewers".into(),
             result: format!(
                 "{:.2} ({} vs {})",
                 with_readers / alone,
@@ -93,7 +113,7 @@ pub async fn run() -> anyhow::Result<()> {
             target: "≥ 0.8",
         });
         rows.push(Row {
-            measurement: "holder with 1 viewer that never reads / no viewers",
+            measurement: "holder with 1 viewer that never reads / no viewers".into(),
             result: format!(
                 "{:.2} ({} vs {})",
                 with_stuck / alone,
@@ -115,16 +135,12 @@ pub async fn run() -> anyhow::Result<()> {
     fresh.stop().await;
     let per_session = memory.context("measuring idle session memory")?;
     rows.push(Row {
-        measurement: "daemon RSS per idle session (200 shells with a prompt)",
+        measurement: "daemon RSS per idle session (200 shells with a prompt)".into(),
         result: format!("{:.1} KiB", per_session / 1024.0),
         target: "< 100 KiB",
     });
 
-    println!("| measurement | result | target |");
-    println!("|---|---|---|");
-    for row in rows {
-        println!("| {} | {} | {} |", row.measurement, row.result, row.target);
-    }
+    print_table(&rows);
     Ok(())
 }
 
@@ -164,67 +180,51 @@ async fn local_pty_floor() -> anyhow::Result<f64> {
     Ok(n_bytes as f64 / elapsed.as_secs_f64())
 }
 
+/// One run of the stream command through a session.
+#[derive(Clone, Copy)]
+struct Stream {
+    /// The holder's attach query: `""` for PTY mode, `"pty=0"` for pipe mode.
+    query: &'static str,
+    /// Viewers that read everything.
+    n_reading_viewers: usize,
+    /// Viewers that attach and then never read.
+    n_stuck_viewers: usize,
+    /// The command waits for a line on stdin so viewers can attach first; the clock starts
+    /// when that line is sent.
+    gated: bool,
+}
+
+impl Stream {
+    const ALONE: Stream = Stream {
+        query: "",
+        n_reading_viewers: 0,
+        n_stuck_viewers: 0,
+        gated: false,
+    };
+}
+
 struct Daemon {
-    child: tokio::process::Child,
-    pid: u32,
-    base: String,
+    execd: ExecdChild,
     http: reqwest::Client,
 }
 
 impl Daemon {
     async fn start() -> anyhow::Result<Self> {
-        // `/proc/self/exe` still works when the binary was rebuilt (replaced) since it started.
-        let mut command = tokio::process::Command::new("/proc/self/exe");
-        command
-            .args(["execd", "--listen", "127.0.0.1:0"])
-            .env("WARREN_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let mut child = warren_process::reaper::spawn_owned(|| {
-            let child = command.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })?;
-        let pid = child.id().context("execd has a pid")?;
-        let stdout = child.stdout.take().context("execd stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .context("execd did not print its address within 30 s")??
-            .context("execd exited before printing its address")?;
-        let base = first
-            .rsplit_once("http://")
-            .map(|(_, addr)| format!("http://{}", addr.trim()))
-            .with_context(|| format!("unexpected first line from execd: {first}"))?;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let execd = ExecdChild::start().await?;
         Ok(Self {
-            child,
-            pid,
-            base,
+            execd,
             http: reqwest::Client::new(),
         })
     }
 
-    /// SIGTERM (the daemon kills every session's processes), then wait.
-    async fn stop(mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-        warren_process::reaper::release(self.pid);
+    async fn stop(self) {
+        self.execd.stop().await;
     }
 
     async fn create(&self, body: Value) -> anyhow::Result<String> {
         let response = self
             .http
-            .post(format!("{}/pty", self.base))
+            .post(format!("{}/pty", self.execd.base))
             .json(&body)
             .send()
             .await?;
@@ -237,7 +237,7 @@ impl Daemon {
 
     async fn delete(&self, id: &str) -> anyhow::Result<()> {
         self.http
-            .delete(format!("{}/pty/{id}", self.base))
+            .delete(format!("{}/pty/{id}", self.execd.base))
             .send()
             .await?;
         Ok(())
@@ -246,37 +246,37 @@ impl Daemon {
     async fn connect(&self, id: &str, query: &str) -> anyhow::Result<Ws> {
         let url = format!(
             "{}/pty/{id}/ws?{query}",
-            self.base.replacen("http://", "ws://", 1)
+            self.execd.base.replacen("http://", "ws://", 1)
         );
         let (ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true).await?;
         Ok(ws)
     }
 
-    /// Streams the 256 MiB command through a holder (`query` picks the mode) with `n_viewers`
-    /// reading viewers; bytes per second at the holder. With `gated`, the command waits for a
-    /// line on stdin so viewers can attach first, and the clock starts when that line is sent.
-    async fn stream_throughput(
-        &self,
-        query: &str,
-        n_viewers: usize,
-        gated: bool,
-    ) -> anyhow::Result<f64> {
-        let command = if gated {
+    /// Streams the 256 MiB command through a holder and returns bytes per second at the holder.
+    async fn stream_throughput(&self, stream: Stream) -> anyhow::Result<f64> {
+        let command = if stream.gated {
             format!("read -r _; {STREAM_COMMAND}")
         } else {
             STREAM_COMMAND.to_string()
         };
         let id = self.create(json!({"command": command})).await?;
         let mut started = Instant::now();
-        let mut holder = self.connect(&id, query).await?;
+        let mut holder = self.connect(&id, stream.query).await?;
         wait_connected(&mut holder).await?;
-        let mut viewers = Vec::new();
-        for _ in 0..n_viewers {
+        let mut readers = Vec::new();
+        for _ in 0..stream.n_reading_viewers {
             let mut viewer = self.connect(&id, "mode=viewer").await?;
             wait_connected(&mut viewer).await?;
-            viewers.push(tokio::spawn(drain(viewer)));
+            readers.push(tokio::spawn(drain(viewer)));
         }
-        if gated {
+        let mut stuck = Vec::new();
+        for _ in 0..stream.n_stuck_viewers {
+            let mut viewer = self.connect(&id, "mode=viewer").await?;
+            wait_connected(&mut viewer).await?;
+            // Never read again while the stream runs.
+            stuck.push(viewer);
+        }
+        if stream.gated {
             started = Instant::now();
             holder
                 .send(Message::Binary(vec![0u8, b'\n'].into()))
@@ -286,39 +286,15 @@ impl Daemon {
             .await
             .context("stream timed out")??;
         let elapsed = started.elapsed();
-        for viewer in viewers {
-            let _ = viewer.await;
+        for reader in readers {
+            let _ = reader.await;
         }
+        drop(stuck);
         self.delete(&id).await?;
         if n_bytes < STREAM_BYTES {
             bail!(
                 "the holder got {n_bytes} bytes, expected at least {STREAM_BYTES} (was it disconnected as too slow?)"
             );
-        }
-        Ok(n_bytes as f64 / elapsed.as_secs_f64())
-    }
-
-    async fn stream_throughput_with_stuck_viewer(&self) -> anyhow::Result<f64> {
-        let id = self
-            .create(json!({"command": format!("read -r _; {STREAM_COMMAND}")}))
-            .await?;
-        let mut holder = self.connect(&id, "").await?;
-        wait_connected(&mut holder).await?;
-        let mut stuck = self.connect(&id, "mode=viewer").await?;
-        wait_connected(&mut stuck).await?;
-        // `stuck` is never read again while the stream runs.
-        let started = Instant::now();
-        holder
-            .send(Message::Binary(vec![0u8, b'\n'].into()))
-            .await?;
-        let n_bytes = tokio::time::timeout(WAIT, count_until_exit(&mut holder))
-            .await
-            .context("stream timed out")??;
-        let elapsed = started.elapsed();
-        drop(stuck);
-        self.delete(&id).await?;
-        if n_bytes < STREAM_BYTES {
-            bail!("the holder got {n_bytes} bytes, expected at least {STREAM_BYTES}");
         }
         Ok(n_bytes as f64 / elapsed.as_secs_f64())
     }
@@ -363,12 +339,12 @@ impl Daemon {
     async fn idle_session_memory(&self) -> anyhow::Result<f64> {
         // One warm-up session so lazily built daemon state is not charged to the 200.
         let mut warm = self.start_idle_session().await?;
-        let before = rss_bytes(self.pid)?;
+        let before = rss_bytes(self.execd.pid)?;
         let mut holders = Vec::with_capacity(N_IDLE_SESSIONS);
         for _ in 0..N_IDLE_SESSIONS {
             holders.push(self.start_idle_session().await?);
         }
-        let after = rss_bytes(self.pid)?;
+        let after = rss_bytes(self.execd.pid)?;
         let _ = warm.close(None).await;
         for holder in &mut holders {
             let _ = holder.close(None).await;
@@ -394,20 +370,8 @@ impl Daemon {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
 fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .context("no VmRSS line")?;
-    Ok(kib * 1024)
+    Ok(rss_kib(pid)? * 1024)
 }
 
 /// Output bytes in a binary frame: live frames carry 1 header byte, replay frames 9.

@@ -1,0 +1,131 @@
+//! What the benchmarks share: a `warren execd` child process to measure apart from the
+//! benchmark's own process, an execd served in process on 127.0.0.1:0, percentiles, and the
+//! one markdown table every `warren bench` prints. No measurement lives here.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// One line of a benchmark's table.
+pub struct Row {
+    pub measurement: String,
+    pub result: String,
+    pub target: &'static str,
+}
+
+/// Prints `rows` as a markdown table with measurement, result and target columns.
+pub fn print_table(rows: &[Row]) {
+    println!("| measurement | result | target |");
+    println!("|---|---|---|");
+    for row in rows {
+        println!("| {} | {} | {} |", row.measurement, row.result, row.target);
+    }
+}
+
+/// The sample at quantile `p` (0.0 to 1.0) of `sorted`, which must not be empty.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+pub fn ms(duration: Duration) -> String {
+    format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
+}
+
+/// Resident memory of process `pid` in KiB, from `/proc/<pid>/status`.
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .context("no VmRSS line")
+}
+
+/// A `warren execd --listen 127.0.0.1:0` child process, so its memory and CPU are its own.
+pub struct ExecdChild {
+    child: tokio::process::Child,
+    pub pid: u32,
+    /// `http://127.0.0.1:<port>`, as execd printed it.
+    pub base: String,
+}
+
+impl ExecdChild {
+    pub async fn start() -> anyhow::Result<Self> {
+        // `/proc/self/exe` still works when the binary was rebuilt (replaced) since it started.
+        let mut command = tokio::process::Command::new("/proc/self/exe");
+        command
+            .args(["execd", "--listen", "127.0.0.1:0"])
+            .env("WARREN_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let mut child = warren_process::reaper::spawn_owned(|| {
+            let child = command.spawn()?;
+            let pid = child.id();
+            Ok((child, pid))
+        })?;
+        let pid = child.id().context("execd has a pid")?;
+        let stdout = child.stdout.take().context("execd stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .context("execd did not print its address within 30 s")??
+            .context("execd exited before printing its address")?;
+        let base = first
+            .rsplit_once("http://")
+            .map(|(_, addr)| format!("http://{}", addr.trim()))
+            .with_context(|| format!("unexpected first line from execd: {first}"))?;
+        // Keep draining execd's stdout so it can never block on it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self { child, pid, base })
+    }
+
+    /// SIGTERM (execd kills every session's processes), then wait; SIGKILL after 30 s.
+    pub async fn stop(mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        warren_process::reaper::release(self.pid);
+    }
+}
+
+/// An execd served in this process on 127.0.0.1:0 until [`InProcessExecd::stop`].
+pub struct InProcessExecd {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl InProcessExecd {
+    pub async fn start(config: warren_execd::Config) -> anyhow::Result<Self> {
+        let execd = warren_execd::Execd::new(config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(warren_execd::serve(execd, listener, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Self { base, stop, server })
+    }
+
+    /// Ends the server, which kills what is left of its sessions; waits up to 20 s for it.
+    /// Idle keep-alive connections hold the graceful shutdown open: drop clients first.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.server)
+            .await
+            .context("execd did not shut down within 20 s")???;
+        Ok(())
+    }
+}
