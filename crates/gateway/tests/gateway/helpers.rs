@@ -261,6 +261,17 @@ impl Conversation<'_> {
         self.events.until(what, done).await
     }
 
+    /// Sends `text`, asserts 202 and reads until the agent's first update on it: the turn is
+    /// running.
+    pub async fn start_working(&mut self, text: &str) -> Vec<Received> {
+        self.accept(text).await;
+        self.events
+            .until(&format!("the agent working on {text:?}"), |e| {
+                e.event == "update"
+            })
+            .await
+    }
+
     /// Reads until the next `turn_end`.
     pub async fn until_turn_end(&mut self, what: &str) -> Vec<Received> {
         self.events

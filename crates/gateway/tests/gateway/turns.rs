@@ -46,9 +46,7 @@ async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
 async fn a_second_message_during_a_turn_is_409_and_cancel_ends_the_turn() {
     let gw = TestGateway::start(args_with_shell_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
-    chat.accept("sleep 60").await;
-    chat.until("the sleep command's tool call", |e| e.event == "update")
-        .await;
+    chat.start_working("sleep 60").await;
 
     let busy = chat.send("echo no").await;
     assert_eq!(busy.status(), 409);
@@ -127,9 +125,7 @@ async fn cancel_answers_a_pending_permission_cancelled() {
 async fn a_worker_dying_mid_turn_ends_the_turn_with_error_and_the_conversation_stays() {
     let gw = TestGateway::start(args_with_shell_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
-    chat.accept("sleep 60").await;
-    chat.until("the agent working on `sleep 60`", |e| e.event == "update")
-        .await;
+    chat.start_working("sleep 60").await;
 
     let pid = {
         let handle = gw
@@ -259,9 +255,7 @@ async fn over_the_server_brain_limit_a_message_gets_429_at_once_until_a_slot_fre
 async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
     let gw = TestGateway::start(args_with_shell_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
-    chat.accept("sleep 60").await;
-    chat.until("the agent working on `sleep 60`", |e| e.event == "update")
-        .await;
+    chat.start_working("sleep 60").await;
     let session_dir = gw.data.join("sessions").join(&chat.session);
     let needle = session_dir.to_string_lossy().to_string();
     assert!(
