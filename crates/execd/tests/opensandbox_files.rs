@@ -344,39 +344,17 @@ async fn move_renames_creates_parents_and_refuses_missing_sources_and_existing_d
     let server = Server::start().await;
     std::fs::write(server.path("src"), "s").expect("write");
     std::fs::write(server.path("taken"), "t").expect("write");
-    let response = server
-        .post_json(
-            "/files/mv",
-            json!([{"src": server.path("src"), "dest": server.path("new/parent/dst")}]),
-        )
-        .await;
-    assert_eq!(response.status(), 200);
+    let mv = |src: &str, dest: &str| {
+        let body = json!([{"src": server.path(src), "dest": server.path(dest)}]);
+        server.post_json("/files/mv", body)
+    };
+    assert_eq!(mv("src", "new/parent/dst").await.status(), 200);
     assert_eq!(
         std::fs::read_to_string(server.path("new/parent/dst")).expect("moved"),
         "s"
     );
-    assert_error(
-        server
-            .post_json(
-                "/files/mv",
-                json!([{"src": server.path("src"), "dest": server.path("x")}]),
-            )
-            .await,
-        404,
-        "FILE_NOT_FOUND",
-    )
-    .await;
-    assert_error(
-        server
-            .post_json(
-                "/files/mv",
-                json!([{"src": server.path("new/parent/dst"), "dest": server.path("taken")}]),
-            )
-            .await,
-        500,
-        "RUNTIME_ERROR",
-    )
-    .await;
+    assert_error(mv("src", "x").await, 404, "FILE_NOT_FOUND").await;
+    assert_error(mv("new/parent/dst", "taken").await, 500, "RUNTIME_ERROR").await;
     assert_error(
         server.post_json("/files/mv", json!({"src": "x"})).await,
         400,
@@ -391,12 +369,10 @@ async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
     let file = server.path("r.txt");
     std::fs::write(&file, "a-b-a-b-a").expect("write");
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
-    let response = server
-        .post_json(
-            "/files/replace?verbose=true",
-            json!({file.clone(): {"old": "a", "new": "XY"}}),
-        )
-        .await;
+    let replace = |route: &'static str, path: &str, old: &str, new: &str| {
+        server.post_json(route, json!({path: {"old": old, "new": new}}))
+    };
+    let response = replace("/files/replace?verbose=true", &file, "a", "XY").await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.expect("json");
     assert_eq!(body[&file]["replacedCount"], 3);
@@ -408,36 +384,13 @@ async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
         std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777,
         0o640
     );
-    let response = server
-        .post_json(
-            "/files/replace",
-            json!({file.clone(): {"old": "b", "new": ""}}),
-        )
-        .await;
+    let response = replace("/files/replace", &file, "b", "").await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.text().await.expect("text"), "");
-    assert_error(
-        server
-            .post_json(
-                "/files/replace",
-                json!({file.clone(): {"old": "", "new": "x"}}),
-            )
-            .await,
-        400,
-        "INVALID_REQUEST_BODY",
-    )
-    .await;
-    assert_error(
-        server
-            .post_json(
-                "/files/replace",
-                json!({server.path("nope"): {"old": "a", "new": "b"}}),
-            )
-            .await,
-        404,
-        "FILE_NOT_FOUND",
-    )
-    .await;
+    let response = replace("/files/replace", &file, "", "x").await;
+    assert_error(response, 400, "INVALID_REQUEST_BODY").await;
+    let response = replace("/files/replace", &server.path("nope"), "a", "b").await;
+    assert_error(response, 404, "FILE_NOT_FOUND").await;
 }
 
 #[tokio::test]
