@@ -242,12 +242,7 @@ async fn download_supports_ranges_and_line_windows() {
     assert_eq!(response.text().await.expect("text"), "l3\nl4\n");
     let response = ranged(format!("{url}&offset=1"), "bytes=0-1").await;
     assert_eq!(response.status(), 400);
-    assert_error(
-        download(&server, &server.path("none")).await,
-        404,
-        "FILE_NOT_FOUND",
-    )
-    .await;
+    assert_missing(&server, "/files/download", &server.path("none")).await;
 }
 
 #[tokio::test]
@@ -289,14 +284,7 @@ async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following
     );
     assert!(list(&server, &root, "&depth=0").await.is_empty());
     assert_error(server.get("/directories/list").await, 400, "MISSING_QUERY").await;
-    assert_error(
-        server
-            .get(&at("/directories/list", &server.path("nope")))
-            .await,
-        404,
-        "FILE_NOT_FOUND",
-    )
-    .await;
+    assert_missing(&server, "/directories/list", &server.path("nope")).await;
 }
 
 #[tokio::test]
@@ -331,12 +319,7 @@ async fn search_matches_the_glob_on_base_names_recursively_and_lists_files_only(
         "MISSING_QUERY",
     )
     .await;
-    assert_error(
-        server.get(&at("/files/search", &server.path("nope"))).await,
-        404,
-        "FILE_NOT_FOUND",
-    )
-    .await;
+    assert_missing(&server, "/files/search", &server.path("nope")).await;
 }
 
 #[tokio::test]
@@ -469,12 +452,7 @@ async fn permissions_directories_and_deletion() {
             .status(),
         200
     );
-    assert_error(
-        server.get(&at("/files/info", &file)).await,
-        404,
-        "FILE_NOT_FOUND",
-    )
-    .await;
+    assert_missing(&server, "/files/info", &file).await;
 }
 
 fn users_name() -> String {
@@ -504,6 +482,11 @@ async fn list(server: &Server, root: &str, query: &str) -> Vec<(String, String)>
             )
         })
         .collect()
+}
+
+/// `GET route?path=<path>` answers 404 FILE_NOT_FOUND.
+async fn assert_missing(server: &Server, route: &str, path: &str) {
+    assert_error(server.get(&at(route, path)).await, 404, "FILE_NOT_FOUND").await;
 }
 
 /// `route?path=<path>` is refused with 403 PATH_ESCAPE.
