@@ -22,11 +22,16 @@ pub async fn require_access_token(
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(expected) = expected else { return next.run(request).await };
+    let Some(expected) = expected else {
+        return next.run(request).await;
+    };
     if request.uri().path() == "/ping" {
         return next.run(request).await;
     }
-    let presented = request.headers().get(ACCESS_TOKEN_HEADER).map(|v| v.as_bytes());
+    let presented = request
+        .headers()
+        .get(ACCESS_TOKEN_HEADER)
+        .map(|v| v.as_bytes());
     if presented.is_some_and(|p| token_matches(&expected, p)) {
         return next.run(request).await;
     }

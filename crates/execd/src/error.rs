@@ -17,7 +17,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -27,13 +31,21 @@ impl ApiError {
     /// A 500 that tells the client nothing about internals; the detail goes to the log.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(%detail, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR", "internal error")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "RUNTIME_ERROR",
+            "internal error",
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response()
+        (
+            self.status,
+            axum::Json(ErrorBody::new(self.code, self.message)),
+        )
+            .into_response()
     }
 }
 
@@ -66,5 +78,6 @@ pub fn parse_optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }

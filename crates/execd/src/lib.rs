@@ -77,7 +77,11 @@ impl Execd {
 
     /// Kills every process any session started. Called on SIGTERM/SIGINT before exit.
     pub async fn shutdown(&self) {
-        tokio::join!(self.pty.shutdown(), self.exec.shutdown(), self.opensandbox.shutdown());
+        tokio::join!(
+            self.pty.shutdown(),
+            self.exec.shutdown(),
+            self.opensandbox.shutdown()
+        );
     }
 }
 
@@ -100,7 +104,9 @@ pub async fn serve(
             tracing::debug!(%err, "cannot set TCP_NODELAY on a connection");
         }
     });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
     execd.shutdown().await;
     Ok(())
 }

@@ -11,6 +11,9 @@ pub struct ErrorBody {
 
 impl ErrorBody {
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into() }
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
     }
 }
