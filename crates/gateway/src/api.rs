@@ -266,7 +266,7 @@ async fn events(
         None => None,
     };
     let after = last_event_id.or(query.after).unwrap_or(0);
-    Ok(sse::stream(session, after).into_response())
+    Ok(sse::stream(session, after, gateway.args.sse_heartbeat()).into_response())
 }
 
 async fn healthz() -> &'static str {

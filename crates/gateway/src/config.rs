@@ -44,6 +44,16 @@ pub struct GatewayArgs {
     /// agent (default: this executable).
     #[arg(long, env = "WARREN_BIN", hide = true)]
     pub warren_bin: Option<PathBuf>,
+    /// Milliseconds of silence after which an event stream sends a heartbeat comment. Hidden:
+    /// the spec fixes 15 s; tests shorten it to see heartbeats without waiting that long.
+    #[arg(
+        long,
+        env = "WARREN_SSE_HEARTBEAT_MS",
+        default_value_t = 15_000,
+        value_parser = clap::value_parser!(u64).range(1..),
+        hide = true
+    )]
+    pub sse_heartbeat_ms: u64,
 }
 
 // Hand-written so the app key and admin token never reach a log through `{:?}`.
@@ -65,6 +75,7 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_archive_after", &self.hands_archive_after)
             .field("snapshot_max", &self.snapshot_max)
             .field("warren_bin", &self.warren_bin)
+            .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
             .finish()
     }
 }
@@ -82,6 +93,11 @@ impl GatewayArgs {
         args.data = data;
         args.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         args
+    }
+
+    /// The silence after which an event stream sends a heartbeat comment.
+    pub fn sse_heartbeat(&self) -> Duration {
+        Duration::from_millis(self.sse_heartbeat_ms)
     }
 }
 
@@ -182,7 +198,30 @@ mod tests {
         assert_eq!(args.max_brains, 24);
         assert_eq!(args.brain_idle, Duration::from_secs(7200));
         assert_eq!(args.snapshot_max, 512 << 20);
+        assert_eq!(args.sse_heartbeat(), Duration::from_secs(15));
         args.app_key = Some("secret-app-key".into());
         assert!(!format!("{args:?}").contains("secret-app-key"));
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: GatewayArgs,
+    }
+
+    #[test]
+    fn sse_heartbeat_flag_is_hidden_and_rejects_zero() {
+        use clap::{CommandFactory, Parser};
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("--warm-workers"), "help lists the flags");
+        assert!(!help.contains("sse-heartbeat"), "the flag is hidden");
+        let args = Cli::try_parse_from(["warren", "--sse-heartbeat-ms", "250"])
+            .expect("a positive interval parses")
+            .args;
+        assert_eq!(args.sse_heartbeat(), Duration::from_millis(250));
+        assert!(
+            Cli::try_parse_from(["warren", "--sse-heartbeat-ms", "0"]).is_err(),
+            "a zero interval would send heartbeats in a busy loop"
+        );
     }
 }

@@ -3,9 +3,12 @@
 //! The stream resumes after `Last-Event-ID` (or `?after=`): it first sends every stored event
 //! with a larger seq, paging through the file when the position is older than the in-memory
 //! tail, then switches to a live subscription positioned exactly at the last event sent, so there
-//! is no gap and no duplicate. Framing: `id: <seq>`, `event: <type>`, `data: <json>`; a comment
-//! heartbeat every 15 s. A subscriber dropped for being too slow sees its stream end and resumes
-//! from its last id. When the requested position was compacted away a `gap` event comes first.
+//! is no gap and no duplicate. Framing: `id: <seq>`, `event: <type>`, `data: <json>`; after
+//! `--sse-heartbeat-ms` of silence (15 s by default) a heartbeat comment `:`. Heartbeats carry no
+//! id, so a client's `Last-Event-ID` stays on its last event, and they never enter a subscriber's
+//! event queue: axum's keep-alive makes one only while that queue is empty. A subscriber dropped
+//! for being too slow sees its stream end and resumes from its last id. When the requested
+//! position was compacted away a `gap` event comes first.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -20,7 +23,6 @@ use warren_protocol::gateway::EventBody;
 use crate::event_log::{StoredEvent, SubscribeError, Subscription};
 use crate::sessions::Session;
 
-pub const HEARTBEAT: Duration = Duration::from_secs(15);
 /// Events read from the file per page while catching up.
 const CATCH_UP_PAGE: usize = 1024;
 
@@ -44,10 +46,12 @@ fn to_sse(event: &StoredEvent) -> SseEvent {
         .data(&*event.json)
 }
 
-/// The SSE response for `session`, starting after seq `after`.
+/// The SSE response for `session`, starting after seq `after`, with a heartbeat comment after
+/// every `heartbeat` of silence.
 pub fn stream(
     session: Arc<Session>,
     after: u64,
+    heartbeat: Duration,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let first = session.log.first_seq();
     let gap = (after + 1 < first).then_some((after, first));
@@ -62,7 +66,7 @@ pub fn stream(
         let event = next_event(&mut state).await?;
         Some((Ok(event), state))
     });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(HEARTBEAT))
+    Sse::new(events).keep_alive(KeepAlive::new().interval(heartbeat))
 }
 
 async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
