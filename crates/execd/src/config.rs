@@ -30,6 +30,24 @@ pub struct Config {
     /// How long finished OpenSandbox command records are kept, in seconds.
     #[arg(long, default_value_t = 3600)]
     pub command_retention_secs: u64,
+
+    /// PTY WebSocket: interval between server pings, in milliseconds.
+    #[arg(long, hide = true, default_value_t = 30_000)]
+    pub pty_ping_interval_ms: u64,
+
+    /// PTY WebSocket: a connection silent this long is dropped, in milliseconds.
+    #[arg(long, hide = true, default_value_t = 60_000)]
+    pub pty_silence_timeout_ms: u64,
+
+    /// PTY WebSocket: one write (to the client or to the shell's stdin) gives up after this
+    /// long, in milliseconds.
+    #[arg(long, hide = true, default_value_t = 10_000)]
+    pub pty_write_timeout_ms: u64,
+
+    /// PTY takeover: how long the old holder gets to go before the newcomer is refused with
+    /// `ALREADY_CONNECTED`, in milliseconds.
+    #[arg(long, hide = true, default_value_t = 5_000)]
+    pub pty_takeover_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -41,6 +59,10 @@ impl Default for Config {
             root: PathBuf::from("/"),
             pass_env: Vec::new(),
             command_retention_secs: 3600,
+            pty_ping_interval_ms: 30_000,
+            pty_silence_timeout_ms: 60_000,
+            pty_write_timeout_ms: 10_000,
+            pty_takeover_timeout_ms: 5_000,
         }
     }
 }

@@ -885,3 +885,111 @@ async fn start_failure_sends_start_failed_and_closes() {
     holder.wait_close().await;
     assert_eq!(daemon.status(&id).await["running"], false);
 }
+
+// --- keepalive and takeover timeouts (shortened through the daemon's hidden flags) ----------
+
+#[tokio::test]
+async fn server_pings_attached_clients_and_an_answering_client_stays() {
+    let daemon = start_with(Config {
+        pty_ping_interval_ms: 100,
+        pty_silence_timeout_ms: 2_000,
+        ..Config::default()
+    })
+    .await;
+    let (id, mut holder) = daemon.shell().await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    viewer.wait_ws_ping().await;
+    // A viewer that is not read answers no pings and would be dropped: it leaves now.
+    viewer.close().await;
+    // The client answers every ping (tungstenite sends the pong on its next read), so pings
+    // keep coming well past the silence timeout: 25 pings are at least 2.5 s apart in all.
+    for _ in 0..25 {
+        holder.wait_ws_ping().await;
+    }
+    holder.run("echo still-$((2+3))", "still-5").await;
+}
+
+#[tokio::test]
+async fn a_silent_holder_is_dropped_and_the_shell_lives_on() {
+    let daemon = start_with(Config {
+        pty_ping_interval_ms: 100,
+        pty_silence_timeout_ms: 1_000,
+        ..Config::default()
+    })
+    .await;
+    let (id, mut silent) = daemon.shell().await;
+    silent
+        .run("MARK=kept-$((3+4)); echo set-$((1+1))", "set-2")
+        .await;
+    // `silent` now neither reads nor sends, so it answers no ping: once the silence timeout
+    // has passed the daemon drops it and the holder slot is free for a plain attach.
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    let mut next = loop {
+        match daemon.try_connect(&id, "").await {
+            Ok(client) => break client,
+            Err((409, _)) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the silent holder was not dropped within {:?}",
+                    pty_support::WAIT
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err((status, body)) => panic!("attach refused: {status} {body}"),
+        }
+    };
+    next.wait_text("connected").await;
+    // Same shell, same state.
+    next.run("echo got-$MARK", "got-kept-7").await;
+    assert_eq!(daemon.status(&id).await["running"], true);
+    // The dropped connection just ended (no close frame).
+    assert_eq!(silent.wait_close().await.0, 1006);
+}
+
+#[tokio::test]
+async fn takeover_that_cannot_evict_the_holder_in_time_gets_already_connected() {
+    let daemon = start_with(Config {
+        pty_takeover_timeout_ms: 300,
+        // Longer than the test: the stuck stdin write below ends only when the test unblocks it.
+        pty_write_timeout_ms: 300_000,
+        ..Config::default()
+    })
+    .await;
+    // Takes one byte of stdin, then reads none until its background sleep is killed, then
+    // drains the rest. Background jobs of `bash -c` read /dev/null, not the pipe.
+    let script = "head -c 1 >/dev/null; sleep 1000 & echo \"sleeper=$! armed\"; wait; \
+                  echo resumed-$((6+6)); cat >/dev/null";
+    let id = daemon.create(json!({"command": script})).await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    // Far more than a pipe holds: once `head` took its byte, the holder's connection task
+    // waits in its stdin write and cannot act on a takeover until the shell reads again.
+    holder.send_stdin(&"x".repeat(900 * 1024)).await;
+    viewer.wait_output("armed").await;
+    let sleeper = pty_support::pid_after(&viewer.output_text(), "sleeper=");
+
+    let mut newcomer = daemon
+        .try_connect(&id, "pty=0&takeover=1")
+        .await
+        .expect("upgrades");
+    let error = newcomer.wait_text("error").await;
+    assert_eq!(error["code"], "ALREADY_CONNECTED", "{error}");
+    assert_eq!(newcomer.wait_close().await.0, 1008);
+    // The old holder keeps the session.
+    let refused = daemon.try_connect(&id, "pty=0").await.err();
+    assert_eq!(refused.expect("refused").0, 409);
+
+    // Once the shell reads its stdin again, the old holder carries on: it gets the output it
+    // missed meanwhile and still answers.
+    let pid = rustix::process::Pid::from_raw(sleeper).expect("a valid pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kills the sleeper");
+    holder.wait_output("resumed-12").await;
+    holder.ping().await;
+    assert!(
+        holder.texts.iter().all(|t| t["type"] != "error"),
+        "{:?}",
+        holder.texts
+    );
+    viewer.wait_output("resumed-12").await;
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+}

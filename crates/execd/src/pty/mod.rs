@@ -13,6 +13,7 @@ pub mod ws;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -89,6 +90,45 @@ struct Registry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     max_sessions: usize,
     default_cwd: PathBuf,
+    timings: PtyTimings,
+}
+
+/// The keepalive and takeover durations. The defaults are the spec's; the daemon takes them
+/// from (hidden) flags so tests can shorten them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtyTimings {
+    /// Interval between server WebSocket pings.
+    pub ping_interval: Duration,
+    /// A connection from which nothing arrived for this long is dropped (checked at each ping).
+    pub silence_timeout: Duration,
+    /// One write to the client or to the shell's stdin gives up after this long.
+    pub write_timeout: Duration,
+    /// How long a takeover waits for the old holder to go.
+    pub takeover_timeout: Duration,
+}
+
+impl Default for PtyTimings {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(30),
+            silence_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(10),
+            takeover_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl PtyTimings {
+    pub fn from_config(config: &Config) -> Self {
+        // A zero interval would make tokio's timer panic; a millisecond is the floor.
+        let ms = |n: u64| Duration::from_millis(n.max(1));
+        Self {
+            ping_interval: ms(config.pty_ping_interval_ms),
+            silence_timeout: ms(config.pty_silence_timeout_ms),
+            write_timeout: ms(config.pty_write_timeout_ms),
+            takeover_timeout: ms(config.pty_takeover_timeout_ms),
+        }
+    }
 }
 
 impl PtySessions {
@@ -98,8 +138,13 @@ impl PtySessions {
                 sessions: Mutex::new(HashMap::new()),
                 max_sessions: config.max_pty_sessions,
                 default_cwd: config.root.clone(),
+                timings: PtyTimings::from_config(config),
             }),
         }
+    }
+
+    pub fn timings(&self) -> PtyTimings {
+        self.inner.timings
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -126,7 +171,15 @@ impl PtySessions {
             return Err(PtyError::TooManySessions(self.inner.max_sessions));
         }
         let command = request.command.filter(|c| !c.is_empty());
-        sessions.insert(id.clone(), Arc::new(Session::new(id.clone(), cwd, command)));
+        sessions.insert(
+            id.clone(),
+            Arc::new(Session::new(
+                id.clone(),
+                cwd,
+                command,
+                self.inner.timings.takeover_timeout,
+            )),
+        );
         Ok(id)
     }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::FutureExt;
+use futures_util::future::Shared;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use warren_process::TreeId;
@@ -34,8 +35,6 @@ use super::ring::{RING_CAPACITY, ReplayRing};
 /// Output bytes a holder may have queued before it is disconnected as too slow. Generous, so a
 /// briefly descheduled client survives a burst; memory is only used while it lags.
 pub const HOLDER_MAX_QUEUED_BYTES: usize = 16 * 1024 * 1024;
-/// How long a takeover waits for the old holder to go.
-pub const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// After the shell exits, output is still read until this long passes without any (a
 /// background job may hold the terminal open; its output is not waited for forever).
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
@@ -108,9 +107,10 @@ struct HolderSlot {
     conn_id: u64,
     events: mpsc::UnboundedSender<HolderEvent>,
     queued_bytes: Arc<AtomicUsize>,
-    kick: oneshot::Sender<Kick>,
+    /// Set to tell the connection to go; a takeover that gave up waiting sets it back to `None`.
+    kick: watch::Sender<Option<Kick>>,
     /// Resolves (with an error) once the holder's connection task has ended.
-    finished: oneshot::Receiver<()>,
+    finished: Shared<oneshot::Receiver<()>>,
 }
 
 struct State {
@@ -134,6 +134,8 @@ pub struct Session {
     /// Bumped after every output chunk and every exit; viewers wait on it.
     progress: watch::Sender<u64>,
     attach_lock: tokio::sync::Mutex<()>,
+    /// How long a takeover waits for the old holder to go.
+    takeover_timeout: Duration,
 }
 
 /// Why an attach did not happen.
@@ -156,7 +158,9 @@ pub struct HolderAttach {
     pub replay: Option<(u64, Vec<u8>)>,
     pub events: mpsc::UnboundedReceiver<HolderEvent>,
     pub queued_bytes: Arc<AtomicUsize>,
-    pub kick: oneshot::Receiver<Kick>,
+    /// Changes to `Some` when the session wants the connection closed (it may change back to
+    /// `None` if a takeover gave up); the sender is dropped when the shell exits.
+    pub kick: watch::Receiver<Option<Kick>>,
     /// Dropped when the connection task ends; a takeover waits for that.
     pub finished: oneshot::Sender<()>,
 }
@@ -178,7 +182,12 @@ pub enum ViewerRead {
 }
 
 impl Session {
-    pub fn new(id: String, cwd: PathBuf, command: Option<String>) -> Self {
+    pub fn new(
+        id: String,
+        cwd: PathBuf,
+        command: Option<String>,
+        takeover_timeout: Duration,
+    ) -> Self {
         Self {
             id,
             cwd,
@@ -195,6 +204,7 @@ impl Session {
             }),
             progress: watch::Sender::new(0),
             attach_lock: tokio::sync::Mutex::new(()),
+            takeover_timeout,
         }
     }
 
@@ -218,8 +228,9 @@ impl Session {
         self.lock().ring.total()
     }
 
-    /// Attaches a holder: evicts the current one if `takeover` (waiting up to
-    /// [`TAKEOVER_TIMEOUT`]), starts a shell if none runs, then snapshots and subscribes.
+    /// Attaches a holder: evicts the current one if `takeover` (waiting up to the takeover
+    /// timeout; if it is still there then, it keeps the session and this attach fails), starts
+    /// a shell if none runs, then snapshots and subscribes.
     pub async fn attach_holder(
         self: &Arc<Self>,
         since: u64,
@@ -227,24 +238,40 @@ impl Session {
         mode: PtyMode,
     ) -> Result<HolderAttach, AttachError> {
         let _attach = self.attach_lock.lock().await;
-        let evicted = {
-            let mut state = self.lock();
+        let evicting = {
+            let state = self.lock();
             if state.deleted {
                 return Err(AttachError::Deleted(self.id.clone()));
             }
-            if state.holder.is_some() && !takeover {
-                return Err(AttachError::AlreadyConnected(self.id.clone()));
+            match &state.holder {
+                Some(_) if !takeover => {
+                    return Err(AttachError::AlreadyConnected(self.id.clone()));
+                }
+                Some(slot) => {
+                    // The slot stays until the old task ends and releases it, so the old
+                    // holder keeps the session if it cannot be evicted in time.
+                    slot.kick.send_replace(Some(Kick::TakenOver));
+                    Some((slot.conn_id, slot.finished.clone()))
+                }
+                None => None,
             }
-            state.holder.take()
         };
-        if let Some(slot) = evicted {
-            // The old task may already be gone (its receiver dropped); that is fine.
-            let _ = slot.kick.send(Kick::TakenOver);
-            if tokio::time::timeout(TAKEOVER_TIMEOUT, slot.finished)
+        if let Some((conn_id, finished)) = evicting {
+            if tokio::time::timeout(self.takeover_timeout, finished)
                 .await
                 .is_err()
             {
+                let state = self.lock();
+                if let Some(slot) = state.holder.as_ref().filter(|s| s.conn_id == conn_id) {
+                    slot.kick.send_replace(None);
+                }
+                tracing::info!(session = %self.id, conn = conn_id, "takeover gave up: the holder did not go in time");
                 return Err(AttachError::AlreadyConnected(self.id.clone()));
+            }
+            // Ended tasks release their slot themselves; this one is gone for good.
+            let mut state = self.lock();
+            if state.holder.as_ref().is_some_and(|s| s.conn_id == conn_id) {
+                state.holder = None;
             }
         }
         if !self.is_running() {
@@ -255,7 +282,7 @@ impl Session {
             return Err(AttachError::Deleted(self.id.clone()));
         }
         let (events_tx, events) = mpsc::unbounded_channel();
-        let (kick_tx, kick) = oneshot::channel();
+        let (kick_tx, kick) = watch::channel(None);
         let (finished, finished_rx) = oneshot::channel();
         let queued_bytes = Arc::new(AtomicUsize::new(0));
         let (offset, bytes) = state.ring.read_from(since);
@@ -268,7 +295,7 @@ impl Session {
                     events: events_tx,
                     queued_bytes: Arc::clone(&queued_bytes),
                     kick: kick_tx,
-                    finished: finished_rx,
+                    finished: finished_rx.shared(),
                 });
                 shell
             }
@@ -360,7 +387,7 @@ impl Session {
             if too_slow {
                 if let Some(slot) = state.holder.take() {
                     tracing::info!(session = %self.id, conn = slot.conn_id, "holder fell behind; disconnecting it");
-                    let _ = slot.kick.send(Kick::TooSlow);
+                    slot.kick.send_replace(Some(Kick::TooSlow));
                 }
             } else if let Some(slot) = &state.holder {
                 // A send error means the connection task is gone; it releases its slot itself.

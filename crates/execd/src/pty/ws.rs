@@ -19,13 +19,10 @@ use warren_protocol::pty::{
 };
 
 use super::session::{AttachError, HolderAttach, HolderEvent, Kick, Session, Shell, ViewerRead};
-use super::{PtyError, PtySessions, QueryMap, WsParams, upgrade_or_error};
+use super::{PtyError, PtySessions, PtyTimings, QueryMap, WsParams, upgrade_or_error};
 
 /// Incoming frames larger than this are refused with close code 1009.
 pub const MAX_INCOMING_BYTES: usize = 1024 * 1024;
-const PING_INTERVAL: Duration = Duration::from_secs(30);
-const SILENCE_LIMIT: Duration = Duration::from_secs(60);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rejected frames after which a viewer is disconnected.
 const MAX_VIEWER_VIOLATIONS: u32 = 5;
 /// Read buffer of a connection (larger frames still arrive; they take more reads).
@@ -51,6 +48,7 @@ pub async fn attach(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, PtyError> {
     let session = sessions.get(&id)?;
+    let timings = sessions.timings();
     let params = WsParams::parse(&query);
     let upgrade = upgrade_or_error(&session, params, upgrade)?;
     Ok(upgrade
@@ -63,6 +61,7 @@ pub async fn attach(
             let conn = Conn {
                 socket,
                 last_seen: Instant::now(),
+                timings,
             };
             if params.viewer {
                 serve_viewer(conn, session, params).await;
@@ -83,13 +82,14 @@ enum Next {
 struct Conn {
     socket: WebSocket,
     last_seen: Instant,
+    timings: PtyTimings,
 }
 
 impl Conn {
-    /// Sends one message within [`WRITE_TIMEOUT`]; false means the connection is unusable.
+    /// Sends one message within the write timeout; false means the connection is unusable.
     async fn send(&mut self, message: Message) -> bool {
         matches!(
-            tokio::time::timeout(WRITE_TIMEOUT, self.socket.send(message)).await,
+            tokio::time::timeout(self.timings.write_timeout, self.socket.send(message)).await,
             Ok(Ok(()))
         )
     }
@@ -109,18 +109,18 @@ impl Conn {
     /// Keepalive on a ping tick: false when the peer has been silent too long or the ping
     /// cannot be written.
     async fn keepalive(&mut self) -> bool {
-        if self.last_seen.elapsed() > SILENCE_LIMIT {
+        if self.last_seen.elapsed() > self.timings.silence_timeout {
             return false;
         }
         self.send(Message::Ping(Default::default())).await
     }
-}
 
-fn ping_timer() -> tokio::time::Interval {
-    let mut timer =
-        tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
-    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    timer
+    fn ping_timer(&self) -> tokio::time::Interval {
+        let every = self.timings.ping_interval;
+        let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        timer
+    }
 }
 
 /// A receive error: an oversized frame gets close code 1009, anything else ends the
@@ -187,13 +187,15 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         if !conn.send_frame(&connected).await {
             return Next::Stop;
         }
-        let mut ping = ping_timer();
+        let mut ping = conn.ping_timer();
         let mut kick_open = true;
         loop {
             tokio::select! {
                 biased;
-                kicked = &mut kick, if kick_open => match kicked {
-                    Ok(kick) => return kick_close(kick),
+                kicked = kick.changed(), if kick_open => match kicked {
+                    Ok(()) => if let Some(kicked) = *kick.borrow_and_update() {
+                        return kick_close(kicked);
+                    },
                     // The session released the slot (the shell exited): the exit event follows.
                     Err(_) => kick_open = false,
                 },
@@ -203,8 +205,10 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
                         // A send can wait on a slow client: a takeover must not wait for it.
                         tokio::select! {
                             biased;
-                            kicked = &mut kick, if kick_open => match kicked {
-                                Ok(kick) => return kick_close(kick),
+                            kicked = kick.changed(), if kick_open => match kicked {
+                                Ok(()) => if let Some(kicked) = *kick.borrow_and_update() {
+                                    return kick_close(kicked);
+                                },
                                 Err(_) => kick_open = false,
                             },
                             sent = conn.send(Message::Binary(frame)) => if !sent { return Next::Stop },
@@ -321,11 +325,12 @@ async fn holder_message(
 }
 
 async fn write_stdin(conn: &mut Conn, shell: &Shell, bytes: &[u8]) -> Next {
-    let error = match tokio::time::timeout(WRITE_TIMEOUT, shell.write_stdin(bytes)).await {
-        Ok(Ok(())) => return Next::Continue,
-        Ok(Err(error)) => format!("writing stdin failed: {error}"),
-        Err(_) => "writing stdin timed out (the shell is not reading its input)".to_string(),
-    };
+    let error =
+        match tokio::time::timeout(conn.timings.write_timeout, shell.write_stdin(bytes)).await {
+            Ok(Ok(())) => return Next::Continue,
+            Ok(Err(error)) => format!("writing stdin failed: {error}"),
+            Err(_) => "writing stdin timed out (the shell is not reading its input)".to_string(),
+        };
     reply(conn, FrameErrorCode::StdinWriteFailed, error).await
 }
 
@@ -418,7 +423,7 @@ async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         if !conn.send_frame(&connected).await {
             return Next::Stop;
         }
-        let mut ping = ping_timer();
+        let mut ping = conn.ping_timer();
         let mut violations = 0;
         // Check once before waiting: output or an exit may have come after the replay.
         let mut pending = true;

@@ -359,6 +359,22 @@ impl Client {
         );
     }
 
+    /// Waits for the next WebSocket ping from the daemon, reading (and so answering, as
+    /// tungstenite queues the pong) whatever comes before it. Panics on a close.
+    pub async fn wait_ws_ping(&mut self) {
+        loop {
+            let message = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("timed out waiting for a WebSocket ping"));
+            match message {
+                Some(Ok(Message::Ping(_))) => return,
+                Some(Ok(Message::Close(frame))) => panic!("closed ({frame:?}) before a ping"),
+                None | Some(Err(_)) => panic!("the connection ended before a ping"),
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
     /// Sends a ping frame and waits for the pong: proves the connection still works.
     pub async fn ping(&mut self) {
         self.send_json(json!({"type": "ping"})).await;
@@ -385,7 +401,7 @@ async fn status_and_body(response: reqwest::Response) -> (u16, Value) {
 }
 
 /// The pid printed after the last `key` in `output` (as in `echo key=$!`).
-fn pid_after(output: &str, key: &str) -> i32 {
+pub fn pid_after(output: &str, key: &str) -> i32 {
     let start = output.rfind(key).expect("pid printed") + key.len();
     output[start..]
         .chars()
