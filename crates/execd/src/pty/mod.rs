@@ -365,4 +365,39 @@ mod tests {
         ]));
         assert_eq!(params, WsParams::default());
     }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    #[test]
+    fn timings_default_to_the_spec_from_flags_and_from_config_default() {
+        use clap::Parser;
+        let spec = PtyTimings {
+            ping_interval: Duration::from_secs(30),
+            silence_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(10),
+            takeover_timeout: Duration::from_secs(5),
+        };
+        assert_eq!(PtyTimings::default(), spec);
+        assert_eq!(PtyTimings::from_config(&Config::default()), spec);
+        let parsed = Cli::try_parse_from(["execd"]).expect("parses no flags");
+        assert_eq!(PtyTimings::from_config(&parsed.config), spec);
+        let flags = [
+            "execd",
+            "--pty-ping-interval-ms=100",
+            "--pty-silence-timeout-ms=200",
+            "--pty-write-timeout-ms=300",
+            "--pty-takeover-timeout-ms=0",
+        ];
+        let parsed = Cli::try_parse_from(flags).expect("parses the hidden flags");
+        let timings = PtyTimings::from_config(&parsed.config);
+        assert_eq!(timings.ping_interval, Duration::from_millis(100));
+        assert_eq!(timings.silence_timeout, Duration::from_millis(200));
+        assert_eq!(timings.write_timeout, Duration::from_millis(300));
+        // Zero would make the timers panic; it is raised to a millisecond.
+        assert_eq!(timings.takeover_timeout, Duration::from_millis(1));
+    }
 }
