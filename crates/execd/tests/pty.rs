@@ -907,6 +907,7 @@ async fn server_pings_attached_clients_and_an_answering_client_stays() {
         holder.wait_ws_ping().await;
     }
     holder.run("echo still-$((2+3))", "still-5").await;
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
 }
 
 #[tokio::test]
@@ -944,6 +945,7 @@ async fn a_silent_holder_is_dropped_and_the_shell_lives_on() {
     assert_eq!(daemon.status(&id).await["running"], true);
     // The dropped connection just ended (no close frame).
     assert_eq!(silent.wait_close().await.0, 1006);
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
 }
 
 #[tokio::test]
