@@ -280,6 +280,24 @@ fn locate(root: &Root, target: &Target) -> Result<Entry, CompatError> {
         .map_err(|e| fs_error(&target.shown, e))
 }
 
+/// The entry a path names and its metadata (final symlink not followed), or `None` when the
+/// path does not exist: deleting something missing is not an error.
+fn locate_existing(
+    root: &Root,
+    target: &Target,
+) -> Result<Option<(Entry, cap_std::fs::Metadata)>, CompatError> {
+    let entry = match root.locate(&target.parts) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fs_error(&target.shown, e)),
+        Ok(entry) => entry,
+    };
+    match entry.lstat() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fs_error(&target.shown, e)),
+        Ok(meta) => Ok(Some((entry, meta))),
+    }
+}
+
 fn apply_permission(root: &Root, target: &Target, perm: &Permission) -> Result<(), CompatError> {
     let mode = perm.mode.filter(|m| *m != 0).map(octal_mode).transpose()?;
     let owner = perm.owner.as_deref().filter(|o| !o.is_empty());
@@ -407,21 +425,14 @@ impl Files {
             let root = files.open_root()?;
             for raw in paths {
                 let target = files.target(&raw)?;
-                let entry = match root.locate(&target.parts) {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(fs_error(&target.shown, e)),
-                    Ok(entry) => entry,
+                let Some((entry, meta)) = locate_existing(&root, &target)? else {
+                    continue;
                 };
-                match entry.lstat() {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(fs_error(&target.shown, e)),
-                    Ok(meta) if meta.is_dir() => {
-                        return Err(CompatError::Runtime(format!(
-                            "error removing file {}: is a directory",
-                            target.shown
-                        )));
-                    }
-                    Ok(_) => {}
+                if meta.is_dir() {
+                    return Err(CompatError::Runtime(format!(
+                        "error removing file {}: is a directory",
+                        target.shown
+                    )));
                 }
                 match entry.dir.remove_file_or_symlink(&entry.name) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -507,21 +518,18 @@ impl Files {
             let root = files.open_root()?;
             for raw in paths {
                 let target = files.target(&raw)?;
-                let entry = match root.locate(&target.parts) {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(fs_error(&target.shown, e)),
-                    Ok(entry) => entry,
+                let Some((entry, meta)) = locate_existing(&root, &target)? else {
+                    continue;
                 };
                 if entry.is_root() {
                     return Err(CompatError::Runtime(
                         "refusing to remove the root".to_owned(),
                     ));
                 }
-                let result = match entry.lstat() {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => Err(e),
-                    Ok(meta) if meta.is_dir() => entry.dir.remove_dir_all(&entry.name),
-                    Ok(_) => entry.dir.remove_file_or_symlink(&entry.name),
+                let result = if meta.is_dir() {
+                    entry.dir.remove_dir_all(&entry.name)
+                } else {
+                    entry.dir.remove_file_or_symlink(&entry.name)
                 };
                 match result {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
