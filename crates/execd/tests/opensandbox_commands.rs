@@ -214,10 +214,19 @@ async fn background_command_reports_status_and_logs_with_a_cursor() {
 async fn a_descendant_holding_stdout_open_does_not_hold_the_stream() {
     let server = Server::start().await;
     let events = server
-        .run(json!({"command": "sleep 30 & echo started"}))
+        .run(json!({"command": "sleep 30 & echo \"started $!\""}))
         .await;
-    assert_eq!(texts(&events, "stdout"), ["started"]);
+    let stdout = texts(&events, "stdout");
+    assert_eq!(stdout.len(), 1, "{stdout:?}");
+    let sleeper: i32 = stdout[0]
+        .strip_prefix("started ")
+        .and_then(|pid| pid.parse().ok())
+        .expect("the command prints `started <pid>`");
     assert_eq!(events.last().expect("final")["type"], "execution_complete");
+    // The stream ended while its descendant lives on (as in OpenSandbox); end it here.
+    let sleeper = rustix::process::Pid::from_raw(sleeper).expect("positive pid");
+    rustix::process::kill_process(sleeper, rustix::process::Signal::KILL)
+        .expect("kills the sleeper");
 }
 
 #[tokio::test]

@@ -806,6 +806,8 @@ async fn holder_that_never_reads_does_not_block_the_shell() {
     assert!(code == 1013 || code == 1006, "{code} {reason}");
     let mut again = reconnect(&daemon, &id, &format!("since={offset}&pty=0")).await;
     again.ping().await;
+    // The shell is still in `sleep 1000`; DELETE is what ends it (and the test leaves nothing).
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
 }
 
 #[tokio::test]
