@@ -298,6 +298,14 @@ fn locate_existing(
     }
 }
 
+/// A removal that found nothing to remove (someone else got there first) is not an error.
+fn ignore_missing(target: &Target, removed: io::Result<()>) -> Result<(), CompatError> {
+    match removed {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(fs_error(&target.shown, e)),
+        _ => Ok(()),
+    }
+}
+
 fn apply_permission(root: &Root, target: &Target, perm: &Permission) -> Result<(), CompatError> {
     let mode = perm.mode.filter(|m| *m != 0).map(octal_mode).transpose()?;
     let owner = perm.owner.as_deref().filter(|o| !o.is_empty());
@@ -419,29 +427,37 @@ impl Files {
         .await
     }
 
-    pub async fn delete_files(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
+    /// Runs `each` on the blocking pool for every `(path, item)` in order, stopping at the
+    /// first error: the shared loop of the routes that act on a list of paths.
+    async fn for_each_path<T: Send + 'static>(
+        self: &Arc<Self>,
+        items: impl IntoIterator<Item = (String, T)> + Send + 'static,
+        each: impl Fn(&Root, &Target, T) -> Result<(), CompatError> + Send + 'static,
+    ) -> Result<(), CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
             let root = files.open_root()?;
-            for raw in paths {
-                let target = files.target(&raw)?;
-                let Some((entry, meta)) = locate_existing(&root, &target)? else {
-                    continue;
-                };
-                if meta.is_dir() {
-                    return Err(CompatError::Runtime(format!(
-                        "error removing file {}: is a directory",
-                        target.shown
-                    )));
-                }
-                match entry.dir.remove_file_or_symlink(&entry.name) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                        return Err(fs_error(&target.shown, e));
-                    }
-                    _ => {}
-                }
+            for (raw, item) in items {
+                each(&root, &files.target(&raw)?, item)?;
             }
             Ok(())
+        })
+        .await
+    }
+
+    pub async fn delete_files(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
+        let items = paths.into_iter().map(|path| (path, ()));
+        self.for_each_path(items, |root, target, ()| {
+            let Some((entry, meta)) = locate_existing(root, target)? else {
+                return Ok(());
+            };
+            if meta.is_dir() {
+                return Err(CompatError::Runtime(format!(
+                    "error removing file {}: is a directory",
+                    target.shown
+                )));
+            }
+            ignore_missing(target, entry.dir.remove_file_or_symlink(&entry.name))
         })
         .await
     }
@@ -483,14 +499,8 @@ impl Files {
         self: &Arc<Self>,
         request: HashMap<String, Permission>,
     ) -> Result<(), CompatError> {
-        let files = Arc::clone(self);
-        blocking(move || {
-            let root = files.open_root()?;
-            for (raw, perm) in request {
-                let target = files.target(&raw)?;
-                apply_permission(&root, &target, &perm)?;
-            }
-            Ok(())
+        self.for_each_path(request, |root, target, perm| {
+            apply_permission(root, target, &perm)
         })
         .await
     }
@@ -499,46 +509,30 @@ impl Files {
         self: &Arc<Self>,
         request: HashMap<String, Permission>,
     ) -> Result<(), CompatError> {
-        let files = Arc::clone(self);
-        blocking(move || {
-            let root = files.open_root()?;
-            for (raw, perm) in request {
-                let target = files.target(&raw)?;
-                create_dirs(&root, &target.parts, &target.shown)?;
-                apply_permission(&root, &target, &perm)?;
-            }
-            Ok(())
+        self.for_each_path(request, |root, target, perm| {
+            create_dirs(root, &target.parts, &target.shown)?;
+            apply_permission(root, target, &perm)
         })
         .await
     }
 
     pub async fn remove_dirs(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
-        let files = Arc::clone(self);
-        blocking(move || {
-            let root = files.open_root()?;
-            for raw in paths {
-                let target = files.target(&raw)?;
-                let Some((entry, meta)) = locate_existing(&root, &target)? else {
-                    continue;
-                };
-                if entry.is_root() {
-                    return Err(CompatError::Runtime(
-                        "refusing to remove the root".to_owned(),
-                    ));
-                }
-                let result = if meta.is_dir() {
-                    entry.dir.remove_dir_all(&entry.name)
-                } else {
-                    entry.dir.remove_file_or_symlink(&entry.name)
-                };
-                match result {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                        return Err(fs_error(&target.shown, e));
-                    }
-                    _ => {}
-                }
+        let items = paths.into_iter().map(|path| (path, ()));
+        self.for_each_path(items, |root, target, ()| {
+            let Some((entry, meta)) = locate_existing(root, target)? else {
+                return Ok(());
+            };
+            if entry.is_root() {
+                return Err(CompatError::Runtime(
+                    "refusing to remove the root".to_owned(),
+                ));
             }
-            Ok(())
+            let removed = if meta.is_dir() {
+                entry.dir.remove_dir_all(&entry.name)
+            } else {
+                entry.dir.remove_file_or_symlink(&entry.name)
+            };
+            ignore_missing(target, removed)
         })
         .await
     }
