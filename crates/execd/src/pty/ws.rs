@@ -98,6 +98,16 @@ impl Conn {
         self.send(Message::Text(frame.to_json().into())).await
     }
 
+    /// The opening of an attach: the replay frame, if there is one, then `connected`.
+    async fn open(&mut self, replay_frame: Option<Vec<u8>>, connected: &ServerFrame) -> bool {
+        if let Some(frame) = replay_frame
+            && !self.send(Message::Binary(frame.into())).await
+        {
+            return false;
+        }
+        self.send_frame(connected).await
+    }
+
     async fn close(mut self, code: u16, reason: &str) {
         let frame = CloseFrame {
             code,
@@ -174,17 +184,13 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         finished,
     } = attach;
     let outcome = async {
-        if let Some((offset, bytes)) = replay
-            && !conn.send(Message::Binary(encode_replay(offset, &bytes).into())).await
-        {
-            return Next::Stop;
-        }
         let connected = ServerFrame::Connected {
             session_id: session.id.clone(),
             mode: shell.mode,
             role: PtyRole::Holder,
         };
-        if !conn.send_frame(&connected).await {
+        let replay_frame = replay.map(|(offset, bytes)| encode_replay(offset, &bytes));
+        if !conn.open(replay_frame, &connected).await {
             return Next::Stop;
         }
         let mut ping = conn.ping_timer();
@@ -412,15 +418,15 @@ async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
                 ViewerRead::Exit(_) | ViewerRead::Idle => break,
             }
         }
-        if !replay.is_empty() && !conn.send(Message::Binary(replay.into())).await {
-            return Next::Stop;
-        }
         let connected = ServerFrame::Connected {
             session_id: session.id.clone(),
             mode: attach.mode,
             role: PtyRole::Viewer,
         };
-        if !conn.send_frame(&connected).await {
+        if !conn
+            .open((!replay.is_empty()).then_some(replay), &connected)
+            .await
+        {
             return Next::Stop;
         }
         let mut ping = conn.ping_timer();
