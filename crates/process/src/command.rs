@@ -147,7 +147,7 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 /// Sends `signal` to process group `pgid`. Refuses groups 0 and 1 and the daemon's own group,
 /// which a stale or racy lookup could otherwise hit.
 pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
-    let own = rustix::process::getpgrp().as_raw_nonzero().get();
+    let (own, _) = crate::tree::own_group_and_session();
     if pgid <= 1 || pgid == own {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn signal_group_refuses_kernel_init_and_own_group() {
-        let own = rustix::process::getpgrp().as_raw_nonzero().get();
+        let (own, _) = crate::tree::own_group_and_session();
         for pgid in [-5, 0, 1, own] {
             let err = signal_group(pgid, Signal::CONT).expect_err("refused");
             assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "pgid {pgid}");

@@ -68,6 +68,17 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     })
 }
 
+/// This process's group and session ids as this PID namespace sees them: 0 when the leader lives
+/// outside the namespace (a daemon started inside a container by a process outside it). The
+/// rustix `getpgrp`/`getsid` wrappers assume a positive id, so they are not used for these.
+pub(crate) fn own_group_and_session() -> (i32, i32) {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .as_deref()
+        .and_then(parse_stat)
+        .map_or((0, 0), |stat| (stat.pgid, stat.sid))
+}
+
 fn all_processes() -> Vec<ProcStat> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -139,7 +150,7 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
 /// after the scan is hit too), and to each member directly. The daemon's own group is never
 /// signalled as a group.
 fn signal_members(members: &[i32], signal: Signal) {
-    let own_pgid = rustix::process::getpgrp().as_raw_nonzero().get();
+    let (own_pgid, _) = own_group_and_session();
     let mut groups = BTreeSet::new();
     for pid in members {
         if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -225,6 +236,20 @@ mod tests {
     fn a_tree_rooted_at_the_kernel_or_init_has_no_members_without_a_marker() {
         assert_eq!(tree_members(&TreeId::new(0, None)), Vec::<i32>::new());
         assert_eq!(tree_members(&TreeId::new(1, None)), Vec::<i32>::new());
+    }
+
+    #[test]
+    fn own_group_and_session_match_what_ps_reports() {
+        let out = std::process::Command::new("ps")
+            .args(["-o", "pgid=,sid=", "-p", &std::process::id().to_string()])
+            .output()
+            .expect("runs ps");
+        let ids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|s| s.parse().expect("a number"))
+            .collect();
+        let (pgid, sid) = own_group_and_session();
+        assert_eq!(ids, vec![pgid, sid]);
     }
 
     #[test]
