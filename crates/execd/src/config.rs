@@ -31,6 +31,11 @@ pub struct Config {
     #[arg(long, default_value_t = 3600)]
     pub command_retention_secs: u64,
 
+    /// Most finished OpenSandbox command records kept, whatever their age; the oldest (and
+    /// their logs) go first.
+    #[arg(long, default_value_t = 1024)]
+    pub command_records_max: usize,
+
     /// PTY WebSocket: interval between server pings, in milliseconds.
     #[arg(long, hide = true, default_value_t = 30_000)]
     pub pty_ping_interval_ms: u64,
@@ -59,6 +64,7 @@ impl Default for Config {
             root: PathBuf::from("/"),
             pass_env: Vec::new(),
             command_retention_secs: 3600,
+            command_records_max: 1024,
             pty_ping_interval_ms: 30_000,
             pty_silence_timeout_ms: 60_000,
             pty_write_timeout_ms: 10_000,

@@ -357,6 +357,32 @@ async fn finished_records_expire_and_take_their_logs_with_them() {
 }
 
 #[tokio::test]
+async fn only_the_newest_finished_records_are_kept_beyond_the_cap() {
+    const MAX: usize = 4;
+    let server = Server::start_with(|config| config.command_records_max = MAX).await;
+    let log_dir = server.execd.opensandbox.command_log_dir().to_path_buf();
+    let mut ids = Vec::with_capacity(MAX + 2);
+    let background = server.start_background("echo hi").await;
+    server.wait_until_finished(&background, "the background command").await;
+    ids.push(background);
+    for _ in 0..MAX {
+        let events = server.run(json!({"command": "true"})).await;
+        assert_eq!(events.last().expect("final")["type"], "execution_complete");
+        ids.push(command_id(&events));
+    }
+    let oldest = server.get(&format!("/command/status/{}", ids[0])).await;
+    assert_error(oldest, 404, "INVALID_REQUEST_BODY").await;
+    for id in &ids[1..] {
+        assert_eq!(server.command_status(id).await["running"], false);
+    }
+    eventually("the dropped background command's log file to be deleted", || async {
+        let n_files = std::fs::read_dir(&log_dir).ok()?.count();
+        (n_files == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_client_that_leaves_does_not_kill_the_command() {
     let server = Server::start().await;
     let marker = server.path("marker");

@@ -31,13 +31,14 @@ pub struct GatewayArgs {
     /// A brain with no turn and no pending permission is stopped after this long.
     #[arg(long, env = "WARREN_BRAIN_IDLE", default_value = "2h", value_parser = parse_duration)]
     pub brain_idle: Duration,
-    /// Idle hands are paused after this long (used by the hands lifecycle).
+    /// Reserved for the hands lifecycle: idle hands will be paused after this long. Today hands
+    /// run until their session is deleted or the gateway stops.
     #[arg(long, env = "WARREN_HANDS_IDLE_PAUSE", default_value = "2m", value_parser = parse_duration)]
     pub hands_idle_pause: Duration,
-    /// Paused hands are archived after this long (used by the hands lifecycle).
+    /// Reserved for the hands lifecycle: paused hands will be archived after this long.
     #[arg(long, env = "WARREN_HANDS_ARCHIVE_AFTER", default_value = "24h", value_parser = parse_duration)]
     pub hands_archive_after: Duration,
-    /// Snapshots larger than this are not archived.
+    /// Reserved for the hands lifecycle: snapshots larger than this will not be archived.
     #[arg(long, env = "WARREN_SNAPSHOT_MAX", default_value = "512MiB", value_parser = parse_size)]
     pub snapshot_max: u64,
     /// The `warren` binary used to start hands (`execd`), the MCP server and the built-in

@@ -4,7 +4,7 @@
 //!
 //! A foreground stream ends the moment the final event is written (no tail sleep) and output is
 //! forwarded as it is read. Records of finished commands expire after the retention period (and
-//! beyond [`MAX_FINISHED_RECORDS`]), taking their log files with them. Killing uses
+//! beyond `--command-records-max`), taking their log files with them. Killing uses
 //! `warren_process::kill_tree`; every child is reaped by its own task.
 
 use std::collections::HashMap;
@@ -25,8 +25,6 @@ use super::stream::{EventSink, LineSplitter};
 
 /// Most bytes of output kept per background command; later output is counted and dropped.
 pub const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
-/// Most finished records kept regardless of age; the oldest go first.
-pub const MAX_FINISHED_RECORDS: usize = 1024;
 /// How long SIGTERM gets before SIGKILL (interrupts and timeouts).
 pub const KILL_GRACE: Duration = Duration::from_secs(3);
 /// How often a `ping` event is sent while a command runs.
@@ -39,6 +37,8 @@ pub struct Commands {
     records: Mutex<HashMap<String, Arc<CommandRecord>>>,
     log_dir: PathBuf,
     retention: Duration,
+    /// Most finished records kept regardless of age; the oldest go first.
+    max_finished: usize,
     default_cwd: PathBuf,
 }
 
@@ -76,11 +76,17 @@ struct Launch {
 }
 
 impl Commands {
-    pub fn new(log_dir: PathBuf, retention: Duration, default_cwd: PathBuf) -> Self {
+    pub fn new(
+        log_dir: PathBuf,
+        retention: Duration,
+        max_finished: usize,
+        default_cwd: PathBuf,
+    ) -> Self {
         Self {
             records: Mutex::new(HashMap::new()),
             log_dir,
             retention,
+            max_finished,
             default_cwd,
         }
     }
@@ -285,7 +291,7 @@ impl Commands {
                 .filter_map(|r| r.finished_instant().map(|at| (at, r.id.clone())))
                 .collect();
             finished.sort();
-            let n_over = finished.len().saturating_sub(MAX_FINISHED_RECORDS);
+            let n_over = finished.len().saturating_sub(self.max_finished);
             for (index, (at, id)) in finished.into_iter().enumerate() {
                 if (index < n_over || now.duration_since(at) >= self.retention)
                     && let Some(record) = records.remove(&id)

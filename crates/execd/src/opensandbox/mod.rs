@@ -150,6 +150,7 @@ impl Compat {
                 commands: commands::Commands::new(
                     log_dir,
                     Duration::from_secs(config.command_retention_secs),
+                    config.command_records_max,
                     default_cwd,
                 ),
                 sessions: bash_sessions::Sessions::default(),
