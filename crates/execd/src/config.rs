@@ -19,6 +19,10 @@ pub struct Config {
     #[arg(long, default_value_t = 256)]
     pub max_pty_sessions: usize,
 
+    /// Most OpenSandbox bash sessions that may exist at once; creating more answers 429.
+    #[arg(long, default_value_t = 64)]
+    pub max_bash_sessions: usize,
+
     /// Directory that confines the files API (and the default working directory).
     #[arg(long, default_value = "/")]
     pub root: PathBuf,
@@ -61,6 +65,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 44772)),
             access_token: None,
             max_pty_sessions: 256,
+            max_bash_sessions: 64,
             root: PathBuf::from("/"),
             pass_env: Vec::new(),
             command_retention_secs: 3600,

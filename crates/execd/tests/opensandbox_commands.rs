@@ -507,6 +507,26 @@ async fn session_errors_and_deletion() {
 }
 
 #[tokio::test]
+async fn bash_sessions_beyond_the_limit_get_429_until_one_is_deleted() {
+    let server = Server::start_with(|config| config.max_bash_sessions = 2).await;
+    let first = server.create_session(json!({})).await;
+    server.create_session(json!({})).await;
+    let message = assert_error(
+        server.post_json("/session", json!({})).await,
+        429,
+        "TOO_MANY_SESSIONS",
+    )
+    .await;
+    assert!(message.contains("limit is 2"), "{message}");
+    assert_eq!(server.delete(&format!("/session/{first}")).await.status(), 200);
+    let third = server.create_session(json!({})).await;
+    let events = server
+        .run_in_session(&third, json!({"command": "echo works"}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["works"]);
+}
+
+#[tokio::test]
 async fn deleting_a_command_id_that_names_a_session_closes_the_session() {
     let server = Server::start().await;
     let id = server.create_session(json!({})).await;

@@ -24,9 +24,10 @@ use super::spawn::{self, SpawnSpec};
 use super::stream::{EventSink, LineSplitter};
 
 /// The registry of bash sessions.
-#[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<String, Arc<BashSession>>>,
+    /// Most sessions that may exist at once.
+    max: usize,
 }
 
 struct BashSession {
@@ -55,6 +56,13 @@ enum RunEnd {
 }
 
 impl Sessions {
+    pub fn new(max: usize) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            max,
+        }
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<BashSession>>> {
         // Single map operations only, so a poisoned lock is still consistent.
         self.map
@@ -64,6 +72,9 @@ impl Sessions {
 
     /// `POST /session`: registers a session; its shell starts with the first run.
     pub async fn create(&self, cwd: PathBuf) -> Result<String, CompatError> {
+        if self.map().len() >= self.max {
+            return Err(CompatError::TooManySessions(self.max));
+        }
         let dir = cwd.clone();
         tokio::task::spawn_blocking(move || std::fs::create_dir_all(&dir))
             .await
@@ -78,7 +89,12 @@ impl Sessions {
             shell: tokio::sync::Mutex::new(None),
             tree: Mutex::new(None),
         });
-        self.map().insert(id.clone(), session);
+        // Checked again under the lock that inserts: creations may race past the early check.
+        let mut map = self.map();
+        if map.len() >= self.max {
+            return Err(CompatError::TooManySessions(self.max));
+        }
+        map.insert(id.clone(), session);
         Ok(id)
     }
 

@@ -64,6 +64,8 @@ pub enum CompatError {
     RangeNotSatisfiable(u64),
     #[error("{0}")]
     NotSupported(String),
+    #[error("too many bash sessions (the limit is {0}); delete one first")]
+    TooManySessions(usize),
     /// A failure the client should see (OpenSandbox's `RUNTIME_ERROR` cases).
     #[error("{0}")]
     Runtime(String),
@@ -93,6 +95,7 @@ impl From<CompatError> for ApiError {
                 (StatusCode::RANGE_NOT_SATISFIABLE, "INVALID_REQUEST_BODY")
             }
             CompatError::NotSupported(_) => (StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED"),
+            CompatError::TooManySessions(_) => (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),
             CompatError::Runtime(_) => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
             CompatError::Internal(detail) => return ApiError::internal(detail),
         };
@@ -153,7 +156,7 @@ impl Compat {
                     config.command_records_max,
                     default_cwd,
                 ),
-                sessions: bash_sessions::Sessions::default(),
+                sessions: bash_sessions::Sessions::new(config.max_bash_sessions),
                 files,
             }),
         }
