@@ -363,7 +363,9 @@ async fn only_the_newest_finished_records_are_kept_beyond_the_cap() {
     let log_dir = server.execd.opensandbox.command_log_dir().to_path_buf();
     let mut ids = Vec::with_capacity(MAX + 2);
     let background = server.start_background("echo hi").await;
-    server.wait_until_finished(&background, "the background command").await;
+    server
+        .wait_until_finished(&background, "the background command")
+        .await;
     ids.push(background);
     for _ in 0..MAX {
         let events = server.run(json!({"command": "true"})).await;
@@ -375,10 +377,13 @@ async fn only_the_newest_finished_records_are_kept_beyond_the_cap() {
     for id in &ids[1..] {
         assert_eq!(server.command_status(id).await["running"], false);
     }
-    eventually("the dropped background command's log file to be deleted", || async {
-        let n_files = std::fs::read_dir(&log_dir).ok()?.count();
-        (n_files == 0).then_some(())
-    })
+    eventually(
+        "the dropped background command's log file to be deleted",
+        || async {
+            let n_files = std::fs::read_dir(&log_dir).ok()?.count();
+            (n_files == 0).then_some(())
+        },
+    )
     .await;
 }
 
@@ -518,7 +523,10 @@ async fn bash_sessions_beyond_the_limit_get_429_until_one_is_deleted() {
     )
     .await;
     assert!(message.contains("limit is 2"), "{message}");
-    assert_eq!(server.delete(&format!("/session/{first}")).await.status(), 200);
+    assert_eq!(
+        server.delete(&format!("/session/{first}")).await.status(),
+        200
+    );
     let third = server.create_session(json!({})).await;
     let events = server
         .run_in_session(&third, json!({"command": "echo works"}))

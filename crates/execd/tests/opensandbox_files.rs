@@ -12,24 +12,48 @@ use std::path::Path;
 use opensandbox_support::*;
 use serde_json::{Value, json};
 
+/// One part of an upload body.
+enum UploadPart<'a> {
+    Metadata(Value),
+    File(&'a [u8]),
+}
+
 /// A multipart body with `(metadata json, file bytes)` pairs, in the SDK's chunked layout.
 fn multipart(pairs: &[(Value, &[u8])]) -> (String, Vec<u8>) {
+    let parts: Vec<UploadPart> = pairs
+        .iter()
+        .flat_map(|(metadata, content)| {
+            [
+                UploadPart::Metadata(metadata.clone()),
+                UploadPart::File(content),
+            ]
+        })
+        .collect();
+    multipart_parts(&parts)
+}
+
+/// A multipart body with the parts in exactly the given order.
+fn multipart_parts(parts: &[UploadPart]) -> (String, Vec<u8>) {
     let boundary = "warrenTestBoundary1234";
     let mut body = Vec::new();
-    for (metadata, content) in pairs {
+    for part in parts {
         body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
-        body.extend_from_slice(
-            b"Content-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n",
-        );
-        body.extend_from_slice(b"Content-Type: application/json\r\n\r\n");
-        body.extend_from_slice(metadata.to_string().as_bytes());
-        body.extend_from_slice(b"\r\n");
-        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
-        body.extend_from_slice(
-            b"Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n",
-        );
-        body.extend_from_slice(b"Content-Type: application/octet-stream\r\n\r\n");
-        body.extend_from_slice(content);
+        match part {
+            UploadPart::Metadata(metadata) => {
+                body.extend_from_slice(
+                    b"Content-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n",
+                );
+                body.extend_from_slice(b"Content-Type: application/json\r\n\r\n");
+                body.extend_from_slice(metadata.to_string().as_bytes());
+            }
+            UploadPart::File(content) => {
+                body.extend_from_slice(
+                    b"Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n",
+                );
+                body.extend_from_slice(b"Content-Type: application/octet-stream\r\n\r\n");
+                body.extend_from_slice(content);
+            }
+        }
         body.extend_from_slice(b"\r\n");
     }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
@@ -191,6 +215,61 @@ async fn upload_creates_parents_and_download_and_info_see_the_file() {
         .filter(|e| e.file_name().to_string_lossy().contains("warren"))
         .collect();
     assert!(leftovers.is_empty(), "no temporary files are left behind");
+}
+
+#[tokio::test]
+async fn upload_pairs_metadata_and_file_parts_by_index_in_either_order() {
+    use UploadPart::{File, Metadata};
+    let server = Server::start().await;
+    let path = |name: &str| server.path(&format!("order/{name}"));
+    let parts = [
+        File(b"first"),
+        Metadata(json!({"path": path("a.txt"), "mode": 600})),
+        Metadata(json!({"path": path("b.txt")})),
+        File(b"second"),
+        File(b"third"),
+        File(b"fourth"),
+        Metadata(json!({"path": path("c.txt")})),
+        Metadata(json!({"path": path("d.txt")})),
+    ];
+    let (content_type, body) = multipart_parts(&parts);
+    let response = send(upload_request(&server, content_type).body(body)).await;
+    assert_eq!(response.status(), 200);
+    for (name, content) in [
+        ("a.txt", "first"),
+        ("b.txt", "second"),
+        ("c.txt", "third"),
+        ("d.txt", "fourth"),
+    ] {
+        assert_eq!(std::fs::read_to_string(path(name)).expect("read"), content);
+    }
+    let mode = std::fs::metadata(path("a.txt"))
+        .expect("stat")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "a staged file still gets its metadata's mode"
+    );
+
+    // A file part whose metadata never comes: 400, and nothing is written for it.
+    let (content_type, body) = multipart_parts(&[
+        Metadata(json!({"path": path("e.txt")})),
+        File(b"fifth"),
+        File(b"orphan"),
+    ]);
+    let response = send(upload_request(&server, content_type).body(body)).await;
+    let message = assert_error(response, 400, "INVALID_FILE_METADATA").await;
+    assert!(message.contains("without a metadata part"), "{message}");
+    let names: Vec<String> = std::fs::read_dir(server.path("order"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("warren")),
+        "no temporary files: {names:?}"
+    );
 }
 
 #[tokio::test]

@@ -10,7 +10,8 @@
 //! `NOT_REGULAR_FILE`; a symlink loop is a 500 `RUNTIME_ERROR` that says so.
 //!
 //! All filesystem work runs on the blocking pool. Uploads are streamed into a temporary file next
-//! to the destination, fsynced and renamed into place. `/files/replace` rewrites the file a
+//! to the destination, fsynced and renamed into place (a file part sent before its metadata is
+//! first staged in an unnamed temporary file). `/files/replace` rewrites the file a
 //! symlink points to, leaving the link in place; an upload replaces the link itself.
 
 use std::collections::HashMap;
@@ -636,8 +637,12 @@ impl Files {
 
     /// `POST /files/upload`: pairs `metadata` and `file` parts by order and streams each file
     /// to disk.
+    ///
+    /// `metadata` and `file` parts are paired by index, in either order: a file part that comes
+    /// before its metadata is staged in an unnamed temporary file until the metadata arrives.
     pub async fn upload(self: &Arc<Self>, mut multipart: Multipart) -> Result<(), CompatError> {
         let mut pending: std::collections::VecDeque<FileMetadata> = Default::default();
+        let mut staged: std::collections::VecDeque<std::fs::File> = Default::default();
         let mut n_files = 0usize;
         loop {
             let field = multipart
@@ -666,17 +671,21 @@ impl Files {
                             "metadata path is empty".to_owned(),
                         ));
                     }
-                    pending.push_back(metadata);
+                    match staged.pop_front() {
+                        Some(content) => {
+                            self.upload_one(metadata, Content::Staged(content)).await?;
+                            n_files += 1;
+                        }
+                        None => pending.push_back(metadata),
+                    }
                 }
-                Some("file") => {
-                    let metadata = pending.pop_front().ok_or_else(|| {
-                        CompatError::InvalidFileMetadata(
-                            "file part without a metadata part before it".to_owned(),
-                        )
-                    })?;
-                    self.upload_one(metadata, &mut field).await?;
-                    n_files += 1;
-                }
+                Some("file") => match pending.pop_front() {
+                    Some(metadata) => {
+                        self.upload_one(metadata, Content::Part(&mut field)).await?;
+                        n_files += 1;
+                    }
+                    None => staged.push_back(stage(&mut field).await?),
+                },
                 _ => {
                     // Unknown parts are skipped (their bytes are drained by the next call).
                 }
@@ -685,6 +694,11 @@ impl Files {
         if !pending.is_empty() {
             return Err(CompatError::InvalidFile(
                 "metadata part without a file part".to_owned(),
+            ));
+        }
+        if !staged.is_empty() {
+            return Err(CompatError::InvalidFileMetadata(
+                "file part without a metadata part".to_owned(),
             ));
         }
         if n_files == 0 {
@@ -698,7 +712,7 @@ impl Files {
     async fn upload_one(
         self: &Arc<Self>,
         metadata: FileMetadata,
-        field: &mut axum::extract::multipart::Field<'_>,
+        content: Content<'_, '_>,
     ) -> Result<(), CompatError> {
         let target = self.target(&metadata.path)?;
         let mode = metadata
@@ -730,25 +744,28 @@ impl Files {
             Ok((entry, temp, file))
         })
         .await?;
-        let mut writer = tokio::fs::File::from_std(file.into_std());
-        let streamed: Result<(), CompatError> =
-            async {
-                while let Some(chunk) = field.chunk().await.map_err(|e| {
-                    CompatError::InvalidFileContent(format!("reading file part: {e}"))
-                })? {
-                    writer
-                        .write_all(&chunk)
-                        .await
-                        .map_err(|e| fs_error(&target.shown, e))?;
-                }
-                writer
-                    .flush()
+        let (file, streamed) = match content {
+            Content::Part(field) => {
+                let mut writer = tokio::fs::File::from_std(file.into_std());
+                let streamed = copy_part(field, &mut writer)
                     .await
-                    .map_err(|e| fs_error(&target.shown, e))?;
-                Ok(())
+                    .map_err(|e| e.into_compat(&target.shown));
+                (writer.into_std().await, streamed)
             }
-            .await;
-        let file = writer.into_std().await;
+            Content::Staged(mut staged) => {
+                let mut out = file.into_std();
+                let shown = target.shown.clone();
+                blocking(move || {
+                    let copied = staged
+                        .seek(SeekFrom::Start(0))
+                        .and_then(|_| io::copy(&mut staged, &mut out))
+                        .map(drop)
+                        .map_err(|e| fs_error(&shown, e));
+                    Ok((out, copied))
+                })
+                .await?
+            }
+        };
         blocking(move || {
             let finish = || -> Result<(), CompatError> {
                 streamed?;
@@ -880,6 +897,63 @@ fn create_temp_beside(entry: &Entry, shown: &str) -> Result<(PathBuf, File), Com
         .open_with(&temp, &options)
         .map_err(|e| fs_error(shown, e))?;
     Ok((temp, file))
+}
+
+/// Where an uploaded file's bytes come from.
+enum Content<'a, 'b> {
+    /// The multipart part being read (its metadata came first).
+    Part(&'a mut axum::extract::multipart::Field<'b>),
+    /// A part read earlier into an unnamed temporary file (it came before its metadata).
+    Staged(std::fs::File),
+}
+
+/// A failure while copying a multipart part: reading the request or writing the file.
+enum PartError {
+    Read(String),
+    Write(io::Error),
+}
+
+impl PartError {
+    fn into_compat(self, shown: &str) -> CompatError {
+        match self {
+            PartError::Read(e) => {
+                CompatError::InvalidFileContent(format!("reading file part: {e}"))
+            }
+            PartError::Write(e) => fs_error(shown, e),
+        }
+    }
+}
+
+/// Streams a multipart part's bytes into `writer` and flushes it.
+async fn copy_part(
+    field: &mut axum::extract::multipart::Field<'_>,
+    writer: &mut tokio::fs::File,
+) -> Result<(), PartError> {
+    while let Some(chunk) = field
+        .chunk()
+        .await
+        .map_err(|e| PartError::Read(e.to_string()))?
+    {
+        writer.write_all(&chunk).await.map_err(PartError::Write)?;
+    }
+    writer.flush().await.map_err(PartError::Write)
+}
+
+/// Reads a file part that arrived before its metadata into an unnamed temporary file (gone
+/// with its handle, so an abandoned upload leaves nothing behind).
+async fn stage(
+    field: &mut axum::extract::multipart::Field<'_>,
+) -> Result<std::fs::File, CompatError> {
+    let file = blocking(|| {
+        tempfile::tempfile()
+            .map_err(|e| CompatError::Internal(format!("creating an upload staging file: {e}")))
+    })
+    .await?;
+    let mut writer = tokio::fs::File::from_std(file);
+    copy_part(field, &mut writer)
+        .await
+        .map_err(|e| e.into_compat("the upload staging file"))?;
+    Ok(writer.into_std().await)
 }
 
 /// Writes `content` to a temporary file next to `entry`, gives it the old file's mode and
