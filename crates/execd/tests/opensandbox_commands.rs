@@ -560,16 +560,27 @@ async fn ping_metrics_and_unsupported_routes() {
     let mut stream = response.bytes_stream();
     let mut text = String::new();
     tokio::time::timeout(WAIT, async {
-        while !text.contains('\n') {
+        while text.matches('\n').count() < 2 {
             let chunk = stream.next().await.expect("more data").expect("chunk");
             text.push_str(&String::from_utf8_lossy(&chunk));
         }
     })
     .await
-    .expect("a first metrics line");
-    let first: Value =
-        serde_json::from_str(text.lines().next().expect("a line")).expect("json line");
-    assert!(first["mem_total_mib"].as_f64().is_some_and(|m| m > 0.0));
+    .expect("two metrics lines, one a second");
+    let lines: Vec<Value> = text
+        .lines()
+        .take(2)
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+        .collect();
+    assert!(lines[0]["mem_total_mib"].as_f64().is_some_and(|m| m > 0.0));
+    let (first_ms, second_ms) = (
+        lines[0]["timestamp"].as_i64(),
+        lines[1]["timestamp"].as_i64(),
+    );
+    assert!(
+        first_ms.zip(second_ms).is_some_and(|(a, b)| b > a),
+        "a later sample follows: {text}"
+    );
 
     for path in [
         "/code",
@@ -617,4 +628,87 @@ async fn shutdown_kills_running_commands_and_sessions() {
     server
         .wait_until_finished(&id, "the command to be recorded as finished after shutdown")
         .await;
+}
+
+#[tokio::test]
+async fn command_and_session_streams_are_unbuffered_event_streams() {
+    let server = Server::start().await;
+    let id = server.create_session(json!({})).await;
+    for path in ["/command".to_owned(), format!("/session/{id}/run")] {
+        let response = server.post_json(&path, json!({"command": "echo hi"})).await;
+        assert_eq!(response.status(), 200, "{path}");
+        let headers = response.headers().clone();
+        assert_eq!(headers["content-type"], "text/event-stream", "{path}");
+        assert_eq!(headers["cache-control"], "no-cache", "{path}");
+        assert_eq!(headers["x-accel-buffering"], "no", "{path}");
+        let events = parse_events(&response.text().await.expect("text"));
+        assert_eq!(texts(&events, "stdout"), ["hi"], "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_command_running_past_three_seconds_gets_another_ping() {
+    let server = Server::start().await;
+    let id = server.create_session(json!({})).await;
+    let body = json!({"command": "sleep 4; echo done"});
+    let (command, session) = tokio::join!(
+        server.run(body.clone()),
+        server.run_in_session(&id, body.clone())
+    );
+    for (what, events) in [("command", command), ("session run", session)] {
+        let n_pings = texts(&events, "ping")
+            .iter()
+            .inspect(|text| assert_eq!(*text, "pong", "{what}"))
+            .count();
+        assert!(
+            n_pings >= 2,
+            "{what}: a ping at once and another after 3 s: {events:?}"
+        );
+        assert_eq!(texts(&events, "stdout"), ["done"], "{what}");
+        assert_eq!(
+            events.last().expect("final")["type"],
+            "execution_complete",
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unknown_json_fields_are_ignored() {
+    let server = Server::start().await;
+    let events = server
+        .run(
+            json!({"command": "echo ok", "future_option": {"nested": [1, 2]}, "background": false}),
+        )
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["ok"]);
+    let id = server
+        .create_session(json!({"cwd": server.path("s"), "future_option": true}))
+        .await;
+    let events = server
+        .run_in_session(&id, json!({"command": "echo ok", "future_option": 1}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["ok"]);
+}
+
+#[tokio::test]
+async fn session_run_with_a_cwd_runs_there() {
+    let server = Server::start().await;
+    let dir = server.path("elsewhere");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let id = server.create_session(json!({})).await;
+    let events = server
+        .run_in_session(&id, json!({"command": "pwd", "cwd": dir}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), [dir.as_str()]);
+    assert_eq!(events.last().expect("final")["type"], "execution_complete");
+    let missing = server.path("missing");
+    let events = server
+        .run_in_session(&id, json!({"command": "echo never", "cwd": missing}))
+        .await;
+    assert!(
+        texts(&events, "stdout").iter().all(|t| t != "never"),
+        "{events:?}"
+    );
+    assert_eq!(events.last().expect("final")["type"], "error");
 }
