@@ -388,7 +388,15 @@ async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
         max_output_tokens: Some(1000),
         ..cmd_yield("seq 1 4000000", 30_000)
     };
+    let rss_before_kib = memory_kib("VmRSS");
     let result = exec(&h.engine, args).await;
+    // Nextest runs each test in its own process, so this peak is this test's alone. Keeping
+    // the output (29 MB) would raise it by far more than the bounded capture and its render.
+    let peak_growth_kib = memory_kib("VmHWM").saturating_sub(rss_before_kib);
+    assert!(
+        peak_growth_kib < 20 * 1024,
+        "memory stays flat while 29 MB pass through: peak grew by {peak_growth_kib} KiB"
+    );
     assert_eq!(result.status, ExecStatus::Exited);
     assert_eq!(result.exit_code, Some(0));
     assert!(
@@ -427,6 +435,16 @@ async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
         result.output.contains(&file),
         "the output says where the log is"
     );
+}
+
+/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
+fn memory_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
 }
 
 #[tokio::test]
