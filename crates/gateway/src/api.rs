@@ -11,7 +11,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use warren_protocol::gateway::{
     CreateSession, DeviceInfo, DeviceRegistered, MessageAccepted, PermissionAnswer, PostMessage,
     RegisterDevice, SessionInfo, SessionList,
@@ -240,32 +239,38 @@ async fn answer_permission(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
-struct EventsQuery {
-    after: Option<u64>,
-}
-
 async fn events(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
     Path(id): Path<String>,
-    Query(query): Query<EventsQuery>,
+    Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
 ) -> Result<Response, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
+    let seq = |text: &str, what: &str| {
+        text.trim()
+            .parse::<u64>()
+            .map_err(|_| GatewayError::InvalidRequest(format!("{what} must be a seq")))
+    };
     let last_event_id = match headers.get("last-event-id") {
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| {
-                    GatewayError::InvalidRequest("Last-Event-ID must be a seq".into())
-                })?,
-        ),
+        Some(value) => Some(seq(value.to_str().unwrap_or("-"), "Last-Event-ID")?),
         None => None,
     };
-    let after = last_event_id.or(query.after).unwrap_or(0);
+    // Parsed here rather than by `Query<T>`, whose rejection is plain text, not Warren's shape.
+    let query_after = match query.iter().find(|(name, _)| name == "after") {
+        Some((_, value)) => Some(seq(value, "after")?),
+        None => None,
+    };
+    let after = last_event_id.or(query_after).unwrap_or(0);
+    // A position past the end names events this log never had (a client bug, or a log that
+    // lost its unsynced tail to a power cut): following it would silently skip the events
+    // that take those seqs next, so it is refused.
+    let last_seq = session.log.last_seq();
+    if after > last_seq {
+        return Err(GatewayError::InvalidRequest(format!(
+            "cannot resume after seq {after}: the last event is {last_seq}"
+        )));
+    }
     Ok(sse::stream(session, after, gateway.args.sse_heartbeat()).into_response())
 }
 

@@ -244,7 +244,7 @@ impl EventLog {
         let (start, end) = {
             let inner = self.lock();
             let tail_first = inner.tail.front().map_or(inner.next_seq, |e| e.seq);
-            if after + 1 >= tail_first {
+            if after.saturating_add(1) >= tail_first {
                 return Ok(inner
                     .tail
                     .iter()
@@ -277,7 +277,7 @@ impl EventLog {
             return Err(SubscribeError::Closed);
         }
         let tail_first = inner.tail.front().map_or(inner.next_seq, |e| e.seq);
-        if after + 1 < tail_first {
+        if after.saturating_add(1) < tail_first {
             return Err(SubscribeError::Behind);
         }
         let backlog = inner

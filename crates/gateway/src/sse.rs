@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
-use warren_protocol::gateway::EventBody;
+use warren_protocol::gateway::{Event, EventBody};
 
 use crate::event_log::{StoredEvent, SubscribeError, Subscription};
 use crate::sessions::Session;
@@ -54,7 +54,7 @@ pub fn stream(
     heartbeat: Duration,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let first = session.log.first_seq();
-    let gap = (after + 1 < first).then_some((after, first));
+    let gap = (after.saturating_add(1) < first).then_some((after, first));
     let state = StreamState {
         session,
         last_sent: after,
@@ -72,13 +72,20 @@ pub fn stream(
 async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
     if let Some((after, next_seq)) = state.gap.take() {
         state.last_sent = next_seq - 1;
-        let body = EventBody::Gap { after, next_seq };
-        let data = serde_json::json!({"type": "gap", "after": after, "next_seq": next_seq});
+        // Shaped like every other event (`seq`, `ts`, `type`), its seq the one before the oldest
+        // kept event, so a client that decodes every event the same way decodes this one too.
+        let gap = Event {
+            seq: state.last_sent,
+            ts: crate::store::now_rfc3339(),
+            turn: None,
+            body: EventBody::Gap { after, next_seq },
+        };
+        let data = serde_json::to_string(&gap).expect("an event always serializes to JSON");
         return Some(
             SseEvent::default()
                 .id(state.last_sent.to_string())
-                .event(body.kind())
-                .data(data.to_string()),
+                .event(gap.body.kind())
+                .data(data),
         );
     }
     loop {

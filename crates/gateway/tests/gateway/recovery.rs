@@ -396,6 +396,17 @@ async fn asking_for_compacted_history_starts_with_a_gap_event() {
         (gap.data["after"].clone(), gap.data["next_seq"].clone()),
         (2.into(), 5.into())
     );
+    assert_eq!(
+        gap.id,
+        Some(4),
+        "resuming from the gap continues at the oldest kept event"
+    );
+    assert_eq!(
+        gap.data["seq"], 4,
+        "the gap is shaped like every event: {}",
+        gap.data
+    );
+    assert!(gap.data["ts"].is_string(), "{}", gap.data);
     let ids: Vec<Option<u64>> = events
         .until("event 7", |e| e.id == Some(7))
         .await

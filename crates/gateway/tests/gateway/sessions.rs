@@ -65,6 +65,7 @@ async fn bad_bodies_get_400_with_a_code() {
     let token = gw.register("phone-0001").await;
     let session = gw.create_session(&token).await;
     let messages = format!("/sessions/{session}/messages");
+    let events = format!("/sessions/{session}/events");
     let cases = [
         gw.request(Method::POST, &token, "/sessions")
             .body("{not json")
@@ -72,19 +73,34 @@ async fn bad_bodies_get_400_with_a_code() {
         gw.request(Method::POST, &token, &messages)
             .json(&serde_json::json!({"txt": "x"})),
         gw.request(Method::POST, &token, &messages).body("plain"),
-        gw.request(Method::GET, &token, &format!("/sessions/{session}/events"))
+        gw.request(Method::GET, &token, &events)
             .header("Last-Event-ID", "abc"),
+        gw.request(Method::GET, &token, &format!("{events}?after=abc")),
+        gw.request(Method::GET, &token, &format!("{events}?after=-1")),
+        // Positions past the last event (the log is empty): following them would skip events.
+        gw.request(Method::GET, &token, &events)
+            .header("Last-Event-ID", "1"),
+        gw.request(Method::GET, &token, &format!("{events}?after=7")),
+        gw.request(Method::GET, &token, &format!("{events}?after={}", u64::MAX)),
     ];
     for request in cases {
         let response = request.send().await.expect("request");
         let url = response.url().to_string();
         assert_eq!(response.status(), 400, "{url}");
         let body: Value = response.json().await.expect("error body");
-        assert!(
-            body["code"].is_string() && body["message"].is_string(),
-            "{url}: {body}"
-        );
+        assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{url}: {body}");
+        assert!(body["message"].is_string(), "{url}: {body}");
     }
+    let from_the_end = gw
+        .request(Method::GET, &token, &format!("{events}?after=0"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        from_the_end.status(),
+        200,
+        "the last seq is a valid position"
+    );
     gw.stop().await;
 }
 
