@@ -106,17 +106,22 @@ impl GatewayArgs {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = split_number(text, "duration")?;
-    let seconds = |n: u64| Ok(Duration::from_secs(n));
-    match unit {
-        "" | "s" => seconds(number),
-        "ms" => Ok(Duration::from_millis(number)),
-        "m" => seconds(number * 60),
-        "h" => seconds(number * 3600),
-        "d" => seconds(number * 86_400),
-        _ => Err(format!(
-            "invalid duration unit in {text:?} (use ms, s, m, h, d)"
-        )),
-    }
+    let seconds_per_unit: u64 = match unit {
+        "ms" => return Ok(Duration::from_millis(number)),
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {text:?} (use ms, s, m, h, d)"
+            ));
+        }
+    };
+    number
+        .checked_mul(seconds_per_unit)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("duration {text:?} is too large"))
 }
 
 /// `512MiB`, `1GiB`, `200MB`, `64KiB`, or plain bytes.
@@ -168,6 +173,8 @@ mod tests {
             ("1d", Some(86_400)),
             ("h", None),
             ("2w", None),
+            ("999999999999999999d", None),
+            ("99999999999999999999", None),
         ];
         for (text, want) in cases {
             assert_eq!(

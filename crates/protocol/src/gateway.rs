@@ -51,7 +51,7 @@ pub struct SessionInfo {
     pub turn: u64,
     /// The seq of the last event of the session's stream (0 when empty).
     pub last_seq: u64,
-    /// Brain state: `none`, `starting`, `ready`, `busy`.
+    /// Brain state: `none`, `warm` (a pool worker, no ACP session yet) or `ready`.
     pub brain: String,
     /// Hands state: `none` (not created yet) or `running`.
     pub hands: String,

@@ -119,6 +119,18 @@ async fn admin_reset_revokes_tokens_but_keeps_sessions() {
     assert_eq!(reset.status(), 204);
     let revoked = gw.get(&token, "/sessions").await;
     assert_eq!(revoked.status(), 401);
+    let body: Value = revoked.json().await.expect("error body");
+    assert_eq!(body["code"], "UNAUTHORIZED");
+    let unknown = gw
+        .send(Method::POST, admin, "/admin/devices/nobody-0001/reset")
+        .await;
+    assert_eq!(
+        unknown.status(),
+        404,
+        "resetting a device that never registered"
+    );
+    let body: Value = unknown.json().await.expect("error body");
+    assert_eq!(body["code"], "DEVICE_NOT_FOUND");
 
     let new_token = gw.register("tablet-0001").await;
     let kept = gw.get(&new_token, &format!("/sessions/{session}")).await;
