@@ -846,3 +846,72 @@ async fn an_unwritable_log_directory_is_never_named_as_output_file() {
         result.output
     );
 }
+
+/// What an agent that lost its ids sees: each session's command, directory, mode, state,
+/// process, start time, idle time and unread output.
+#[tokio::test]
+async fn list_sessions_describes_every_live_session() {
+    let h = harness();
+    let workdir = std::env::temp_dir().display().to_string();
+    let server = start(
+        &h.engine,
+        cmd_yield("sleep 2; echo listening; sleep 1000", 250),
+    )
+    .await;
+    let prompt = start(
+        &h.engine,
+        cmd_yield("printf 'Name? '; read n; sleep 1000", 30_000),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (server_info, prompt_info) = loop {
+        let listed = h.engine.list_sessions().await.sessions;
+        let find = |id: u32| listed.iter().find(|s| s.session_id == id).cloned();
+        let (Some(server_info), Some(prompt_info)) = (find(server), find(prompt)) else {
+            panic!("both sessions are listed: {listed:?}");
+        };
+        if server_info.unread_bytes > 0 && prompt_info.status == ExecStatus::AwaitingInput {
+            break (server_info, prompt_info);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server's line is unread and the prompt awaits input within 30 s: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(server_info.cmd, "sleep 2; echo listening; sleep 1000");
+    assert_eq!(server_info.workdir, workdir);
+    assert!(!server_info.tty);
+    assert_eq!(server_info.status, ExecStatus::Running);
+    assert_eq!(server_info.exit_code, None);
+    assert!(server_info.pid > 1);
+    assert!(server_info.started_at.ends_with('Z'), "{server_info:?}");
+    assert_eq!(server_info.unread_bytes, "listening\n".len() as u64);
+    assert_eq!(
+        prompt_info.unread_bytes, 0,
+        "the prompt was returned already"
+    );
+    let polled = stdin(&h.engine, write(server, "")).await;
+    assert_eq!(polled.output, "listening\n");
+    let listed = h.engine.list_sessions().await.sessions;
+    let after = listed
+        .iter()
+        .find(|s| s.session_id == server)
+        .expect("still listed while running");
+    assert_eq!(
+        after.unread_bytes, 0,
+        "reading the output leaves none unread"
+    );
+    for id in [server, prompt] {
+        within("kill_session", h.engine.kill_session(id))
+            .await
+            .expect("kill succeeds");
+    }
+    let listed = h.engine.list_sessions().await.sessions;
+    assert!(
+        listed
+            .iter()
+            .all(|s| s.session_id != server && s.session_id != prompt),
+        "killed sessions are gone: {listed:?}"
+    );
+}
