@@ -2,8 +2,9 @@
 //! 409 while a turn runs, cancel, permission questions and answers.
 
 use serde_json::Value;
+use warren_gateway::turns::BrainState;
 
-use crate::helpers::{TestGateway, args_with_shell_agent, first_of, stop_reason, text_of};
+use crate::helpers::{TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of};
 
 #[tokio::test]
 async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
@@ -280,4 +281,66 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
     );
     assert!(!session_dir.exists());
     gw.stop().await;
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state != 'Z')
+        })
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_hands() {
+    let gw = TestGateway::start(args_with_shell_agent).await;
+    let mut chat = gw.conversation("phone-0001").await;
+    chat.start_working("sleep 60").await;
+    let session = gw
+        .gateway
+        .sessions
+        .all()
+        .pop()
+        .expect("the conversation's session");
+    let brain_pid = match &session.lock().brain {
+        BrainState::Ready(brain) => brain.pid(),
+        _ => panic!("a ready brain runs the turn"),
+    };
+    drop(session);
+    let events_path = chat.workspace().with_file_name("events.jsonl");
+    let needle = chat
+        .workspace()
+        .parent()
+        .expect("session dir")
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        !crate::recovery::processes_mentioning(&needle).is_empty(),
+        "the hands run"
+    );
+    drop(chat);
+
+    // What SIGTERM does: the running turn is closed before the brain and hands stop.
+    let data_dir = gw.stop().await;
+    let stored = std::fs::read_to_string(&events_path).expect("the event log stays");
+    let ends: Vec<Value> = stored
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("stored event parses"))
+        .filter(|event| event["type"] == "turn_end")
+        .collect();
+    assert_eq!(ends.len(), 1, "one turn_end: {ends:?}");
+    assert_eq!(ends[0]["stop_reason"], "interrupted");
+    assert_eq!(ends[0]["turn"], 1);
+    let deadline = std::time::Instant::now() + WAIT;
+    while alive(brain_pid) || !crate::recovery::processes_mentioning(&needle).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent (pid {brain_pid}) and the hands stop with the gateway"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    drop(data_dir);
 }
