@@ -712,3 +712,38 @@ async fn session_run_with_a_cwd_runs_there() {
     );
     assert_eq!(events.last().expect("final")["type"], "error");
 }
+
+#[tokio::test]
+async fn a_command_killed_by_a_signal_reports_minus_one() {
+    let server = Server::start().await;
+    let events = server.run(json!({"command": "kill -KILL $$"})).await;
+    let last = events.last().expect("a final event");
+    assert_eq!(last["type"], "error");
+    assert_eq!(last["error"]["evalue"], "-1");
+    let status = server.command_status(&command_id(&events)).await;
+    assert_eq!(
+        (status["running"].clone(), status["exit_code"].clone()),
+        (json!(false), json!(-1))
+    );
+}
+
+#[tokio::test]
+async fn uid_and_gid_set_the_command_credentials() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "id -u; id -g; id -G", "uid": 65534, "gid": 65534}))
+        .await;
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(
+            texts(&events, "stdout"),
+            ["65534", "65534", "65534"],
+            "{events:?}"
+        );
+        assert_eq!(events.last().expect("final")["type"], "execution_complete");
+    } else {
+        // Only root may switch users: the start fails with the OS error, reported as such.
+        assert_eq!(kinds(&events), ["init", "error"], "{events:?}");
+        let evalue = events[1]["error"]["evalue"].as_str().expect("evalue");
+        assert!(evalue.contains("not permitted"), "{evalue}");
+    }
+}
