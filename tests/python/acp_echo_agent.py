@@ -4,6 +4,9 @@ protocol as others do.
 
 Prompts:
   write PATH   -> fs/write_text_file PATH "hello from python", then says "wrote PATH"
+  read PATH    -> fs/read_text_file PATH, says "read: CONTENT"
+  caps         -> says what the client offered: "caps: fs.read=B fs.write=B terminal=B mcp=NAMES"
+                  (B is true/false; NAMES the MCP servers given in session/new, comma-separated)
   term CMD     -> terminal/create bash -c CMD, wait_for_exit, terminal/output, release;
                   says "term: OUTPUT"
   perm         -> session/request_permission (allow / reject); says "permission: ID" or
@@ -32,15 +35,31 @@ from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
 class EchoAgent(Agent):
     def __init__(self) -> None:
         self._conn: Client | None = None
+        self._client_capabilities: Any = None
+        self._mcp_servers: dict[str, list[Any]] = {}
 
     def on_connect(self, conn: Client) -> None:
         self._conn = conn
 
     async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None, **kwargs: Any) -> InitializeResponse:
+        self._client_capabilities = client_capabilities
         return InitializeResponse(protocol_version=PROTOCOL_VERSION)
 
     async def new_session(self, cwd: str, mcp_servers: Any = None, **kwargs: Any) -> NewSessionResponse:
-        return NewSessionResponse(session_id=f"py-{uuid.uuid4().hex}")
+        session_id = f"py-{uuid.uuid4().hex}"
+        self._mcp_servers[session_id] = list(mcp_servers or [])
+        return NewSessionResponse(session_id=session_id)
+
+    def _capabilities(self, session_id: str) -> str:
+        caps = self._client_capabilities
+        fs = getattr(caps, "fs", None)
+        flag = lambda value: "true" if value else "false"
+        names = ",".join(getattr(server, "name", "?") for server in self._mcp_servers.get(session_id, []))
+        return (
+            f"caps: fs.read={flag(getattr(fs, 'read_text_file', False))}"
+            f" fs.write={flag(getattr(fs, 'write_text_file', False))}"
+            f" terminal={flag(getattr(caps, 'terminal', False))} mcp={names}"
+        )
 
     async def _say(self, session_id: str, text: str) -> None:
         assert self._conn is not None
@@ -53,6 +72,11 @@ class EchoAgent(Agent):
             path = text[len("write "):]
             await self._conn.write_text_file(session_id=session_id, path=path, content="hello from python")
             await self._say(session_id, f"wrote {path}")
+        elif text.startswith("read "):
+            read = await self._conn.read_text_file(session_id=session_id, path=text[len("read "):])
+            await self._say(session_id, f"read: {read.content}")
+        elif text == "caps":
+            await self._say(session_id, self._capabilities(session_id))
         elif text.startswith("term "):
             created = await self._conn.create_terminal(session_id=session_id, command="bash", args=["-c", text[len("term "):]])
             await self._conn.wait_for_terminal_exit(session_id=session_id, terminal_id=created.terminal_id)

@@ -68,6 +68,21 @@ async fn a_python_acp_agent_works_through_the_gateway() {
     assert_eq!(said(&seen), "echo: hello there");
     assert_eq!(stop_reason(&seen), "end_turn");
 
+    // What the gateway offered, as a third-party ACP implementation parsed it: both fs methods,
+    // terminals, and one MCP server (Warren's exec tools) in `session/new`.
+    let seen = chat.turn("caps").await;
+    let caps = said(&seen);
+    assert!(
+        caps.starts_with("caps: fs.read=true fs.write=true terminal=true mcp="),
+        "{caps}"
+    );
+    let mcp_names = caps.rsplit_once("mcp=").map_or("", |(_, names)| names);
+    assert_eq!(
+        mcp_names.split(',').filter(|n| !n.is_empty()).count(),
+        1,
+        "{caps}"
+    );
+
     let target = chat.workspace().join("from-python.txt");
     let seen = chat.turn(&format!("write {}", target.display())).await;
     assert!(said(&seen).starts_with("wrote "), "{seen:#?}");
@@ -75,6 +90,11 @@ async fn a_python_acp_agent_works_through_the_gateway() {
         std::fs::read_to_string(&target).expect("file written by the agent"),
         "hello from python"
     );
+
+    let source = chat.workspace().join("for-python.txt");
+    std::fs::write(&source, "from the workspace").expect("write a workspace file");
+    let seen = chat.turn(&format!("read {}", source.display())).await;
+    assert_eq!(said(&seen), "read: from the workspace", "{seen:#?}");
 
     let seen = chat.turn("term echo from-a-terminal").await;
     assert!(said(&seen).contains("from-a-terminal"), "{seen:#?}");
