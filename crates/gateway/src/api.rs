@@ -40,6 +40,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(|| async { GatewayError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(gateway)
 }
 

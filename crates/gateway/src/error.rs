@@ -22,6 +22,8 @@ pub enum GatewayError {
     DeviceAlreadyBound,
     #[error("not found")]
     RouteNotFound,
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
     #[error("device not found")]
     DeviceNotFound,
     #[error("session not found")]
@@ -53,6 +55,9 @@ impl GatewayError {
             GatewayError::Unauthorized => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
             GatewayError::DeviceAlreadyBound => (StatusCode::CONFLICT, "DEVICE_ALREADY_BOUND"),
             GatewayError::RouteNotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            GatewayError::MethodNotAllowed => {
+                (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED")
+            }
             GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
             GatewayError::SessionNotFound => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
             GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),

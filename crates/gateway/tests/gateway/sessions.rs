@@ -105,6 +105,45 @@ async fn bad_bodies_get_400_with_a_code() {
 }
 
 #[tokio::test]
+async fn unknown_routes_and_methods_get_an_error_body() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    let cases = [
+        (Method::GET, "/nothing-here".to_string(), 404, "NOT_FOUND"),
+        (
+            Method::PUT,
+            "/sessions".to_string(),
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        (
+            Method::GET,
+            format!("/sessions/{session}/messages"),
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        (
+            Method::PATCH,
+            format!("/sessions/{session}"),
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+    ];
+    for (method, path, status, code) in cases {
+        let response = gw
+            .request(method.clone(), &token, &path)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), status, "{method} {path}");
+        let body: Value = response.json().await.expect("error body");
+        assert_eq!(body["code"], code, "{method} {path}: {body}");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn fifty_parallel_creations_never_exceed_the_quota() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("busy-device").await;
