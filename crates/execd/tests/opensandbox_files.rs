@@ -900,3 +900,132 @@ async fn a_directory_link_retargeted_from_inside_to_etc_never_leaks_outside_cont
     let path = format!("{link}/passwd");
     assert_downloads_never_leak(&server, &path, "both link targets").await;
 }
+
+/// Every route that changes something refuses a path through a link out of the root, and the
+/// files out there stay exactly as they were.
+#[tokio::test]
+async fn no_route_changes_anything_through_a_link_out_of_the_root() {
+    let server = Server::start().await;
+    let outside_dir = tempfile::tempdir().expect("a directory outside the root");
+    let outside = std::fs::canonicalize(outside_dir.path()).expect("canonical");
+    std::fs::create_dir(outside.join("victimdir")).expect("mkdir");
+    std::fs::write(outside.join("victimdir/inner.txt"), "inner").expect("write");
+    std::fs::write(outside.join("victim.txt"), "victim").expect("write");
+    std::fs::set_permissions(
+        outside.join("victim.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .expect("chmod");
+    symlink(&outside, server.path("link")).expect("symlink");
+    std::fs::write(server.path("inside.txt"), "inside").expect("write");
+    let through = |rel: &str| server.path(&format!("link/{rel}"));
+
+    let refusals = [
+        (
+            "delete a file",
+            server.delete(&at("/files", &through("victim.txt"))).await,
+        ),
+        (
+            "delete a directory",
+            server
+                .delete(&at("/directories", &through("victimdir")))
+                .await,
+        ),
+        (
+            "chmod",
+            server
+                .post_json(
+                    "/files/permissions",
+                    json!({through("victim.txt"): {"mode": 777}}),
+                )
+                .await,
+        ),
+        (
+            "replace",
+            server
+                .post_json(
+                    "/files/replace",
+                    json!({through("victim.txt"): {"old": "victim", "new": "owned"}}),
+                )
+                .await,
+        ),
+        (
+            "make a directory",
+            server
+                .post_json("/directories", json!({through("newdir"): {"mode": 755}}))
+                .await,
+        ),
+        (
+            "move out",
+            server
+                .post_json(
+                    "/files/mv",
+                    json!([{"src": server.path("inside.txt"), "dest": through("moved.txt")}]),
+                )
+                .await,
+        ),
+        (
+            "move in",
+            server
+                .post_json(
+                    "/files/mv",
+                    json!([{"src": through("victim.txt"), "dest": server.path("stolen.txt")}]),
+                )
+                .await,
+        ),
+        (
+            "upload",
+            upload(&server, &[(json!({"path": through("new.txt")}), b"x")]).await,
+        ),
+    ];
+    for (what, response) in refusals {
+        let (status, code, message) = error_body(response).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "PATH_ESCAPE"),
+            "{what}: {message}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(outside.join("victim.txt")).expect("the victim is still there"),
+        "victim"
+    );
+    assert_eq!(
+        std::fs::metadata(outside.join("victim.txt"))
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o640
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("victimdir/inner.txt")).expect("still there"),
+        "inner"
+    );
+    for name in ["newdir", "moved.txt", "new.txt"] {
+        assert!(
+            !outside.join(name).exists(),
+            "{name} was not created outside"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(server.path("inside.txt")).expect("the source stays"),
+        "inside"
+    );
+    assert!(!Path::new(&server.path("stolen.txt")).exists());
+
+    // Removing the link itself removes only the link, never what it points to.
+    let response = server
+        .delete(&at("/directories", &server.path("link")))
+        .await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        std::fs::symlink_metadata(server.path("link")).is_err(),
+        "the link is gone"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("victimdir/inner.txt")).expect("still there"),
+        "inner"
+    );
+    assert!(outside.join("victim.txt").exists());
+}
