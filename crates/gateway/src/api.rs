@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -17,7 +17,7 @@ use warren_protocol::gateway::{
 };
 
 use crate::auth::secret_matches;
-use crate::error::{GatewayError, Json, parse_optional_body};
+use crate::error::{GatewayError, Json, Path, parse_optional_body};
 use crate::{Gateway, event_log, sse, turns};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {

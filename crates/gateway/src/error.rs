@@ -104,6 +104,28 @@ where
     }
 }
 
+/// `axum::extract::Path` whose rejection (a segment that is not UTF-8 once decoded) is a 400
+/// `INVALID_REQUEST_BODY` in Warren's error shape.
+pub struct Path<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for Path<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) => Err(GatewayError::InvalidRequest(rejection.body_text())),
+        }
+    }
+}
+
 /// Parses a body that may be empty: empty or whitespace-only bytes give `T::default()`.
 pub fn parse_optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, GatewayError> {
     if body.iter().all(u8::is_ascii_whitespace) {

@@ -105,7 +105,7 @@ async fn bad_bodies_get_400_with_a_code() {
 }
 
 #[tokio::test]
-async fn unknown_routes_and_methods_get_an_error_body() {
+async fn unknown_routes_methods_and_undecodable_paths_get_an_error_body() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("phone-0001").await;
     let session = gw.create_session(&token).await;
@@ -122,6 +122,12 @@ async fn unknown_routes_and_methods_get_an_error_body() {
             format!("/sessions/{session}/messages"),
             405,
             "METHOD_NOT_ALLOWED",
+        ),
+        (
+            Method::GET,
+            "/sessions/%FF%FE".to_string(),
+            400,
+            "INVALID_REQUEST_BODY",
         ),
         (
             Method::PATCH,
