@@ -31,8 +31,9 @@ pub struct Config {
     #[arg(long, value_delimiter = ',')]
     pub pass_env: Vec<String>,
 
-    /// How long finished OpenSandbox command records are kept, in seconds.
-    #[arg(long, default_value_t = 3600)]
+    /// How long finished OpenSandbox command records are kept, in seconds
+    /// (`--command-retention` is the spec's name for it).
+    #[arg(long, visible_alias = "command-retention", default_value_t = 3600)]
     pub command_retention_secs: u64,
 
     /// Most finished OpenSandbox command records kept, whatever their age; the oldest (and

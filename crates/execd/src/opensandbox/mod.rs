@@ -447,3 +447,48 @@ async fn remove_dirs(State(state): State<Compat>, Query(pairs): Pairs) -> Result
     state.inner.files.remove_dirs(all(&pairs, "path")).await?;
     Ok(StatusCode::OK)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    /// `(retention secs, records max, bash sessions max, root)` of a config.
+    fn limits(config: &Config) -> (u64, usize, usize, PathBuf) {
+        (
+            config.command_retention_secs,
+            config.command_records_max,
+            config.max_bash_sessions,
+            config.root.clone(),
+        )
+    }
+
+    #[test]
+    fn limits_default_to_the_spec_from_flags_and_from_config_default() {
+        use clap::Parser;
+        let spec = (3600, 1024, 64, PathBuf::from("/"));
+        assert_eq!(limits(&Config::default()), spec);
+        let parsed = Cli::try_parse_from(["execd"]).expect("parses no flags");
+        assert_eq!(limits(&parsed.config), spec);
+        for retention in ["--command-retention=60", "--command-retention-secs=60"] {
+            let flags = [
+                "execd",
+                retention,
+                "--command-records-max=5",
+                "--max-bash-sessions=2",
+                "--root=/tmp",
+            ];
+            let parsed = Cli::try_parse_from(flags).expect("parses the flags");
+            assert_eq!(
+                limits(&parsed.config),
+                (60, 5, 2, PathBuf::from("/tmp")),
+                "{retention}"
+            );
+        }
+    }
+}
