@@ -17,7 +17,7 @@ use warren_protocol::gateway::{
 };
 
 use crate::auth::secret_matches;
-use crate::error::{GatewayError, Json, Path, parse_optional_body};
+use crate::error::{GatewayError, Json, Path, body_rejection, parse_optional_body};
 use crate::{Gateway, event_log, sse, turns};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -170,8 +170,10 @@ async fn admin_reset_device(
 async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, GatewayError> {
+    let body =
+        body.map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))?;
     let body: CreateSession = parse_optional_body(&body)?;
     let session = turns::create_session(&gateway, &device_id, body.title).await?;
     Ok((StatusCode::CREATED, axum::Json(session.info())).into_response())

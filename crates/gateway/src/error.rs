@@ -24,6 +24,8 @@ pub enum GatewayError {
     RouteNotFound,
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    #[error("request body too large")]
+    BodyTooLarge,
     #[error("device not found")]
     DeviceNotFound,
     #[error("session not found")]
@@ -58,6 +60,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => {
                 (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED")
             }
+            GatewayError::BodyTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "BODY_TOO_LARGE"),
             GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
             GatewayError::SessionNotFound => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
             GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),
@@ -99,8 +102,17 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(value)) => Ok(Json(value)),
-            Err(rejection) => Err(GatewayError::InvalidRequest(rejection.body_text())),
+            Err(rejection) => Err(body_rejection(rejection.status(), rejection.body_text())),
         }
+    }
+}
+
+/// A body axum could not read: over the body size limit (413), else malformed (400).
+pub fn body_rejection(status: StatusCode, text: String) -> GatewayError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        GatewayError::BodyTooLarge
+    } else {
+        GatewayError::InvalidRequest(text)
     }
 }
 

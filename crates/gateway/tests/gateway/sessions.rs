@@ -150,6 +150,35 @@ async fn unknown_routes_methods_and_undecodable_paths_get_an_error_body() {
 }
 
 #[tokio::test]
+async fn bodies_over_the_size_limit_get_413() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    // axum's default limit is 2 MiB.
+    let huge = "x".repeat((2 << 20) + 1024);
+    let cases = [
+        gw.request(
+            Method::POST,
+            &token,
+            &format!("/sessions/{session}/messages"),
+        )
+        .json(&serde_json::json!({ "text": huge })),
+        gw.request(Method::POST, &token, "/sessions")
+            .json(&serde_json::json!({ "title": huge })),
+    ];
+    for request in cases {
+        let response = request.send().await.expect("request");
+        let url = response.url().to_string();
+        assert_eq!(response.status(), 413, "{url}");
+        let body: Value = response.json().await.expect("error body");
+        assert_eq!(body["code"], "BODY_TOO_LARGE", "{url}: {body}");
+    }
+    let info = gw.session_info(&token, &session).await;
+    assert_eq!(info["turn"], 0, "no turn started");
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn fifty_parallel_creations_never_exceed_the_quota() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("busy-device").await;
