@@ -747,3 +747,41 @@ async fn uid_and_gid_set_the_command_credentials() {
         assert!(evalue.contains("not permitted"), "{evalue}");
     }
 }
+
+#[tokio::test]
+async fn the_timeout_kills_a_foreground_command_whose_client_stopped_reading() {
+    let server = Server::start().await;
+    let response = server
+        .post_json(
+            "/command",
+            json!({"command": "yes \"$(head -c 2000 /dev/zero | tr '\\0' x)\"", "timeout": 2000}),
+        )
+        .await;
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    let id = tokio::time::timeout(WAIT, async {
+        while !text.contains("\n\n") {
+            let chunk = stream.next().await.expect("more data").expect("chunk");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        text.split("\n\n").next().map(|init| {
+            let event: Value = serde_json::from_str(init).expect("init is JSON");
+            event["text"]
+                .as_str()
+                .expect("init carries the id")
+                .to_owned()
+        })
+    })
+    .await
+    .expect("init arrives")
+    .expect("an id");
+    // The client keeps the connection but reads nothing more; the flood fills every buffer.
+    let status = server
+        .wait_until_finished(
+            &id,
+            "the timeout to end the command although its client stalls",
+        )
+        .await;
+    assert_eq!(status["exit_code"], -1, "{status}");
+    drop(stream);
+}

@@ -466,6 +466,9 @@ async fn copy_to_log(mut output: pipe::Receiver, log: Arc<CommandLog>) {
 
 /// Streams a foreground command: `init`, `ping`, one event per output line, then the final
 /// event. The client leaving does not stop the command; its output is then just discarded.
+///
+/// Waiting for the exit (and killing at the timeout) runs in its own task, so a client that
+/// stops reading, which stalls the forwarding below, delays neither the timeout nor the record.
 async fn drive_foreground(
     record: Arc<CommandRecord>,
     spawned: spawn::Spawned,
@@ -483,15 +486,20 @@ async fn drive_foreground(
     sink.send_text(EventType::Init, record.id.clone()).await;
     sink.send_text(EventType::Ping, "pong").await;
 
+    let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel::<i32>();
+    let waited = Arc::clone(&record);
+    tokio::spawn(async move {
+        let (code, error) = wait_with_timeout(&mut child, tree, timeout).await;
+        waited.finish(code, error);
+        let _ = exit_tx.send(code);
+    });
+
     let mut stdout = Some(stdout);
     let mut stderr = stderr;
     let (mut out_lines, mut err_lines) = (LineSplitter::default(), LineSplitter::default());
     let (mut out_buf, mut err_buf) = (vec![0u8; 32 * 1024], vec![0u8; 32 * 1024]);
     let mut ping =
         tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
-    // A timeout too large to represent is no timeout at all.
-    let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
-    let mut timed_out = false;
     let mut exit_code: Option<i32> = None;
     let mut drain_until: Option<tokio::time::Instant> = None;
     let far_future = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
@@ -521,15 +529,12 @@ async fn drive_foreground(
                     None => stderr = None,
                 }
             }
-            code = spawn::wait(&mut child), if exit_code.is_none() => {
-                exit_code = Some(code);
+            code = &mut exit_rx, if exit_code.is_none() => {
+                // The waiter never drops the sender without sending; -1 is only a fallback.
+                exit_code = Some(code.unwrap_or(-1));
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
             }
             () = tokio::time::sleep_until(drain_until.unwrap_or(far_future)), if drain_until.is_some() => break,
-            () = tokio::time::sleep_until(deadline.unwrap_or(far_future)), if deadline.is_some() && !timed_out && exit_code.is_none() => {
-                timed_out = true;
-                tokio::spawn(spawn::kill(tree.clone(), KILL_GRACE));
-            }
             _ = ping.tick() => {
                 sink.send_text(EventType::Ping, "pong").await;
             }
@@ -541,20 +546,7 @@ async fn drive_foreground(
     if let Some(line) = err_lines.finish() {
         sink.send_text(EventType::Stderr, line).await;
     }
-    let code = if timed_out {
-        -1
-    } else {
-        exit_code.unwrap_or(-1)
-    };
-    let error = if timed_out {
-        Some(format!(
-            "timed out after {} ms",
-            timeout.unwrap_or_default().as_millis()
-        ))
-    } else {
-        (code < 0).then(|| "killed by a signal".to_owned())
-    };
-    record.finish(code, error);
+    let code = exit_code.unwrap_or(-1);
     if code == 0 {
         sink.send_complete(started.elapsed().as_millis() as u64)
             .await;
