@@ -187,16 +187,29 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     let device = Device::register(&first_url).await;
     let session = device.create_session(&first_url).await;
     let mut stream = EventStream::new(device.events(&first_url, &session).await);
-    let accepted = device.post_message(&first_url, &session, "sleep 60").await;
+    // A duration no other test uses, so the command can be found among the machine's processes.
+    let duration = "61.25";
+    let accepted = device
+        .post_message(&first_url, &session, &format!("sleep {duration}"))
+        .await;
     assert_eq!(accepted.status(), 202);
     stream
-        .until("the agent working on `sleep 60`", |e| e.event == "update")
+        .until("the agent working on the sleep", |e| e.event == "update")
         .await;
+    let workspace = data.join("sessions").join(&session).join("workspace");
+    let workspace = workspace.to_string_lossy().to_string();
+    assert!(
+        !processes_mentioning(&workspace).is_empty(),
+        "the hands run"
+    );
+    assert!(
+        !processes_mentioning(duration).is_empty(),
+        "the command runs"
+    );
 
     first.child.kill().expect("kill -9 the gateway");
     first.child.wait().expect("reap the gateway");
     drop(stream);
-    kill_processes_mentioning(&data.to_string_lossy());
 
     let events_path = data.join("sessions").join(&session).join("events.jsonl");
     let before = std::fs::read_to_string(&events_path).expect("events file");
@@ -213,6 +226,16 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     drop(file);
 
     let (second, second_url) = start_gateway(&data);
+    // The restarted gateway stopped the hands the killed one left behind, and with them the
+    // command they ran.
+    assert!(
+        processes_mentioning(&workspace).is_empty(),
+        "orphaned hands stopped at restart"
+    );
+    assert!(
+        processes_mentioning(duration).is_empty(),
+        "the orphaned hands' command stopped at restart"
+    );
     let response = device.events(&second_url, &session).await;
     assert_eq!(
         response.status(),
