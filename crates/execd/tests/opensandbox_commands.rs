@@ -785,3 +785,44 @@ async fn the_timeout_kills_a_foreground_command_whose_client_stopped_reading() {
     assert_eq!(status["exit_code"], -1, "{status}");
     drop(stream);
 }
+
+#[tokio::test]
+async fn the_timeout_ends_a_session_run_whose_client_stopped_reading() {
+    let server = Server::start().await;
+    let id = server.create_session(json!({})).await;
+    let pid_file = server.path("flood.pid");
+    let command = format!(
+        "sh -c 'echo $$ > {pid_file}; exec yes \"$(head -c 2000 /dev/zero | tr \"\\\\0\" x)\"'"
+    );
+    let response = server
+        .post_json(
+            &format!("/session/{id}/run"),
+            json!({"command": command, "timeout": 2000}),
+        )
+        .await;
+    let mut stream = response.bytes_stream();
+    tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("the first event arrives")
+        .expect("a chunk")
+        .expect("reads");
+    let pid: i32 = eventually("the flood's pid file", || async {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .await;
+    // The client keeps the connection but reads nothing more; the flood fills every buffer.
+    eventually(
+        "the timeout to kill the flood although its client stalls",
+        || async {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                .unwrap_or("X");
+            matches!(state, "X" | "Z").then_some(())
+        },
+    )
+    .await;
+    drop(stream);
+}

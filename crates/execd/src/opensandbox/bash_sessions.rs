@@ -156,6 +156,25 @@ impl Sessions {
     }
 }
 
+/// Sends one event, giving up when `deadline` passes first (a client that stopped reading must
+/// not hold off the run's timeout). False means the deadline passed.
+async fn send_by(
+    sink: &EventSink,
+    deadline: Option<tokio::time::Instant>,
+    kind: EventType,
+    text: String,
+) -> bool {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, sink.send_text(kind, text))
+            .await
+            .is_ok(),
+        None => {
+            sink.send_text(kind, text).await;
+            true
+        }
+    }
+}
+
 /// Single-quotes `text` for the shell.
 fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
@@ -311,8 +330,8 @@ impl Shell {
                         if let Some(rest) = line.strip_prefix(&sentinel) {
                             return RunEnd::Finished(rest.trim().parse().unwrap_or(-1));
                         }
-                        if line != "\n" {
-                            sink.send_text(EventType::Stdout, line).await;
+                        if line != "\n" && !send_by(sink, deadline, EventType::Stdout, line).await {
+                            return RunEnd::TimedOut;
                         }
                     }
                 }
@@ -320,7 +339,9 @@ impl Shell {
                     return RunEnd::TimedOut;
                 }
                 _ = ping.tick() => {
-                    sink.send_text(EventType::Ping, "pong").await;
+                    if !send_by(sink, deadline, EventType::Ping, "pong".to_owned()).await {
+                        return RunEnd::TimedOut;
+                    }
                 }
             }
         }
