@@ -98,10 +98,7 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| self.default_shell.clone());
         let login = args.login.unwrap_or(true);
-        let yield_ms = clamp(
-            args.yield_time_ms.unwrap_or(EXEC_YIELD_DEFAULT_MS),
-            EXEC_YIELD_RANGE_MS,
-        );
+        let yield_ms = exec_yield_ms(args.yield_time_ms);
         let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
         for (name, value) in &args.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
@@ -165,18 +162,7 @@ impl Engine {
         let session = self.get(args.session_id)?;
         session.touch();
         let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
-        // An empty write is a poll: agents poll long-running commands, so its yield is longer.
-        let yield_ms = if args.chars.is_empty() {
-            clamp(
-                args.yield_time_ms.unwrap_or(POLL_YIELD_RANGE_MS.0),
-                POLL_YIELD_RANGE_MS,
-            )
-        } else {
-            clamp(
-                args.yield_time_ms.unwrap_or(WRITE_YIELD_DEFAULT_MS),
-                WRITE_YIELD_RANGE_MS,
-            )
-        };
+        let yield_ms = write_yield_ms(args.yield_time_ms, args.chars.is_empty());
         let mut note = None;
         if !args.chars.is_empty() {
             let exited = session.state().exit.is_some();
@@ -499,6 +485,30 @@ fn clamp(value: u64, (low, high): (u64, u64)) -> u64 {
     value.clamp(low, high)
 }
 
+/// The yield of an `exec_command` call asking for `requested` ms.
+fn exec_yield_ms(requested: Option<u64>) -> u64 {
+    clamp(
+        requested.unwrap_or(EXEC_YIELD_DEFAULT_MS),
+        EXEC_YIELD_RANGE_MS,
+    )
+}
+
+/// The yield of a `write_stdin` call asking for `requested` ms. An empty write is a poll:
+/// agents poll long-running commands, so its yield is longer.
+fn write_yield_ms(requested: Option<u64>, is_poll: bool) -> u64 {
+    if is_poll {
+        clamp(
+            requested.unwrap_or(POLL_YIELD_RANGE_MS.0),
+            POLL_YIELD_RANGE_MS,
+        )
+    } else {
+        clamp(
+            requested.unwrap_or(WRITE_YIELD_DEFAULT_MS),
+            WRITE_YIELD_RANGE_MS,
+        )
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Registry updates are single inserts and removes; a poisoned lock is still consistent.
     mutex
@@ -614,4 +624,58 @@ fn spawn_tty(
         pending_output: Box::new(move || control.pending_output().unwrap_or(0)),
         wait: Box::pin(async move { process.wait().await }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yields_default_and_clamp_as_the_spec_says() {
+        let exec_table = [
+            (None, 10_000),
+            (Some(0), 250),
+            (Some(249), 250),
+            (Some(1_000), 1_000),
+            (Some(30_000), 30_000),
+            (Some(u64::MAX), 30_000),
+        ];
+        for (requested, expected) in exec_table {
+            assert_eq!(exec_yield_ms(requested), expected, "exec {requested:?}");
+        }
+        let write_table = [
+            (None, false, 250),
+            (Some(0), false, 250),
+            (Some(2_000), false, 2_000),
+            (Some(60_000), false, 30_000),
+            (None, true, 5_000),
+            (Some(250), true, 5_000),
+            (Some(60_000), true, 60_000),
+            (Some(1_000_000), true, 300_000),
+        ];
+        for (requested, is_poll, expected) in write_table {
+            assert_eq!(
+                write_yield_ms(requested, is_poll),
+                expected,
+                "write {requested:?} poll {is_poll}"
+            );
+        }
+    }
+
+    #[test]
+    fn config_defaults_are_the_specs() {
+        let config = EngineConfig::default();
+        assert_eq!(DEFAULT_MAX_OUTPUT_TOKENS, 10_000);
+        assert_eq!(
+            (config.max_sessions, config.n_protected_recent),
+            (64, 8),
+            "64 live sessions, the 8 most recently used never pruned"
+        );
+        assert_eq!(config.capture_bytes, 1024 * 1024);
+        assert_eq!(config.max_log_bytes, 64 * 1024 * 1024);
+        assert_eq!(config.kill_grace, Duration::from_secs(2));
+        assert_eq!(config.exit_drain, Duration::from_secs(2));
+        assert_eq!(config.input_quiet, Duration::from_millis(300));
+        assert_eq!((config.tty_rows, config.tty_cols), (24, 80));
+    }
 }
