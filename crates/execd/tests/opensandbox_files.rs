@@ -7,6 +7,8 @@
 mod opensandbox_support;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
+
+use futures_util::StreamExt;
 use std::path::Path;
 
 use opensandbox_support::*;
@@ -1028,4 +1030,67 @@ async fn no_route_changes_anything_through_a_link_out_of_the_root() {
         "inner"
     );
     assert!(outside.join("victim.txt").exists());
+}
+
+/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
+fn memory_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+/// Uploads and downloads stream: 64 MiB pass through both ways while the peak memory of this
+/// process (client and server; nextest runs each test in its own process) grows far less.
+#[tokio::test]
+async fn a_large_upload_and_download_stream_without_buffering_the_file() {
+    const N_CHUNKS: usize = 64;
+    const CHUNK: usize = 1024 * 1024;
+    let server = Server::start().await;
+    let path = server.path("big/file.bin");
+    let boundary = "warrenTestBoundary1234";
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n\
+         Content-Type: application/json\r\n\r\n{}\r\n--{boundary}\r\n\
+         Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n",
+        json!({"path": path})
+    );
+    let tail = format!("\r\n--{boundary}--\r\n");
+    let rss_before_kib = memory_kib("VmRSS");
+    let chunks = std::iter::once(head.into_bytes())
+        .chain((0..N_CHUNKS).map(|i| vec![b'a' + (i % 26) as u8; CHUNK]))
+        .chain(std::iter::once(tail.into_bytes()))
+        .map(Ok::<_, std::io::Error>);
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let response = send(upload_request(&server, content_type).body(body)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        std::fs::metadata(&path).expect("uploaded").len(),
+        (N_CHUNKS * CHUNK) as u64
+    );
+
+    let response = download(&server, &path).await;
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    let mut n_bytes = 0usize;
+    let mut last_byte = 0u8;
+    while let Some(chunk) = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("the download keeps coming")
+    {
+        let chunk = chunk.expect("a chunk");
+        n_bytes += chunk.len();
+        last_byte = chunk.last().copied().unwrap_or(last_byte);
+    }
+    assert_eq!(n_bytes, N_CHUNKS * CHUNK);
+    assert_eq!(last_byte, b'a' + ((N_CHUNKS - 1) % 26) as u8);
+    let peak_growth_kib = memory_kib("VmHWM").saturating_sub(rss_before_kib);
+    assert!(
+        peak_growth_kib < 24 * 1024,
+        "64 MiB each way, peak memory grew by {peak_growth_kib} KiB"
+    );
 }
