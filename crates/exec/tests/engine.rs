@@ -915,3 +915,23 @@ async fn list_sessions_describes_every_live_session() {
         "killed sessions are gone: {listed:?}"
     );
 }
+
+#[tokio::test]
+async fn the_shell_parameter_picks_the_shell_and_login_false_is_not_a_login_shell() {
+    let h = harness();
+    for shell in ["sh", "/bin/sh", "bash"] {
+        let args = ExecCommandArgs {
+            shell: Some(shell.to_owned()),
+            ..cmd("echo $0")
+        };
+        let result = exec(&h.engine, args).await;
+        assert_eq!(result.exit_code, Some(0), "{shell:?}: {:?}", result.output);
+        assert_eq!(result.output, format!("{shell}\n"), "{shell:?}");
+    }
+    let args = ExecCommandArgs {
+        shell: Some("bash".into()),
+        login: Some(false),
+        ..cmd("shopt -q login_shell && echo login || echo not-login")
+    };
+    assert_eq!(exec(&h.engine, args).await.output, "not-login\n");
+}

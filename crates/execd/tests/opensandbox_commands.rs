@@ -826,3 +826,12 @@ async fn the_timeout_ends_a_session_run_whose_client_stopped_reading() {
     .await;
     drop(stream);
 }
+
+#[tokio::test]
+async fn foreground_stdin_is_dev_null() {
+    let server = Server::start().await;
+    let events = server
+        .run(json!({"command": "cat; readlink /proc/self/fd/0; echo done"}))
+        .await;
+    assert_eq!(texts(&events, "stdout"), ["/dev/null", "done"]);
+}
