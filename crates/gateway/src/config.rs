@@ -218,6 +218,43 @@ mod tests {
     }
 
     #[test]
+    fn command_line_defaults_follow_the_spec() {
+        use clap::Parser;
+        let args = Cli::try_parse_from(["warren"])
+            .expect("no flag is required")
+            .args;
+        assert_eq!(args.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+        assert_eq!(args.data, PathBuf::from("./warren-data"));
+        assert_eq!(args.warm_workers, 2);
+        assert_eq!(args.max_brains, 24);
+        assert_eq!(args.brain_idle, Duration::from_secs(2 * 3600));
+        assert_eq!(args.hands_idle_pause, Duration::from_secs(2 * 60));
+        assert_eq!(args.hands_archive_after, Duration::from_secs(24 * 3600));
+        assert_eq!(args.snapshot_max, 512 << 20);
+    }
+
+    #[test]
+    fn every_flag_is_also_an_env_var_warren_name() {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let mut n_flags = 0;
+        for arg in command.get_arguments() {
+            // Hidden flags (the binary path, test intervals) are not the spec's.
+            let Some(long) = arg.get_long().filter(|_| !arg.is_hide_set()) else {
+                continue;
+            };
+            let want = format!("WARREN_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                arg.get_env().and_then(|env| env.to_str()),
+                Some(want.as_str()),
+                "--{long}"
+            );
+            n_flags += 1;
+        }
+        assert!(n_flags >= 11, "the spec's flags are all there: {n_flags}");
+    }
+
+    #[test]
     fn sse_heartbeat_flag_is_hidden_and_rejects_zero() {
         use clap::{CommandFactory, Parser};
         let help = Cli::command().render_long_help().to_string();
