@@ -231,6 +231,16 @@ async fn bad_requests_get_clear_errors() {
         ),
         ("{\"cmd\": \"   \"}", 400, "INVALID_REQUEST_BODY"),
         (
+            "{\"cmd\": \"ls\", \"env\": {\"A=B\": \"1\"}}",
+            400,
+            "INVALID_REQUEST_BODY",
+        ),
+        (
+            "{\"cmd\": \"ls\", \"env\": {\"\": \"1\"}}",
+            400,
+            "INVALID_REQUEST_BODY",
+        ),
+        (
             "{\"cmd\": \"ls\", \"workdir\": \"/nonexistent/place\"}",
             400,
             "INVALID_WORKDIR",
@@ -388,4 +398,23 @@ async fn a_session_outlives_a_client_that_gave_up_waiting() {
     );
     let (status, _) = server.kill(&id).await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn unknown_fields_are_ignored() {
+    let server = Server::start().await;
+    let (status, body) = server
+        .exec(json!({
+            "cmd": "echo ok",
+            "login": false,
+            "yield_time_ms": 30000,
+            "justification": "Codex sends this",
+            "with_escalated_permissions": false
+        }))
+        .await;
+    assert_eq!(
+        (status, body["output"].as_str()),
+        (200, Some("ok\n")),
+        "{body}"
+    );
 }
