@@ -344,3 +344,58 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
     }
     drop(data_dir);
 }
+
+#[tokio::test]
+async fn sessions_take_warm_workers_up_to_the_device_brain_limit_and_a_message_over_it_gets_429() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.warm_workers = 2;
+        args
+    })
+    .await;
+    let token = gw.register("phone-0001").await;
+    let mut sessions = Vec::new();
+    for i in 0..5 {
+        assert!(
+            gw.gateway.pool.wait_ready(1, WAIT).await,
+            "a warm worker is ready for session {i}"
+        );
+        let id = gw.create_session(&token).await;
+        let brain = gw.session_info(&token, &id).await["brain"].clone();
+        // A device runs at most 4 brains: the fifth session is created without one.
+        let want = if i < 4 { "warm" } else { "none" };
+        assert_eq!(brain, want, "session {i}");
+        sessions.push(id);
+    }
+    let refused = gw.post_message(&token, &sessions[4], "echo five").await;
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.expect("error body");
+    assert_eq!(body["code"], "QUOTA_EXCEEDED");
+
+    let other = gw.register("phone-0002").await;
+    assert!(gw.gateway.pool.wait_ready(1, WAIT).await, "a warm worker");
+    let theirs = gw.create_session(&other).await;
+    assert_eq!(
+        gw.session_info(&other, &theirs).await["brain"],
+        "warm",
+        "another device has its own brain quota"
+    );
+
+    let deleted = gw
+        .delete(&token, &format!("/sessions/{}", sessions[0]))
+        .await;
+    assert_eq!(deleted.status(), 204);
+    let mut events = gw.events(&token, &sessions[4], None).await;
+    let accepted = gw.post_message(&token, &sessions[4], "echo five").await;
+    assert_eq!(
+        accepted.status(),
+        202,
+        "the deleted session gave its brain slot back"
+    );
+    let seen = events
+        .until("turn_end of the fifth session", |e| e.event == "turn_end")
+        .await;
+    assert_eq!(stop_reason(&seen), "end_turn");
+    assert!(text_of(&seen).contains("five"));
+    gw.stop().await;
+}
