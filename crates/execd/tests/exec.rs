@@ -350,6 +350,12 @@ async fn shutdown_kills_running_exec_sessions() {
         assert!(Instant::now() < deadline, "sleep 1000 survived shutdown");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let (status, refused) = server.exec(json!({"cmd": "true"})).await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (503, Some("SHUTTING_DOWN")),
+        "{refused}"
+    );
 }
 
 /// True once `pid` is gone or a zombie.
