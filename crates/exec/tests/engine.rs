@@ -675,11 +675,14 @@ async fn tty_sessions_run_on_a_terminal_with_a_colour_term() {
     let h = harness();
     let result = exec(
         &h.engine,
-        tty("test -t 0 && test -t 1 && echo \"$TERM\"", 30_000),
+        tty(
+            "test -t 0 && test -t 1 && echo \"$TERM\" && stty size",
+            30_000,
+        ),
     )
     .await;
     assert_eq!(result.exit_code, Some(0), "{:?}", result.output);
-    assert_eq!(result.output, "xterm-256color\n");
+    assert_eq!(result.output, "xterm-256color\n24 80\n", "a 24x80 terminal");
 }
 
 #[tokio::test]
