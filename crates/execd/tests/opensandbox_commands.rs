@@ -94,6 +94,15 @@ async fn a_command_that_cannot_start_sends_init_then_the_os_error() {
     assert_eq!(kinds(&events), ["init", "error"]);
     let evalue = events[1]["error"]["evalue"].as_str().expect("evalue");
     assert!(evalue.contains("No such file"), "{evalue}");
+    let status = server.command_status(&command_id(&events)).await;
+    assert_eq!(status["running"], false, "{status}");
+    assert!(status["finished_at"].is_string(), "{status}");
+    assert!(
+        status["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("No such file")),
+        "the record keeps the OS error: {status}"
+    );
 }
 
 #[tokio::test]
