@@ -65,6 +65,26 @@ impl WarrenProcess {
     }
 }
 
+impl Drop for WarrenProcess {
+    /// A test that failed halfway still stops the gateway it started, by its pid: SIGTERM (the
+    /// gateway then stops its own hands and agents), SIGKILL if it is still there after [`WAIT`].
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + WAIT;
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `warren gateway` on a free port with one warm worker; returns it and its URL.
 fn start_gateway(data: &Path) -> (WarrenProcess, String) {
     let gateway = WarrenProcess::spawn(
