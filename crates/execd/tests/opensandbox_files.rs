@@ -1094,3 +1094,34 @@ async fn a_large_upload_and_download_stream_without_buffering_the_file() {
         "64 MiB each way, peak memory grew by {peak_growth_kib} KiB"
     );
 }
+
+#[tokio::test]
+async fn owner_and_group_are_set_by_name_and_unknown_names_are_400() {
+    use std::os::unix::fs::MetadataExt;
+    let server = Server::start().await;
+    let file = server.path("owned.txt");
+    std::fs::write(&file, "o").expect("write");
+    let chown = |owner: &str, group: &str| {
+        server.post_json(
+            "/files/permissions",
+            json!({file.clone(): {"owner": owner, "group": group}}),
+        )
+    };
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(chown("nobody", "nogroup").await.status(), 200);
+        let meta = std::fs::metadata(&file).expect("stat");
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+        let described = info(&server, &file).await;
+        assert_eq!(described[&file]["owner"], "nobody");
+        assert_eq!(described[&file]["group"], "nogroup");
+    }
+    for (owner, group) in [("no-such-user-warren", ""), ("", "no-such-group-warren")] {
+        let (status, code, message) = error_body(chown(owner, group).await).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "INVALID_REQUEST_BODY"),
+            "{owner}:{group}: {message}"
+        );
+        assert!(message.contains("unknown"), "{message}");
+    }
+}
