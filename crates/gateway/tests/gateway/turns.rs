@@ -4,7 +4,9 @@
 use serde_json::Value;
 use warren_gateway::turns::BrainState;
 
-use crate::helpers::{TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of};
+use crate::helpers::{
+    Received, TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of,
+};
 
 #[tokio::test]
 async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
@@ -27,6 +29,21 @@ async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
     let end = seen.last().expect("turn_end");
     assert_eq!(end.data["stop_reason"], "end_turn");
     assert_eq!(end.data["turn"], 1);
+    // The first message starts the hands (a `hands` event with its timing) and opens the ACP
+    // session on the warm worker (`status` brain `ready`), before the agent's first update.
+    let position = |what: &str, found: &dyn Fn(&Received) -> bool| {
+        seen.iter()
+            .position(|e| found(e))
+            .unwrap_or_else(|| panic!("{what} among {kinds:?}"))
+    };
+    let hands = position("a hands event", &|e| e.event == "hands");
+    assert_eq!(seen[hands].data["state"], "ready");
+    assert!(seen[hands].data["elapsed_ms"].is_u64(), "{:?}", seen[hands]);
+    let ready = position("brain ready", &|e| {
+        e.event == "status" && e.data["brain"] == "ready"
+    });
+    let first_update = position("an update", &|e| e.event == "update");
+    assert!(hands < ready && ready < first_update, "{kinds:?}");
     let seqs: Vec<u64> = seen.iter().map(|e| e.id.expect("id")).collect();
     assert_eq!(
         seqs,
