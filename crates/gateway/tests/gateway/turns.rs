@@ -33,7 +33,7 @@ async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
     // session on the warm worker (`status` brain `ready`), before the agent's first update.
     let position = |what: &str, found: &dyn Fn(&Received) -> bool| {
         seen.iter()
-            .position(|e| found(e))
+            .position(found)
             .unwrap_or_else(|| panic!("{what} among {kinds:?}"))
     };
     let hands = position("a hands event", &|e| e.event == "hands");
