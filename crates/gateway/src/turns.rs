@@ -131,28 +131,42 @@ pub async fn start_turn(
         if state.running_turn.is_some() {
             return Err(GatewayError::TurnInProgress);
         }
-        if state.brain_slot.is_none() {
-            state.brain_slot = Some(
+        let new_slot = match state.brain_slot {
+            Some(_) => None,
+            None => Some(
                 gateway
                     .sessions
                     .admission()
                     .reserve_brain(&session.device_id)?,
-            );
-        }
-        state.turn += 1;
-        state.running_turn = Some(state.turn);
-        state.turn_cancel = CancellationToken::new();
-        state.last_active = Instant::now();
-        // Appended under the session lock so a concurrent message cannot interleave its events.
-        let turn = state.turn;
-        let appended = session
+            ),
+        };
+        // Appended under the session lock so a concurrent message cannot interleave its events,
+        // and before the state changes: a log that refuses the message leaves the session (its
+        // turn number, its brain slot) as it was.
+        let turn = state.turn + 1;
+        session
             .log
-            .append(Some(turn), EventBody::UserMessage { text: text.clone() })
-            .and_then(|_| session.log.append(Some(turn), EventBody::TurnStart {}));
-        if let Err(e) = appended {
-            state.running_turn = None;
+            .append(Some(turn), EventBody::UserMessage { text: text.clone() })?;
+        state.turn = turn;
+        if let Some(slot) = new_slot {
+            state.brain_slot = Some(slot);
+        }
+        if let Err(e) = session.log.append(Some(turn), EventBody::TurnStart {}) {
+            // The message is stored: close its turn (if the log takes it) so it is not left open.
+            let _ = session.log.append(
+                Some(turn),
+                EventBody::TurnEnd {
+                    stop_reason: "error".into(),
+                },
+            );
+            if matches!(state.brain, BrainState::None) {
+                state.brain_slot = None;
+            }
             return Err(e.into());
         }
+        state.running_turn = Some(turn);
+        state.turn_cancel = CancellationToken::new();
+        state.last_active = Instant::now();
         (turn, state.turn_cancel.clone())
     };
     let gateway = gateway.clone();

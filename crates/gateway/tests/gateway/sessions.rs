@@ -179,6 +179,37 @@ async fn bodies_over_the_size_limit_get_413() {
 }
 
 #[tokio::test]
+async fn a_message_the_event_log_refuses_is_500_and_holds_no_brain_slot() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    // A log that takes no more appends, as after a disk failure.
+    gw.gateway
+        .sessions
+        .get("phone-0001", &session)
+        .expect("the session")
+        .log
+        .close();
+    let refused = gw.post_message(&token, &session, "echo x").await;
+    assert_eq!(refused.status(), 500);
+    let body: Value = refused.json().await.expect("error body");
+    assert_eq!(body["code"], "RUNTIME_ERROR");
+    assert_eq!(body["message"], "internal error", "internals are not shown");
+    let info = gw.session_info(&token, &session).await;
+    assert_eq!(
+        (info["turn"].clone(), info["status"].clone()),
+        (0.into(), "idle".into()),
+        "no turn was started"
+    );
+    assert_eq!(
+        gw.gateway.sessions.admission().n_brains(),
+        0,
+        "the brain slot reserved for the message was given back"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn fifty_parallel_creations_never_exceed_the_quota() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("busy-device").await;
