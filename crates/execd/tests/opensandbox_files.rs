@@ -2,7 +2,8 @@
 //! error, and the confinement to `--root` (symlinks to `/etc`, chains, `..`, URL-encoded `..`,
 //! absolute link targets outside the root, FIFOs, devices, a file swapped for a symlink while
 //! being read), and the links it follows (absolute links inside the root, every absolute link
-//! with the root `/`), with a link loop answered rather than hung on.
+//! with the root `/`), with a link loop answered rather than hung on. No route that changes
+//! anything does so through a link out of the root, and large files stream both ways.
 
 mod opensandbox_support;
 
