@@ -938,3 +938,22 @@ async fn the_shell_parameter_picks_the_shell_and_login_false_is_not_a_login_shel
     };
     assert_eq!(exec(&h.engine, args).await.output, "not-login\n");
 }
+
+/// Password prompts (`sudo`, `ssh`, `getpass`) read `/dev/tty`, not stdin.
+#[tokio::test]
+async fn a_password_prompt_reading_dev_tty_is_reported_as_awaiting_input() {
+    let h = harness();
+    let script = "python3 -c \"import getpass; print('got', getpass.getpass('Password: '))\"";
+    let (_, answer) =
+        prompt_then_answer(&h.engine, tty(script, 30_000), "Password: ", "hunter2\n").await;
+    assert!(
+        answer.output.ends_with("got hunter2\n"),
+        "{:?}",
+        answer.output
+    );
+    assert!(
+        !answer.output.contains("hunter2\ngot"),
+        "the password is not echoed: {:?}",
+        answer.output
+    );
+}

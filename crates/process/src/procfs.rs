@@ -4,7 +4,9 @@
 //! group of its terminal (for pipe sessions: any process of the tree) is asleep in a read-like
 //! system call on the command's input: its stdin pipe or its terminal. The input is identified by
 //! the target of `/proc/<pid>/fd/0` right after spawning (`pipe:[123]` or `/dev/pts/4`), so a
-//! process reading some other pipe (`yes | head`) or sleeping (`sleep 30`) never counts.
+//! process reading some other pipe (`yes | head`) or sleeping (`sleep 30`) never counts. Reading
+//! `/dev/tty` counts when the process's controlling terminal is that terminal: password prompts
+//! (`sudo`, `ssh`, `getpass`) read there rather than from stdin.
 //!
 //! The system call comes from `/proc/<pid>/syscall` (number and first argument, the fd); when that
 //! file is unreadable the kernel wait channel in `/proc/<pid>/wchan` is used instead. This module
@@ -84,8 +86,45 @@ const MULTI_WAITS: &[i64] = &[];
 /// Kernel wait channels of a process asleep reading a pipe or a terminal.
 const READ_WCHANS: &[&str] = &["pipe_read", "anon_pipe_read", "n_tty_read", "wait_woken"];
 
+/// What a descriptor opened through `/dev/tty` points at: password prompts (`sudo`, `ssh`,
+/// `getpass`) read the controlling terminal this way rather than through stdin.
+const DEV_TTY: &str = "/dev/tty";
+
+/// True when `pid`'s controlling terminal is the device `input` names (`/dev/pts/N`).
+fn controlling_tty_is(pid: i32, input: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(tty_nr) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|text| parse_tty_nr(&text))
+    else {
+        return false;
+    };
+    let Ok(meta) = std::fs::metadata(input) else {
+        return false;
+    };
+    let rdev = meta.rdev();
+    tty_nr != 0 && decode_tty_nr(tty_nr) == (rustix::fs::major(rdev), rustix::fs::minor(rdev))
+}
+
+/// Field 7 of `/proc/<pid>/stat`: the controlling terminal's device number (0 when none).
+fn parse_tty_nr(text: &str) -> Option<u32> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // state, ppid, pgrp, session, tty_nr
+    rest.split_whitespace().nth(4)?.parse().ok()
+}
+
+/// `(major, minor)` of a device number in the kernel's `/proc` encoding: minor bits 0-7 and
+/// 20-31, major bits 8-19.
+fn decode_tty_nr(tty_nr: u32) -> (u32, u32) {
+    (
+        (tty_nr >> 8) & 0xfff,
+        (tty_nr & 0xff) | ((tty_nr >> 12) & 0xfff00),
+    )
+}
+
 /// True when `pid` is asleep reading `input` (the target of the command's fd 0, see
-/// [`fd_target`]).
+/// [`fd_target`]), or reading its controlling terminal through `/dev/tty` when that terminal is
+/// `input`.
 pub fn is_blocked_reading(pid: i32, input: &std::path::Path) -> bool {
     let Some(state) = proc_state(pid) else {
         return false;
@@ -101,7 +140,9 @@ pub fn is_blocked_reading(pid: i32, input: &std::path::Path) -> bool {
         Some(call) if FD_READS.contains(&call.number) => i32::try_from(call.first_arg)
             .ok()
             .and_then(|fd| fd_target(pid, fd))
-            .is_some_and(|t| t == input),
+            .is_some_and(|t| {
+                t == input || (t.as_os_str() == DEV_TTY && controlling_tty_is(pid, input))
+            }),
         Some(call) if MULTI_WAITS.contains(&call.number) => stdin_is_input,
         Some(_) => false,
         None => {
@@ -145,6 +186,23 @@ mod tests {
             }
         );
         assert!(parse_stat_state("nonsense").is_none());
+    }
+
+    #[test]
+    fn parses_and_decodes_the_controlling_terminal() {
+        let stat = "42 (a (b) c) S 7 42 40 34816 45 4194304";
+        assert_eq!(parse_tty_nr(stat), Some(34816));
+        assert_eq!(parse_tty_nr("nonsense"), None);
+        let table = [
+            (34816, (136, 0)),       // /dev/pts/0
+            (34821, (136, 5)),       // /dev/pts/5
+            (1_083_392, (136, 256)), // /dev/pts/256: minor bits above 7 sit at bit 20
+            (1025, (4, 1)),          // /dev/tty1
+            (0, (0, 0)),
+        ];
+        for (tty_nr, expected) in table {
+            assert_eq!(decode_tty_nr(tty_nr), expected, "{tty_nr}");
+        }
     }
 
     #[test]
