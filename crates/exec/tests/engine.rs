@@ -957,3 +957,24 @@ async fn a_password_prompt_reading_dev_tty_is_reported_as_awaiting_input() {
         answer.output
     );
 }
+
+#[tokio::test]
+async fn a_repl_prompt_on_a_tty_is_reported_as_awaiting_input() {
+    let h = harness();
+    let prompted = exec(&h.engine, tty("python3 -q", 30_000)).await;
+    assert_eq!(prompted.status, ExecStatus::AwaitingInput, "{prompted:?}");
+    assert!(prompted.output.ends_with(">>> "), "{:?}", prompted.output);
+    let id = prompted.session_id.expect("session id");
+    let answered = stdin(
+        &h.engine,
+        WriteStdinArgs {
+            yield_time_ms: Some(30_000),
+            ..write(id, "print(6 * 7)\n")
+        },
+    )
+    .await;
+    assert_eq!(answered.status, ExecStatus::AwaitingInput, "{answered:?}");
+    assert!(answered.output.contains("42\n"), "{:?}", answered.output);
+    let done = reply(&h.engine, id, "exit()\n").await;
+    assert_eq!(done.status, ExecStatus::Exited, "{done:?}");
+}
