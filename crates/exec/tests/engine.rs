@@ -978,3 +978,33 @@ async fn a_repl_prompt_on_a_tty_is_reported_as_awaiting_input() {
     let done = reply(&h.engine, id, "exit()\n").await;
     assert_eq!(done.status, ExecStatus::Exited, "{done:?}");
 }
+
+#[tokio::test]
+async fn a_tree_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let h = harness_with(|config| config.kill_grace = Duration::from_millis(300));
+    let first = exec(
+        &h.engine,
+        cmd_yield("trap '' TERM; sleep 1000 & echo \"pid $!\"; wait", 1000),
+    )
+    .await;
+    let id = first.session_id.expect("session id");
+    let mut output = first.output.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !output.contains('\n') {
+        assert!(
+            Instant::now() < deadline,
+            "the command never printed the sleeper's pid"
+        );
+        output.push_str(&stdin(&h.engine, write(id, "")).await.output);
+    }
+    let pid: i32 = output
+        .trim()
+        .strip_prefix("pid ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {output:?}"));
+    let killed = within("kill_session", h.engine.kill_session(id))
+        .await
+        .expect("kill succeeds");
+    assert_eq!(killed.exit_code, Some(137), "SIGKILL ended it: {killed:?}");
+    wait_until_dead(pid, "the sleeper that ignores SIGTERM").await;
+}
