@@ -581,22 +581,41 @@ async fn exited_session_keeps_unread_output_until_the_next_poll() {
 async fn seventy_sessions_prune_the_least_recently_used_beyond_sixty_four() {
     let h = harness();
     let mut started = Vec::new();
-    for _ in 0..70 {
+    for _ in 0..64 {
+        started.push(start(&h.engine, cmd_yield("sleep 1000", 250)).await);
+    }
+    let pids: std::collections::HashMap<u32, i32> = h
+        .engine
+        .list_sessions()
+        .await
+        .sessions
+        .iter()
+        .map(|s| (s.session_id, s.pid as i32))
+        .collect();
+    // Using the oldest session makes it the most recently used: it is protected from pruning.
+    let touched = started[0];
+    let used = stdin(&h.engine, write(touched, "\n")).await;
+    assert_eq!(used.status, ExecStatus::Running, "{used:?}");
+    for _ in 64..70 {
         started.push(start(&h.engine, cmd_yield("sleep 1000", 250)).await);
     }
     let listed = h.engine.list_sessions().await;
     assert_eq!(listed.sessions.len(), 64);
-    for pruned in &started[..6] {
-        assert!(
-            listed.sessions.iter().all(|s| s.session_id != *pruned),
-            "{pruned} was pruned"
-        );
+    let is_listed = |id: u32| listed.sessions.iter().any(|s| s.session_id == id);
+    assert!(
+        is_listed(touched),
+        "the recently used oldest session was kept"
+    );
+    for pruned in &started[1..7] {
+        assert!(!is_listed(*pruned), "{pruned} was pruned");
+        let err = within("write_stdin", h.engine.write_stdin(write(*pruned, "")))
+            .await
+            .expect_err("a pruned session is unknown");
+        assert!(matches!(err, ExecError::UnknownSession(_)), "{err}");
+        wait_until_dead(pids[pruned], "a pruned session's process").await;
     }
-    for kept in &started[6..] {
-        assert!(
-            listed.sessions.iter().any(|s| s.session_id == *kept),
-            "{kept} was kept"
-        );
+    for kept in &started[7..] {
+        assert!(is_listed(*kept), "{kept} was kept");
     }
     within("shutdown", h.engine.shutdown()).await;
     assert!(h.engine.list_sessions().await.sessions.is_empty());
