@@ -844,3 +844,27 @@ async fn foreground_stdin_is_dev_null() {
         .await;
     assert_eq!(texts(&events, "stdout"), ["/dev/null", "done"]);
 }
+
+#[tokio::test]
+async fn deleting_a_session_kills_what_it_left_running() {
+    let server = Server::start().await;
+    let id = server.create_session(json!({})).await;
+    let events = server
+        .run_in_session(&id, json!({"command": "setsid sleep 1000 & echo $!"}))
+        .await;
+    let pid: i32 = texts(&events, "stdout")
+        .first()
+        .and_then(|line| line.parse().ok())
+        .unwrap_or_else(|| panic!("the run prints the sleeper's pid: {events:?}"));
+    assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 200);
+    eventually("the session's background sleeper to be gone", || async {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("X");
+        matches!(state, "X" | "Z").then_some(())
+    })
+    .await;
+}
