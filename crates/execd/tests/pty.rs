@@ -997,3 +997,231 @@ async fn takeover_that_cannot_evict_the_holder_in_time_gets_already_connected() 
     viewer.wait_output("resumed-12").await;
     assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
 }
+
+#[tokio::test]
+async fn exit_is_reported_even_when_a_background_job_keeps_printing() {
+    let daemon = start().await;
+    // The background loop keeps the output pipe open and prints more often than any quiet
+    // period: the shell's exit must still be reported, and the session show it stopped.
+    let command = "(while :; do echo tick; sleep 0.02; done) & echo started; exit 5";
+    let id = daemon.create(json!({ "command": command })).await;
+    let mut holder = daemon.try_connect(&id, "pty=0").await.expect("connects");
+    assert_eq!(holder.wait_text("exit").await["exit_code"], 5);
+    assert!(holder.output_text().contains("started"));
+    assert_eq!(daemon.status(&id).await["running"], false);
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+}
+
+/// Checks that every whole 16-byte line of `seq -f '%015.0f'` output inside a `0x03` frame
+/// holds the number its absolute offset says: the frame's offset and bytes agree.
+fn assert_seq_frame_consistent(offset: u64, bytes: &[u8]) {
+    let first_line = offset.div_ceil(16);
+    let mut line = first_line;
+    while (line + 1) * 16 <= offset + bytes.len() as u64 {
+        let at = (line * 16 - offset) as usize;
+        let text = std::str::from_utf8(&bytes[at..at + 16]).expect("seq output is ASCII");
+        assert_eq!(
+            text,
+            format!("{line:015}\n"),
+            "frame at offset {offset} (len {}) has the wrong bytes at {}",
+            bytes.len(),
+            line * 16
+        );
+        line += 1;
+    }
+}
+
+#[tokio::test]
+async fn viewer_frames_match_their_offsets_and_a_stalled_viewer_skips_ahead() {
+    let daemon = start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let go = dir.path().join("go");
+    let n_lines: u64 = 4_000_000;
+    let command = format!(
+        "while [ ! -e '{}' ]; do sleep 0.02; done; seq -f '%015.0f' 0 {}; sleep 1000",
+        go.display(),
+        n_lines - 1
+    );
+    let id = daemon.create(json!({ "command": command })).await;
+    // The holder never reads: it is disconnected once too far behind, and blocks nothing.
+    let _holder = daemon.connect(&id, "pty=0").await;
+    let mut stalled = daemon.connect(&id, "mode=viewer").await;
+    std::fs::write(&go, b"").expect("starts the output");
+    let total = n_lines * 16;
+    // Viewers attach while output streams: each replay is one contiguous piece of the ring.
+    let mut n_replays = 0;
+    while daemon.output_offset(&id).await < total {
+        let mut viewer = daemon
+            .try_connect(&id, "mode=viewer")
+            .await
+            .expect("connects");
+        if let Event::Replay(offset, bytes) = viewer.next_event("a replay frame").await {
+            assert_seq_frame_consistent(offset, &bytes);
+            n_replays += 1;
+        }
+    }
+    assert!(n_replays > 0, "no viewer attached while output streamed");
+    daemon
+        .wait_for_output_offset(&id, total, std::time::Duration::from_secs(60))
+        .await;
+    // The viewer that read nothing fell more than the ring behind: its frames jump ahead, and
+    // each one's bytes are those of its offset.
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    let mut end = None;
+    let mut skipped = false;
+    while end != Some(total) {
+        match stalled
+            .next_event_by("the stalled viewer's frames", deadline)
+            .await
+        {
+            Event::Replay(offset, bytes) => {
+                assert_seq_frame_consistent(offset, &bytes);
+                if let Some(end) = end {
+                    assert!(offset >= end, "offsets go forward: {offset} after {end}");
+                    skipped |= offset > end;
+                }
+                end = Some(offset + bytes.len() as u64);
+                stalled.all_output.clear();
+            }
+            Event::Close(code, reason) => panic!("viewer closed ({code} {reason})"),
+            _ => {}
+        }
+    }
+    assert!(skipped, "a viewer more than the ring behind skips ahead");
+    stalled.ping().await;
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+}
+
+#[tokio::test]
+async fn signal_in_pipe_mode_goes_to_the_shells_group_and_a_killed_shell_exits_with_minus_1() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "echo waiting-$((1+1)); sleep 1000"}))
+        .await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    holder.wait_output("waiting-2").await;
+    holder
+        .send_json(json!({"type": "signal", "signal": "SIGKILL"}))
+        .await;
+    assert_eq!(holder.wait_text("exit").await["exit_code"], -1);
+    assert_eq!(
+        holder.wait_close().await,
+        (1000, "process exited".to_string())
+    );
+    assert_eq!(daemon.status(&id).await["running"], false);
+}
+
+#[tokio::test]
+async fn resize_in_pipe_mode_is_a_no_op() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    holder
+        .send_json(json!({"type": "resize", "cols": 120, "rows": 40}))
+        .await;
+    holder.run("echo piped-$((2+5))", "piped-7").await;
+    assert!(holder.texts.iter().all(|t| t["type"] != "error"));
+}
+
+#[tokio::test]
+async fn pty_0_only_matters_when_the_attach_starts_the_shell() {
+    let daemon = start().await;
+    let (id, holder) = daemon.shell().await;
+    drop(holder);
+    let mut again = reconnect(&daemon, &id, "pty=0").await;
+    assert_eq!(again.texts.last().expect("connected")["mode"], "pty");
+    again
+        .run("tty; echo still-pty-$((1+1))", "still-pty-2")
+        .await;
+    assert!(again.output_text().contains("/dev/pts/"));
+}
+
+#[tokio::test]
+async fn viewer_mode_takes_precedence_over_takeover() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    let viewer = daemon.connect(&id, "mode=viewer&takeover=1").await;
+    assert_eq!(viewer.texts.last().expect("connected")["role"], "viewer");
+    holder.run("echo kept-$((3+3))", "kept-6").await;
+    assert!(holder.closed.is_none(), "the holder was not evicted");
+}
+
+#[tokio::test]
+async fn holder_replay_comes_before_connected() {
+    let daemon = start().await;
+    let (id, mut holder) = daemon.shell().await;
+    holder.run("echo first-$((1+1))", "first-2").await;
+    holder.close().await;
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    let mut again = loop {
+        match daemon.try_connect(&id, "").await {
+            Ok(client) => break client,
+            Err((409, _)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(other) => panic!("reconnect refused: {other:?}"),
+        }
+    };
+    match again.next_event("the replay frame").await {
+        Event::Replay(0, bytes) => assert!(String::from_utf8_lossy(&bytes).contains("first-2")),
+        other => panic!("expected the replay first, got {other:?}"),
+    }
+    match again.next_event("connected").await {
+        Event::Text(value) => assert_eq!(value["type"], "connected", "{value}"),
+        other => panic!("expected connected after the replay, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn stdin_to_a_shell_that_closed_it_gets_stdin_write_failed() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "exec 0<&-; echo closed-$((2+2)); sleep 1000"}))
+        .await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    holder.wait_output("closed-4").await;
+    holder.send_stdin("hello\n").await;
+    assert_eq!(
+        holder.wait_text("error").await["code"],
+        "STDIN_WRITE_FAILED"
+    );
+    holder.ping().await;
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_wrong_access_token_is_refused_and_ping_needs_none() {
+    let daemon = start_with(Config {
+        access_token: Some("right-token".into()),
+        ..Config::default()
+    })
+    .await;
+    let id = daemon.create(json!({})).await;
+    let wrong = pty_support::Daemon {
+        base: daemon.base.clone(),
+        http: daemon.http.clone(),
+        token: Some("wrong-token".into()),
+    };
+    let unauthorized =
+        json!({"error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"});
+    assert_eq!(
+        wrong.get(&format!("/pty/{id}")).await,
+        (401, unauthorized.clone())
+    );
+    assert_eq!(
+        wrong.post_raw("/pty", "{}").await,
+        (401, unauthorized.clone())
+    );
+    assert_eq!(wrong.delete(&format!("/pty/{id}")).await.0, 401);
+    assert_eq!(
+        wrong.try_connect(&id, "").await.err(),
+        Some((401, unauthorized))
+    );
+    let anonymous = pty_support::Daemon {
+        token: None,
+        ..wrong
+    };
+    assert_eq!(anonymous.get("/ping").await.0, 200);
+    // The session is untouched.
+    assert_eq!(daemon.status(&id).await["running"], false);
+}

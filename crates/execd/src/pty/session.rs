@@ -38,6 +38,9 @@ pub const HOLDER_MAX_QUEUED_BYTES: usize = 16 * 1024 * 1024;
 /// After the shell exits, output is still read until this long passes without any (a
 /// background job may hold the terminal open; its output is not waited for forever).
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
+/// ... and for at most this long in all: a background job that keeps printing must not keep
+/// the exit from being reported. What the shell printed before exiting is read long before.
+const DRAIN_MAX: Duration = Duration::from_secs(2);
 /// Most bytes in one viewer frame.
 const MAX_VIEWER_PAYLOAD: usize = 128 * 1024;
 /// First read buffer of a pump; it grows to a full frame only while output streams.
@@ -340,6 +343,21 @@ impl Session {
     /// The next frame for a viewer at `offset` attached to shell `generation`, advancing the
     /// offset. Output after that shell's exit is not the viewer's: it gets the exit instead.
     pub fn viewer_read(&self, offset: &mut u64, generation: u64) -> ViewerRead {
+        self.viewer_read_at_most(offset, generation, MAX_VIEWER_PAYLOAD)
+    }
+
+    /// A viewer's replay: everything retained from `offset` in one frame, read under one lock
+    /// so its bytes are contiguous (the shell cannot evict the middle of it while it is read).
+    pub fn viewer_replay(&self, offset: &mut u64, generation: u64) -> ViewerRead {
+        self.viewer_read_at_most(offset, generation, RING_CAPACITY)
+    }
+
+    fn viewer_read_at_most(
+        &self,
+        offset: &mut u64,
+        generation: u64,
+        max_bytes: usize,
+    ) -> ViewerRead {
         let state = self.lock();
         let exit = state
             .last_exit
@@ -347,7 +365,7 @@ impl Session {
         let end = exit.map_or(state.ring.total(), |record| record.at_offset);
         let from = state.ring.clamp(*offset);
         if from < end {
-            let max = ((end - from) as usize).min(MAX_VIEWER_PAYLOAD);
+            let max = usize::try_from(end - from).map_or(max_bytes, |n| n.min(max_bytes));
             let mut frame = Vec::with_capacity(REPLAY_HEADER_LEN + max);
             frame.push(CHANNEL_REPLAY);
             frame.extend_from_slice(&from.to_be_bytes());
@@ -513,8 +531,9 @@ impl Session {
             }
         };
         // Whatever the shell printed before exiting is already readable; keep reading until
-        // every writer is gone or nothing new arrives for a while.
-        while !pumps_done {
+        // every writer is gone, nothing new arrives for a while, or the drain time is up.
+        let drain_deadline = tokio::time::Instant::now() + DRAIN_MAX;
+        while !pumps_done && tokio::time::Instant::now() < drain_deadline {
             let before = self.output_offset();
             match tokio::time::timeout(DRAIN_QUIET, &mut all).await {
                 Ok(_) => pumps_done = true,

@@ -407,26 +407,19 @@ async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
     let mut offset = attach.offset;
     let mut progress = attach.progress;
     let outcome = async {
-        // The first frame is the replay of everything retained from `since`.
-        let mut replay = Vec::new();
-        loop {
-            match session.viewer_read(&mut offset, generation) {
-                ViewerRead::Frame(frame) if replay.is_empty() => replay = frame,
-                ViewerRead::Frame(frame) => {
-                    replay.extend_from_slice(&frame[warren_protocol::pty::REPLAY_HEADER_LEN..])
-                }
-                ViewerRead::Exit(_) | ViewerRead::Idle => break,
-            }
-        }
+        // The first frame is the replay of everything retained from `since`, read in one step:
+        // pieces read one after another could straddle an eviction and so have a gap that the
+        // one offset in the header would hide.
+        let replay = match session.viewer_replay(&mut offset, generation) {
+            ViewerRead::Frame(frame) => Some(frame),
+            ViewerRead::Exit(_) | ViewerRead::Idle => None,
+        };
         let connected = ServerFrame::Connected {
             session_id: session.id.clone(),
             mode: attach.mode,
             role: PtyRole::Viewer,
         };
-        if !conn
-            .open((!replay.is_empty()).then_some(replay), &connected)
-            .await
-        {
+        if !conn.open(replay, &connected).await {
             return Next::Stop;
         }
         let mut ping = conn.ping_timer();

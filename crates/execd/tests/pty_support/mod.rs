@@ -16,6 +16,8 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use warren_execd::{Config, Execd};
 
 pub const WAIT: Duration = Duration::from_secs(20);
+/// Most payload bytes in one live (`0x01`/`0x02`) frame.
+pub const MAX_LIVE_PAYLOAD: usize = 32 * 1024;
 
 pub struct Daemon {
     pub base: String,
@@ -214,10 +216,17 @@ impl Client {
 
     /// The next event, recorded in the client's logs. Panics after [`WAIT`] naming `expected`.
     pub async fn next_event(&mut self, expected: &str) -> Event {
+        self.next_event_by(expected, tokio::time::Instant::now() + WAIT)
+            .await
+    }
+
+    /// The next event; panics at `deadline` naming `expected`. The waits below share one
+    /// deadline across many events, so a stream of other frames cannot make them wait forever.
+    pub async fn next_event_by(&mut self, expected: &str, deadline: tokio::time::Instant) -> Event {
         if let Some((code, reason)) = &self.closed {
             return Event::Close(*code, reason.clone());
         }
-        let message = tokio::time::timeout(WAIT, self.ws.next())
+        let message = tokio::time::timeout_at(deadline, self.ws.next())
             .await
             .unwrap_or_else(|_| {
                 panic!(
@@ -245,8 +254,15 @@ impl Client {
                 });
                 Event::Close(code, reason)
             }
-            Some(Ok(_)) => return Box::pin(self.next_event(expected)).await,
+            Some(Ok(_)) => return Box::pin(self.next_event_by(expected, deadline)).await,
         };
+        if let Event::Live(_, bytes) = &event {
+            assert!(
+                bytes.len() <= MAX_LIVE_PAYLOAD,
+                "a live frame holds at most 32 KiB, got {}",
+                bytes.len()
+            );
+        }
         match &event {
             Event::Live(1, bytes) => {
                 self.stdout.extend_from_slice(bytes);
@@ -274,9 +290,10 @@ impl Client {
 
     /// Waits until the received output contains `needle`.
     pub async fn wait_output(&mut self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let expected = format!("output {needle:?}");
         while !self.output_text().contains(needle) {
-            if let Event::Close(code, reason) = self.next_event(&format!("output {needle:?}")).await
-            {
+            if let Event::Close(code, reason) = self.next_event_by(&expected, deadline).await {
                 panic!(
                     "closed ({code} {reason}) before output {needle:?}; got {:?}",
                     self.output_text()
@@ -287,8 +304,10 @@ impl Client {
 
     /// Waits for the next JSON frame of `kind` (earlier frames of other kinds are kept).
     pub async fn wait_text(&mut self, kind: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let expected = format!("a {kind:?} frame");
         loop {
-            match self.next_event(&format!("a {kind:?} frame")).await {
+            match self.next_event_by(&expected, deadline).await {
                 Event::Text(value) if value["type"] == kind => return value,
                 Event::Close(code, reason) => {
                     panic!(
@@ -303,8 +322,11 @@ impl Client {
 
     /// Waits for the close frame, skipping anything before it.
     pub async fn wait_close(&mut self) -> (u16, String) {
+        let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            if let Event::Close(code, reason) = self.next_event("the close frame").await {
+            if let Event::Close(code, reason) =
+                self.next_event_by("the close frame", deadline).await
+            {
                 return (code, reason);
             }
         }
