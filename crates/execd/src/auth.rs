@@ -43,3 +43,29 @@ pub async fn require_access_token(
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::token_matches;
+
+    #[test]
+    fn only_the_exact_token_matches() {
+        let cases: [(&[u8], bool); 7] = [
+            (b"s3cret", true),
+            (b"s3creT", false),
+            (b"s3cre", false),
+            (b"s3cret ", false),
+            (b"", false),
+            (b"S3CRET", false),
+            (b"x3cret", false),
+        ];
+        for (presented, expected) in cases {
+            assert_eq!(
+                token_matches("s3cret", presented),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(presented)
+            );
+        }
+    }
+}

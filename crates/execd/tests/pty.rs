@@ -92,12 +92,17 @@ async fn session_limit_answers_429_too_many_sessions() {
     .await;
     let first = daemon.create(json!({})).await;
     daemon.create(json!({})).await;
-    let (status, body) = daemon.post_raw("/pty", "{}").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let refused_cwd = dir.path().join("refused");
+    let (status, body) = daemon
+        .post_raw("/pty", &json!({ "cwd": refused_cwd }).to_string())
+        .await;
     assert_eq!(
         (status, body["code"].clone()),
         (429, json!("TOO_MANY_SESSIONS")),
         "{body}"
     );
+    assert!(!refused_cwd.exists(), "a refused create makes no directory");
     assert_eq!(daemon.delete(&format!("/pty/{first}")).await.0, 200);
     daemon.create(json!({})).await;
 }

@@ -158,6 +158,10 @@ impl PtySessions {
     /// Creates a session (no shell yet). `cwd` is made if missing; relative paths are taken
     /// from the daemon's root directory.
     pub fn create(&self, request: CreatePtyRequest) -> Result<String, PtyError> {
+        // Checked before the cwd is made too, so a refused request leaves no directory behind.
+        if self.sessions().len() >= self.inner.max_sessions {
+            return Err(PtyError::TooManySessions(self.inner.max_sessions));
+        }
         let cwd = match request.cwd.as_deref() {
             None | Some("") => self.inner.default_cwd.clone(),
             Some(dir) => self.inner.default_cwd.join(Path::new(dir)),
