@@ -400,6 +400,60 @@ mod tests {
     }
 
     #[test]
+    fn descriptions_teach_the_semantics() {
+        let tools = tool_definitions();
+        let description = |name: &str| {
+            tools
+                .iter()
+                .find(|tool| tool.name == name)
+                .and_then(|tool| tool.description.as_deref())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let cases: [(&str, &[&str]); 4] = [
+            (
+                "exec_command",
+                &[
+                    "`yield_time_ms`",
+                    "never kills",
+                    "`timeout_ms`",
+                    "124",
+                    "empty `chars`",
+                    "awaiting_input",
+                    "kill_session",
+                ],
+            ),
+            (
+                "write_stdin",
+                &[
+                    "Empty `chars` polls",
+                    "`\\u0003`",
+                    "`\\u0004`",
+                    "No newline is added",
+                ],
+            ),
+            ("list_sessions", &["session id you lost"]),
+            ("kill_session", &["process tree", "exit code"]),
+        ];
+        for (name, needles) in cases {
+            let text = description(name);
+            for needle in needles {
+                assert!(text.contains(needle), "{name} lacks {needle:?}: {text}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_argument_fields_are_ignored() {
+        let parsed: Result<ExecCommandArgs, _> =
+            parse(object(json!({"cmd": "true", "justification": "why"})).expect("object"));
+        assert_eq!(parsed.expect("parses").cmd, "true");
+        let parsed: Result<ListSessionsArgs, _> =
+            parse(object(json!({"verbose": true})).expect("object"));
+        assert!(parsed.is_ok());
+    }
+
+    #[test]
     fn exec_result_text_is_codex_layout_and_json_omits_it() {
         let result = ExecResult {
             chunk_id: "3fa91c".into(),

@@ -86,6 +86,7 @@ async fn lists_the_four_tools_with_their_schemas(client: &McpClient) -> anyhow::
     assert_eq!(write["properties"]["session_id"]["type"], "integer");
     assert_eq!(write["properties"]["chars"]["type"], "string");
     assert_eq!(write["properties"]["yield_time_ms"]["type"], "integer");
+    assert_eq!(write["properties"]["max_output_tokens"]["type"], "integer");
 
     assert_eq!(schema("list_sessions")["properties"], json!({}));
     assert_eq!(schema("kill_session")["required"], json!(["session_id"]));
@@ -473,6 +474,38 @@ async fn stdio_client_disconnect_kills_running_commands() -> anyhow::Result<()> 
     Ok(())
 }
 
+#[tokio::test]
+async fn stdio_sigterm_kills_running_commands() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = local_stdio_client(dir.path()).await?;
+    let session = start_running(&client, "sleep 600").await?;
+    let entry = listed_session(&client, |s| s["session_id"] == session).await?;
+    let pid = entry["pid"].as_u64().expect("listed with a pid");
+    // The command's parent is `warren mcp` itself (commands are its direct children).
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let parent: i32 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .context("the command's parent pid")?;
+    let cmdline = std::fs::read_to_string(format!("/proc/{parent}/cmdline"))?;
+    anyhow::ensure!(
+        cmdline.split('\0').nth(1) == Some("mcp"),
+        "the command's parent {parent} is not `warren mcp`: {cmdline:?}"
+    );
+    let warren = rustix::process::Pid::from_raw(parent).context("pid 0")?;
+    rustix::process::kill_process(warren, rustix::process::Signal::TERM)?;
+    let proc_dir = format!("/proc/{pid}");
+    within("the session's process to be gone after SIGTERM", async {
+        while Path::new(&proc_dir).exists() && !is_zombie(&proc_dir) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await?;
+    drop(client);
+    Ok(())
+}
+
 fn is_zombie(proc_dir: &str) -> bool {
     std::fs::read_to_string(format!("{proc_dir}/stat"))
         .ok()
@@ -569,6 +602,33 @@ async fn execd_serves_mcp_behind_its_access_token() -> anyhow::Result<()> {
     assert!(refused.is_err(), "MCP without the access token must fail");
     let refused = http_client(&url, Some("wrong-token")).await;
     assert!(refused.is_err(), "MCP with a wrong access token must fail");
+    // What such a client is told: execd's 401, as on every other route.
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}
+    });
+    for token in [None, Some("wrong-token")] {
+        let mut request = reqwest::Client::new()
+            .post(&url)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&initialize);
+        if let Some(token) = token {
+            request = request.header("X-EXECD-ACCESS-TOKEN", token);
+        }
+        let response =
+            within("the answer to an unauthenticated POST /mcp", request.send()).await??;
+        assert_eq!(
+            response.status(),
+            reqwest::StatusCode::UNAUTHORIZED,
+            "token {token:?}"
+        );
+        let body: Value = response.json().await?;
+        assert_eq!(
+            body,
+            json!({"error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"})
+        );
+    }
 
     let client = http_client(&url, Some(&execd.token)).await?;
     lists_the_four_tools_with_their_schemas(&client).await?;
