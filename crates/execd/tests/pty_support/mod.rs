@@ -457,3 +457,95 @@ pub async fn eventually(expected: &str, mut condition: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The `warren` binary, built once per test process with `cargo build -p warren` (cargo builds
+/// no other package's binaries for a test, and this way the tests never run a stale one).
+pub fn warren_binary() -> &'static std::path::PathBuf {
+    static BINARY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BINARY.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let output = std::process::Command::new(&cargo)
+            .args(["build", "-p", "warren", "--bin", "warren"])
+            .arg("--message-format=json-render-diagnostics")
+            .current_dir(&workspace)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("runs cargo build -p warren");
+        assert!(output.status.success(), "cargo build -p warren failed");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|message| {
+                message["reason"] == "compiler-artifact" && message["target"]["name"] == "warren"
+            })
+            .and_then(|message| message["executable"].as_str().map(Into::into))
+            .expect("cargo names the warren executable")
+    })
+}
+
+/// A `warren execd` child process; its stderr (the log) is collected when it is stopped.
+pub struct ExecdProcess {
+    pub child: tokio::process::Child,
+    /// Where to reach it: 127.0.0.1 and the port it printed.
+    pub daemon: Daemon,
+}
+
+impl ExecdProcess {
+    /// `warren execd <args>` with `env` added; waits for its `listening on` line.
+    pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = tokio::process::Command::new(warren_binary());
+        command
+            .arg("execd")
+            .args(args)
+            .env_remove("EXECD_ACCESS_TOKEN")
+            .envs(env.iter().copied())
+            .env("WARREN_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("spawns warren execd");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("execd prints its address in time")
+            .expect("reads stdout")
+            .expect("execd exited before printing its address");
+        let port = line
+            .rsplit_once(':')
+            .map(|(_, port)| port.to_owned())
+            .expect("an address with a port");
+        let token = env
+            .iter()
+            .find(|(key, _)| *key == "EXECD_ACCESS_TOKEN")
+            .map(|(_, value)| value.to_string());
+        Self {
+            child,
+            daemon: Daemon {
+                base: format!("http://127.0.0.1:{port}"),
+                http: reqwest::Client::new(),
+                token,
+            },
+        }
+    }
+
+    /// Sends `signal`, waits for a clean exit and returns what it logged.
+    pub async fn stop_with(self, signal: rustix::process::Signal) -> String {
+        let pid = self.child.id().expect("not yet reaped") as i32;
+        let pid = rustix::process::Pid::from_raw(pid).expect("a valid pid");
+        rustix::process::kill_process(pid, signal).expect("signals execd");
+        let output = tokio::time::timeout(WAIT, self.child.wait_with_output())
+            .await
+            .expect("execd exits in time after the signal")
+            .expect("waits for execd");
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "execd exited {}: {log}",
+            output.status
+        );
+        log
+    }
+}
