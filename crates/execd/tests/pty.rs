@@ -1275,3 +1275,72 @@ async fn warren_execd_warns_on_a_non_loopback_address_without_a_token() {
     let log = guarded.stop_with(rustix::process::Signal::TERM).await;
     assert!(!log.contains("non-loopback"), "{log}");
 }
+
+#[tokio::test]
+async fn shell_that_exits_while_detached_is_replaced_on_the_next_attach() {
+    let daemon = start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let flag = dir.path().join("exit-now");
+    let (id, mut holder) = daemon.shell().await;
+    let line = format!(
+        "echo old-sh=$$ up-$((1+2)); while [ ! -e '{}' ]; do sleep 0.02; done; exit 9",
+        flag.display()
+    );
+    let [old_shell] = holder.run_for_pids(&line, "up-3", ["old-sh="]).await;
+    holder.close().await;
+    std::fs::write(&flag, b"").expect("lets the shell exit");
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    while daemon.status(&id).await["running"] == true {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the detached shell's exit was not noticed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut again = reconnect(&daemon, &id, "").await;
+    assert!(again.output_text().contains("up-3"), "the replay keeps it");
+    let [new_shell] = again
+        .run_for_pids("echo new-sh=$$ fresh-$((2+2))", "fresh-4", ["new-sh="])
+        .await;
+    assert_ne!(new_shell, old_shell, "a new shell runs");
+    assert_eq!(daemon.status(&id).await["running"], true);
+}
+
+#[tokio::test]
+async fn a_viewer_whose_write_waits_past_the_write_timeout_is_dropped() {
+    // A write that can complete at once never times out, so even 1 ms only catches a write
+    // that has to wait for the client. `yes` produces fast enough that anything longer could
+    // outlast the whole test below.
+    let daemon = start_with(Config {
+        pty_write_timeout_ms: 1,
+        ..Config::default()
+    })
+    .await;
+    let id = daemon.create(json!({"command": "yes"})).await;
+    let _holder = daemon.connect(&id, "pty=0").await;
+    let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    // The viewer reads nothing while far more than any socket buffer holds is produced: once
+    // its buffers are full, the daemon's next write to it has to wait, and is given up.
+    daemon
+        .wait_for_output_offset(&id, 200_000_000, std::time::Duration::from_secs(60))
+        .await;
+    // What was buffered is still readable; then the connection ends without a close frame.
+    let deadline = tokio::time::Instant::now() + pty_support::WAIT;
+    loop {
+        match viewer
+            .next_event_by("the dropped viewer's end", deadline)
+            .await
+        {
+            Event::Close(code, _) => {
+                assert_eq!(code, 1006, "dropped, not closed");
+                break;
+            }
+            _ => {
+                viewer.all_output.clear();
+                viewer.replays.clear();
+            }
+        }
+    }
+    assert_eq!(daemon.status(&id).await["running"], true);
+    assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+}
