@@ -889,7 +889,7 @@ async fn start_failure_sends_start_failed_and_closes() {
     std::fs::write(dir.path().join("gone"), b"").expect("blocks the cwd with a file");
     let mut holder = daemon.try_connect(&id, "").await.expect("upgrades");
     assert_eq!(holder.wait_text("error").await["code"], "START_FAILED");
-    holder.wait_close().await;
+    assert_eq!(holder.wait_close().await.0, 1011);
     assert_eq!(daemon.status(&id).await["running"], false);
 }
 
@@ -1343,4 +1343,19 @@ async fn a_viewer_whose_write_waits_past_the_write_timeout_is_dropped() {
     }
     assert_eq!(daemon.status(&id).await["running"], true);
     assert_eq!(daemon.delete(&format!("/pty/{id}")).await.0, 200);
+}
+
+#[tokio::test]
+async fn plain_get_on_a_free_session_is_426_upgrade_required_and_starts_nothing() {
+    let daemon = start().await;
+    let id = daemon.create(json!({})).await;
+    let (status, body) = daemon.get(&format!("/pty/{id}/ws")).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (426, json!("UPGRADE_REQUIRED")),
+        "{body}"
+    );
+    assert_eq!(daemon.status(&id).await["running"], false);
+    let mut holder = daemon.connect(&id, "").await;
+    holder.ping().await;
 }
