@@ -1100,19 +1100,27 @@ async fn viewer_frames_match_their_offsets_and_a_stalled_viewer_skips_ahead() {
 #[tokio::test]
 async fn signal_in_pipe_mode_goes_to_the_shells_group_and_a_killed_shell_exits_with_minus_1() {
     let daemon = start().await;
+    // Without job control the background `sleep` shares the shell's process group: a signal to
+    // the group reaches it, one to the shell alone would not.
     let id = daemon
-        .create(json!({"command": "echo waiting-$((1+1)); sleep 1000"}))
+        .create(json!({"command": "sleep 1004 & echo bg=$!; echo waiting-$((1+1)); wait"}))
         .await;
     let mut holder = daemon.connect(&id, "pty=0").await;
     holder.wait_output("waiting-2").await;
+    let background = pty_support::pid_after(&holder.output_text(), "bg=");
+    assert!(alive(background));
     holder
-        .send_json(json!({"type": "signal", "signal": "SIGKILL"}))
+        .send_json(json!({"type": "signal", "signal": "SIGTERM"}))
         .await;
     assert_eq!(holder.wait_text("exit").await["exit_code"], -1);
     assert_eq!(
         holder.wait_close().await,
         (1000, "process exited".to_string())
     );
+    eventually("the background job got the signal too", || {
+        !alive(background)
+    })
+    .await;
     assert_eq!(daemon.status(&id).await["running"], false);
 }
 
