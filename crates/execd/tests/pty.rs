@@ -1367,3 +1367,44 @@ async fn plain_get_on_a_free_session_is_426_upgrade_required_and_starts_nothing(
     let mut holder = daemon.connect(&id, "").await;
     holder.ping().await;
 }
+
+/// `(process group, session, controlling tty)` of `pid`, from /proc.
+fn group_session_tty(pid: i32) -> (i32, i32, i32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reads stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |i: usize| fields[i].parse::<i32>().expect("a number");
+    // After the command name: state, ppid, pgrp, session, tty_nr.
+    (field(2), field(3), field(4))
+}
+
+#[tokio::test]
+async fn pty_shell_leads_its_own_session_on_its_terminal_and_pipe_shell_its_own_group() {
+    let daemon = start().await;
+    let (_id, mut holder) = daemon.shell().await;
+    let [shell] = holder
+        .run_for_pids("echo sh=$$ mark-$((1+1))", "mark-2", ["sh="])
+        .await;
+    let (group, session, tty) = group_session_tty(shell);
+    assert_eq!(
+        (group, session),
+        (shell, shell),
+        "PTY shell leads its session"
+    );
+    assert_ne!(tty, 0, "the PTY is its controlling terminal");
+
+    let piped = daemon.create(json!({})).await;
+    let mut holder = daemon.connect(&piped, "pty=0").await;
+    let [shell] = holder
+        .run_for_pids("echo sh=$$ mark-$((2+2))", "mark-4", ["sh="])
+        .await;
+    let (group, _, _) = group_session_tty(shell);
+    assert_eq!(group, shell, "pipe shell leads its own process group");
+    assert_ne!(
+        group,
+        rustix::process::getpgrp().as_raw_nonzero().get(),
+        "not the daemon's group"
+    );
+}
