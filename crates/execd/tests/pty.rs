@@ -79,6 +79,11 @@ async fn malformed_json_bodies_are_400_invalid_request_body() {
         assert_eq!(status, 400, "body {body:?} answered {answer}");
         assert_eq!(answer["code"], "INVALID_REQUEST_BODY", "body {body:?}");
     }
+    // A body too large to read keeps its status and gets the same error shape.
+    let huge = format!(r#"{{"cwd": "{}"}}"#, "a".repeat(3 * 1024 * 1024));
+    let (status, answer) = daemon.post_raw("/pty", &huge).await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["code"], "INVALID_REQUEST_BODY", "{answer}");
     // The daemon keeps serving.
     daemon.create(json!({})).await;
 }

@@ -225,8 +225,17 @@ pub fn routes(state: PtySessions) -> Router {
 
 async fn create_session(
     State(sessions): State<PtySessions>,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // A body that cannot be read (over axum's 2 MB limit, say) keeps its status but gets
+    // Warren's error shape.
+    let body = body.map_err(|rejection| {
+        ApiError::new(
+            rejection.status(),
+            "INVALID_REQUEST_BODY",
+            rejection.body_text(),
+        )
+    })?;
     let request: CreatePtyRequest = parse_optional_body(&body)?;
     let session_id = sessions.create(request)?;
     Ok((
