@@ -1329,9 +1329,17 @@ async fn a_viewer_whose_write_waits_past_the_write_timeout_is_dropped() {
         ..Config::default()
     })
     .await;
-    let id = daemon.create(json!({"command": "yes"})).await;
+    // Output starts only once both are attached, so their first frames are small.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let go = dir.path().join("go");
+    let command = format!(
+        "while [ ! -e '{}' ]; do sleep 0.02; done; exec yes",
+        go.display()
+    );
+    let id = daemon.create(json!({ "command": command })).await;
     let _holder = daemon.connect(&id, "pty=0").await;
     let mut viewer = daemon.connect(&id, "mode=viewer").await;
+    std::fs::write(&go, b"").expect("starts the output");
     // The viewer reads nothing while far more than any socket buffer holds is produced: once
     // its buffers are full, the daemon's next write to it has to wait, and is given up.
     daemon
