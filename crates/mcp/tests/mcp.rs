@@ -668,6 +668,20 @@ async fn remote_mcp_runs_commands_on_execd() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn remote_mcp_takes_the_token_from_warren_execd_token() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let execd = ExecdChild::start("env-test-token", dir.path()).await?;
+    let client = stdio_client_with_env(
+        &["--execd", &execd.url],
+        &[("WARREN_EXECD_TOKEN", &execd.token)],
+    )
+    .await?;
+    quick_command_returns_codex_text_and_json(&client).await?;
+    client.cancel().await?;
+    execd.stop().await
+}
+
+#[tokio::test]
 async fn remote_mcp_with_a_wrong_token_explains_the_refusal() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let execd = ExecdChild::start("the-right-token", dir.path()).await?;

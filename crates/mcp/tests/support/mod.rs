@@ -80,8 +80,21 @@ fn build_warren() -> anyhow::Result<PathBuf> {
 
 /// `warren mcp <args>` as a child process, with an MCP client on its stdio.
 pub async fn stdio_client(args: &[&str]) -> anyhow::Result<McpClient> {
+    stdio_client_with_env(args, &[]).await
+}
+
+/// `warren mcp <args>` with `env` added to its environment.
+pub async fn stdio_client_with_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<McpClient> {
     let mut command = tokio::process::Command::new(warren_binary());
-    command.arg("mcp").args(args).env("WARREN_LOG", "warn");
+    command
+        .arg("mcp")
+        .args(args)
+        .env_remove("WARREN_EXECD_TOKEN")
+        .envs(env.iter().copied())
+        .env("WARREN_LOG", "warn");
     let transport = TokioChildProcess::new(command).context("spawning warren mcp")?;
     within(
         "the MCP initialize handshake over stdio",
