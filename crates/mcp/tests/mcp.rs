@@ -682,6 +682,29 @@ async fn remote_mcp_takes_the_token_from_warren_execd_token() -> anyhow::Result<
 }
 
 #[tokio::test]
+async fn remote_sessions_outlive_the_mcp_client_and_are_found_again() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let execd = ExecdChild::start("outlive-test-token", dir.path()).await?;
+    let args = [
+        "--execd",
+        execd.url.as_str(),
+        "--token",
+        execd.token.as_str(),
+    ];
+    let first = stdio_client(&args).await?;
+    let session = start_running(&first, "sleep 601").await?;
+    within("the first warren mcp to exit", first.cancel()).await??;
+    // A new client (a new agent turn, after a restart) finds the command still running.
+    let second = stdio_client(&args).await?;
+    let entry = listed_session(&second, |s| s["session_id"] == session).await?;
+    assert_eq!(entry["status"], "running", "{entry}");
+    let killed = call(&second, "kill_session", json!({"session_id": session})).await?;
+    assert_eq!(structured(&killed)["status"], "exited");
+    second.cancel().await?;
+    execd.stop().await
+}
+
+#[tokio::test]
 async fn remote_mcp_with_a_wrong_token_explains_the_refusal() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let execd = ExecdChild::start("the-right-token", dir.path()).await?;
