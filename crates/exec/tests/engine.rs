@@ -383,6 +383,11 @@ async fn killing_a_session_kills_setsid_grandchildren() {
 
 #[tokio::test]
 async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
+    if !alone_in_a_new_process(
+        "thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget",
+    ) {
+        return;
+    }
     let h = harness();
     let args = ExecCommandArgs {
         max_output_tokens: Some(1000),
@@ -390,8 +395,8 @@ async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
     };
     let rss_before_kib = memory_kib("VmRSS");
     let result = exec(&h.engine, args).await;
-    // Nextest runs each test in its own process, so this peak is this test's alone. Keeping
-    // the output (29 MB) would raise it by far more than the bounded capture and its render.
+    // The test runs alone in its process, so this peak is its own. Keeping the output (29 MB)
+    // would raise it by far more than the bounded capture and its render.
     let peak_growth_kib = memory_kib("VmHWM").saturating_sub(rss_before_kib);
     assert!(
         peak_growth_kib < 20 * 1024,
@@ -435,6 +440,27 @@ async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
         result.output.contains(&file),
         "the output says where the log is"
     );
+}
+
+/// Runs the named test again, alone, in a new process of this test binary, and returns true
+/// in that process, where the test's body runs. Process-wide peak memory (`VmHWM`) is then
+/// the test's own under any runner (`cargo test` runs a binary's tests as threads of one
+/// process).
+fn alone_in_a_new_process(name: &str) -> bool {
+    const VAR: &str = "WARREN_TEST_ALONE";
+    if std::env::var_os(VAR).is_some() {
+        return true;
+    }
+    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env(VAR, name)
+        .status()
+        .expect("runs the test binary");
+    assert!(
+        status.success(),
+        "{name} failed in its own process: {status}"
+    );
+    false
 }
 
 /// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
