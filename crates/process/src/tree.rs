@@ -71,7 +71,7 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
 /// This process's group and session ids as this PID namespace sees them: 0 when the leader lives
 /// outside the namespace (a daemon started inside a container by a process outside it). The
 /// rustix `getpgrp`/`getsid` wrappers assume a positive id, so they are not used for these.
-pub(crate) fn own_group_and_session() -> (i32, i32) {
+pub fn own_group_and_session() -> (i32, i32) {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .as_deref()
