@@ -28,10 +28,11 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-fn init_tracing() {
+/// Logs go to stderr, filtered by `WARREN_LOG`, else by `default_filter`.
+fn init_tracing(default_filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter =
-        EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+        EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -72,7 +73,11 @@ async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing();
+    // A benchmark's output is its table; the daemons it runs in process log only problems.
+    init_tracing(match cli.command {
+        Command::Bench(_) => "warn",
+        _ => "info,rmcp=warn",
+    });
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
         Command::Execd(config) => runtime.block_on(run_execd(config)),
