@@ -6,13 +6,20 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use warren_process::TreeRegistry;
+
 use crate::worker::Worker;
 use crate::{AgentCommand, BrainError};
+
+/// How long [`WorkerPool::shutdown`] waits for workers that are still starting.
+const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Keeps `n_warm` initialized workers of one agent command ready.
 pub struct WorkerPool {
     command: AgentCommand,
     n_warm: usize,
+    /// Where every worker's process tree is listed while it runs, if anywhere.
+    registry: Option<Arc<TreeRegistry>>,
     warm: Mutex<VecDeque<Worker>>,
     n_starting: AtomicUsize,
     closed: AtomicBool,
@@ -21,9 +28,20 @@ pub struct WorkerPool {
 impl WorkerPool {
     /// Creates the pool and starts filling it in the background. Call inside a tokio runtime.
     pub fn new(command: AgentCommand, n_warm: usize) -> Arc<Self> {
+        Self::with_registry(command, n_warm, None)
+    }
+
+    /// [`WorkerPool::new`], listing each worker's process tree in `registry` while it runs (see
+    /// [`Worker::spawn_registered`]).
+    pub fn with_registry(
+        command: AgentCommand,
+        n_warm: usize,
+        registry: Option<Arc<TreeRegistry>>,
+    ) -> Arc<Self> {
         let pool = Arc::new(Self {
             command,
             n_warm,
+            registry,
             warm: Mutex::new(VecDeque::new()),
             n_starting: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -61,7 +79,7 @@ impl WorkerPool {
         self.refill();
         match warm {
             Some(worker) => Ok(worker),
-            None => Worker::spawn(&self.command).await,
+            None => Worker::spawn_registered(&self.command, self.registry.as_ref()).await,
         }
     }
 
@@ -78,10 +96,21 @@ impl WorkerPool {
     }
 
     /// Stops every idle worker; later `take`s fail with [`BrainError::PoolClosed`].
+    ///
+    /// Workers still starting are waited for (up to [`STARTING_WAIT`]): each is killed as soon
+    /// as it is up, so none outlives the pool unnoticed.
     pub async fn shutdown(&self) {
         self.closed.store(true, Ordering::SeqCst);
         let workers: Vec<Worker> = self.warm().drain(..).collect();
         futures_util::future::join_all(workers.into_iter().map(Worker::kill)).await;
+        let deadline = tokio::time::Instant::now() + STARTING_WAIT;
+        while self.n_starting.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("agent workers still starting at shutdown");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     fn warm(&self) -> std::sync::MutexGuard<'_, VecDeque<Worker>> {
@@ -100,14 +129,21 @@ impl WorkerPool {
             self.n_starting.fetch_add(1, Ordering::SeqCst);
             let pool = self.clone();
             tokio::spawn(async move {
-                let result = Worker::spawn(&pool.command).await;
-                pool.n_starting.fetch_sub(1, Ordering::SeqCst);
+                let result = Worker::spawn_registered(&pool.command, pool.registry.as_ref()).await;
                 match result {
                     Ok(worker) if !pool.closed.load(Ordering::SeqCst) => {
-                        pool.warm().push_back(worker)
+                        pool.warm().push_back(worker);
+                        pool.n_starting.fetch_sub(1, Ordering::SeqCst);
                     }
-                    Ok(worker) => worker.kill().await,
-                    Err(error) => tracing::warn!(%error, "cannot start a warm agent worker"),
+                    Ok(worker) => {
+                        // The pool shut down meanwhile; `shutdown` waits for this kill.
+                        worker.kill().await;
+                        pool.n_starting.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    Err(error) => {
+                        pool.n_starting.fetch_sub(1, Ordering::SeqCst);
+                        tracing::warn!(%error, "cannot start a warm agent worker");
+                    }
                 }
             });
         }

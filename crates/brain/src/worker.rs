@@ -27,7 +27,7 @@ use agent_client_protocol::{
 };
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
-use warren_process::TreeId;
+use warren_process::{Registered, TreeId, TreeRegistry};
 
 use crate::host::{Host, HostError, PermissionOutcome, TerminalExit, TerminalSpec, TurnSink};
 use crate::session::{BrainSession, Resumed};
@@ -174,6 +174,8 @@ pub(crate) struct Connection {
     /// Dropping or firing this ends the ACP connection task (closes the agent's stdin).
     stop_connection: Mutex<Option<oneshot::Sender<()>>>,
     killed: AtomicBool,
+    /// The tree's entry in the gateway's registry, dropped once the tree is killed.
+    registered: Mutex<Option<Registered>>,
 }
 
 impl Connection {
@@ -270,9 +272,20 @@ impl Connection {
         }
         self.end_connection();
         let tree = self.tree_to_kill();
-        let _ =
-            tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, KILL_GRACE)).await;
+        let registered = self.take_registration();
+        let _ = tokio::task::spawn_blocking(move || {
+            warren_process::kill_tree(&tree, KILL_GRACE);
+            drop(registered);
+        })
+        .await;
         let _ = tokio::time::timeout(EXIT_STATUS_WAIT, self.wait_exit()).await;
+    }
+
+    fn take_registration(&self) -> Option<Registered> {
+        self.registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The tree to kill. After the agent exited, its (dead) pid still roots the tree: it has no
@@ -303,7 +316,11 @@ impl Drop for Connection {
         }
         self.end_connection();
         let tree = self.tree_to_kill();
-        std::thread::spawn(move || warren_process::kill_tree(&tree, KILL_GRACE));
+        let registered = self.take_registration();
+        std::thread::spawn(move || {
+            warren_process::kill_tree(&tree, KILL_GRACE);
+            drop(registered);
+        });
     }
 }
 
@@ -311,7 +328,17 @@ impl Worker {
     /// Spawns the agent and sends `initialize`, offering `fs.readTextFile`, `fs.writeTextFile`
     /// and `terminal`. Must be called inside a tokio runtime.
     pub async fn spawn(command: &AgentCommand) -> Result<Self, BrainError> {
+        Self::spawn_registered(command, None).await
+    }
+
+    /// [`Worker::spawn`], listing the agent's process tree in `registry` from before it starts
+    /// until it is killed, so a gateway restarted after a crash can stop it.
+    pub async fn spawn_registered(
+        command: &AgentCommand,
+        registry: Option<&Arc<TreeRegistry>>,
+    ) -> Result<Self, BrainError> {
         let marker = TreeId::new_marker();
+        let registered = registry.map(|registry| registry.register(&marker));
         let mut process = tokio::process::Command::new(&command.program);
         process
             .args(&command.args)
@@ -424,6 +451,7 @@ impl Worker {
             exit: exit_rx,
             stop_connection: Mutex::new(Some(stop_tx)),
             killed: AtomicBool::new(false),
+            registered: Mutex::new(registered),
         };
         let initialize = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(

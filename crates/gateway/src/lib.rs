@@ -24,16 +24,20 @@ pub mod turns;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use config::GatewayArgs;
 pub use error::GatewayError;
 use warren_brain::{AgentCommand, WorkerPool};
+use warren_process::TreeRegistry;
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Devices;
 use crate::hands::{HandsProvider, LocalHands};
 use crate::sessions::Sessions;
+
+/// How long a left-over agent gets between SIGTERM and SIGKILL at start.
+const AGENT_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// One gateway's state, shared by every route and background task.
 pub struct Gateway {
@@ -72,7 +76,17 @@ impl Gateway {
         let data = args.data.clone();
         let admission = Admission::new(Limits::new(args.max_brains));
         let provider: Arc<dyn HandsProvider> = Arc::new(LocalHands::new(warren_bin.clone()));
+        let agents = TreeRegistry::open(args.data.join("run").join("agents"))?;
+        let registry = agents.clone();
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
+            // Agents a gateway killed with SIGKILL left running: stopped before any new one.
+            let n_left = registry.stop_leftovers(AGENT_STOP_GRACE);
+            if n_left > 0 {
+                tracing::warn!(
+                    n_left,
+                    "stopped agent processes an earlier gateway left running"
+                );
+            }
             Ok::<_, std::io::Error>((
                 Devices::load(&data)?,
                 Sessions::load(&data, admission, provider)?,
@@ -80,7 +94,7 @@ impl Gateway {
         })
         .await
         .map_err(|e| GatewayError::Internal(e.to_string()))??;
-        let pool = WorkerPool::new(agent, args.warm_workers);
+        let pool = WorkerPool::with_registry(agent, args.warm_workers, Some(agents));
         let gateway = Arc::new(Gateway {
             args,
             app_key,

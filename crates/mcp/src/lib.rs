@@ -47,6 +47,7 @@ pub struct McpArgs {
 /// Serves the exec tools on stdin/stdout until the client disconnects or SIGTERM/SIGINT, then
 /// kills every process the local engine started.
 pub async fn run(args: McpArgs) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal();
     let (backend, engine) = match &args.execd {
         Some(url) => {
             if args.workdir.is_some() || !args.pass_env.is_empty() {
@@ -80,7 +81,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         quit = service.waiting() => {
             tracing::info!(reason = ?quit, "MCP client disconnected");
         }
-        () = shutdown_signal() => {}
+        () = shutdown => {}
     }
     if let Some(engine) = engine {
         engine.shutdown().await;
@@ -106,18 +107,23 @@ fn local_engine(args: &McpArgs) -> anyhow::Result<Arc<warren_exec::Engine>> {
     Ok(warren_exec::Engine::new(config))
 }
 
-/// Resolves on the first SIGTERM or SIGINT (never, if the handlers cannot be installed).
-async fn shutdown_signal() {
+/// Resolves on the first SIGTERM or SIGINT (never, if the handlers cannot be installed). The
+/// handlers are installed at the call, so a signal that comes before the future is polled is
+/// not lost (it would otherwise kill the process without cleanup).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let signals = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = signals else {
+            tracing::error!("cannot install signal handlers");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        }
     }
 }

@@ -39,23 +39,29 @@ fn init_tracing(default_filter: &str) {
         .init();
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Resolves on the first SIGTERM or SIGINT. The handlers are installed at the call, not when
+/// the future is first polled, so a signal that arrives just after a daemon printed its
+/// address still shuts it down cleanly. Call inside the runtime's context.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let signals = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; shutdown only by kill -9");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = signals else {
+            tracing::error!("cannot install signal handlers; shutdown only by kill -9");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        }
     }
 }
 
 async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal();
     warren_process::reaper::start()?;
     if config.access_token.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!(listen = %config.listen, "listening on a non-loopback address without an access token");
@@ -67,7 +73,7 @@ async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
     // gateway starting hands, tests) learns the real one.
     println!("warren execd listening on http://{local_addr}");
     let execd = warren_execd::Execd::new(config);
-    warren_execd::serve(execd, listener, shutdown_signal()).await?;
+    warren_execd::serve(execd, listener, shutdown).await?;
     Ok(())
 }
 
@@ -79,6 +85,7 @@ fn main() -> anyhow::Result<()> {
         _ => "info,rmcp=warn",
     });
     let runtime = tokio::runtime::Runtime::new()?;
+    let _context = runtime.enter();
     match cli.command {
         Command::Execd(config) => runtime.block_on(run_execd(config)),
         Command::Mcp(args) => runtime.block_on(warren_mcp::run(args)),

@@ -444,3 +444,14 @@ pub fn repo_root() -> PathBuf {
         .expect("workspace root")
         .to_path_buf()
 }
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state != 'Z')
+        })
+        .unwrap_or(false)
+}

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent, stop_reason, warren_bin};
+use crate::helpers::{
+    EventStream, TestGateway, WAIT, alive, args_without_agent, stop_reason, warren_bin,
+};
 
 /// A `warren` child process in its own process group, and the lines it prints on stdout.
 struct WarrenProcess {
@@ -321,6 +323,121 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     assert!(
         leftovers.is_empty(),
         "hands and agents stopped with the gateway: {leftovers:?}"
+    );
+}
+
+/// Pids listed one per line in `path` (missing file: none).
+fn pids_in(path: &Path) -> Vec<u32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+/// Agents (and what they started) that a gateway killed with SIGKILL left running are stopped
+/// when the next gateway opens the same data directory, before it starts agents of its own.
+#[tokio::test]
+async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let jobs = dir.path().join("agent-jobs");
+    // Each agent leaves a background job that ignores its stdin closing (as a third-party
+    // agent might) and notes its pid, then becomes the shell agent.
+    let agent = format!(
+        "sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & echo $! >> {}; exec {} shell-agent'",
+        jobs.display(),
+        warren_bin().display()
+    );
+    let args = |port: &'static str| -> Vec<String> {
+        [
+            "gateway",
+            "--listen",
+            port,
+            "--app-key",
+            "recovery-key",
+            "--warm-workers",
+            "2",
+            "--agent",
+            &agent,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let first_args = args("127.0.0.1:0");
+    let first_args: Vec<&str> = first_args.iter().map(String::as_str).collect();
+    let mut first = WarrenProcess::spawn(&first_args, &data);
+    let url = first
+        .next_line("the gateway prints its address")
+        .strip_prefix("warren gateway listening on ")
+        .expect("address line")
+        .trim()
+        .to_string();
+    let device = Device::register(&url).await;
+    let session = device.create_session(&url).await;
+    let accepted = device.post_message(&url, &session, "echo hi").await;
+    assert_eq!(accepted.status(), 202);
+    // Two warm agents and the session's (taken from the warm ones and replaced, or started for
+    // the message): three.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pids_in(&jobs).len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "three agents started: {:?}",
+            pids_in(&jobs)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.child.kill().expect("kill -9 the gateway");
+    first.child.wait().expect("reap the gateway");
+    let orphans = pids_in(&jobs);
+    assert!(
+        orphans.iter().all(|pid| alive(*pid)),
+        "the agents' jobs outlive the killed gateway: {orphans:?}"
+    );
+
+    let second_args = args("127.0.0.1:0");
+    let second_args: Vec<&str> = second_args.iter().map(String::as_str).collect();
+    let second = WarrenProcess::spawn(&second_args, &data);
+    second.next_line("the restarted gateway prints its address");
+    // The left-overs are stopped before the gateway listens.
+    let survivors: Vec<u32> = orphans.iter().copied().filter(|pid| alive(*pid)).collect();
+    assert!(
+        survivors.is_empty(),
+        "left-over agent jobs stopped at restart: {survivors:?}"
+    );
+    // Markers begin with the pid of the process that made them: only the new gateway's agents
+    // are listed.
+    let listed: Vec<String> = std::fs::read_dir(data.join("run/agents"))
+        .expect("the agent registry")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let prefix = format!("{}-", second.child.id());
+    assert!(
+        listed.iter().all(|marker| marker.starts_with(&prefix)),
+        "the old gateway's agents are no longer listed: {listed:?}"
+    );
+
+    // SIGTERM: the new gateway stops its own agents and unlists them.
+    second.terminate().await;
+    let mine: Vec<u32> = pids_in(&jobs)
+        .into_iter()
+        .filter(|pid| !orphans.contains(pid))
+        .collect();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while mine.iter().any(|pid| alive(*pid)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second gateway's agents stopped with it"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        std::fs::read_dir(data.join("run/agents"))
+            .expect("the agent registry")
+            .count(),
+        0,
+        "a clean shutdown leaves the registry empty"
     );
 }
 

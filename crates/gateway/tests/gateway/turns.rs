@@ -5,7 +5,7 @@ use serde_json::Value;
 use warren_gateway::turns::BrainState;
 
 use crate::helpers::{
-    Received, TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of,
+    Received, TestGateway, WAIT, alive, args_with_shell_agent, first_of, stop_reason, text_of,
 };
 
 #[tokio::test]
@@ -298,17 +298,6 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
     );
     assert!(!session_dir.exists());
     gw.stop().await;
-}
-
-/// Whether `pid` is a live process (not gone, not a zombie).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-            Some(state != 'Z')
-        })
-        .unwrap_or(false)
 }
 
 #[tokio::test]
