@@ -167,6 +167,9 @@ async fn admin_reset_device(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Longest session title accepted, in characters (it is shown in lists on small screens).
+const MAX_TITLE_CHARS: usize = 200;
+
 async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -175,6 +178,13 @@ async fn create_session(
     let body =
         body.map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))?;
     let body: CreateSession = parse_optional_body(&body)?;
+    if let Some(title) = &body.title
+        && title.chars().count() > MAX_TITLE_CHARS
+    {
+        return Err(GatewayError::InvalidRequest(format!(
+            "title is longer than {MAX_TITLE_CHARS} characters"
+        )));
+    }
     let session = turns::create_session(&gateway, &device_id, body.title).await?;
     Ok((StatusCode::CREATED, axum::Json(session.info())).into_response())
 }
@@ -217,6 +227,11 @@ async fn post_message(
     Json(body): Json<PostMessage>,
 ) -> Result<Response, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
+    if body.text.trim().is_empty() {
+        return Err(GatewayError::InvalidRequest(
+            "text is empty: a message needs something to say".to_owned(),
+        ));
+    }
     let turn = turns::start_turn(&gateway, &session, body.text).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(MessageAccepted { turn })).into_response())
 }

@@ -73,6 +73,12 @@ async fn bad_bodies_get_400_with_a_code() {
         gw.request(Method::POST, &token, &messages)
             .json(&serde_json::json!({"txt": "x"})),
         gw.request(Method::POST, &token, &messages).body("plain"),
+        gw.request(Method::POST, &token, &messages)
+            .json(&serde_json::json!({"text": ""})),
+        gw.request(Method::POST, &token, &messages)
+            .json(&serde_json::json!({"text": " \n\t"})),
+        gw.request(Method::POST, &token, "/sessions")
+            .json(&serde_json::json!({"title": "t".repeat(201)})),
         gw.request(Method::GET, &token, &events)
             .header("Last-Event-ID", "abc"),
         gw.request(Method::GET, &token, &format!("{events}?after=abc")),
@@ -91,6 +97,23 @@ async fn bad_bodies_get_400_with_a_code() {
         assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{url}: {body}");
         assert!(body["message"].is_string(), "{url}: {body}");
     }
+    let listed: Value = gw
+        .request(Method::GET, &token, "/sessions")
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("list body");
+    let sessions = listed["sessions"].as_array().expect("sessions");
+    assert_eq!(sessions.len(), 1, "a refused creation makes nothing");
+    let longest = gw
+        .request(Method::POST, &token, "/sessions")
+        .json(&serde_json::json!({"title": "é".repeat(200)}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(longest.status(), 201, "200 characters are accepted");
     let from_the_end = gw
         .request(Method::GET, &token, &format!("{events}?after=0"))
         .send()
