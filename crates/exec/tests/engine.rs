@@ -2,9 +2,13 @@
 //! output cleaning and limits. Every wait is bounded and says what it expected; timing
 //! assertions are loose ("well before 30 s"), speed targets live in `warren bench exec`.
 
+#[path = "../../../tests/support/peak_memory.rs"]
+mod peak_memory;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use peak_memory::{alone_in_a_new_process, memory_kib};
 use warren_exec::{Engine, EngineConfig, ExecError};
 use warren_protocol::exec::{ExecCommandArgs, ExecResult, ExecStatus, SessionInfo, WriteStdinArgs};
 
@@ -114,6 +118,28 @@ async fn start(engine: &Engine, args: ExecCommandArgs) -> u32 {
         .await
         .session_id
         .expect("a command still running after its yield has a session id")
+}
+
+/// Starts `script` (which prints `pid N` for a process it leaves running) and polls until that
+/// line is read; returns the session id and the pid.
+async fn start_reporting_a_pid(engine: &Engine, script: &str) -> (u32, i32) {
+    let first = exec(engine, cmd_yield(script, 1000)).await;
+    let id = first.session_id.expect("session id");
+    let mut output = first.output;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !output.contains('\n') {
+        assert!(
+            Instant::now() < deadline,
+            "{script:?} never printed its pid"
+        );
+        output.push_str(&stdin(engine, write(id, "")).await.output);
+    }
+    let pid = output
+        .trim()
+        .strip_prefix("pid ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {output:?}"));
+    (id, pid)
 }
 
 /// Writes `chars` to a session and waits up to the longest yield, so a command that the input
@@ -351,29 +377,11 @@ async fn background_grandchild_holding_the_pipe_does_not_hold_the_result() {
 #[tokio::test]
 async fn killing_a_session_kills_setsid_grandchildren() {
     let h = harness();
-    let first = exec(
+    let (id, pid) = start_reporting_a_pid(
         &h.engine,
-        cmd_yield(
-            "setsid sleep 1000 & echo \"pid $!\"; while true; do sleep 1; done",
-            1000,
-        ),
+        "setsid sleep 1000 & echo \"pid $!\"; while true; do sleep 1; done",
     )
     .await;
-    let id = first.session_id.expect("session id");
-    let mut output = first.output.clone();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !output.contains('\n') {
-        assert!(
-            Instant::now() < deadline,
-            "the command never printed the grandchild's pid"
-        );
-        output.push_str(&stdin(&h.engine, write(id, "")).await.output);
-    }
-    let pid: i32 = output
-        .trim()
-        .strip_prefix("pid ")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected output {output:?}"));
     assert!(!is_dead(pid), "the setsid grandchild runs before the kill");
     within("kill_session", h.engine.kill_session(id))
         .await
@@ -440,37 +448,6 @@ async fn thirty_megabytes_of_output_keep_head_and_tail_within_a_small_budget() {
         result.output.contains(&file),
         "the output says where the log is"
     );
-}
-
-/// Runs the named test again, alone, in a new process of this test binary, and returns true
-/// in that process, where the test's body runs. Process-wide peak memory (`VmHWM`) is then
-/// the test's own under any runner (`cargo test` runs a binary's tests as threads of one
-/// process).
-fn alone_in_a_new_process(name: &str) -> bool {
-    const VAR: &str = "WARREN_TEST_ALONE";
-    if std::env::var_os(VAR).is_some() {
-        return true;
-    }
-    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", name, "--test-threads=1", "--nocapture"])
-        .env(VAR, name)
-        .status()
-        .expect("runs the test binary");
-    assert!(
-        status.success(),
-        "{name} failed in its own process: {status}"
-    );
-    false
-}
-
-/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
-fn memory_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
 }
 
 #[tokio::test]
@@ -1027,26 +1004,11 @@ async fn a_repl_prompt_on_a_tty_is_reported_as_awaiting_input() {
 #[tokio::test]
 async fn a_tree_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let h = harness_with(|config| config.kill_grace = Duration::from_millis(300));
-    let first = exec(
+    let (id, pid) = start_reporting_a_pid(
         &h.engine,
-        cmd_yield("trap '' TERM; sleep 1000 & echo \"pid $!\"; wait", 1000),
+        "trap '' TERM; sleep 1000 & echo \"pid $!\"; wait",
     )
     .await;
-    let id = first.session_id.expect("session id");
-    let mut output = first.output.clone();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !output.contains('\n') {
-        assert!(
-            Instant::now() < deadline,
-            "the command never printed the sleeper's pid"
-        );
-        output.push_str(&stdin(&h.engine, write(id, "")).await.output);
-    }
-    let pid: i32 = output
-        .trim()
-        .strip_prefix("pid ")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected output {output:?}"));
     let killed = within("kill_session", h.engine.kill_session(id))
         .await
         .expect("kill succeeds");

@@ -6,6 +6,8 @@
 //! anything does so through a link out of the root, and large files stream both ways.
 
 mod opensandbox_support;
+#[path = "../../../tests/support/peak_memory.rs"]
+mod peak_memory;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 
@@ -13,6 +15,7 @@ use futures_util::StreamExt;
 use std::path::Path;
 
 use opensandbox_support::*;
+use peak_memory::{alone_in_a_new_process, memory_kib};
 use serde_json::{Value, json};
 
 /// One part of an upload body.
@@ -1031,37 +1034,6 @@ async fn no_route_changes_anything_through_a_link_out_of_the_root() {
         "inner"
     );
     assert!(outside.join("victim.txt").exists());
-}
-
-/// Runs the named test again, alone, in a new process of this test binary, and returns true
-/// in that process, where the test's body runs. Process-wide peak memory (`VmHWM`) is then
-/// the test's own under any runner (`cargo test` runs a binary's tests as threads of one
-/// process).
-fn alone_in_a_new_process(name: &str) -> bool {
-    const VAR: &str = "WARREN_TEST_ALONE";
-    if std::env::var_os(VAR).is_some() {
-        return true;
-    }
-    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", name, "--test-threads=1", "--nocapture"])
-        .env(VAR, name)
-        .status()
-        .expect("runs the test binary");
-    assert!(
-        status.success(),
-        "{name} failed in its own process: {status}"
-    );
-    false
-}
-
-/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
-fn memory_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
 }
 
 /// Uploads and downloads stream: 64 MiB pass through both ways while the peak memory of this
