@@ -337,16 +337,7 @@ async fn interrupt_kills_grandchildren_in_new_sessions_too() {
     })
     .await;
     assert_eq!(server.interrupt(&id).await.status(), 200);
-    eventually("the setsid grandchild to be gone", || async {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or("X");
-        matches!(state, "X" | "Z").then_some(())
-    })
-    .await;
+    wait_until_gone(pid, "the setsid grandchild to be gone").await;
 }
 
 #[tokio::test]
@@ -820,17 +811,9 @@ async fn the_timeout_ends_a_session_run_whose_client_stopped_reading() {
     })
     .await;
     // The client keeps the connection but reads nothing more; the flood fills every buffer.
-    eventually(
+    wait_until_gone(
+        pid,
         "the timeout to kill the flood although its client stalls",
-        || async {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next())
-                .unwrap_or("X");
-            matches!(state, "X" | "Z").then_some(())
-        },
     )
     .await;
     drop(stream);
@@ -857,14 +840,5 @@ async fn deleting_a_session_kills_what_it_left_running() {
         .and_then(|line| line.parse().ok())
         .unwrap_or_else(|| panic!("the run prints the sleeper's pid: {events:?}"));
     assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 200);
-    eventually("the session's background sleeper to be gone", || async {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or("X");
-        matches!(state, "X" | "Z").then_some(())
-    })
-    .await;
+    wait_until_gone(pid, "the session's background sleeper to be gone").await;
 }

@@ -232,6 +232,20 @@ where
     }
 }
 
+/// Waits until `pid` is gone or a zombie (killed, not yet reaped).
+pub async fn wait_until_gone(pid: i32, what: &str) {
+    eventually(what, || async {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("X");
+        matches!(state, "X" | "Z").then_some(())
+    })
+    .await;
+}
+
 /// Checks an error response's status and machine-readable code; returns its message.
 pub async fn assert_error(response: reqwest::Response, status: u16, code: &str) -> String {
     let (got_status, got_code, message) = error_body(response).await;
