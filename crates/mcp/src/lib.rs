@@ -44,10 +44,12 @@ pub struct McpArgs {
     pub pass_env: Vec<String>,
 }
 
-/// Serves the exec tools on stdin/stdout until the client disconnects or SIGTERM/SIGINT, then
-/// kills every process the local engine started.
-pub async fn run(args: McpArgs) -> anyhow::Result<()> {
-    let shutdown = shutdown_signal();
+/// Serves the exec tools on stdin/stdout until the client disconnects or `shutdown` resolves
+/// (the binary passes SIGTERM/SIGINT), then kills every process the local engine started.
+pub async fn run(
+    args: McpArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let (backend, engine) = match &args.execd {
         Some(url) => {
             if args.workdir.is_some() || !args.pass_env.is_empty() {
@@ -105,25 +107,4 @@ fn local_engine(args: &McpArgs) -> anyhow::Result<Arc<warren_exec::Engine>> {
         ..Default::default()
     };
     Ok(warren_exec::Engine::new(config))
-}
-
-/// Resolves on the first SIGTERM or SIGINT (never, if the handlers cannot be installed). The
-/// handlers are installed at the call, so a signal that comes before the future is polled is
-/// not lost (it would otherwise kill the process without cleanup).
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let signals = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    );
-    async move {
-        let (Ok(mut term), Ok(mut int)) = signals else {
-            tracing::error!("cannot install signal handlers");
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
-        }
-    }
 }

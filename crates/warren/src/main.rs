@@ -88,7 +88,7 @@ fn main() -> anyhow::Result<()> {
     let _context = runtime.enter();
     match cli.command {
         Command::Execd(config) => runtime.block_on(run_execd(config)),
-        Command::Mcp(args) => runtime.block_on(warren_mcp::run(args)),
+        Command::Mcp(args) => runtime.block_on(warren_mcp::run(args, shutdown_signal())),
         Command::Gateway(args) | Command::Serve(args) => {
             runtime.block_on(warren_gateway::run(args, shutdown_signal()))
         }
