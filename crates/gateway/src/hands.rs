@@ -25,9 +25,7 @@ use warren_brain::{
     BoxFuture, Host, HostError, McpServerSpec, TerminalExit, TerminalOutput, TerminalSpec,
     select_lines,
 };
-use warren_process::TreeId;
-
-use crate::store;
+use warren_process::{Registered, TreeId, TreeRegistry};
 
 /// How long a starting execd may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -81,30 +79,14 @@ pub trait HandsProvider: Send + Sync + 'static {
         &self,
         workspace: PathBuf,
     ) -> BoxFuture<'_, Result<Box<dyn HandsInstance>, HandsError>>;
-
-    /// Stops whatever an earlier gateway process left running for `workspace` because it died
-    /// without stopping its hands (kill -9, a crash). Blocking; called while sessions are
-    /// loaded, before this process starts any hands.
-    fn recover(&self, _workspace: &Path) {}
-}
-
-/// `sessions/<id>/hands.json`, beside the workspace: which execd a gateway started for it, so
-/// a gateway restarted after a crash can stop the sandbox the dead one orphaned.
-fn record_path(workspace: &Path) -> PathBuf {
-    workspace.with_file_name("hands.json")
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct HandsRecord {
-    pid: u32,
-    /// The `WARREN_TREE_ID` marker in the execd's environment, unique to that execd.
-    marker: String,
 }
 
 /// Runs `<execd_program> execd` as a local child process per sandbox.
 #[derive(Debug, Clone)]
 pub struct LocalHands {
     execd_program: PathBuf,
+    /// Where each execd's tree is listed while it runs, if anywhere.
+    registry: Option<Arc<TreeRegistry>>,
 }
 
 impl LocalHands {
@@ -112,7 +94,15 @@ impl LocalHands {
     pub fn new(execd_program: impl Into<PathBuf>) -> Self {
         Self {
             execd_program: execd_program.into(),
+            registry: None,
         }
+    }
+
+    /// Lists each execd's process tree in `registry` from before it starts until it is stopped,
+    /// so a gateway restarted after a crash can stop the hands this one leaves behind.
+    pub fn registered_in(mut self, registry: Arc<TreeRegistry>) -> Self {
+        self.registry = Some(registry);
+        self
     }
 
     /// Uses the running executable (the normal case: the gateway is `warren`).
@@ -124,8 +114,8 @@ impl LocalHands {
 struct LocalInstance {
     endpoint: HandsEndpoint,
     tree: TreeId,
-    /// This instance's [`HandsRecord`], removed once it is stopped.
-    record: PathBuf,
+    /// The tree's registry entry, dropped once the tree is killed.
+    registered: Option<Registered>,
     exit: watch::Receiver<Option<String>>,
     /// Set by `stop`; otherwise dropping the instance kills the sandbox.
     stopped: std::sync::atomic::AtomicBool,
@@ -139,7 +129,11 @@ impl Drop for LocalInstance {
             return;
         }
         let tree = self.tree.clone();
-        std::thread::spawn(move || warren_process::kill_tree(&tree, STOP_GRACE));
+        let registered = self.registered.take();
+        std::thread::spawn(move || {
+            warren_process::kill_tree(&tree, STOP_GRACE);
+            drop(registered);
+        });
     }
 }
 
@@ -152,17 +146,19 @@ impl HandsInstance for LocalInstance {
         self.exit.borrow().is_none()
     }
 
-    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
+    fn stop(mut self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             self.stopped
                 .store(true, std::sync::atomic::Ordering::SeqCst);
             let tree = self.tree.clone();
-            let _ =
-                tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, STOP_GRACE))
-                    .await;
+            let registered = self.registered.take();
+            let _ = tokio::task::spawn_blocking(move || {
+                warren_process::kill_tree(&tree, STOP_GRACE);
+                drop(registered);
+            })
+            .await;
             let mut exit = self.exit.clone();
             let _ = tokio::time::timeout(STOP_GRACE * 2, exit.wait_for(Option::is_some)).await;
-            let _ = tokio::fs::remove_file(&self.record).await;
         })
     }
 }
@@ -177,31 +173,6 @@ impl HandsProvider for LocalHands {
             Ok(Box::new(instance) as Box<dyn HandsInstance>)
         })
     }
-
-    fn recover(&self, workspace: &Path) {
-        let path = record_path(workspace);
-        match store::read_json::<HandsRecord>(&path) {
-            Ok(record) => {
-                // By marker only (root pid 0): the recorded pid may belong to another process
-                // by now, the marker only to that execd. Its SIGTERM makes execd end every
-                // command it started.
-                let orphan = TreeId::new(0, Some(record.marker));
-                let report = warren_process::kill_tree(&orphan, STOP_GRACE);
-                if report.n_members > 0 {
-                    tracing::warn!(
-                        workspace = %workspace.display(),
-                        pid = record.pid,
-                        "stopped hands left running by an earlier gateway"
-                    );
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "unreadable hands record"),
-        }
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove the hands record");
-        }
-    }
 }
 
 impl LocalHands {
@@ -214,6 +185,10 @@ impl LocalHands {
             .map_err(|e| fail("cannot create the workspace", &e))?;
         let token = hex::encode(rand::random::<[u8; 32]>());
         let marker = TreeId::new_marker();
+        let registered = self
+            .registry
+            .as_ref()
+            .map(|registry| registry.register(&marker));
         let mut command = tokio::process::Command::new(&self.execd_program);
         command
             .arg("execd")
@@ -274,22 +249,11 @@ impl LocalHands {
         };
         // Keep draining stdout so execd never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
-        let record = record_path(workspace);
-        let marker = tree.marker.clone().unwrap_or_default();
-        let writing = record.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            store::write_json_atomic(&writing, &HandsRecord { pid, marker })
-        })
-        .await;
-        if !matches!(written, Ok(Ok(()))) {
-            // The hands work without it; only a crash of this gateway would leave them running.
-            tracing::warn!(path = %record.display(), "cannot write the hands record");
-        }
         tracing::info!(pid, %url, workspace = %workspace.display(), "hands started");
         Ok(LocalInstance {
             endpoint: HandsEndpoint { url, token },
             tree,
-            record,
+            registered,
             exit: exit_rx,
             stopped: std::sync::atomic::AtomicBool::new(false),
         })

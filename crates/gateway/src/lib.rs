@@ -36,8 +36,8 @@ use crate::auth::Devices;
 use crate::hands::{HandsProvider, LocalHands};
 use crate::sessions::Sessions;
 
-/// How long a left-over agent gets between SIGTERM and SIGKILL at start.
-const AGENT_STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long a left-over agent or hands gets between SIGTERM and SIGKILL at start.
+const LEFTOVER_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// One gateway's state, shared by every route and background task.
 pub struct Gateway {
@@ -75,16 +75,19 @@ impl Gateway {
             .unwrap_or_else(|| auth::new_secret("wk_"));
         let data = args.data.clone();
         let admission = Admission::new(Limits::new(args.max_brains));
-        let provider: Arc<dyn HandsProvider> = Arc::new(LocalHands::new(warren_bin.clone()));
-        let agents = TreeRegistry::open(args.data.join("run").join("agents"))?;
-        let registry = agents.clone();
+        // Every agent and hands process tree is listed here while it runs.
+        let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
+        let provider: Arc<dyn HandsProvider> =
+            Arc::new(LocalHands::new(warren_bin.clone()).registered_in(trees.clone()));
+        let registry = trees.clone();
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
-            // Agents a gateway killed with SIGKILL left running: stopped before any new one.
-            let n_left = registry.stop_leftovers(AGENT_STOP_GRACE);
+            // Agents and hands a gateway killed with SIGKILL left running (and whatever they
+            // started): stopped before any new one starts.
+            let n_left = registry.stop_leftovers(LEFTOVER_STOP_GRACE);
             if n_left > 0 {
                 tracing::warn!(
                     n_left,
-                    "stopped agent processes an earlier gateway left running"
+                    "stopped process trees an earlier gateway left running"
                 );
             }
             Ok::<_, std::io::Error>((
@@ -94,7 +97,7 @@ impl Gateway {
         })
         .await
         .map_err(|e| GatewayError::Internal(e.to_string()))??;
-        let pool = WorkerPool::with_registry(agent, args.warm_workers, Some(agents));
+        let pool = WorkerPool::with_registry(agent, args.warm_workers, Some(trees));
         let gateway = Arc::new(Gateway {
             args,
             app_key,

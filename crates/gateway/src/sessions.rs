@@ -7,8 +7,8 @@
 //!
 //! Recovery: every `sessions/<id>/meta.json` is loaded, its `events.jsonl` repaired by the event
 //! log, and a turn left open by a crash is closed with `permission_resolved` (`cancelled`) for
-//! each unanswered request, `turn_end` (`interrupted`) and a `status` event. Hands a killed
-//! gateway left running are stopped through [`HandsProvider::recover`].
+//! each unanswered request, `turn_end` (`interrupted`) and a `status` event. (Hands and agents a
+//! killed gateway left running are stopped before this, through the gateway's tree registry.)
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -329,7 +329,6 @@ fn recover_session(
         tracing::warn!(dir = %dir.display(), "meta.json names another session; skipped");
         return Ok(None);
     }
-    hands_provider.recover(&dir.join("workspace"));
     let mut replay = Replay::default();
     let (log, repair) = EventLog::open(&dir.join("events.jsonl"), |event| {
         replay.visit(event.turn, &event.body)

@@ -408,8 +408,8 @@ async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
     );
     // Markers begin with the pid of the process that made them: only the new gateway's agents
     // are listed.
-    let listed: Vec<String> = std::fs::read_dir(data.join("run/agents"))
-        .expect("the agent registry")
+    let listed: Vec<String> = std::fs::read_dir(data.join("run/trees"))
+        .expect("the tree registry")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     let prefix = format!("{}-", second.child.id());
@@ -433,8 +433,8 @@ async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        std::fs::read_dir(data.join("run/agents"))
-            .expect("the agent registry")
+        std::fs::read_dir(data.join("run/trees"))
+            .expect("the tree registry")
             .count(),
         0,
         "a clean shutdown leaves the registry empty"
