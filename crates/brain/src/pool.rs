@@ -3,7 +3,7 @@
 //! never returned to the pool (one worker per session, never reused).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use warren_process::TreeRegistry;
@@ -21,7 +21,8 @@ pub struct WorkerPool {
     /// Where every worker's process tree is listed while it runs, if anywhere.
     registry: Option<Arc<TreeRegistry>>,
     warm: Mutex<VecDeque<Worker>>,
-    n_starting: AtomicUsize,
+    /// Workers being spawned and initialized; `shutdown` waits for it to reach 0.
+    n_starting: tokio::sync::watch::Sender<usize>,
     closed: AtomicBool,
 }
 
@@ -43,7 +44,7 @@ impl WorkerPool {
             n_warm,
             registry,
             warm: Mutex::new(VecDeque::new()),
-            n_starting: AtomicUsize::new(0),
+            n_starting: tokio::sync::watch::Sender::new(0),
             closed: AtomicBool::new(false),
         });
         pool.refill();
@@ -103,13 +104,10 @@ impl WorkerPool {
         self.closed.store(true, Ordering::SeqCst);
         let workers: Vec<Worker> = self.warm().drain(..).collect();
         futures_util::future::join_all(workers.into_iter().map(Worker::kill)).await;
-        let deadline = tokio::time::Instant::now() + STARTING_WAIT;
-        while self.n_starting.load(Ordering::SeqCst) > 0 {
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!("agent workers still starting at shutdown");
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let mut n_starting = self.n_starting.subscribe();
+        let all_done = tokio::time::timeout(STARTING_WAIT, n_starting.wait_for(|n| *n == 0));
+        if all_done.await.is_err() {
+            tracing::warn!("agent workers still starting at shutdown");
         }
     }
 
@@ -124,27 +122,21 @@ impl WorkerPool {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
-        let have = self.warm().len() + self.n_starting.load(Ordering::SeqCst);
+        let have = self.warm().len() + *self.n_starting.borrow();
         for _ in have..self.n_warm {
-            self.n_starting.fetch_add(1, Ordering::SeqCst);
+            self.n_starting.send_modify(|n| *n += 1);
             let pool = self.clone();
             tokio::spawn(async move {
                 let result = Worker::spawn_registered(&pool.command, pool.registry.as_ref()).await;
                 match result {
                     Ok(worker) if !pool.closed.load(Ordering::SeqCst) => {
-                        pool.warm().push_back(worker);
-                        pool.n_starting.fetch_sub(1, Ordering::SeqCst);
+                        pool.warm().push_back(worker)
                     }
-                    Ok(worker) => {
-                        // The pool shut down meanwhile; `shutdown` waits for this kill.
-                        worker.kill().await;
-                        pool.n_starting.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    Err(error) => {
-                        pool.n_starting.fetch_sub(1, Ordering::SeqCst);
-                        tracing::warn!(%error, "cannot start a warm agent worker");
-                    }
+                    // The pool shut down meanwhile; `shutdown` waits for this kill.
+                    Ok(worker) => worker.kill().await,
+                    Err(error) => tracing::warn!(%error, "cannot start a warm agent worker"),
                 }
+                pool.n_starting.send_modify(|n| *n -= 1);
             });
         }
     }
