@@ -635,11 +635,9 @@ impl Files {
         .await
     }
 
-    /// `POST /files/upload`: pairs `metadata` and `file` parts by order and streams each file
-    /// to disk.
-    ///
-    /// `metadata` and `file` parts are paired by index, in either order: a file part that comes
-    /// before its metadata is staged in an unnamed temporary file until the metadata arrives.
+    /// `POST /files/upload`: pairs `metadata` and `file` parts by index, in either order, and
+    /// streams each file to disk. A file part that comes before its metadata is staged in an
+    /// unnamed temporary file until the metadata arrives.
     pub async fn upload(self: &Arc<Self>, mut multipart: Multipart) -> Result<(), CompatError> {
         let mut pending: std::collections::VecDeque<FileMetadata> = Default::default();
         let mut staged: std::collections::VecDeque<std::fs::File> = Default::default();
