@@ -1,5 +1,6 @@
 //! The engine's error type. Servers map it to their own status codes in exactly one place
-//! (execd: 400 `INVALID_WORKDIR`, 404 `SESSION_NOT_FOUND`, 500 `SPAWN_FAILED`).
+//! (execd: 400 `INVALID_WORKDIR`, 404 `SESSION_NOT_FOUND`, 429 `TOO_MANY_SESSIONS`,
+//! 500 `SPAWN_FAILED`).
 
 use std::path::PathBuf;
 
@@ -24,6 +25,10 @@ pub enum ExecError {
         #[source]
         source: std::io::Error,
     },
+    /// Every session slot is held by a session some call is waiting on, so none may be
+    /// pruned to make room for a new one.
+    #[error("too many exec sessions: all {0} are in use by calls in flight; try again shortly")]
+    TooManySessions(usize),
     /// The engine is shutting down and takes no new commands.
     #[error("the exec engine is shutting down")]
     ShuttingDown,

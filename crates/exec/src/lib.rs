@@ -31,7 +31,52 @@ pub use env::{DEFAULT_ENV, command_env, is_secret_name};
 pub use error::ExecError;
 pub use render::render_text;
 
-use session::{Session, SessionMeta, Spawned, WaitOutcome};
+use session::{CallGuard, Session, SessionMeta, Spawned, WaitOutcome};
+
+/// A place in the registry held for a session being spawned; dropping it unused gives the
+/// place back.
+struct SlotReservation<'a> {
+    engine: &'a Engine,
+    armed: bool,
+}
+
+impl Drop for SlotReservation<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _sessions = self.engine.lock_sessions();
+            let engine = self.engine;
+            engine.release_reservation(self);
+        }
+    }
+}
+
+/// The session pruning removes from a full registry: beyond the `n_protected` most recently
+/// used, the least recently used exited one, else the least recently used running one, else
+/// the least recently used of all. Sessions a call is waiting on are never chosen; `None` when
+/// every session is in use.
+fn prune_victim(
+    sessions: &HashMap<SessionId, Arc<Session>>,
+    n_protected: usize,
+) -> Option<SessionId> {
+    let mut by_use: Vec<(Instant, bool, bool, SessionId)> = sessions
+        .values()
+        .map(|s| {
+            let state = s.state();
+            (state.last_used, state.finished, s.has_calls(), s.id)
+        })
+        .collect();
+    by_use.sort_by_key(|entry| std::cmp::Reverse(entry.0));
+    let idle = |entry: &&(Instant, bool, bool, SessionId)| !entry.2;
+    let candidates = by_use.get(n_protected..).unwrap_or(&[]);
+    candidates
+        .iter()
+        .rev()
+        .filter(idle)
+        .find(|entry| entry.1)
+        .or_else(|| candidates.iter().rev().find(idle))
+        .or_else(|| by_use.iter().rev().find(idle))
+        .map(|entry| entry.3)
+}
 
 /// `yield_time_ms` of `exec_command`: default and clamp.
 pub const EXEC_YIELD_DEFAULT_MS: u64 = 10_000;
@@ -55,6 +100,9 @@ pub struct Engine {
     /// Ids of recently ended sessions, not handed out again soon, so an agent polling an old id
     /// gets "unknown" instead of someone else's session.
     retired_ids: Mutex<VecDeque<SessionId>>,
+    /// Places reserved by `exec_command` calls that are still spawning. Changed only while
+    /// the sessions lock is held, so the registry and the reservations are counted together.
+    n_reserved: std::sync::atomic::AtomicUsize,
     shutting_down: std::sync::atomic::AtomicBool,
     next_log: std::sync::atomic::AtomicU64,
 }
@@ -72,6 +120,7 @@ impl Engine {
             sessions: Mutex::new(HashMap::new()),
             retained_logs: Mutex::new(VecDeque::new()),
             retired_ids: Mutex::new(VecDeque::new()),
+            n_reserved: std::sync::atomic::AtomicUsize::new(0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             next_log: std::sync::atomic::AtomicU64::new(1),
         })
@@ -91,6 +140,7 @@ impl Engine {
         if args.cmd.trim().is_empty() {
             return Err(ExecError::InvalidArgument("cmd must not be empty".into()));
         }
+        check_command_text(&args)?;
         let workdir = self.resolve_workdir(args.workdir.as_deref())?;
         let tty = args.tty.unwrap_or(false);
         let shell = args
@@ -122,6 +172,7 @@ impl Engine {
         let env = command_env(base_env, &self.config.pass_env, tty, args.env.clone());
         let flag = if login { "-lc" } else { "-c" };
 
+        let slot = self.reserve_slot()?;
         let id = self.allocate_id();
         let log_serial = self
             .next_log
@@ -148,7 +199,9 @@ impl Engine {
             timeout: args.timeout_ms.map(Duration::from_millis),
         };
         let session = Session::start(meta, spawned, &self.config);
-        self.register(Arc::clone(&session)).await;
+        // The call waits on the session from the moment it is listed: it cannot be pruned.
+        let _call = session.begin_call();
+        self.register(Arc::clone(&session), slot);
 
         let deadline = call_start + Duration::from_millis(yield_ms);
         let outcome = session.wait(deadline, call_start, true).await;
@@ -159,7 +212,7 @@ impl Engine {
     /// prompt. Unknown ids are [`ExecError::UnknownSession`].
     pub async fn write_stdin(&self, args: WriteStdinArgs) -> Result<ExecResult, ExecError> {
         let call_start = Instant::now();
-        let session = self.get(args.session_id)?;
+        let (session, _call) = self.get_for_call(args.session_id)?;
         session.touch();
         let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
         let yield_ms = write_yield_ms(args.yield_time_ms, args.chars.is_empty());
@@ -274,6 +327,18 @@ impl Engine {
         let _ = std::fs::remove_dir(&self.config.log_dir);
     }
 
+    /// The session and a guard that keeps it from being pruned while the call waits on it.
+    /// The guard is taken under the registry lock, so a prune cannot slip in between.
+    fn get_for_call(&self, id: SessionId) -> Result<(Arc<Session>, CallGuard), ExecError> {
+        let sessions = self.lock_sessions();
+        let session = sessions
+            .get(&id)
+            .cloned()
+            .ok_or(ExecError::UnknownSession(id))?;
+        let call = session.begin_call();
+        Ok((session, call))
+    }
+
     fn get(&self, id: SessionId) -> Result<Arc<Session>, ExecError> {
         self.lock_sessions()
             .get(&id)
@@ -314,38 +379,33 @@ impl Engine {
         }
     }
 
-    /// Adds a session, pruning first when the registry is full: keep the most recently used
-    /// `n_protected_recent`; among the rest remove the least recently used exited session, else
-    /// the least recently used running one (its tree is killed).
-    async fn register(&self, session: Arc<Session>) {
+    /// Reserves a place for one more session, pruning first when the registry is full: keep
+    /// the `n_protected_recent` most recently used; among the rest remove the least recently
+    /// used exited session, else the least recently used running one (its tree is killed).
+    /// A session some call is waiting on (`exec_command` or `write_stdin` in flight) is never
+    /// pruned: when every session is in use, the new call gets [`ExecError::TooManySessions`]
+    /// instead of killing another caller's command.
+    fn reserve_slot(&self) -> Result<SlotReservation<'_>, ExecError> {
+        let max_sessions = self.config.max_sessions.max(1);
         let mut pruned = Vec::new();
-        {
+        let reserved = {
             let mut sessions = self.lock_sessions();
-            while sessions.len() >= self.config.max_sessions.max(1) {
-                let mut by_use: Vec<(Instant, bool, SessionId)> = sessions
-                    .values()
-                    .map(|s| {
-                        let state = s.state();
-                        (state.last_used, state.finished, s.id)
-                    })
-                    .collect();
-                by_use.sort_by_key(|entry| std::cmp::Reverse(entry.0));
-                let candidates = by_use.get(self.config.n_protected_recent..).unwrap_or(&[]);
-                let victim = candidates
-                    .iter()
-                    .rev()
-                    .find(|(_, finished, _)| *finished)
-                    .or_else(|| candidates.last())
-                    .or_else(|| by_use.last())
-                    .map(|(_, _, id)| *id);
-                let Some(victim) = victim else { break };
+            loop {
+                let n_reserved = self.n_reserved.load(std::sync::atomic::Ordering::Relaxed);
+                if sessions.len() + n_reserved < max_sessions {
+                    self.n_reserved
+                        .store(n_reserved + 1, std::sync::atomic::Ordering::Relaxed);
+                    break true;
+                }
+                let Some(victim) = prune_victim(&sessions, self.config.n_protected_recent) else {
+                    break false;
+                };
                 if let Some(removed) = sessions.remove(&victim) {
                     self.retire_id(victim);
                     pruned.push(removed);
                 }
             }
-            sessions.insert(session.id, session);
-        }
+        };
         for victim in pruned {
             tracing::info!(session = victim.id, cmd = %victim.cmd, "pruning exec session");
             tokio::spawn(async move {
@@ -353,6 +413,32 @@ impl Engine {
                 victim.stop_tasks();
                 let _ = std::fs::remove_file(&victim.log_path);
             });
+        }
+        if reserved {
+            Ok(SlotReservation {
+                engine: self,
+                armed: true,
+            })
+        } else {
+            Err(ExecError::TooManySessions(max_sessions))
+        }
+    }
+
+    /// Adds a session in the place `slot` reserved.
+    fn register(&self, session: Arc<Session>, mut slot: SlotReservation<'_>) {
+        let mut sessions = self.lock_sessions();
+        sessions.insert(session.id, session);
+        self.release_reservation(&mut slot);
+    }
+
+    /// Gives a reservation's place back; the caller holds the sessions lock or takes it here.
+    fn release_reservation(&self, slot: &mut SlotReservation<'_>) {
+        if std::mem::take(&mut slot.armed) {
+            let n_reserved = self.n_reserved.load(std::sync::atomic::Ordering::Relaxed);
+            self.n_reserved.store(
+                n_reserved.saturating_sub(1),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
     }
 
@@ -479,6 +565,33 @@ impl Engine {
         }
         result
     }
+}
+
+/// Linux refuses a single argument longer than this (`MAX_ARG_STRLEN`), and `cmd` is one.
+pub const MAX_CMD_BYTES: usize = 128 * 1024;
+
+/// Refuses what the kernel would refuse at exec time with an unhelpful error: a NUL byte in
+/// `cmd`, `workdir` or `shell`, and a `cmd` longer than [`MAX_CMD_BYTES`].
+fn check_command_text(args: &ExecCommandArgs) -> Result<(), ExecError> {
+    let fields = [
+        ("cmd", Some(args.cmd.as_str())),
+        ("workdir", args.workdir.as_deref()),
+        ("shell", args.shell.as_deref()),
+    ];
+    for (name, value) in fields {
+        if value.is_some_and(|v| v.contains('\0')) {
+            return Err(ExecError::InvalidArgument(format!(
+                "{name} must not contain a NUL byte"
+            )));
+        }
+    }
+    if args.cmd.len() > MAX_CMD_BYTES {
+        return Err(ExecError::InvalidArgument(format!(
+            "cmd is {} bytes; the limit is {MAX_CMD_BYTES} (write long scripts to a file and run that)",
+            args.cmd.len()
+        )));
+    }
+    Ok(())
 }
 
 fn clamp(value: u64, (low, high): (u64, u64)) -> u64 {

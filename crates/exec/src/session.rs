@@ -115,6 +115,22 @@ pub(crate) struct Session {
     pending_output: PendingOutput,
     reader: Mutex<Option<tokio::task::AbortHandle>>,
     timer: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Calls (`exec_command`, `write_stdin`) waiting on this session right now.
+    n_calls: std::sync::atomic::AtomicUsize,
+}
+
+/// Marks a call waiting on a session; pruning skips sessions with any. Dropped when the call
+/// has built its result.
+pub(crate) struct CallGuard {
+    session: Arc<Session>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.session
+            .n_calls
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What [`Session::start`] needs from a freshly spawned command.
@@ -179,6 +195,7 @@ impl Session {
             input_quiet: config.input_quiet,
             reader: Mutex::new(None),
             timer: Mutex::new(None),
+            n_calls: std::sync::atomic::AtomicUsize::new(0),
         });
 
         let reader = tokio::spawn(read_output(
@@ -213,6 +230,20 @@ impl Session {
 
     fn announce(&self) {
         self.changed.send_replace(());
+    }
+
+    /// Counts a call waiting on this session until the guard drops.
+    pub fn begin_call(self: &Arc<Self>) -> CallGuard {
+        self.n_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        CallGuard {
+            session: Arc::clone(self),
+        }
+    }
+
+    /// True while some call waits on this session.
+    pub fn has_calls(&self) -> bool {
+        self.n_calls.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     pub fn touch(&self) {

@@ -1015,3 +1015,122 @@ async fn a_tree_that_ignores_sigterm_is_killed_after_the_grace_period() {
     assert_eq!(killed.exit_code, Some(137), "SIGKILL ended it: {killed:?}");
     wait_until_dead(pid, "the sleeper that ignores SIGTERM").await;
 }
+
+/// Regression: 100 concurrent `echo xN` calls returned `exited`, exit 0 and an empty output
+/// after 2.2-2.9 s. Registering a new session pruned one a call was still waiting on, which
+/// aborted its output reader; the waiter then gave up draining after 2 s. 200 concurrent
+/// calls, 20 times, with room for them all: every call gets its own output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_exec_calls_never_lose_their_output() {
+    let harness = harness_with(|config| config.max_sessions = 256);
+    run_concurrent_echoes(&harness.engine, 20, 200, false).await;
+}
+
+/// The same load as above on the default 64 sessions: calls beyond the limit are refused with
+/// `TooManySessions` at once, and every call that runs returns its own output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_exec_calls_beyond_the_session_limit_are_refused_never_emptied() {
+    let harness = harness();
+    run_concurrent_echoes(&harness.engine, 5, 200, true).await;
+}
+
+async fn run_concurrent_echoes(
+    engine: &Arc<Engine>,
+    n_rounds: usize,
+    n_calls: usize,
+    may_refuse: bool,
+) {
+    for round in 0..n_rounds {
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..n_calls {
+            let engine = Arc::clone(engine);
+            calls.spawn(async move {
+                let result = engine.exec_command(cmd(&format!("echo x{n}"))).await;
+                (n, result)
+            });
+        }
+        while let Some(joined) = calls.join_next().await {
+            let (n, result) = joined.expect("call task");
+            let result = match result {
+                Err(ExecError::TooManySessions(64)) if may_refuse => continue,
+                other => other.expect("exec_command succeeds"),
+            };
+            assert_eq!(result.status, ExecStatus::Exited, "round {round} call {n}");
+            assert_eq!(
+                result.exit_code,
+                Some(0),
+                "round {round} call {n}: {result:?}"
+            );
+            assert_eq!(
+                result.output,
+                format!("x{n}\n"),
+                "round {round} call {n}: {result:?}"
+            );
+        }
+    }
+}
+
+/// Regression: with more calls in flight than session slots, pruning took sessions whose
+/// callers were still waiting: the callers got SIGTERM (143) or an empty output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruning_never_kills_a_session_a_call_is_waiting_on_and_a_full_engine_answers_too_many_sessions()
+ {
+    let harness = harness_with(|config| config.max_sessions = 4);
+    let engine = &harness.engine;
+    let mut running = Vec::new();
+    for n in 0..4 {
+        let engine = Arc::clone(engine);
+        running.push(tokio::spawn(async move {
+            engine
+                .exec_command(cmd(&format!("sleep 2; echo slow{n}")))
+                .await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine.list_sessions().await.sessions.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "four sessions listed within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = engine
+        .exec_command(cmd("echo fifth"))
+        .await
+        .expect_err("every slot is in use");
+    assert!(
+        matches!(refused, ExecError::TooManySessions(4)),
+        "{refused:?}"
+    );
+    for (n, call) in running.into_iter().enumerate() {
+        let result = call.await.expect("task").expect("exec_command succeeds");
+        assert_eq!(
+            result.exit_code,
+            Some(0),
+            "call {n} was not killed: {result:?}"
+        );
+        assert_eq!(result.output, format!("slow{n}\n"));
+    }
+    let after = exec(engine, cmd("echo room again")).await;
+    assert_eq!(after.output, "room again\n");
+}
+
+#[tokio::test]
+async fn a_nul_byte_or_an_oversized_cmd_is_an_invalid_argument() {
+    let harness = harness();
+    for args in [
+        cmd("echo a\0b"),
+        cmd(&"x".repeat(1024 * 1024)),
+        ExecCommandArgs {
+            workdir: Some("a\0b".into()),
+            ..cmd("true")
+        },
+    ] {
+        let error = harness
+            .engine
+            .exec_command(args)
+            .await
+            .expect_err("refused");
+        assert!(matches!(error, ExecError::InvalidArgument(_)), "{error:?}");
+    }
+}

@@ -79,6 +79,11 @@ fn exec_error(error: ExecError) -> ApiError {
             "SPAWN_FAILED",
             error.to_string(),
         ),
+        ExecError::TooManySessions(_) => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TOO_MANY_SESSIONS",
+            error.to_string(),
+        ),
         ExecError::ShuttingDown => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "SHUTTING_DOWN",
