@@ -1,12 +1,14 @@
-//! The one description of a command to start ([`CommandSpec`]), the owned child every spawner
-//! returns ([`OwnedChild`]), and the one way to signal a command's process group
-//! ([`signal_group`]).
+//! The one description of a command to start ([`CommandSpec`]), the one way to start it
+//! ([`spawn`], on a PTY or on pipes), the owned child every spawn returns ([`OwnedChild`]), and
+//! the one way to signal a command's process group ([`signal_group`]).
 //!
-//! A [`CommandSpec`] says what runs and with which environment and ids; how it is connected
-//! (a PTY or pipes) is chosen by calling [`crate::pty::spawn_pty`] or
-//! [`crate::pipes::spawn_piped`] with it. Every spawner puts a fresh tree marker
-//! ([`TREE_MARKER_VAR`]) in the environment after the spec's own changes, so no spec can remove
-//! it, and registers the child with [`crate::reaper::spawn_owned`]. This module does no I/O.
+//! A [`CommandSpec`] says what runs, under which [`EnvPolicy`], with which ids, and which tree
+//! marker ([`TreeMarker`]) it carries: the caller creates the marker first, so it can list the
+//! tree in a [`crate::TreeRegistry`] before the process exists. [`spawn`] builds the
+//! environment with [`crate::env::build_env`], appends the marker after it (so no policy can
+//! remove it), and forks on one long-lived thread of this process ([`crate::spawner`]), so the
+//! child's parent-death signal (SIGKILL) fires when this process dies and at no other time.
+//! Every child is registered with [`crate::reaper::spawn_owned`].
 
 use std::ffi::OsString;
 use std::io;
@@ -15,41 +17,96 @@ use std::process::ExitStatus;
 
 use rustix::process::{Pid, Signal};
 
-use crate::tree::TREE_MARKER_VAR;
+use crate::env::EnvPolicy;
+use crate::pipes::{PipeOptions, PipedChild};
+use crate::pty::{PtyChild, PtySize};
+use crate::tree::{TREE_MARKER_VAR, TreeMarker};
 
-/// What to run: program, arguments, working directory, environment changes and the user and
-/// group ids to switch to.
-///
-/// The environment starts as the daemon's (empty when `env_clear`), loses every name in
-/// `env_remove`, then gets `env` added (later entries win).
-#[derive(Debug, Clone, Default)]
+/// What to run: program, arguments, working directory, environment policy and additions, the
+/// user and group ids to switch to, and the tree marker.
+#[derive(Debug, Clone)]
 pub struct CommandSpec {
     pub program: OsString,
     pub args: Vec<OsString>,
     /// Working directory; `None` keeps the daemon's.
     pub cwd: Option<PathBuf>,
-    /// Variables added to (and overriding) the inherited environment.
+    /// Which of the daemon's variables the command starts with.
+    pub env_policy: EnvPolicy,
+    /// Variables added after the policy (later entries win).
     pub env: Vec<(OsString, OsString)>,
-    /// Variables of the daemon the command must not see (secrets).
-    pub env_remove: Vec<OsString>,
-    /// Start from an empty environment instead of the daemon's.
-    pub env_clear: bool,
     /// User id to switch to before exec (needs privileges).
     pub uid: Option<u32>,
     /// Group id to switch to before exec (needs privileges).
     pub gid: Option<u32>,
+    /// The tree's marker, put in the environment as [`TREE_MARKER_VAR`].
+    pub marker: TreeMarker,
+}
+
+/// How [`spawn`] connects the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connect {
+    /// A new PTY of this size, the controlling terminal of a new session the command leads.
+    Pty(PtySize),
+    /// Pipes, as the options say.
+    Pipes(PipeOptions),
+}
+
+/// A started command, connected as asked.
+#[derive(Debug)]
+pub enum Spawned {
+    Pty(PtyChild),
+    Pipes(PipedChild),
+}
+
+impl Spawned {
+    /// The PTY child of a [`Connect::Pty`] spawn.
+    pub fn into_pty(self) -> PtyChild {
+        match self {
+            Spawned::Pty(child) => child,
+            Spawned::Pipes(_) => unreachable!("spawn(Connect::Pty) returns Spawned::Pty"),
+        }
+    }
+
+    /// The piped child of a [`Connect::Pipes`] spawn.
+    pub fn into_pipes(self) -> PipedChild {
+        match self {
+            Spawned::Pipes(child) => child,
+            Spawned::Pty(_) => unreachable!("spawn(Connect::Pipes) returns Spawned::Pipes"),
+        }
+    }
+}
+
+/// Starts `spec` connected as `connect` says. Must be called inside a tokio runtime. A program
+/// that cannot be started (missing, not executable, bad cwd) is an immediate error.
+pub fn spawn(spec: &CommandSpec, connect: Connect) -> io::Result<Spawned> {
+    match connect {
+        Connect::Pty(size) => crate::pty::spawn_pty(spec, size).map(Spawned::Pty),
+        Connect::Pipes(options) => crate::pipes::spawn_piped(spec, options).map(Spawned::Pipes),
+    }
 }
 
 impl CommandSpec {
-    pub fn new(program: impl Into<OsString>) -> Self {
+    /// `program` under [`EnvPolicy::Daemon`], carrying `marker`.
+    pub fn new(program: impl Into<OsString>, marker: &TreeMarker) -> Self {
         Self {
             program: program.into(),
-            ..Self::default()
+            args: Vec::new(),
+            cwd: None,
+            env_policy: EnvPolicy::Daemon,
+            env: Vec::new(),
+            uid: None,
+            gid: None,
+            marker: marker.clone(),
         }
     }
 
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I: Into<OsString>>(mut self, args: impl IntoIterator<Item = I>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
         self
     }
 
@@ -63,32 +120,36 @@ impl CommandSpec {
         self
     }
 
-    pub fn env_remove(mut self, key: impl Into<OsString>) -> Self {
-        self.env_remove.push(key.into());
+    pub fn env_policy(mut self, policy: EnvPolicy) -> Self {
+        self.env_policy = policy;
         self
     }
 
-    pub fn env_clear(mut self) -> Self {
-        self.env_clear = true;
-        self
+    /// The complete environment the command starts with, marker included: the policy applied
+    /// to this process's environment, the additions, then [`TREE_MARKER_VAR`]. A daemon that is
+    /// itself a marked tree passes its markers on (`outer:inner`), so killing an outer tree
+    /// also finds what an inner daemon started after that daemon died.
+    pub fn environment(&self) -> Vec<(OsString, OsString)> {
+        let mut env = crate::env::build_env(&self.env_policy, std::env::vars_os(), &self.env);
+        env.retain(|(name, _)| name != TREE_MARKER_VAR);
+        let chain = match std::env::var(TREE_MARKER_VAR) {
+            Ok(outer) if !outer.is_empty() => format!("{outer}:{}", self.marker),
+            _ => self.marker.to_string(),
+        };
+        env.push((TREE_MARKER_VAR.into(), chain.into()));
+        env
     }
 
-    /// The tokio command for this spec, with `marker` as [`TREE_MARKER_VAR`]. Stdio and the
-    /// session or process group are the spawner's business.
-    pub(crate) fn to_tokio(&self, marker: &str) -> tokio::process::Command {
+    /// The tokio command for this spec. Stdio and the session or process group are the
+    /// spawner's business; the parent-death signal is set here.
+    pub(crate) fn to_tokio(&self) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(&self.program);
         command.args(&self.args);
         if let Some(cwd) = &self.cwd {
             command.current_dir(cwd);
         }
-        if self.env_clear {
-            command.env_clear();
-        }
-        for name in &self.env_remove {
-            command.env_remove(name);
-        }
-        command.envs(self.env.iter().map(|(k, v)| (k, v)));
-        command.env(TREE_MARKER_VAR, marker);
+        command.env_clear();
+        command.envs(self.environment());
         if let Some(uid) = self.uid {
             command.uid(uid);
         }
@@ -96,6 +157,7 @@ impl CommandSpec {
             command.gid(gid);
         }
         command.kill_on_drop(false);
+        crate::spawner::die_with_this_process(&mut command);
         command
     }
 }

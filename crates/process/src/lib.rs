@@ -4,17 +4,23 @@
 //! as a child subreaper, and listing running trees on disk ([`TreeRegistry`]) so a restarted
 //! daemon can stop what a crashed one left behind.
 //!
-//! This is the only crate that spawns processes, sends signals or reaps. It does not capture
-//! output or know about HTTP.
+//! Also the one environment policy ([`env`]) and the one default-shell lookup ([`shell`]).
+//!
+//! This is the only crate that spawns processes, sends signals or reaps (clippy.toml refuses
+//! `Command::new` elsewhere). It does not capture output or know about HTTP.
 
 pub mod command;
+pub mod env;
 pub mod pipes;
 pub mod procfs;
 pub mod pty;
 pub mod reaper;
 pub mod registry;
+pub mod shell;
+mod spawner;
 pub mod tree;
 
-pub use command::{CommandSpec, OwnedChild, exit_code, signal_group};
+pub use command::{CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, spawn};
+pub use env::{EnvPolicy, HandsVar};
 pub use registry::{Registered, TreeRegistry};
-pub use tree::{KillReport, TreeId, kill_tree, tree_members};
+pub use tree::{KillReport, TreeGuard, TreeId, TreeMarker, kill_tree, kill_tree_blocking, tree_members};

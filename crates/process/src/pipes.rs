@@ -90,9 +90,8 @@ impl PipedChild {
 /// Starts `command` on pipes as `options` say. Must be called inside a tokio runtime.
 ///
 /// A program that cannot be started (missing, not executable, bad cwd) is an immediate error.
-pub fn spawn_piped(command: &CommandSpec, options: PipeOptions) -> io::Result<PipedChild> {
-    let marker = TreeId::new_marker();
-    let mut cmd = command.to_tokio(&marker);
+pub(crate) fn spawn_piped(command: &CommandSpec, options: PipeOptions) -> io::Result<PipedChild> {
+    let mut cmd = command.to_tokio();
 
     let (stdin_read, stdin_write) = match options.stdin {
         StdinMode::Pipe => {
@@ -132,14 +131,16 @@ pub fn spawn_piped(command: &CommandSpec, options: PipeOptions) -> io::Result<Pi
         },
     }
 
-    let child = reaper::spawn_owned(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id();
-        Ok((child, pid))
+    // The command owns the write ends of its pipes once it runs; ours are dropped with `cmd`
+    // at the end of the job, so the read ends see end of file when the command (and everything
+    // it started) closes them.
+    let child = crate::spawner::on_spawner_thread(move || {
+        reaper::spawn_owned(|| {
+            let child = cmd.spawn()?;
+            let pid = child.id();
+            Ok((child, pid))
+        })
     })?;
-    // The command owns the write ends of its pipes now; ours are dropped with `cmd`, so the
-    // read ends see end of file when the command (and everything it started) closes them.
-    drop(cmd);
     let child = OwnedChild::new(child)?;
     let stdin = stdin_write.map(pipe::Sender::from_owned_fd).transpose()?;
     let stdout = pipe::Receiver::from_owned_fd(OwnedFd::from(out_read))?;
@@ -147,7 +148,7 @@ pub fn spawn_piped(command: &CommandSpec, options: PipeOptions) -> io::Result<Pi
         .map(|r| pipe::Receiver::from_owned_fd(OwnedFd::from(r)))
         .transpose()?;
     Ok(PipedChild {
-        tree: TreeId::new(child.pid() as i32, Some(marker)),
+        tree: TreeId::new(child.pid() as i32, Some(command.marker.to_string())),
         child,
         stdin,
         stdout,
@@ -162,7 +163,7 @@ mod tests {
     use super::*;
 
     fn sh(script: &str) -> CommandSpec {
-        CommandSpec::new("sh").arg("-c").arg(script)
+        CommandSpec::new("sh", &crate::TreeMarker::new()).arg("-c").arg(script)
     }
 
     fn ids_of(out: &str) -> Vec<u32> {
@@ -246,32 +247,60 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn removed_and_cleared_variables_are_not_inherited_but_the_marker_is() {
-        let script = "echo \"${HOME:-no home} ${WARREN_TREE_ID:+marked}\"";
-        let removed = sh(script).env_remove("HOME");
-        let mut child = spawn_piped(&removed, PipeOptions::default()).expect("spawns");
+    async fn the_environment_is_the_policys_plus_additions_and_the_marker() {
+        let marker = crate::TreeMarker::new();
+        let hands = CommandSpec::new("/usr/bin/env", &marker)
+            .env_policy(crate::EnvPolicy::Hands { pass: Vec::new() })
+            .env("EXTRA", "1");
+        let mut child = spawn_piped(&hands, PipeOptions::default()).expect("spawns");
         let out = read_all(child.stdout).await;
         child.child.wait().await.expect("waits");
-        assert_eq!(out, "no home marked\n");
-
-        let cleared = CommandSpec::new("/usr/bin/env")
-            .env_clear()
-            .env("HOME", "/h");
-        let mut child = spawn_piped(&cleared, PipeOptions::default()).expect("spawns");
-        let out = read_all(child.stdout).await;
-        child.child.wait().await.expect("waits");
-        let names: Vec<&str> = out
+        let mut names: Vec<&str> = out
             .lines()
             .map(|l| l.split('=').next().unwrap_or(l))
             .collect();
-        assert_eq!(names.len(), 2, "{out:?}");
-        assert!(out.lines().any(|l| l == "HOME=/h"), "{out:?}");
-        assert!(names.contains(&"WARREN_TREE_ID"), "{out:?}");
+        names.sort();
+        let mut expected: Vec<&str> = crate::env::HANDS_ALLOWLIST
+            .iter()
+            .copied()
+            .filter(|name| std::env::var_os(name).is_some())
+            .chain(["EXTRA", "WARREN_TREE_ID"])
+            .collect();
+        expected.sort();
+        assert_eq!(names, expected, "{out:?}");
+        let marker_line = format!("WARREN_TREE_ID={marker}");
+        assert!(
+            out.lines()
+                .any(|l| l == marker_line || l.ends_with(&format!(":{marker}"))),
+            "{out:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_carries_its_daemons_marker_before_its_own() {
+        let marker = crate::TreeMarker::new();
+        let command = CommandSpec::new("sh", &marker)
+            .arg("-c")
+            .arg("echo \"$WARREN_TREE_ID\"");
+        let spec_env = command.environment();
+        let (_, chain) = spec_env
+            .iter()
+            .find(|(k, _)| k == crate::tree::TREE_MARKER_VAR)
+            .expect("a marker");
+        let chain = chain.to_string_lossy().into_owned();
+        match std::env::var(crate::tree::TREE_MARKER_VAR) {
+            Ok(outer) => assert_eq!(chain, format!("{outer}:{marker}")),
+            Err(_) => assert_eq!(chain, marker.to_string()),
+        }
+        let mut child = spawn_piped(&command, PipeOptions::default()).expect("spawns");
+        let out = read_all(child.stdout).await;
+        child.child.wait().await.expect("waits");
+        assert_eq!(out.trim(), chain);
     }
 
     #[tokio::test]
     async fn missing_program_is_an_immediate_error() {
-        let missing = CommandSpec::new("/nonexistent/program");
+        let missing = CommandSpec::new("/nonexistent/program", &crate::TreeMarker::new());
         let err = spawn_piped(&missing, PipeOptions::default()).expect_err("fails");
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }

@@ -1,4 +1,5 @@
-//! Reading from `/proc` whether a command is blocked waiting for input.
+//! Reading `/proc`: the one parser of `/proc/<pid>/stat` ([`Stat`], used by tree discovery,
+//! the reaper and everything else here), and whether a command is blocked waiting for input.
 //!
 //! A command "waits for input" when a process of its tree that belongs to the foreground process
 //! group of its terminal (for pipe sessions: any process of the tree) is asleep in a read-like
@@ -14,37 +15,54 @@
 
 use std::path::PathBuf;
 
-/// What a process of the tree is doing, as far as waiting for input goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcState {
+/// The fields of `/proc/<pid>/stat` Warren reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
     pub pid: i32,
-    /// One-letter state from `/proc/<pid>/stat` (`R`, `S`, `D`, `T`, `Z`...).
+    /// One-letter state (`R`, `S`, `D`, `T`, `Z`...).
     pub state: char,
+    pub ppid: i32,
     pub pgid: i32,
-    /// Foreground process group of the process's controlling terminal (-1 when none).
+    /// Session id; 0 when the session leader lives outside this PID namespace.
+    pub sid: i32,
+    /// The controlling terminal's device number in the kernel's encoding (0 when none).
+    pub tty_nr: u32,
+    /// Foreground process group of the controlling terminal (-1 when none).
     pub tpgid: i32,
 }
 
-/// Reads state, process group and terminal foreground group of `pid`.
-pub fn proc_state(pid: i32) -> Option<ProcState> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat_state(&text)
+impl Stat {
+    /// Exited and not reaped yet (or being reaped): counts as dead.
+    pub fn is_zombie(&self) -> bool {
+        self.state == 'Z' || self.state == 'X'
+    }
 }
 
-fn parse_stat_state(text: &str) -> Option<ProcState> {
+/// Reads `/proc/<pid>/stat`; `None` when the process is gone (or the text is unreadable).
+pub fn stat(pid: i32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+/// Parses `/proc/<pid>/stat`. The command name is in parentheses and may itself contain spaces
+/// and parentheses, so fields are read after the last `)`.
+pub fn parse_stat(text: &str) -> Option<Stat> {
     let pid = text.split_whitespace().next()?.parse().ok()?;
     let rest = &text[text.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
-    let _ppid = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
-    let _sid = fields.next()?;
-    let _tty_nr = fields.next()?;
+    let sid = fields.next()?.parse().ok()?;
+    let tty_nr = fields.next()?.parse().ok()?;
     let tpgid = fields.next()?.parse().ok()?;
-    Some(ProcState {
+    Some(Stat {
         pid,
         state,
+        ppid,
         pgid,
+        sid,
+        tty_nr,
         tpgid,
     })
 }
@@ -93,10 +111,7 @@ const DEV_TTY: &str = "/dev/tty";
 /// True when `pid`'s controlling terminal is the device `input` names (`/dev/pts/N`).
 fn controlling_tty_is(pid: i32, input: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let Some(tty_nr) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|text| parse_tty_nr(&text))
-    else {
+    let Some(tty_nr) = stat(pid).map(|stat| stat.tty_nr) else {
         return false;
     };
     let Ok(meta) = std::fs::metadata(input) else {
@@ -104,13 +119,6 @@ fn controlling_tty_is(pid: i32, input: &std::path::Path) -> bool {
     };
     let rdev = meta.rdev();
     tty_nr != 0 && decode_tty_nr(tty_nr) == (rustix::fs::major(rdev), rustix::fs::minor(rdev))
-}
-
-/// Field 7 of `/proc/<pid>/stat`: the controlling terminal's device number (0 when none).
-fn parse_tty_nr(text: &str) -> Option<u32> {
-    let rest = &text[text.rfind(')')? + 1..];
-    // state, ppid, pgrp, session, tty_nr
-    rest.split_whitespace().nth(4)?.parse().ok()
 }
 
 /// `(major, minor)` of a device number in the kernel's `/proc` encoding: minor bits 0-7 and
@@ -126,7 +134,7 @@ fn decode_tty_nr(tty_nr: u32) -> (u32, u32) {
 /// [`fd_target`]), or reading its controlling terminal through `/dev/tty` when that terminal is
 /// `input`.
 pub fn is_blocked_reading(pid: i32, input: &std::path::Path) -> bool {
-    let Some(state) = proc_state(pid) else {
+    let Some(state) = stat(pid) else {
         return false;
     };
     if state.state != 'S' {
@@ -158,7 +166,7 @@ pub fn is_blocked_reading(pid: i32, input: &std::path::Path) -> bool {
 pub fn tree_awaits_input(members: &[i32], input: &std::path::Path, foreground_only: bool) -> bool {
     members.iter().any(|&pid| {
         if foreground_only {
-            match proc_state(pid) {
+            match stat(pid) {
                 Some(state) if state.tpgid > 0 && state.pgid == state.tpgid => {}
                 _ => return false,
             }
@@ -174,25 +182,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_stat_state_and_foreground_group() {
-        let state = parse_stat_state("42 (a (b) c) S 7 42 40 34816 45 4194304").expect("parses");
+    fn parses_stat_fields_after_a_command_name_with_parens_and_spaces() {
+        let parsed = parse_stat("42 (my (odd) name) S 7 42 40 34816 45 4194304").expect("parses");
         assert_eq!(
-            state,
-            ProcState {
+            parsed,
+            Stat {
                 pid: 42,
                 state: 'S',
+                ppid: 7,
                 pgid: 42,
-                tpgid: 45
+                sid: 40,
+                tty_nr: 34816,
+                tpgid: 45,
             }
         );
-        assert!(parse_stat_state("nonsense").is_none());
+        assert!(!parsed.is_zombie());
+        let zombie = parse_stat("9 (x) Z 1 9 9 0 -1 0").expect("parses");
+        assert!(zombie.is_zombie());
+        for bad in ["nonsense", "42 (x) S 7", "42 x S 7 42 40 0 -1"] {
+            assert!(parse_stat(bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]
-    fn parses_and_decodes_the_controlling_terminal() {
-        let stat = "42 (a (b) c) S 7 42 40 34816 45 4194304";
-        assert_eq!(parse_tty_nr(stat), Some(34816));
-        assert_eq!(parse_tty_nr("nonsense"), None);
+    fn decodes_the_controlling_terminal() {
         let table = [
             (34816, (136, 0)),       // /dev/pts/0
             (34821, (136, 5)),       // /dev/pts/5

@@ -2,7 +2,7 @@
 //! PTY as controlling terminal), plus the few terminal operations a server needs afterwards:
 //! resizing and finding the terminal's foreground process group, the one Ctrl-C would hit.
 //!
-//! What runs is a [`CommandSpec`], the same one [`crate::pipes::spawn_piped`] takes. The spawn
+//! What runs is a [`CommandSpec`], the same one [`crate::spawn`] takes for pipes. The spawn
 //! goes through [`crate::reaper::spawn_owned`] and puts a fresh tree marker
 //! ([`crate::tree::TREE_MARKER_VAR`]) in the command's environment, so [`crate::kill_tree`] with
 //! the returned [`TreeId`] finds everything the command started; [`OwnedChild::wait`] releases
@@ -100,24 +100,25 @@ pub struct PtyChild {
 /// Spawns `command` on a new PTY of `size`: the child is the leader of a new terminal session
 /// and the PTY is its controlling terminal. The PTY's slave side is closed in this process
 /// before returning, so the reader sees EOF once the child's terminal session lets go of it.
-pub fn spawn_pty(command: &CommandSpec, size: PtySize) -> io::Result<PtyChild> {
+pub(crate) fn spawn_pty(command: &CommandSpec, size: PtySize) -> io::Result<PtyChild> {
     let (pty, pts) = pty_process::open().map_err(pty_error)?;
     resize(pty.as_fd(), size)?;
     // The duplicate must be close-on-exec, or every child would hold the master open.
     let control = PtyControl {
         master: rustix::io::fcntl_dupfd_cloexec(pty.as_fd(), 0).map_err(io::Error::from)?,
     };
-    let marker = TreeId::new_marker();
-    let pty_command = pty_process::Command::from(command.to_tokio(&marker));
-    let child = crate::reaper::spawn_owned(|| {
-        let child = pty_command.spawn(pts).map_err(pty_error)?;
-        let pid = child.id();
-        Ok((child, pid))
+    let pty_command = pty_process::Command::from(command.to_tokio());
+    let child = crate::spawner::on_spawner_thread(move || {
+        crate::reaper::spawn_owned(|| {
+            let child = pty_command.spawn(pts).map_err(pty_error)?;
+            let pid = child.id();
+            Ok((child, pid))
+        })
     })?;
     let child = OwnedChild::new(child)?;
     let (reader, writer) = pty.into_split();
     Ok(PtyChild {
-        tree: TreeId::new(child.pid() as i32, Some(marker)),
+        tree: TreeId::new(child.pid() as i32, Some(command.marker.to_string())),
         child,
         reader,
         writer,
@@ -160,7 +161,9 @@ mod tests {
 
     #[tokio::test]
     async fn pty_child_leads_its_session_with_the_pty_as_controlling_terminal() {
-        let command = CommandSpec::new("sh").arg("-c").arg("stty size; cat");
+        let command = CommandSpec::new("sh", &crate::TreeMarker::new())
+            .arg("-c")
+            .arg("stty size; cat");
         let mut spawned = spawn_pty(
             &command,
             PtySize {
@@ -192,11 +195,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn pty_child_environment_loses_removed_variables_and_keeps_the_marker() {
-        let command = CommandSpec::new("sh")
+    async fn pty_child_environment_follows_the_policy_and_keeps_the_marker() {
+        let command = CommandSpec::new("sh", &crate::TreeMarker::new())
             .arg("-c")
             .arg("echo \"[${HOME:-no home} ${WARREN_TREE_ID:+marked} $FOO]\"")
-            .env_remove("HOME")
+            .env_policy(crate::EnvPolicy::Exec {
+                base: Some(vec![("PATH".into(), "/usr/bin:/bin".into())]),
+                pass_env: Vec::new(),
+                tty: true,
+            })
             .env("FOO", "bar");
         let mut spawned = spawn_pty(&command, PtySize::DEFAULT).expect("spawns");
         let text = read_pty_until(&mut spawned.reader, "]").await;

@@ -65,17 +65,10 @@ pub fn reap_orphans() -> usize {
         else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let (Some(state), Some(ppid)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        if state == "Z" && ppid.parse::<i32>().ok() == Some(me) {
+        if let Some(stat) = crate::procfs::stat(pid)
+            && stat.state == 'Z'
+            && stat.ppid == me
+        {
             zombies.push(pid);
         }
     }

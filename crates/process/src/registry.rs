@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::tree::{TreeId, kill_tree};
+use crate::tree::{TreeId, kill_tree_blocking};
 
 /// The directory of registered trees. Only one daemon may use a directory at a time (the
 /// caller holds a lock on its data directory).
@@ -36,15 +36,27 @@ impl TreeRegistry {
         Ok(Arc::new(Self { dir }))
     }
 
-    /// Lists `marker`, a value from [`TreeId::new_marker`]. A failure to write is logged and
+    /// Lists `marker`, a value from [`crate::TreeMarker::new`]. A failure to write is logged and
     /// otherwise ignored: the tree still runs, it just cannot be found after a crash.
-    pub fn register(self: &Arc<Self>, marker: &str) -> Registered {
+    pub fn register(self: &Arc<Self>, marker: &crate::TreeMarker) -> Registered {
+        let marker = marker.as_str();
         if is_marker(marker) {
             if let Err(err) = std::fs::write(self.dir.join(marker), b"") {
                 tracing::warn!(dir = %self.dir.display(), %err, "cannot register a process tree");
             }
         } else {
             tracing::warn!(marker, "not registering a malformed tree marker");
+        }
+        Registered {
+            registry: Arc::clone(self),
+            marker: marker.to_owned(),
+        }
+    }
+
+    #[cfg(test)]
+    fn register_raw_for_tests(self: &Arc<Self>, marker: &str) -> Registered {
+        if is_marker(marker) {
+            let _ = std::fs::write(self.dir.join(marker), b"");
         }
         Registered {
             registry: Arc::clone(self),
@@ -71,7 +83,7 @@ impl TreeRegistry {
         let mut n_alive = 0;
         for marker in self.markers() {
             // Root pid 0: membership by marker alone.
-            let report = kill_tree(&TreeId::new(0, Some(marker.clone())), grace);
+            let report = kill_tree_blocking(&TreeId::new(0, Some(marker.clone())), grace);
             if report.n_members > 0 {
                 n_alive += 1;
             }
@@ -120,28 +132,17 @@ mod tests {
 
     fn is_alive(pid: u32) -> bool {
         // A zombie (an exited child not yet reaped) counts as gone.
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let state = stat
-                    .rsplit_once(')')?
-                    .1
-                    .split_whitespace()
-                    .next()?
-                    .to_owned();
-                Some(state != "Z" && state != "X")
-            })
-            .unwrap_or(false)
+        crate::procfs::stat(pid as i32).is_some_and(|stat| !stat.is_zombie())
     }
 
     #[test]
     fn a_registered_tree_is_listed_until_its_guard_drops() {
         let dir = tempfile::tempdir().expect("temp dir");
         let registry = TreeRegistry::open(dir.path().join("trees")).expect("opens");
-        let marker = TreeId::new_marker();
+        let marker = crate::TreeMarker::new();
         let registered = registry.register(&marker);
-        assert_eq!(registry.markers(), vec![marker.clone()]);
-        assert_eq!(registered.marker(), marker);
+        assert_eq!(registry.markers(), vec![marker.to_string()]);
+        assert_eq!(registered.marker(), marker.as_str());
         drop(registered);
         assert!(registry.markers().is_empty());
     }
@@ -150,7 +151,7 @@ mod tests {
     fn malformed_names_are_neither_written_nor_read() {
         let dir = tempfile::tempdir().expect("temp dir");
         let registry = TreeRegistry::open(dir.path()).expect("opens");
-        drop(registry.register("../escape"));
+        drop(registry.register_raw_for_tests("../escape"));
         assert!(!dir.path().parent().expect("parent").join("escape").exists());
         std::fs::write(dir.path().join("not a marker"), b"").expect("write");
         assert!(registry.markers().is_empty());
@@ -167,7 +168,7 @@ mod tests {
     fn left_over_trees_are_stopped_by_marker_and_forgotten() {
         let dir = tempfile::tempdir().expect("temp dir");
         let registry = TreeRegistry::open(dir.path()).expect("opens");
-        let marker = TreeId::new_marker();
+        let marker = crate::TreeMarker::new();
         std::mem::forget(registry.register(&marker));
         // `setsid` and a double fork: the sleeper is neither our child nor in our session.
         let mut shell = std::process::Command::new("sh")
@@ -175,7 +176,7 @@ mod tests {
                 "-c",
                 "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!",
             ])
-            .env(TREE_MARKER_VAR, &marker)
+            .env(TREE_MARKER_VAR, marker.as_str())
             .stdout(std::process::Stdio::piped())
             .process_group(0)
             .spawn()

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
 
+use crate::procfs::{self, Stat};
+
 /// Environment variable set on every spawned command; its value identifies the tree.
 pub const TREE_MARKER_VAR: &str = "WARREN_TREE_ID";
 
@@ -27,45 +29,35 @@ impl TreeId {
     pub fn new(root_pid: i32, marker: Option<String>) -> Self {
         Self { root_pid, marker }
     }
+}
 
-    /// A fresh marker value for a command about to be spawned.
-    pub fn new_marker() -> String {
+/// A tree's marker value, created by the caller before the spawn (so the tree can be listed in
+/// a [`crate::TreeRegistry`] before it exists) and given to [`crate::CommandSpec::new`].
+/// ASCII letters, digits and `-` only; unique per process and start time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TreeMarker(String);
+
+impl TreeMarker {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("{}-{nanos:x}-{n}", std::process::id())
+        Self(format!("{}-{nanos:x}-{n}", std::process::id()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct ProcStat {
-    pid: i32,
-    ppid: i32,
-    pgid: i32,
-    sid: i32,
-    zombie: bool,
-}
-
-/// Parses `/proc/<pid>/stat`. The command name is in parentheses and may itself contain spaces
-/// and parentheses, so fields are read after the last `)`.
-fn parse_stat(text: &str) -> Option<ProcStat> {
-    let pid = text.split_whitespace().next()?.parse().ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    let pgid = fields.next()?.parse().ok()?;
-    let sid = fields.next()?.parse().ok()?;
-    Some(ProcStat {
-        pid,
-        ppid,
-        pgid,
-        sid,
-        zombie: state == "Z" || state == "X",
-    })
+impl std::fmt::Display for TreeMarker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// This process's group and session ids as this PID namespace sees them: 0 when the leader lives
@@ -75,11 +67,11 @@ pub fn own_group_and_session() -> (i32, i32) {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .as_deref()
-        .and_then(parse_stat)
+        .and_then(procfs::parse_stat)
         .map_or((0, 0), |stat| (stat.pgid, stat.sid))
 }
 
-fn all_processes() -> Vec<ProcStat> {
+fn all_processes() -> Vec<Stat> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -87,8 +79,7 @@ fn all_processes() -> Vec<ProcStat> {
         let entry = entry.ok()?;
         let name = entry.file_name();
         let pid: i32 = name.to_str()?.parse().ok()?;
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        parse_stat(&text)
+        procfs::stat(pid)
     })
     .collect()
 }
@@ -97,10 +88,11 @@ fn has_marker(pid: i32, marker: &str) -> bool {
     let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
         return false;
     };
-    let needle = format!("{TREE_MARKER_VAR}={marker}");
-    environ
-        .split(|b| *b == 0)
-        .any(|var| var == needle.as_bytes())
+    let prefix = format!("{TREE_MARKER_VAR}=");
+    environ.split(|b| *b == 0).any(|var| {
+        var.strip_prefix(prefix.as_bytes())
+            .is_some_and(|chain| chain.split(|b| *b == b':').any(|m| m == marker.as_bytes()))
+    })
 }
 
 /// Live (non-zombie) members of the tree, never including this process or its process group.
@@ -138,11 +130,11 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
             }
         }
     }
-    let by_pid: HashMap<i32, ProcStat> = procs.iter().map(|p| (p.pid, *p)).collect();
+    let by_pid: HashMap<i32, Stat> = procs.iter().map(|p| (p.pid, *p)).collect();
     members
         .into_iter()
         .filter(|pid| *pid != me)
-        .filter(|pid| by_pid.get(pid).is_some_and(|p| !p.zombie))
+        .filter(|pid| by_pid.get(pid).is_some_and(|p| !p.is_zombie()))
         .collect()
 }
 
@@ -153,8 +145,7 @@ fn signal_members(members: &[i32], signal: Signal) {
     let (own_pgid, _) = own_group_and_session();
     let mut groups = BTreeSet::new();
     for pid in members {
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            && let Some(stat) = parse_stat(&text)
+        if let Some(stat) = procfs::stat(*pid)
             && stat.pgid > 1
             && stat.pgid != own_pgid
         {
@@ -190,10 +181,75 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// Kills the whole tree: SIGTERM to every member's process group, up to `grace` for them to
-/// go, then SIGKILL (re-scanned until nothing is left or [`KILL_WAIT`] passes).
-///
-/// Blocking; call it from `spawn_blocking` in async code.
-pub fn kill_tree(tree: &TreeId, grace: Duration) -> KillReport {
+/// go, then SIGKILL (re-scanned until nothing is left or [`KILL_WAIT`] passes). Runs on the
+/// blocking pool; survivors are logged.
+pub async fn kill_tree(tree: &TreeId, grace: Duration) -> KillReport {
+    let owned = tree.clone();
+    match tokio::task::spawn_blocking(move || kill_tree_blocking(&owned, grace)).await {
+        Ok(report) => report,
+        Err(error) => {
+            tracing::error!(%error, "the kill task failed; killing on this thread");
+            kill_tree_blocking(tree, grace)
+        }
+    }
+}
+
+/// Kills a tree when dropped (on a thread of its own, so a drop never blocks), unless
+/// [`TreeGuard::kill`] already did. Holds the tree's registry entry, if any, until the tree is
+/// dead, so a crash in between still finds it listed.
+#[derive(Debug)]
+pub struct TreeGuard {
+    tree: TreeId,
+    grace: Duration,
+    registered: Option<crate::Registered>,
+    armed: bool,
+}
+
+impl TreeGuard {
+    pub fn new(tree: TreeId, grace: Duration, registered: Option<crate::Registered>) -> Self {
+        Self {
+            tree,
+            grace,
+            registered,
+            armed: true,
+        }
+    }
+
+    pub fn tree(&self) -> &TreeId {
+        &self.tree
+    }
+
+    /// Kills the tree now and forgets its registry entry. Idempotent.
+    pub async fn kill(&mut self) -> KillReport {
+        if !std::mem::take(&mut self.armed) {
+            return KillReport::default();
+        }
+        let report = kill_tree(&self.tree, self.grace).await;
+        if !report.survivors.is_empty() {
+            tracing::warn!(survivors = ?report.survivors, "processes survived SIGKILL");
+        }
+        self.registered = None;
+        report
+    }
+}
+
+impl Drop for TreeGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let tree = self.tree.clone();
+        let grace = self.grace;
+        let registered = self.registered.take();
+        std::thread::spawn(move || {
+            kill_tree_blocking(&tree, grace);
+            drop(registered);
+        });
+    }
+}
+
+/// [`kill_tree`] on the calling thread, for code that is not async.
+pub fn kill_tree_blocking(tree: &TreeId, grace: Duration) -> KillReport {
     let members = tree_members(tree);
     let mut report = KillReport {
         n_members: members.len(),
@@ -250,17 +306,5 @@ mod tests {
             .collect();
         let (pgid, sid) = own_group_and_session();
         assert_eq!(ids, vec![pgid, sid]);
-    }
-
-    #[test]
-    fn parse_stat_reads_fields_after_a_command_name_with_parens_and_spaces() {
-        let stat = parse_stat("42 (my (odd) name) S 7 42 40 34816 42 4194304").expect("parses");
-        assert_eq!(
-            (stat.pid, stat.ppid, stat.pgid, stat.sid, stat.zombie),
-            (42, 7, 42, 40, false)
-        );
-        let zombie = parse_stat("9 (x) Z 1 9 9 0").expect("parses");
-        assert!(zombie.zombie);
-        assert!(parse_stat("garbage").is_none());
     }
 }
