@@ -53,6 +53,9 @@ pub use worker::Worker;
 pub struct AgentCommand {
     pub program: String,
     pub args: Vec<String>,
+    /// Variables added to the agent's environment (`--agent-env`), after the gateway's own
+    /// minus Warren's credentials.
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentCommand {
@@ -69,6 +72,7 @@ impl AgentCommand {
         Ok(Self {
             program,
             args: words.collect(),
+            env: Vec::new(),
         })
     }
 
@@ -77,6 +81,7 @@ impl AgentCommand {
         Self {
             program: warren_exe.into(),
             args: vec!["shell-agent".to_owned()],
+            env: Vec::new(),
         }
     }
 }
@@ -158,6 +163,7 @@ mod tests {
         for (line, expected) in cases {
             let parsed = AgentCommand::parse(line).ok();
             let expected = expected.map(|(program, args)| AgentCommand {
+                env: Vec::new(),
                 program: program.to_owned(),
                 args: args.iter().map(|a| (*a).to_owned()).collect(),
             });

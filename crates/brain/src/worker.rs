@@ -27,7 +27,8 @@ use agent_client_protocol::{
 };
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
-use warren_process::{Registered, TreeId, TreeRegistry};
+use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
+use warren_process::{CommandSpec, Connect, EnvPolicy, TreeGuard, TreeMarker, TreeRegistry};
 
 use crate::host::{Host, HostError, PermissionOutcome, TerminalExit, TerminalSpec, TurnSink};
 use crate::session::{BrainSession, Resumed};
@@ -168,14 +169,15 @@ pub(crate) struct Connection {
     pub(crate) shared: Arc<Shared>,
     pub(crate) caps: AgentCaps,
     pid: u32,
-    tree: TreeId,
     /// `Some(status)` once the process has exited.
     exit: watch::Receiver<Option<String>>,
     /// Dropping or firing this ends the ACP connection task (closes the agent's stdin).
     stop_connection: Mutex<Option<oneshot::Sender<()>>>,
-    killed: AtomicBool,
-    /// The tree's entry in the gateway's registry, dropped once the tree is killed.
-    registered: Mutex<Option<Registered>>,
+    /// The agent's process tree (and its registry entry): killed by [`Connection::kill`], or
+    /// on drop. After the agent exited, its (dead) pid still roots the tree: it has no
+    /// descendants any more, and survivors (an MCP server, a background job) are found by the
+    /// marker variable.
+    tree: Mutex<Option<TreeGuard>>,
 }
 
 impl Connection {
@@ -267,32 +269,13 @@ impl Connection {
 
     /// Ends the connection and kills the process tree (SIGTERM, grace, SIGKILL). Idempotent.
     pub(crate) async fn kill(&self) {
-        if self.killed.swap(true, Ordering::SeqCst) {
-            return;
-        }
         self.end_connection();
-        let tree = self.tree_to_kill();
-        let registered = self.take_registration();
-        let _ = tokio::task::spawn_blocking(move || {
-            warren_process::kill_tree(&tree, KILL_GRACE);
-            drop(registered);
-        })
-        .await;
+        let guard = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(mut guard) = guard else {
+            return;
+        };
+        guard.kill().await;
         let _ = tokio::time::timeout(EXIT_STATUS_WAIT, self.wait_exit()).await;
-    }
-
-    fn take_registration(&self) -> Option<Registered> {
-        self.registered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    }
-
-    /// The tree to kill. After the agent exited, its (dead) pid still roots the tree: it has no
-    /// descendants any more, and survivors (an MCP server, a background job) are found by the
-    /// marker variable. Never a made-up root: pid 0 would make every process a descendant.
-    fn tree_to_kill(&self) -> TreeId {
-        self.tree.clone()
     }
 
     fn end_connection(&self) {
@@ -310,17 +293,8 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         // A worker dropped without `close` (a pool shut down, a gateway error path) must not
-        // leave an agent process behind.
-        if self.killed.load(Ordering::SeqCst) {
-            return;
-        }
+        // leave an agent process behind: the tree guard kills it as it drops.
         self.end_connection();
-        let tree = self.tree_to_kill();
-        let registered = self.take_registration();
-        std::thread::spawn(move || {
-            warren_process::kill_tree(&tree, KILL_GRACE);
-            drop(registered);
-        });
     }
 }
 
@@ -337,37 +311,39 @@ impl Worker {
         command: &AgentCommand,
         registry: Option<&Arc<TreeRegistry>>,
     ) -> Result<Self, BrainError> {
-        let marker = TreeId::new_marker();
+        let marker = TreeMarker::new();
         let registered = registry.map(|registry| registry.register(&marker));
-        let mut process = tokio::process::Command::new(&command.program);
-        process
-            .args(&command.args)
-            .env(warren_process::tree::TREE_MARKER_VAR, &marker)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = warren_process::reaper::spawn_owned(|| {
-            let child = process.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })
-        .map_err(|source| BrainError::Spawn {
-            program: command.program.clone(),
-            source,
-        })?;
-        let pid = child.id().ok_or_else(|| BrainError::WorkerExited {
-            status: "exited at once".into(),
-        })?;
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
+        // The gateway's environment minus Warren's own credentials, plus `--agent-env`.
+        let spec = command
+            .env
+            .iter()
+            .fold(
+                CommandSpec::new(&command.program, &marker)
+                    .args(&command.args)
+                    .env_policy(EnvPolicy::Agent),
+                |spec, (name, value)| spec.env(name, value),
+            );
+        let options = PipeOptions {
+            stdin: StdinMode::Pipe,
+            output: OutputMode::Separate,
+            leader: Leader::ProcessGroup,
+        };
+        let spawned = warren_process::spawn(&spec, Connect::Pipes(options))
+            .map_err(|source| BrainError::Spawn {
+                program: command.program.clone(),
+                source,
+            })?
+            .into_pipes();
+        let pid = spawned.pid();
+        let tree = TreeGuard::new(spawned.tree.clone(), KILL_GRACE, registered);
+        let mut child = spawned.child;
+        let (Some(stdin), Some(stderr)) = (spawned.stdin, spawned.stderr) else {
             return Err(BrainError::Spawn {
                 program: command.program.clone(),
                 source: std::io::Error::other("stdio pipes missing"),
             });
         };
+        let stdout = spawned.stdout;
 
         let (exit_tx, exit_rx) = watch::channel(None);
         // The agent's last stderr line usually says why it died ("API key not set"): it goes
@@ -392,7 +368,6 @@ impl Worker {
                 Ok(status) => status.to_string(),
                 Err(error) => format!("wait failed: {error}"),
             };
-            warren_process::reaper::release(pid);
             // Bounded: a grandchild may keep the agent's stderr open.
             let _ = tokio::time::timeout(STDERR_DRAIN_WAIT, stderr_reader).await;
             let last = last_stderr_line
@@ -431,12 +406,9 @@ impl Worker {
                 tracing::debug!(pid, %error, "agent connection ended with an error");
             }
         });
-        let tree = TreeId::new(pid as i32, Some(marker));
         let Ok(cx) = cx_rx.await else {
-            let tree = tree.clone();
-            let _ =
-                tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, KILL_GRACE))
-                    .await;
+            let mut tree = tree;
+            tree.kill().await;
             return Err(BrainError::WorkerExited {
                 status: "the ACP connection failed to start".into(),
             });
@@ -447,11 +419,9 @@ impl Worker {
             shared,
             caps: AgentCaps::default(),
             pid,
-            tree,
             exit: exit_rx,
             stop_connection: Mutex::new(Some(stop_tx)),
-            killed: AtomicBool::new(false),
-            registered: Mutex::new(registered),
+            tree: Mutex::new(Some(tree)),
         };
         let initialize = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(

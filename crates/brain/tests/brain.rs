@@ -310,6 +310,7 @@ async fn a_python_agent_built_on_the_pypi_acp_package_interoperates() {
 /// The error of starting `program args` as an agent, which the test expects to fail.
 async fn spawn_error(what: &str, program: &str, args: &[&str]) -> BrainError {
     let command = AgentCommand {
+        env: Vec::new(),
         program: program.into(),
         args: args.iter().map(|a| (*a).to_owned()).collect(),
     };

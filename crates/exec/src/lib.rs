@@ -11,13 +11,12 @@
 //! returns; only `timeout_ms`, `kill_session`, pruning and shutdown kill.
 
 mod config;
-mod env;
 mod error;
 pub mod render;
 mod session;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -27,7 +26,6 @@ use warren_protocol::exec::{
 };
 
 pub use config::EngineConfig;
-pub use env::{DEFAULT_ENV, command_env, is_secret_name};
 pub use error::ExecError;
 pub use render::render_text;
 
@@ -109,11 +107,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Arc<Self> {
-        let default_shell = if find_in_path("bash").is_some() {
-            "bash"
-        } else {
-            "sh"
-        };
+        let default_shell = warren_process::shell::default_shell().program;
         Arc::new(Self {
             config,
             default_shell: default_shell.to_owned(),
@@ -157,11 +151,7 @@ impl Engine {
                 )));
             }
         }
-        let base_env = match &self.config.base_env {
-            Some(env) => env.clone(),
-            None => std::env::vars().collect(),
-        };
-        if !shell_exists(&shell) {
+        if !warren_process::shell::program_exists(&shell) {
             let source =
                 std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
             return Err(ExecError::Spawn {
@@ -169,8 +159,19 @@ impl Engine {
                 source,
             });
         }
-        let env = command_env(base_env, &self.config.pass_env, tty, args.env.clone());
-        let flag = if login { "-lc" } else { "-c" };
+        let command = warren_process::CommandSpec::new(&shell, &warren_process::TreeMarker::new())
+            .arg(if login { "-lc" } else { "-c" })
+            .arg(&args.cmd)
+            .cwd(&workdir)
+            .env_policy(warren_process::EnvPolicy::Exec {
+                base: self.config.base_env.clone(),
+                pass_env: self.config.pass_env.clone(),
+                tty,
+            });
+        let command = args
+            .env
+            .iter()
+            .fold(command, |command, (name, value)| command.env(name, value));
 
         let slot = self.reserve_slot()?;
         let id = self.allocate_id();
@@ -182,9 +183,9 @@ impl Engine {
             .log_dir
             .join(format!("exec-{log_serial}-{id}.log"));
         let spawned = if tty {
-            spawn_tty(&shell, flag, &args.cmd, &workdir, env, &self.config)
+            spawn_tty(&command, &self.config)
         } else {
-            spawn_pipes(&shell, flag, &args.cmd, &workdir, env)
+            spawn_pipes(&command)
         }
         .map_err(|source| ExecError::Spawn {
             program: shell.clone(),
@@ -649,57 +650,17 @@ fn signal_name(signal: i32) -> String {
     name.to_owned()
 }
 
-/// True when `shell` names an executable file (a path, or a name found in `PATH`).
-fn shell_exists(shell: &str) -> bool {
-    if shell.contains('/') {
-        Path::new(shell).is_file()
-    } else {
-        find_in_path(shell).is_some()
-    }
-}
-
-fn find_in_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
-}
-
-/// The command both modes run: `shell flag cmd` in `workdir` with exactly `env` (the daemon's
-/// environment is not inherited, so secrets it holds never reach the command).
-fn command_spec(
-    shell: &str,
-    flag: &str,
-    cmd: &str,
-    workdir: &Path,
-    env: Vec<(String, String)>,
-) -> warren_process::CommandSpec {
-    let mut command = warren_process::CommandSpec::new(shell)
-        .arg(flag)
-        .arg(cmd)
-        .cwd(workdir)
-        .env_clear();
-    command.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
-    command
-}
-
-fn spawn_pipes(
-    shell: &str,
-    flag: &str,
-    cmd: &str,
-    workdir: &Path,
-    env: Vec<(String, String)>,
-) -> std::io::Result<Spawned> {
-    use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode, spawn_piped};
-    let command = command_spec(shell, flag, cmd, workdir, env);
+fn spawn_pipes(command: &warren_process::CommandSpec) -> std::io::Result<Spawned> {
+    use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
     let options = PipeOptions {
         stdin: StdinMode::Pipe,
         output: OutputMode::Merged,
         leader: Leader::Session,
     };
-    let child = spawn_piped(&command, options)?;
+    let child = warren_process::spawn(command, warren_process::Connect::Pipes(options))?
+        .into_pipes();
     let pid = child.pid();
-    let probe = rustix::io::dup(std::os::fd::AsFd::as_fd(&child.stdout))?;
+    let probe = rustix::io::fcntl_dupfd_cloexec(std::os::fd::AsFd::as_fd(&child.stdout), 0)?;
     let mut process = child.child;
     Ok(Spawned {
         pid,
@@ -712,20 +673,14 @@ fn spawn_pipes(
 }
 
 fn spawn_tty(
-    shell: &str,
-    flag: &str,
-    cmd: &str,
-    workdir: &Path,
-    env: Vec<(String, String)>,
+    command: &warren_process::CommandSpec,
     config: &EngineConfig,
 ) -> std::io::Result<Spawned> {
-    use warren_process::pty::{PtySize, spawn_pty};
-    let command = command_spec(shell, flag, cmd, workdir, env);
-    let size = PtySize {
+    let size = warren_process::pty::PtySize {
         rows: config.tty_rows,
         cols: config.tty_cols,
     };
-    let child = spawn_pty(&command, size)?;
+    let child = warren_process::spawn(command, warren_process::Connect::Pty(size))?.into_pty();
     let pid = child.child.pid();
     let mut process = child.child;
     let control = child.control;

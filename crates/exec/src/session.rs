@@ -253,16 +253,9 @@ impl Session {
     /// Kills the whole process tree (SIGTERM, grace, SIGKILL) and returns once the kill is done;
     /// the waiter then records the exit.
     pub async fn kill(&self) {
-        let tree = self.tree.clone();
-        let grace = self.kill_grace;
-        let report =
-            tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, grace)).await;
-        match report {
-            Ok(report) if !report.survivors.is_empty() => {
-                tracing::warn!(session = self.id, survivors = ?report.survivors, "processes survived SIGKILL");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::error!(session = self.id, error = %e, "kill task failed"),
+        let report = warren_process::kill_tree(&self.tree, self.kill_grace).await;
+        if !report.survivors.is_empty() {
+            tracing::warn!(session = self.id, survivors = ?report.survivors, "processes survived SIGKILL");
         }
     }
 

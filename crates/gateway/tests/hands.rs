@@ -356,6 +356,7 @@ fn alive(pid: u32) -> bool {
 async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
     let (hands, _dir) = new_hands();
     let agent = AgentCommand {
+        env: Vec::new(),
         program: test_agent_bin().display().to_string(),
         args: vec![],
     };

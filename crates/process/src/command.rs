@@ -201,6 +201,20 @@ impl OwnedChild {
     }
 }
 
+impl OwnedChild {
+    /// [`OwnedChild::wait`] as the exit code a client sees (-1 after a signal, or when waiting
+    /// failed, which is logged).
+    pub async fn wait_code(&mut self) -> i32 {
+        match self.wait().await {
+            Ok(status) => exit_code(status),
+            Err(err) => {
+                tracing::warn!(pid = self.pid(), %err, "waiting for a command failed");
+                -1
+            }
+        }
+    }
+}
+
 /// The exit code a client sees: the process's code, or -1 when a signal killed it.
 pub fn exit_code(status: ExitStatus) -> i32 {
     status.code().unwrap_or(-1)

@@ -185,13 +185,18 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// blocking pool; survivors are logged.
 pub async fn kill_tree(tree: &TreeId, grace: Duration) -> KillReport {
     let owned = tree.clone();
-    match tokio::task::spawn_blocking(move || kill_tree_blocking(&owned, grace)).await {
+    let report = match tokio::task::spawn_blocking(move || kill_tree_blocking(&owned, grace)).await
+    {
         Ok(report) => report,
         Err(error) => {
             tracing::error!(%error, "the kill task failed; killing on this thread");
             kill_tree_blocking(tree, grace)
         }
+    };
+    if !report.survivors.is_empty() {
+        tracing::warn!(survivors = ?report.survivors, "processes survived SIGKILL");
     }
+    report
 }
 
 /// Kills a tree when dropped (on a thread of its own, so a drop never blocks), unless
@@ -225,9 +230,6 @@ impl TreeGuard {
             return KillReport::default();
         }
         let report = kill_tree(&self.tree, self.grace).await;
-        if !report.survivors.is_empty() {
-            tracing::warn!(survivors = ?report.survivors, "processes survived SIGKILL");
-        }
         self.registered = None;
         report
     }

@@ -27,7 +27,9 @@ pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>)
 }
 
 pub fn test_agent(args: &[&str]) -> AgentCommand {
+        env: Vec::new(),
     AgentCommand {
+        env: Vec::new(),
         program: env!("CARGO_BIN_EXE_warren-test-agent").to_owned(),
         args: args.iter().map(|a| (*a).to_owned()).collect(),
     }
@@ -148,8 +150,10 @@ pub async fn resume_in_new_worker(
 
 /// The Python test agent built on the PyPI ACP package.
 pub fn python_agent() -> AgentCommand {
+        env: Vec::new(),
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/acp_echo_agent.py");
     AgentCommand {
+        env: Vec::new(),
         program: python_venv(),
         args: vec![script.display().to_string()],
     }

@@ -20,7 +20,7 @@ use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
 use super::CompatError;
 use super::commands::{KILL_GRACE, PING_INTERVAL};
-use super::spawn::{self, SpawnSpec};
+use warren_process::{CommandSpec, TreeMarker};
 use super::stream::{EventSink, LineSplitter};
 
 /// The registry of bash sessions.
@@ -198,27 +198,25 @@ impl BashSession {
     /// Kills the shell and everything it started, then reaps it.
     async fn close(&self) {
         if let Some(tree) = self.tree() {
-            spawn::kill(tree, KILL_GRACE).await;
+            warren_process::kill_tree(&tree, KILL_GRACE).await;
         }
         // A run in progress sees end of file now and releases the lock promptly.
         if let Ok(mut shell) =
             tokio::time::timeout(Duration::from_secs(10), self.shell.lock()).await
             && let Some(mut shell) = shell.take()
         {
-            spawn::wait(&mut shell.child).await;
+            shell.child.wait_code().await;
         }
         self.set_tree(None);
     }
 
     fn start_shell(&self) -> std::io::Result<Shell> {
-        let program = spawn::shell();
-        let mut spec = SpawnSpec::new(program, self.cwd.clone());
-        if program == "bash" {
-            spec.args = vec!["--noprofile".into(), "--norc".into()];
+        let shell = warren_process::shell::default_shell();
+        let mut spec = CommandSpec::new(shell.program, &TreeMarker::new()).cwd(self.cwd.clone());
+        if shell.is_bash {
+            spec = spec.arg("--noprofile").arg("--norc");
         }
-        spec.stdin_pipe = true;
-        spec.merge_output = true;
-        let spawned = spawn::spawn(&spec)?;
+        let spawned = super::commands::spawn_piped(&spec, true, true)?;
         let stdin = spawned.stdin.expect("stdin_pipe gives a stdin pipe");
         self.set_tree(Some(spawned.tree));
         Ok(Shell {
@@ -257,17 +255,17 @@ impl BashSession {
             RunEnd::Finished(code) => code,
             RunEnd::ShellGone(code) => {
                 if let Some(mut shell) = guard.take() {
-                    spawn::wait(&mut shell.child).await;
+                    shell.child.wait_code().await;
                 }
                 self.set_tree(None);
                 code
             }
             RunEnd::TimedOut => {
                 if let Some(tree) = self.tree() {
-                    spawn::kill(tree, KILL_GRACE).await;
+                    warren_process::kill_tree(&tree, KILL_GRACE).await;
                 }
                 if let Some(mut shell) = guard.take() {
-                    spawn::wait(&mut shell.child).await;
+                    shell.child.wait_code().await;
                 }
                 self.set_tree(None);
                 -1

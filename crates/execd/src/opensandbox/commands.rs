@@ -20,7 +20,8 @@ use warren_process::{OwnedChild, TreeId};
 use warren_protocol::opensandbox::{CommandStatus, EventType, RunCommandRequest};
 
 use super::CompatError;
-use super::spawn::{self, SpawnSpec};
+use warren_process::pipes::{Leader, OutputMode, PipeOptions, PipedChild, StdinMode};
+use warren_process::{CommandSpec, TreeMarker};
 use super::stream::{EventSink, LineSplitter};
 
 /// Most bytes of output kept per background command; later output is counted and dropped.
@@ -70,7 +71,7 @@ struct CommandLog {
 /// A validated `POST /command`.
 struct Launch {
     content: String,
-    spec: SpawnSpec,
+    spec: CommandSpec,
     background: bool,
     timeout: Option<Duration>,
 }
@@ -110,7 +111,7 @@ impl Commands {
                 if command.trim().is_empty() {
                     return Err(invalid("command must not be empty"));
                 }
-                let shell = spawn::shell();
+                let shell = warren_process::shell::default_shell().program;
                 (
                     command.clone(),
                     shell.to_owned(),
@@ -150,12 +151,15 @@ impl Commands {
             }
             None => self.default_cwd.clone(),
         };
-        let mut spec = SpawnSpec::new(program, cwd);
-        spec.args = args.into_iter().map(Into::into).collect();
-        spec.envs = request.envs.unwrap_or_default().into_iter().collect();
+        // The daemon's environment minus Warren's credentials, plus the request's variables.
+        let mut spec = CommandSpec::new(program, &TreeMarker::new())
+            .args(args)
+            .cwd(cwd);
+        for (name, value) in request.envs.unwrap_or_default() {
+            spec = spec.env(name, value);
+        }
         spec.uid = request.uid;
         spec.gid = request.gid;
-        spec.merge_output = request.background;
         Ok(Launch {
             content,
             spec,
@@ -171,7 +175,7 @@ impl Commands {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let started = Instant::now();
         let started_at = Utc::now();
-        let spawned = spawn::spawn(&launch.spec);
+        let spawned = spawn_piped(&launch.spec, false, launch.background);
         match spawned {
             Err(err) => {
                 let message = format!("failed to start command: {err}");
@@ -276,7 +280,7 @@ impl Commands {
         if !record.is_running() {
             return Err(CompatError::Runtime(format!("command {id} is not running")));
         }
-        spawn::kill(record.tree.clone(), KILL_GRACE).await;
+        warren_process::kill_tree(&record.tree, KILL_GRACE).await;
         Ok(())
     }
 
@@ -325,7 +329,12 @@ impl Commands {
             .filter(|r| r.is_running())
             .map(|r| r.tree.clone())
             .collect();
-        futures_util::future::join_all(trees.into_iter().map(|t| spawn::kill(t, KILL_GRACE))).await;
+        futures_util::future::join_all(
+            trees
+                .iter()
+                .map(|tree| warren_process::kill_tree(tree, KILL_GRACE)),
+        )
+        .await;
     }
 }
 
@@ -388,14 +397,14 @@ async fn wait_with_timeout(
     timeout: Option<Duration>,
 ) -> (i32, Option<String>) {
     let Some(timeout) = timeout else {
-        let code = spawn::wait(child).await;
+        let code = child.wait_code().await;
         return (code, (code < 0).then(|| "killed by a signal".to_owned()));
     };
     tokio::select! {
-        code = spawn::wait(child) => (code, (code < 0).then(|| "killed by a signal".to_owned())),
+        code = child.wait_code() => (code, (code < 0).then(|| "killed by a signal".to_owned())),
         () = tokio::time::sleep(timeout) => {
-            spawn::kill(tree, KILL_GRACE).await;
-            spawn::wait(child).await;
+            warren_process::kill_tree(&tree, KILL_GRACE).await;
+            child.wait_code().await;
             (-1, Some(format!("timed out after {} ms", timeout.as_millis())))
         }
     }
@@ -404,11 +413,11 @@ async fn wait_with_timeout(
 /// Runs a background command to its end, recording its output and exit.
 async fn drive_background(
     record: Arc<CommandRecord>,
-    spawned: spawn::Spawned,
+    spawned: PipedChild,
     log: Arc<CommandLog>,
     timeout: Option<Duration>,
 ) {
-    let spawn::Spawned {
+    let PipedChild {
         mut child,
         tree,
         stdout,
@@ -471,12 +480,12 @@ async fn copy_to_log(mut output: pipe::Receiver, log: Arc<CommandLog>) {
 /// stops reading, which stalls the forwarding below, delays neither the timeout nor the record.
 async fn drive_foreground(
     record: Arc<CommandRecord>,
-    spawned: spawn::Spawned,
+    spawned: PipedChild,
     sink: EventSink,
     timeout: Option<Duration>,
     started: Instant,
 ) {
-    let spawn::Spawned {
+    let PipedChild {
         mut child,
         tree,
         stdout,
@@ -565,4 +574,28 @@ async fn read_some(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> Option<
         },
         None => std::future::pending().await,
     }
+}
+
+/// Starts `spec` on pipes as the leader of its own session: stdin a pipe (session shells) or
+/// `/dev/null`, stdout and stderr merged in write order or apart.
+pub(super) fn spawn_piped(
+    spec: &CommandSpec,
+    stdin_pipe: bool,
+    merge_output: bool,
+) -> std::io::Result<PipedChild> {
+    let options = PipeOptions {
+        stdin: if stdin_pipe {
+            StdinMode::Pipe
+        } else {
+            StdinMode::Null
+        },
+        output: if merge_output {
+            OutputMode::Merged
+        } else {
+            OutputMode::Separate
+        },
+        leader: Leader::Session,
+    };
+    warren_process::spawn(spec, warren_process::Connect::Pipes(options))
+        .map(warren_process::Spawned::into_pipes)
 }

@@ -11,7 +11,6 @@ mod commands;
 mod files;
 mod metrics;
 mod resolve;
-mod spawn;
 pub mod stream;
 
 use std::collections::HashMap;

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use warren_process::TreeId;
 use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
 use warren_process::pty::{PtyControl, PtySize};
-use warren_process::{CommandSpec, OwnedChild, exit_code, signal_group};
+use warren_process::{CommandSpec, Connect, OwnedChild, exit_code, signal_group};
 use warren_protocol::pty::{
     CHANNEL_REPLAY, CHANNEL_STDERR, CHANNEL_STDOUT, MAX_LIVE_PAYLOAD, PtyMode, REPLAY_HEADER_LEN,
 };
@@ -444,9 +444,9 @@ impl Session {
     }
 
     fn shell_command(&self) -> CommandSpec {
-        let (program, bash) = shell_program();
-        let mut command = CommandSpec::new(program);
-        if bash {
+        let shell = warren_process::shell::default_shell();
+        let mut command = CommandSpec::new(shell.program, &warren_process::TreeMarker::new());
+        if shell.is_bash {
             command = command.arg("--noprofile").arg("--norc");
         }
         if let Some(script) = &self.command {
@@ -465,8 +465,9 @@ impl Session {
         let (child, tree, shell_parts, readers): (OwnedChild, TreeId, _, Vec<Pump>) = match mode {
             PtyMode::Pty => {
                 let command = command.env("TERM", "xterm-256color");
-                let spawned =
-                    warren_process::pty::spawn_pty(&command, PtySize::DEFAULT).map_err(failed)?;
+                let spawned = warren_process::spawn(&command, Connect::Pty(PtySize::DEFAULT))
+                    .map_err(failed)?
+                    .into_pty();
                 let control = Arc::new(spawned.control);
                 let stdin: StdinWriter = Box::new(spawned.writer);
                 let parts = (
@@ -484,8 +485,9 @@ impl Session {
                     output: OutputMode::Separate,
                     leader: Leader::ProcessGroup,
                 };
-                let spawned =
-                    warren_process::pipes::spawn_piped(&command, options).map_err(failed)?;
+                let spawned = warren_process::spawn(&command, Connect::Pipes(options))
+                    .map_err(failed)?
+                    .into_pipes();
                 let missing = || failed(std::io::Error::other("spawned shell lacks a pipe"));
                 let stdin: StdinWriter = Box::new(spawned.stdin.ok_or_else(missing)?);
                 let stderr = spawned.stderr.ok_or_else(missing)?;
@@ -563,32 +565,8 @@ impl Session {
             std::mem::take(&mut state.trees)
         };
         for tree in trees {
-            let report = tokio::task::spawn_blocking(move || {
-                warren_process::kill_tree(&tree, Duration::from_millis(500))
-            })
-            .await;
-            match report {
-                Ok(report) if !report.survivors.is_empty() => {
-                    tracing::error!(session = %self.id, survivors = ?report.survivors, "processes survived teardown");
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(session = %self.id, error = %e, "teardown task failed"),
-            }
+            warren_process::kill_tree(&tree, Duration::from_millis(500)).await;
         }
-    }
-}
-
-/// `bash` when it is on `PATH`, else `sh` (which gets no bash-only flags).
-fn shell_program() -> (&'static str, bool) {
-    static BASH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let has_bash = *BASH.get_or_init(|| {
-        std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("bash").is_file()))
-    });
-    if has_bash {
-        ("bash", true)
-    } else {
-        ("sh", false)
     }
 }
 
