@@ -18,6 +18,9 @@ pub enum ExecError {
     /// The text is Codex's, so agents trained on it recognise it.
     #[error("Unknown process id {0}")]
     UnknownSession(SessionId),
+    /// No terminal with this id (never created, or released).
+    #[error("unknown terminal {0}")]
+    UnknownTerminal(String),
     /// The command could not be started.
     #[error("failed to start `{program}`: {source}")]
     Spawn {

@@ -24,6 +24,10 @@ use warren_output::RenderOptions;
 use warren_protocol::exec::{
     ExecCommandArgs, ExecResult, ExecStatus, SessionId, SessionInfo, SessionList, WriteStdinArgs,
 };
+use warren_protocol::terminal::{
+    TerminalCreate, TerminalCreated, TerminalExitStatus, TerminalInfo, TerminalList,
+    TerminalOutput,
+};
 
 pub use config::EngineConfig;
 pub use error::ExecError;
@@ -60,7 +64,7 @@ fn prune_victim(
         .values()
         .map(|s| {
             let state = s.state();
-            (state.last_used, state.finished, s.has_calls(), s.id)
+            (state.last_used, state.finished, s.has_calls() || s.held, s.id)
         })
         .collect();
     by_use.sort_by_key(|entry| std::cmp::Reverse(entry.0));
@@ -84,6 +88,9 @@ pub const WRITE_YIELD_DEFAULT_MS: u64 = 250;
 pub const WRITE_YIELD_RANGE_MS: (u64, u64) = (250, 30_000);
 /// `yield_time_ms` of an empty `write_stdin` (a poll): clamp.
 pub const POLL_YIELD_RANGE_MS: (u64, u64) = (5_000, 300_000);
+/// Output a terminal keeps when `output_byte_limit` is not given, and the most it may ask.
+pub const DEFAULT_TERMINAL_OUTPUT_BYTES: u64 = 1024 * 1024;
+pub const MAX_TERMINAL_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 /// Default `max_output_tokens`.
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 10_000;
 
@@ -128,13 +135,31 @@ impl Engine {
     /// wait for input. A command still running gets a `session_id` to poll.
     pub async fn exec_command(&self, args: ExecCommandArgs) -> Result<ExecResult, ExecError> {
         let call_start = Instant::now();
+        let yield_ms = exec_yield_ms(args.yield_time_ms);
+        let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
+        let (session, _call) = self.launch(&args, &[], None)?;
+        let deadline = call_start + Duration::from_millis(yield_ms);
+        let outcome = session.wait(deadline, call_start, true).await;
+        Ok(self.result_of(&session, outcome, max_tokens, call_start))
+    }
+
+    /// Validates `args`, spawns the command (with `extra_args` after `cmd`, as `$0 $1...` of
+    /// the shell) and lists the new session, with a call already waiting on it so it cannot be
+    /// pruned before the caller looks. A `tail_limit` makes a held session (a terminal): its
+    /// raw output tail is kept and only `release_terminal` removes it.
+    fn launch(
+        &self,
+        args: &ExecCommandArgs,
+        extra_args: &[String],
+        tail_limit: Option<usize>,
+    ) -> Result<(Arc<Session>, CallGuard), ExecError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(ExecError::ShuttingDown);
         }
         if args.cmd.trim().is_empty() {
             return Err(ExecError::InvalidArgument("cmd must not be empty".into()));
         }
-        check_command_text(&args)?;
+        check_command_text(args)?;
         let workdir = self.resolve_workdir(args.workdir.as_deref())?;
         let tty = args.tty.unwrap_or(false);
         let shell = args
@@ -142,14 +167,17 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| self.default_shell.clone());
         let login = args.login.unwrap_or(true);
-        let yield_ms = exec_yield_ms(args.yield_time_ms);
-        let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
         for (name, value) in &args.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
                 return Err(ExecError::InvalidArgument(format!(
                     "invalid environment variable name or value for {name:?}"
                 )));
             }
+        }
+        if extra_args.iter().any(|arg| arg.contains('\0')) {
+            return Err(ExecError::InvalidArgument(
+                "arguments must not contain a NUL byte".into(),
+            ));
         }
         if !warren_process::shell::program_exists(&shell) {
             let source =
@@ -162,6 +190,7 @@ impl Engine {
         let command = warren_process::CommandSpec::new(&shell, &warren_process::TreeMarker::new())
             .arg(if login { "-lc" } else { "-c" })
             .arg(&args.cmd)
+            .args(extra_args)
             .cwd(&workdir)
             .env_policy(warren_process::EnvPolicy::Exec {
                 base: self.config.base_env.clone(),
@@ -198,15 +227,128 @@ impl Engine {
             tty,
             log_path,
             timeout: args.timeout_ms.map(Duration::from_millis),
+            tail_limit,
         };
         let session = Session::start(meta, spawned, &self.config);
         // The call waits on the session from the moment it is listed: it cannot be pruned.
-        let _call = session.begin_call();
+        let call = session.begin_call();
         self.register(Arc::clone(&session), slot);
+        Ok((session, call))
+    }
 
-        let deadline = call_start + Duration::from_millis(yield_ms);
-        let outcome = session.wait(deadline, call_start, true).await;
-        Ok(self.result_of(&session, outcome, max_tokens, call_start))
+    /// ACP `terminal/create`: starts `create.command` (a shell line, or with `args` a program
+    /// and its arguments) on pipes without waiting. The terminal's raw output (its last
+    /// `output_byte_limit` bytes) and exit stay readable until [`Engine::release_terminal`];
+    /// a terminal is never pruned.
+    pub fn start_terminal(&self, create: TerminalCreate) -> Result<TerminalCreated, ExecError> {
+        let limit = create
+            .output_byte_limit
+            .unwrap_or(DEFAULT_TERMINAL_OUTPUT_BYTES)
+            .min(MAX_TERMINAL_OUTPUT_BYTES) as usize;
+        // A program with arguments runs as `sh -c 'exec "$0" "$@"' program args...`: the same
+        // spawn path as every other command, without quoting anything.
+        let (cmd, extra) = if create.args.is_empty() {
+            (create.command.clone(), Vec::new())
+        } else {
+            let mut extra = vec![create.command.clone()];
+            extra.extend(create.args.iter().cloned());
+            ("exec \"$0\" \"$@\"".to_owned(), extra)
+        };
+        let args = ExecCommandArgs {
+            cmd,
+            workdir: create.cwd.clone(),
+            login: Some(false),
+            env: create.env.clone(),
+            ..ExecCommandArgs::default()
+        };
+        let (session, _call) = self.launch(&args, &extra, Some(limit))?;
+        Ok(TerminalCreated {
+            terminal_id: session.id.to_string(),
+            pid: session.pid,
+        })
+    }
+
+    /// ACP `terminal/output` (and, with a `wait`, `terminal/wait_for_exit`): the raw output
+    /// kept so far and the exit status once the command exited and its output is drained.
+    /// Waits up to `wait` for that exit.
+    pub async fn terminal_output(
+        &self,
+        terminal_id: &str,
+        wait: Duration,
+    ) -> Result<TerminalOutput, ExecError> {
+        let (session, _call) = self.get_terminal(terminal_id)?;
+        if !wait.is_zero() {
+            session
+                .wait(Instant::now() + wait, Instant::now(), false)
+                .await;
+        }
+        let state = session.state();
+        let (output, truncated) = state
+            .tail
+            .as_ref()
+            .map(|tail| tail.text())
+            .unwrap_or_default();
+        let exit_status = match (state.finished, state.exit) {
+            (true, Some(exit)) => Some(TerminalExitStatus {
+                exit_code: exit.code.map(|code| code as u32),
+                signal: exit.signal.map(signal_name),
+            }),
+            _ => None,
+        };
+        Ok(TerminalOutput {
+            output,
+            truncated,
+            exit_status,
+        })
+    }
+
+    /// ACP `terminal/kill`: kills the command's whole tree; the terminal stays readable.
+    pub async fn kill_terminal(&self, terminal_id: &str) -> Result<(), ExecError> {
+        let (session, _call) = self.get_terminal(terminal_id)?;
+        session.kill().await;
+        Ok(())
+    }
+
+    /// ACP `terminal/release`: kills the command if it still runs and forgets the terminal.
+    pub async fn release_terminal(&self, terminal_id: &str) -> Result<(), ExecError> {
+        let (session, call) = self.get_terminal(terminal_id)?;
+        if session.state().exit.is_none() {
+            session.kill().await;
+        }
+        drop(call);
+        session.state().log_named = false;
+        self.remove(session.id);
+        Ok(())
+    }
+
+    /// The terminals (held sessions) that exist.
+    pub fn list_terminals(&self) -> TerminalList {
+        let mut terminals: Vec<TerminalInfo> = self
+            .lock_sessions()
+            .values()
+            .filter(|s| s.held)
+            .map(|s| TerminalInfo {
+                terminal_id: s.id.to_string(),
+                command: s.cmd.clone(),
+                pid: s.pid,
+                running: s.state().exit.is_none(),
+            })
+            .collect();
+        terminals.sort_by(|a, b| a.terminal_id.cmp(&b.terminal_id));
+        TerminalList { terminals }
+    }
+
+    fn get_terminal(&self, terminal_id: &str) -> Result<(Arc<Session>, CallGuard), ExecError> {
+        let unknown = || ExecError::UnknownTerminal(terminal_id.to_owned());
+        let id: SessionId = terminal_id.parse().map_err(|_| unknown())?;
+        let sessions = self.lock_sessions();
+        let session = sessions
+            .get(&id)
+            .filter(|s| s.held)
+            .cloned()
+            .ok_or_else(unknown)?;
+        let call = session.begin_call();
+        Ok((session, call))
     }
 
     /// `write_stdin`: writes `chars` (if any) to a session and waits for output, exit or a
@@ -236,7 +378,12 @@ impl Engine {
 
     /// `list_sessions`: every live session and every exited one whose output was not read yet.
     pub async fn list_sessions(&self) -> SessionList {
-        let sessions: Vec<Arc<Session>> = self.lock_sessions().values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = self
+            .lock_sessions()
+            .values()
+            .filter(|s| !s.held)
+            .cloned()
+            .collect();
         let mut infos = Vec::with_capacity(sessions.len());
         for session in sessions {
             let (finished, exit, timed_out, idle, unread, quiet) = {
@@ -634,21 +781,21 @@ fn chunk_id() -> String {
     format!("{:06x}", rand::random_range(0..0x100_0000u32))
 }
 
+/// The name of a Linux signal (`SIGTERM`), or `SIG<n>` for real-time and unknown ones.
 fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        6 => "SIGABRT",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return format!("SIG{signal}"),
-    };
-    name.to_owned()
+    const NAMES: [&str; 31] = [
+        "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
+        "SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT",
+        "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU",
+        "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS",
+    ];
+    usize::try_from(signal)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| NAMES.get(i))
+        .map_or_else(|| format!("SIG{signal}"), |name| (*name).to_owned())
 }
+
 
 fn spawn_pipes(command: &warren_process::CommandSpec) -> std::io::Result<Spawned> {
     use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
@@ -727,6 +874,23 @@ mod tests {
                 expected,
                 "write {requested:?} poll {is_poll}"
             );
+        }
+    }
+
+    #[test]
+    fn signal_names_are_linuxs() {
+        let table = [
+            (1, "SIGHUP"),
+            (2, "SIGINT"),
+            (9, "SIGKILL"),
+            (15, "SIGTERM"),
+            (31, "SIGSYS"),
+            (34, "SIG34"),
+            (0, "SIG0"),
+            (-3, "SIG-3"),
+        ];
+        for (signal, name) in table {
+            assert_eq!(signal_name(signal), name);
         }
     }
 

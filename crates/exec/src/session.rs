@@ -82,6 +82,8 @@ pub(crate) struct SessionState {
     pub log_named: bool,
     /// Stdin was closed (Ctrl-D on a pipe session), so the command cannot be waiting for us.
     pub stdin_closed: bool,
+    /// A terminal's raw output tail.
+    pub tail: Option<RawTail>,
 }
 
 /// How a wait ended.
@@ -107,6 +109,8 @@ pub(crate) struct Session {
     /// The raw log could be created (a result only names it then).
     pub has_log: bool,
     pub timeout: Option<Duration>,
+    /// A terminal: never pruned, never returned by the exec calls, removed only on release.
+    pub held: bool,
     state: Mutex<SessionState>,
     changed: watch::Sender<()>,
     stdin: tokio::sync::Mutex<Option<BoxedWriter>>,
@@ -154,6 +158,54 @@ pub(crate) struct SessionMeta {
     pub tty: bool,
     pub log_path: PathBuf,
     pub timeout: Option<Duration>,
+    /// Keep the raw output's last this many bytes: the session is a terminal.
+    pub tail_limit: Option<usize>,
+}
+
+/// The last bytes of a terminal's raw output, bounded.
+#[derive(Debug)]
+pub(crate) struct RawTail {
+    bytes: std::collections::VecDeque<u8>,
+    limit: usize,
+    total: u64,
+}
+
+impl RawTail {
+    fn new(limit: usize) -> Self {
+        Self {
+            bytes: std::collections::VecDeque::new(),
+            limit,
+            total: 0,
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        self.total += data.len() as u64;
+        let keep = &data[data.len().saturating_sub(self.limit)..];
+        let overflow = (self.bytes.len() + keep.len()).saturating_sub(self.limit);
+        self.bytes.drain(..overflow.min(self.bytes.len()));
+        self.bytes.extend(keep);
+    }
+
+    /// The kept bytes as text, and whether earlier bytes were dropped. A character cut in two
+    /// by the limit is dropped whole rather than shown as a replacement character.
+    pub fn text(&self) -> (String, bool) {
+        let truncated = self.total > self.bytes.len() as u64;
+        let (front, back) = self.bytes.as_slices();
+        let mut bytes = Vec::with_capacity(self.bytes.len());
+        bytes.extend_from_slice(front);
+        bytes.extend_from_slice(back);
+        let start = if truncated {
+            bytes
+                .iter()
+                .take(3)
+                .take_while(|b| (**b & 0xC0) == 0x80)
+                .count()
+        } else {
+            0
+        };
+        (String::from_utf8_lossy(&bytes[start..]).into_owned(), truncated)
+    }
 }
 
 impl Session {
@@ -175,6 +227,7 @@ impl Session {
             log_path: meta.log_path,
             has_log: log.is_some(),
             timeout: meta.timeout,
+            held: meta.tail_limit.is_some(),
             state: Mutex::new(SessionState {
                 capture: HeadTailCapture::new(config.capture_bytes),
                 last_output: now,
@@ -187,6 +240,7 @@ impl Session {
                 log_capped: false,
                 log_named: false,
                 stdin_closed: spawned.stdin.is_none(),
+                tail: meta.tail_limit.map(RawTail::new),
             }),
             changed,
             stdin: tokio::sync::Mutex::new(spawned.stdin),
@@ -446,6 +500,9 @@ async fn read_output(
         {
             let mut state = session.state();
             state.capture.push(data);
+            if let Some(tail) = state.tail.as_mut() {
+                tail.push(data);
+            }
             state.last_output = Instant::now();
             state.log_bytes = log_bytes;
             state.log_capped |= capped;

@@ -59,7 +59,7 @@ pub fn routes(state: ExecState) -> Router {
 }
 
 /// The one mapping from engine errors to HTTP statuses and codes.
-fn exec_error(error: ExecError) -> ApiError {
+pub(crate) fn exec_error(error: ExecError) -> ApiError {
     match error {
         ExecError::InvalidArgument(message) => ApiError::bad_request(message),
         ExecError::InvalidWorkdir { .. } => ApiError::new(
@@ -77,6 +77,11 @@ fn exec_error(error: ExecError) -> ApiError {
         ExecError::Spawn { .. } => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "SPAWN_FAILED",
+            error.to_string(),
+        ),
+        ExecError::UnknownTerminal(_) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "TERMINAL_NOT_FOUND",
             error.to_string(),
         ),
         ExecError::TooManySessions(_) => ApiError::new(

@@ -1,5 +1,6 @@
 //! `warren execd`: the daemon that runs inside a sandbox. It serves interactive PTY sessions
-//! (REST + WebSocket), the agent exec API (`/v1/exec`, `/mcp`) and the OpenSandbox-compatible
+//! (REST + WebSocket), the agent exec API (`/v1/exec`, `/mcp`), the agent's terminals
+//! (`/v1/terminals`), Warren's file routes (`/v1/files`) and the OpenSandbox-compatible
 //! command, bash-session, file and metrics routes, all behind one optional access token.
 //!
 //! This module only wires the parts together: each feature module owns its routes and state, and
@@ -10,8 +11,10 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod exec_api;
+pub mod files_api;
 pub mod opensandbox;
 pub mod pty;
+pub mod terminals;
 
 use std::sync::Arc;
 
@@ -26,6 +29,7 @@ pub struct Execd {
     pub pty: pty::PtySessions,
     pub exec: exec_api::ExecState,
     pub opensandbox: opensandbox::Compat,
+    pub files: files_api::FilesApi,
     /// Cancelled when the daemon shuts down: ends the MCP sessions and their open SSE streams,
     /// which graceful shutdown would otherwise wait for forever.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
@@ -38,6 +42,7 @@ impl Execd {
             pty: pty::PtySessions::new(&config),
             exec: exec_api::ExecState::new(&config),
             opensandbox: opensandbox::Compat::new(&config),
+            files: files_api::FilesApi::new(&config.root),
             mcp_shutdown: tokio_util::sync::CancellationToken::new(),
             config,
         }
@@ -49,6 +54,8 @@ impl Execd {
         Router::new()
             .merge(pty::routes(self.pty.clone()))
             .merge(exec_api::routes(self.exec.clone()))
+            .merge(terminals::routes(self.exec.clone()))
+            .merge(files_api::routes(self.files.clone()))
             .merge(opensandbox::routes(self.opensandbox.clone()))
             .route_service("/mcp", self.mcp_service())
             .layer(axum::middleware::from_fn_with_state(

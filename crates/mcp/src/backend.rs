@@ -89,7 +89,9 @@ fn local_error(error: warren_exec::ExecError) -> BackendError {
         ExecError::InvalidArgument(_) | ExecError::InvalidWorkdir { .. } => {
             BackendError::Rejected(error.to_string())
         }
-        ExecError::TooManySessions(_) => BackendError::Rejected(error.to_string()),
+        ExecError::TooManySessions(_) | ExecError::UnknownTerminal(_) => {
+            BackendError::Rejected(error.to_string())
+        }
         ExecError::Spawn { .. } | ExecError::ShuttingDown => {
             BackendError::Failed(error.to_string())
         }

@@ -9,3 +9,4 @@ pub mod exec;
 pub mod gateway;
 pub mod opensandbox;
 pub mod pty;
+pub mod terminal;

@@ -10,7 +10,7 @@ mod bash_sessions;
 mod commands;
 mod files;
 mod metrics;
-mod resolve;
+pub(crate) mod resolve;
 pub mod stream;
 
 use std::collections::HashMap;
