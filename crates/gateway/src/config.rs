@@ -41,6 +41,15 @@ pub struct GatewayArgs {
     /// Reserved for the hands lifecycle: snapshots larger than this will not be archived.
     #[arg(long, env = "WARREN_SNAPSHOT_MAX", default_value = "512MiB", value_parser = parse_size)]
     pub snapshot_max: u64,
+    /// A variable for the agent, `NAME=VALUE` (repeatable; comma-separated in the environment),
+    /// added to the gateway's environment minus Warren's own credentials.
+    #[arg(long = "agent-env", env = "WARREN_AGENT_ENV", value_delimiter = ',', value_parser = parse_assignment)]
+    pub agent_env: Vec<(String, String)>,
+    /// A variable for the hands, `NAME` (the gateway's value) or `NAME=VALUE` (repeatable;
+    /// comma-separated in the environment). The hands get only PATH, HOME, LANG, TERM, USER and
+    /// these, never the gateway's other variables.
+    #[arg(long = "hands-env", env = "WARREN_HANDS_ENV", value_delimiter = ',')]
+    pub hands_env: Vec<warren_process::HandsVar>,
     /// The `warren` binary used to start hands (`execd`), the MCP server and the built-in
     /// agent (default: this executable).
     #[arg(long, env = "WARREN_BIN", hide = true)]
@@ -55,6 +64,16 @@ pub struct GatewayArgs {
         hide = true
     )]
     pub sse_heartbeat_ms: u64,
+}
+
+/// `NAME=VALUE` with a non-empty name and no NUL byte.
+fn parse_assignment(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() && !text.contains('\0') => {
+            Ok((name.to_owned(), value.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not NAME=VALUE")),
+    }
 }
 
 // Hand-written so the app key and admin token never reach a log through `{:?}`.
@@ -75,6 +94,14 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_idle_pause", &self.hands_idle_pause)
             .field("hands_archive_after", &self.hands_archive_after)
             .field("snapshot_max", &self.snapshot_max)
+            .field(
+                "agent_env",
+                &self.agent_env.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            )
+            .field(
+                "hands_env",
+                &self.hands_env.iter().map(|var| &var.name).collect::<Vec<_>>(),
+            )
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
             .finish()

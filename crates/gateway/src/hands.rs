@@ -1,14 +1,15 @@
 //! Hands: a session's sandbox, a `warren execd` with the session workspace as `--root`, and the
-//! [`warren_brain::Host`] that serves the agent's `fs/*` and `terminal/*` requests from it over
-//! HTTP (files through the OpenSandbox-compatible `/files/download` and `/files/upload`,
-//! terminals through the streaming `POST /command`).
+//! [`warren_brain::Host`] that serves the agent's `fs/*` and `terminal/*` requests from it
+//! through the typed execd client: files through Warren's `/v1/files`, terminals through
+//! `/v1/terminals` (the exec engine, raw bytes, real exit codes and signal names).
 //!
 //! [`Hands`] starts its execd lazily on first use ([`Hands::endpoint`]) through a
 //! [`HandsProvider`]; [`LocalHands`] (the default) runs `<warren> execd --listen 127.0.0.1:0
-//! --root <workspace>` as a child in its own process group, with a random access token in
-//! `EXECD_ACCESS_TOKEN`, reads the bound address from execd's first stdout line, and kills the
-//! whole process tree on [`Hands::stop`]. Pause, archive, snapshots and bwrap are deliberately
-//! absent: they are further providers or wrappers behind the same trait.
+//! --root <workspace>` through `warren_process::spawn` in its own process group, under the
+//! hands environment policy (a clean allowlist plus `--hands-env`, never the gateway's
+//! variables), with a random access token, reads the bound address from execd's first stdout
+//! line, and kills the whole process tree on [`Hands::stop`]. Pause, archive, snapshots and
+//! bwrap are deliberately absent: they are further providers or wrappers behind the same trait.
 //!
 //! Paths: the agent sees the workspace at its real absolute path (the `cwd` of `session/new`);
 //! paths are checked to lie inside the workspace before anything is sent to execd.
@@ -18,23 +19,25 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 use warren_brain::{
     BoxFuture, Host, HostError, McpServerSpec, TerminalExit, TerminalOutput, TerminalSpec,
     select_lines,
 };
-use warren_process::{Registered, TreeId, TreeRegistry};
+use warren_execd_client::{ClientError, ExecdClient};
+use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
+use warren_process::{
+    CommandSpec, Connect, EnvPolicy, HandsVar, TreeGuard, TreeMarker, TreeRegistry,
+};
+use warren_protocol::terminal::TerminalCreate;
 
 /// How long a starting execd may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// SIGTERM grace when stopping hands.
 const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Bound on one file transfer or kill request to execd.
-const FILE_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// Output kept per terminal when the agent names no limit.
-const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
+/// How long one `terminal/wait_for_exit` poll waits in execd before asking again.
+const EXIT_POLL: Duration = Duration::from_secs(60);
 
 /// Where a running hands' execd answers, and the token it requires.
 #[derive(Clone, PartialEq, Eq)]
@@ -43,6 +46,14 @@ pub struct HandsEndpoint {
     pub url: String,
     /// Sent as `X-EXECD-ACCESS-TOKEN`. Never logged.
     pub token: String,
+}
+
+impl HandsEndpoint {
+    /// The typed client of this execd.
+    pub fn client(&self) -> Result<ExecdClient, HandsError> {
+        ExecdClient::new(&self.url, Some(self.token.clone()))
+            .map_err(|e| HandsError::Start(e.to_string()))
+    }
 }
 
 impl std::fmt::Debug for HandsEndpoint {
@@ -87,6 +98,8 @@ pub struct LocalHands {
     execd_program: PathBuf,
     /// Where each execd's tree is listed while it runs, if anywhere.
     registry: Option<Arc<TreeRegistry>>,
+    /// `--hands-env`: variables the hands get besides the allowlist.
+    env: Vec<HandsVar>,
 }
 
 impl LocalHands {
@@ -95,6 +108,7 @@ impl LocalHands {
         Self {
             execd_program: execd_program.into(),
             registry: None,
+            env: Vec::new(),
         }
     }
 
@@ -102,6 +116,12 @@ impl LocalHands {
     /// so a gateway restarted after a crash can stop the hands this one leaves behind.
     pub fn registered_in(mut self, registry: Arc<TreeRegistry>) -> Self {
         self.registry = Some(registry);
+        self
+    }
+
+    /// Gives the hands these variables besides the allowlist (`--hands-env`).
+    pub fn with_env(mut self, env: Vec<HandsVar>) -> Self {
+        self.env = env;
         self
     }
 
@@ -113,28 +133,10 @@ impl LocalHands {
 
 struct LocalInstance {
     endpoint: HandsEndpoint,
-    tree: TreeId,
-    /// The tree's registry entry, dropped once the tree is killed.
-    registered: Option<Registered>,
+    /// Kills the sandbox's tree on `stop`, or when dropped (an error path, a session dropped by
+    /// mistake), and holds its registry entry until then.
+    tree: TreeGuard,
     exit: watch::Receiver<Option<String>>,
-    /// Set by `stop`; otherwise dropping the instance kills the sandbox.
-    stopped: std::sync::atomic::AtomicBool,
-}
-
-impl Drop for LocalInstance {
-    fn drop(&mut self) {
-        // Hands dropped without `stop` (an error path, a session dropped by mistake) must not
-        // leave an execd and its commands running.
-        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) || !self.is_alive() {
-            return;
-        }
-        let tree = self.tree.clone();
-        let registered = self.registered.take();
-        std::thread::spawn(move || {
-            warren_process::kill_tree(&tree, STOP_GRACE);
-            drop(registered);
-        });
-    }
 }
 
 impl HandsInstance for LocalInstance {
@@ -148,15 +150,7 @@ impl HandsInstance for LocalInstance {
 
     fn stop(mut self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            self.stopped
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            let tree = self.tree.clone();
-            let registered = self.registered.take();
-            let _ = tokio::task::spawn_blocking(move || {
-                warren_process::kill_tree(&tree, STOP_GRACE);
-                drop(registered);
-            })
-            .await;
+            self.tree.kill().await;
             let mut exit = self.exit.clone();
             let _ = tokio::time::timeout(STOP_GRACE * 2, exit.wait_for(Option::is_some)).await;
         })
@@ -184,37 +178,34 @@ impl LocalHands {
             .await
             .map_err(|e| fail("cannot create the workspace", &e))?;
         let token = hex::encode(rand::random::<[u8; 32]>());
-        let marker = TreeId::new_marker();
+        let marker = TreeMarker::new();
         let registered = self
             .registry
             .as_ref()
             .map(|registry| registry.register(&marker));
-        let mut command = tokio::process::Command::new(&self.execd_program);
-        command
+        let spec = CommandSpec::new(&self.execd_program, &marker)
             .arg("execd")
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--root")
             .arg(workspace)
-            .env("EXECD_ACCESS_TOKEN", &token)
-            .env(warren_process::tree::TREE_MARKER_VAR, &marker)
-            .current_dir(workspace)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = warren_process::reaper::spawn_owned(|| {
-            let child = command.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })
-        .map_err(|e| fail(&format!("cannot run {}", self.execd_program.display()), &e))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| HandsError::Start("execd exited at once".into()))?;
-        let tree = TreeId::new(pid as i32, Some(marker));
-        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            .cwd(workspace)
+            .env_policy(EnvPolicy::Hands {
+                pass: self.env.clone(),
+            })
+            .env("EXECD_ACCESS_TOKEN", &token);
+        let options = PipeOptions {
+            stdin: StdinMode::Null,
+            output: OutputMode::Separate,
+            leader: Leader::ProcessGroup,
+        };
+        let spawned = warren_process::spawn(&spec, Connect::Pipes(options))
+            .map_err(|e| fail(&format!("cannot run {}", self.execd_program.display()), &e))?
+            .into_pipes();
+        let pid = spawned.pid();
+        let mut tree = TreeGuard::new(spawned.tree.clone(), STOP_GRACE, registered);
+        let mut child = spawned.child;
+        let Some(stderr) = spawned.stderr else {
             return Err(HandsError::Start("execd stdio pipes missing".into()));
         };
         let (exit_tx, exit_rx) = watch::channel(None);
@@ -223,7 +214,6 @@ impl LocalHands {
                 Ok(status) => status.to_string(),
                 Err(error) => format!("wait failed: {error}"),
             };
-            warren_process::reaper::release(pid);
             tracing::debug!(pid, %status, "hands execd exited");
             let _ = exit_tx.send(Some(status));
         });
@@ -233,7 +223,7 @@ impl LocalHands {
                 tracing::debug!(target: "warren_gateway::hands_stderr", pid, "{line}");
             }
         });
-        let mut stdout = tokio::io::BufReader::new(stdout).lines();
+        let mut stdout = tokio::io::BufReader::new(spawned.stdout).lines();
         let first_line = tokio::time::timeout(START_TIMEOUT, stdout.next_line()).await;
         let url = match first_line {
             Ok(Ok(Some(line))) => line
@@ -242,9 +232,7 @@ impl LocalHands {
             _ => None,
         };
         let Some(url) = url else {
-            let _ =
-                tokio::task::spawn_blocking(move || warren_process::kill_tree(&tree, STOP_GRACE))
-                    .await;
+            tree.kill().await;
             return Err(HandsError::Start("execd did not print its address".into()));
         };
         // Keep draining stdout so execd never blocks on a full pipe.
@@ -253,9 +241,7 @@ impl LocalHands {
         Ok(LocalInstance {
             endpoint: HandsEndpoint { url, token },
             tree,
-            registered,
             exit: exit_rx,
-            stopped: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -265,8 +251,9 @@ pub struct Hands {
     provider: Arc<dyn HandsProvider>,
     workspace: PathBuf,
     instance: tokio::sync::Mutex<Option<Box<dyn HandsInstance>>>,
-    http: reqwest::Client,
-    terminals: Mutex<HashMap<String, Arc<Terminal>>>,
+    /// The agent's terminals, each with the client of the execd that runs it (a terminal of
+    /// hands that died is gone with them).
+    terminals: Mutex<HashMap<String, ExecdClient>>,
     stopped: std::sync::atomic::AtomicBool,
     n_starts: std::sync::atomic::AtomicU64,
 }
@@ -279,12 +266,6 @@ impl Hands {
             provider,
             workspace,
             instance: tokio::sync::Mutex::new(None),
-            // A hung execd must not hang the agent forever; `/command` streams carry no total
-            // timeout (commands may run long), the file and kill requests do (below).
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
             terminals: Mutex::new(HashMap::new()),
             stopped: std::sync::atomic::AtomicBool::new(false),
             n_starts: std::sync::atomic::AtomicU64::new(0),
@@ -348,22 +329,19 @@ impl Hands {
     pub async fn stop(&self) {
         self.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let terminals: Vec<Arc<Terminal>> = self.terminals().drain().map(|(_, t)| t).collect();
-        for terminal in terminals {
-            terminal.reader.abort();
-        }
+        self.terminals().clear();
         if let Some(instance) = self.instance.lock().await.take() {
             instance.stop().await;
         }
     }
 
-    fn terminals(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Terminal>>> {
+    fn terminals(&self) -> std::sync::MutexGuard<'_, HashMap<String, ExecdClient>> {
         self.terminals
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn terminal(&self, terminal_id: &str) -> Result<Arc<Terminal>, HostError> {
+    fn terminal(&self, terminal_id: &str) -> Result<ExecdClient, HostError> {
         self.terminals()
             .get(terminal_id)
             .cloned()
@@ -402,9 +380,10 @@ impl Hands {
         Ok(root.join(relative).to_string_lossy().into_owned())
     }
 
-    async fn endpoint_for_host(&self) -> Result<HandsEndpoint, HostError> {
+    async fn client_for_host(&self) -> Result<ExecdClient, HostError> {
         self.endpoint()
             .await
+            .and_then(|endpoint| endpoint.client())
             .map_err(|e| HostError::Failed(e.to_string()))
     }
 
@@ -415,22 +394,12 @@ impl Hands {
         limit: Option<u32>,
     ) -> Result<String, HostError> {
         // Hands first: they create the workspace, which path resolution needs.
-        let endpoint = self.endpoint_for_host().await?;
+        let client = self.client_for_host().await?;
         let execd_path = self.execd_path(&path)?;
-        let response = self
-            .http
-            .get(format!("{}/files/download", endpoint.url))
-            .header("X-EXECD-ACCESS-TOKEN", &endpoint.token)
-            .query(&[("path", execd_path.as_str())])
-            .timeout(FILE_REQUEST_TIMEOUT)
-            .send()
+        let bytes = client
+            .read_file(&execd_path)
             .await
-            .map_err(|e| HostError::Failed(format!("hands unreachable: {e}")))?;
-        let response = check_status(response, &path).await?;
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| HostError::Failed(format!("reading {}: {e}", path.display())))?;
+            .map_err(|e| host_error(e, &path))?;
         let text = String::from_utf8(bytes.to_vec())
             .map_err(|_| HostError::Invalid(format!("{} is not UTF-8 text", path.display())))?;
         Ok(select_lines(&text, line, limit))
@@ -438,265 +407,67 @@ impl Hands {
 
     async fn write_file(&self, path: PathBuf, content: String) -> Result<(), HostError> {
         // Hands first: they create the workspace, which path resolution needs.
-        let endpoint = self.endpoint_for_host().await?;
+        let client = self.client_for_host().await?;
         let execd_path = self.execd_path(&path)?;
-        let metadata = serde_json::json!({ "path": execd_path }).to_string();
-        let metadata_part = reqwest::multipart::Part::text(metadata)
-            .file_name("metadata")
-            .mime_str("application/json")
-            .map_err(|e| HostError::Failed(e.to_string()))?;
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "file".into());
-        let file_part = reqwest::multipart::Part::bytes(content.into_bytes()).file_name(file_name);
-        let form = reqwest::multipart::Form::new()
-            .part("metadata", metadata_part)
-            .part("file", file_part);
-        let response = self
-            .http
-            .post(format!("{}/files/upload", endpoint.url))
-            .header("X-EXECD-ACCESS-TOKEN", &endpoint.token)
-            .multipart(form)
-            .timeout(FILE_REQUEST_TIMEOUT)
-            .send()
+        client
+            .write_file(&execd_path, content)
             .await
-            .map_err(|e| HostError::Failed(format!("hands unreachable: {e}")))?;
-        check_status(response, &path).await?;
-        Ok(())
+            .map_err(|e| host_error(e, &path))
     }
 
     async fn start_terminal(&self, spec: TerminalSpec) -> Result<String, HostError> {
-        let endpoint = self.endpoint_for_host().await?;
+        let client = self.client_for_host().await?;
         let cwd = match &spec.cwd {
             Some(cwd) => self.execd_path(cwd)?,
             None => self.execd_path(&self.workspace)?,
         };
-        let mut words = Vec::with_capacity(spec.args.len() + 1);
-        words.push(spec.command.as_str());
-        words.extend(spec.args.iter().map(String::as_str));
-        // With arguments, ACP means a program and its argv; without, `command` may be a shell line.
-        let command_line = if spec.args.is_empty() {
-            spec.command.clone()
-        } else {
-            shlex::try_join(words)
-                .map_err(|e| HostError::Invalid(format!("cannot quote the command: {e}")))?
+        let create = TerminalCreate {
+            command: spec.command,
+            args: spec.args,
+            env: spec.env.into_iter().collect(),
+            cwd: Some(cwd.clone()),
+            output_byte_limit: spec.output_byte_limit,
         };
-        let envs: HashMap<&str, &str> = spec
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let body = serde_json::json!({ "command": command_line, "cwd": cwd, "envs": envs });
-        let response = self
-            .http
-            .post(format!("{}/command", endpoint.url))
-            .header("X-EXECD-ACCESS-TOKEN", &endpoint.token)
-            .json(&body)
-            .send()
+        let created = client
+            .create_terminal(&create)
             .await
-            .map_err(|e| HostError::Failed(format!("hands unreachable: {e}")))?;
-        let response = check_status(response, Path::new(&cwd)).await?;
-        let terminal_id = format!("term-{}", hex::encode(rand::random::<[u8; 8]>()));
-        let limit = spec.output_byte_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-        let state = Arc::new(Mutex::new(TerminalState::default()));
-        let (exit_tx, exit_rx) = watch::channel(None);
-        let reader = tokio::spawn(read_command_stream(response, state.clone(), exit_tx, limit));
-        let terminal = Arc::new(Terminal {
-            state,
-            exit: exit_rx,
-            reader,
-            endpoint,
-        });
-        self.terminals().insert(terminal_id.clone(), terminal);
-        Ok(terminal_id)
+            .map_err(|e| host_error(e, Path::new(&cwd)))?;
+        self.terminals()
+            .insert(created.terminal_id.clone(), client);
+        Ok(created.terminal_id)
     }
 
-    async fn kill(&self, terminal: &Terminal) -> Result<(), HostError> {
-        if terminal.exit.borrow().is_some() {
-            return Ok(());
+    async fn output(&self, terminal_id: &str, wait: Duration) -> Result<TerminalOutput, HostError> {
+        let client = self.terminal(terminal_id)?;
+        let output = client
+            .terminal_output(terminal_id, wait)
+            .await
+            .map_err(|e| host_error(e, Path::new(terminal_id)))?;
+        Ok(TerminalOutput {
+            output: output.output,
+            truncated: output.truncated,
+            exit: output.exit_status.map(|status| TerminalExit {
+                exit_code: status.exit_code,
+                signal: status.signal,
+            }),
+        })
+    }
+}
+
+/// The one place execd's answers become the agent's errors.
+fn host_error(error: ClientError, subject: &Path) -> HostError {
+    let subject = subject.display();
+    match error {
+        ClientError::Api {
+            status, message, ..
+        } if status == reqwest::StatusCode::NOT_FOUND => {
+            HostError::NotFound(format!("{subject}: {message}"))
         }
-        let mut exit = terminal.exit.clone();
-        // The command id arrives with the stream's first event; wait briefly for it.
-        let command_id = {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let id = terminal.state().command_id.clone();
-                if let Some(id) = id {
-                    break Some(id);
-                }
-                if exit.borrow().is_some() || tokio::time::Instant::now() >= deadline {
-                    break None;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        let Some(command_id) = command_id else {
-            return Ok(());
-        };
-        let result = self
-            .http
-            .delete(format!("{}/command", terminal.endpoint.url))
-            .header("X-EXECD-ACCESS-TOKEN", &terminal.endpoint.token)
-            .query(&[("id", command_id.as_str())])
-            .timeout(FILE_REQUEST_TIMEOUT)
-            .send()
-            .await;
-        if let Err(error) = result {
-            return Err(HostError::Failed(format!("hands unreachable: {error}")));
-        }
-        // The stream reports the exit; bounded so a lost stream cannot hang the agent.
-        let _ = tokio::time::timeout(Duration::from_secs(10), exit.wait_for(Option::is_some)).await;
-        Ok(())
+        ClientError::Api {
+            status, message, ..
+        } if status.is_client_error() => HostError::Invalid(format!("{subject}: {message}")),
+        other => HostError::Failed(format!("{subject}: {other}")),
     }
-}
-
-/// One `terminal/create`: the command's output so far and how it ended.
-struct Terminal {
-    state: Arc<Mutex<TerminalState>>,
-    exit: watch::Receiver<Option<TerminalExit>>,
-    reader: tokio::task::JoinHandle<()>,
-    endpoint: HandsEndpoint,
-}
-
-impl Terminal {
-    fn state(&self) -> std::sync::MutexGuard<'_, TerminalState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-#[derive(Default)]
-struct TerminalState {
-    output: String,
-    truncated: bool,
-    command_id: Option<String>,
-}
-
-impl TerminalState {
-    /// Appends and drops the oldest bytes beyond `limit` (on a character boundary).
-    fn push(&mut self, text: &str, limit: u64) {
-        self.output.push_str(text);
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        if self.output.len() > limit {
-            let mut cut = self.output.len() - limit;
-            while !self.output.is_char_boundary(cut) {
-                cut += 1;
-            }
-            self.output.drain(..cut);
-            self.truncated = true;
-        }
-    }
-}
-
-/// Reads `POST /command`'s event stream (one JSON object per line, optionally `data: `-prefixed)
-/// into the terminal state until the command ends.
-async fn read_command_stream(
-    response: reqwest::Response,
-    state: Arc<Mutex<TerminalState>>,
-    exit_tx: watch::Sender<Option<TerminalExit>>,
-    limit: u64,
-) {
-    fn lock(state: &Mutex<TerminalState>) -> std::sync::MutexGuard<'_, TerminalState> {
-        state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-    let mut body = response.bytes_stream();
-    let mut pending = Vec::new();
-    let mut exit = None;
-    'stream: while let Some(chunk) = body.next().await {
-        let Ok(chunk) = chunk else { break };
-        pending.extend_from_slice(&chunk);
-        while let Some(newline) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=newline).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim();
-            let line = line.strip_prefix("data:").map(str::trim).unwrap_or(line);
-            if line.is_empty() {
-                continue;
-            }
-            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            let text = event.get("text").and_then(|t| t.as_str()).unwrap_or("");
-            match event.get("type").and_then(|t| t.as_str()).unwrap_or("") {
-                "init" => lock(&state).command_id = Some(text.to_owned()),
-                "stdout" | "stderr" => {
-                    let mut state = lock(&state);
-                    if text == "\n" {
-                        state.push("\n", limit);
-                    } else {
-                        state.push(text, limit);
-                        state.push("\n", limit);
-                    }
-                }
-                "execution_complete" => {
-                    exit = Some(TerminalExit {
-                        exit_code: Some(0),
-                        signal: None,
-                    });
-                    break 'stream;
-                }
-                "error" => {
-                    let error = event.get("error");
-                    let evalue = error
-                        .and_then(|e| e.get("evalue"))
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("");
-                    exit = Some(match evalue.parse::<i64>() {
-                        Ok(code) if code >= 0 => TerminalExit {
-                            exit_code: u32::try_from(code).ok(),
-                            signal: None,
-                        },
-                        Ok(_) => TerminalExit {
-                            exit_code: None,
-                            signal: Some("SIGKILL".into()),
-                        },
-                        Err(_) => {
-                            // A start failure: the OS message is the output.
-                            lock(&state).push(&format!("{evalue}\n"), limit);
-                            TerminalExit {
-                                exit_code: Some(127),
-                                signal: None,
-                            }
-                        }
-                    });
-                    break 'stream;
-                }
-                _ => {}
-            }
-        }
-    }
-    let exit = exit.unwrap_or(TerminalExit {
-        exit_code: None,
-        signal: Some("hands connection lost".into()),
-    });
-    let _ = exit_tx.send(Some(exit));
-}
-
-async fn check_status(
-    response: reqwest::Response,
-    path: &Path,
-) -> Result<reqwest::Response, HostError> {
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    let body = response.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
-        .unwrap_or(body);
-    Err(match status.as_u16() {
-        404 => HostError::NotFound(format!("{}: {message}", path.display())),
-        400 | 403 | 413 | 416 => HostError::Invalid(format!("{}: {message}", path.display())),
-        _ => HostError::Failed(format!(
-            "{}: hands answered {status}: {message}",
-            path.display()
-        )),
-    })
 }
 
 impl Host for Hands {
@@ -725,16 +496,7 @@ impl Host for Hands {
         &self,
         terminal_id: String,
     ) -> BoxFuture<'_, Result<TerminalOutput, HostError>> {
-        Box::pin(async move {
-            let terminal = self.terminal(&terminal_id)?;
-            let exit = terminal.exit.borrow().clone();
-            let state = terminal.state();
-            Ok(TerminalOutput {
-                output: state.output.clone(),
-                truncated: state.truncated,
-                exit,
-            })
-        })
+        Box::pin(async move { self.output(&terminal_id, Duration::ZERO).await })
     }
 
     fn wait_for_terminal_exit(
@@ -742,30 +504,36 @@ impl Host for Hands {
         terminal_id: String,
     ) -> BoxFuture<'_, Result<TerminalExit, HostError>> {
         Box::pin(async move {
-            let terminal = self.terminal(&terminal_id)?;
-            let mut exit = terminal.exit.clone();
-            let exit = exit
-                .wait_for(Option::is_some)
-                .await
-                .map_err(|_| HostError::Failed("the terminal was released".into()))?;
-            Ok(exit.clone().unwrap_or_default())
+            loop {
+                if let Some(exit) = self.output(&terminal_id, EXIT_POLL).await?.exit {
+                    return Ok(exit);
+                }
+            }
         })
     }
 
     fn kill_terminal(&self, terminal_id: String) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
-            let terminal = self.terminal(&terminal_id)?;
-            self.kill(&terminal).await
+            let client = self.terminal(&terminal_id)?;
+            client
+                .kill_terminal(&terminal_id)
+                .await
+                .map_err(|e| host_error(e, Path::new(&terminal_id)))
         })
     }
 
     fn release_terminal(&self, terminal_id: String) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
-            let terminal = self.terminal(&terminal_id)?;
-            self.kill(&terminal).await?;
-            terminal.reader.abort();
+            let client = self.terminal(&terminal_id)?;
+            let released = client.release_terminal(&terminal_id).await;
             self.terminals().remove(&terminal_id);
-            Ok(())
+            match released {
+                // The hands that ran it are gone, and the terminal with them.
+                Err(ClientError::Api { status, .. }) if status == reqwest::StatusCode::NOT_FOUND => {
+                    Ok(())
+                }
+                other => other.map_err(|e| host_error(e, Path::new(&terminal_id))),
+            }
         })
     }
 }
@@ -792,16 +560,6 @@ mod tests {
                 "line {line:?} limit {limit:?}"
             );
         }
-    }
-
-    #[test]
-    fn terminal_output_keeps_the_newest_bytes_within_the_limit() {
-        let mut state = TerminalState::default();
-        state.push("hello ", 8);
-        state.push("wörld", 8);
-        assert!(state.truncated);
-        assert!(state.output.len() <= 8, "{:?}", state.output);
-        assert!(state.output.ends_with("wörld"));
     }
 
     #[test]

@@ -69,6 +69,10 @@ impl Gateway {
                 .map_err(|e| GatewayError::InvalidRequest(format!("--agent: {e}")))?,
             None => AgentCommand::shell_agent(warren_bin.to_string_lossy()),
         };
+        let agent = AgentCommand {
+            env: args.agent_env.clone(),
+            ..agent
+        };
         let app_key = args
             .app_key
             .clone()
@@ -78,7 +82,11 @@ impl Gateway {
         // Every agent and hands process tree is listed here while it runs.
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
         let provider: Arc<dyn HandsProvider> =
-            Arc::new(LocalHands::new(warren_bin.clone()).registered_in(trees.clone()));
+            Arc::new(
+                LocalHands::new(warren_bin.clone())
+                    .registered_in(trees.clone())
+                    .with_env(args.hands_env.clone()),
+            );
         let registry = trees.clone();
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
             // Agents and hands a gateway killed with SIGKILL left running (and whatever they

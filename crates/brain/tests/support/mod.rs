@@ -27,7 +27,6 @@ pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>)
 }
 
 pub fn test_agent(args: &[&str]) -> AgentCommand {
-        env: Vec::new(),
     AgentCommand {
         env: Vec::new(),
         program: env!("CARGO_BIN_EXE_warren-test-agent").to_owned(),
@@ -150,7 +149,6 @@ pub async fn resume_in_new_worker(
 
 /// The Python test agent built on the PyPI ACP package.
 pub fn python_agent() -> AgentCommand {
-        env: Vec::new(),
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/acp_echo_agent.py");
     AgentCommand {
         env: Vec::new(),
@@ -449,7 +447,7 @@ impl Host for LocalHost {
             let pid = self.with_terminal(&terminal_id, |t| t.pid)?;
             let tree = warren_process::TreeId::new(pid as i32, None);
             let _ = tokio::task::spawn_blocking(move || {
-                warren_process::kill_tree(&tree, Duration::from_secs(1))
+                warren_process::kill_tree_blocking(&tree, Duration::from_secs(1))
             })
             .await;
             Ok(())

@@ -197,7 +197,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 fn kill_processes_mentioning(needle: &str) {
     for pid in processes_mentioning(needle) {
         let tree = warren_process::TreeId::new(pid as i32, None);
-        warren_process::kill_tree(&tree, Duration::from_millis(200));
+        warren_process::kill_tree_blocking(&tree, Duration::from_millis(200));
     }
 }
 

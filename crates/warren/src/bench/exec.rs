@@ -1,7 +1,7 @@
 //! `warren bench exec`: what the exec tools cost, measured in one run and printed as one
 //! markdown table.
 //!
-//! 1. Overhead of `exec_command("true")` through the HTTP API next to a direct fork+exec of the
+//! 1. Overhead of `exec_command("true")` through the HTTP API next to a direct spawn (warren_process) of the
 //!    same command line (`bash -lc true`) in the same run (target: < 3 ms extra at p50).
 //! 2. Output pipeline throughput on 100 MiB of progress-bar output: capture + render in process,
 //!    and end to end through a real execd (target: >= 200 MiB/s).
@@ -75,20 +75,16 @@ async fn overhead(rows: &mut Vec<Row>, login: bool) -> anyhow::Result<()> {
         );
 
         let started = Instant::now();
-        let mut command = tokio::process::Command::new("bash");
-        command
-            .args([flag, "true"])
-            .stdin(std::process::Stdio::null());
-        let mut child = warren_process::reaper::spawn_owned(|| {
-            let child = command.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })?;
-        let pid = child.id();
+        let spec = warren_process::CommandSpec::new("bash", &warren_process::TreeMarker::new())
+            .args([flag, "true"]);
+        let options = warren_process::pipes::PipeOptions {
+            stdin: warren_process::pipes::StdinMode::Null,
+            ..warren_process::pipes::PipeOptions::default()
+        };
+        let mut child = warren_process::spawn(&spec, warren_process::Connect::Pipes(options))?
+            .into_pipes()
+            .child;
         let status = child.wait().await?;
-        if let Some(pid) = pid {
-            warren_process::reaper::release(pid);
-        }
         let direct_time = started.elapsed();
         anyhow::ensure!(status.success(), "bash {flag} true failed");
         if i >= 10 {
@@ -112,7 +108,7 @@ async fn overhead(rows: &mut Vec<Row>, login: bool) -> anyhow::Result<()> {
         target: "",
     });
     rows.push(Row {
-        measurement: format!("direct fork+exec of `bash {flag} true`, p50 / p90"),
+        measurement: format!("direct spawn (warren_process) of `bash {flag} true`, p50 / p90"),
         result: format!("{} / {}", ms(direct_p50), ms(percentile(&direct, 0.9))),
         target: "",
     });

@@ -160,10 +160,12 @@ fn micros(d: Duration) -> String {
 /// Bytes per second reading the stream command straight from a PTY master in this process.
 async fn local_pty_floor() -> anyhow::Result<f64> {
     use warren_process::CommandSpec;
-    use warren_process::pty::{PtySize, spawn_pty};
-    let command = CommandSpec::new("bash").arg("-c").arg(STREAM_COMMAND);
+    use warren_process::pty::PtySize;
+    let command =
+        CommandSpec::new("bash", &warren_process::TreeMarker::new()).arg("-c").arg(STREAM_COMMAND);
     let started = Instant::now();
-    let mut spawned = spawn_pty(&command, PtySize::DEFAULT)?;
+    let mut spawned =
+        warren_process::spawn(&command, warren_process::Connect::Pty(PtySize::DEFAULT))?.into_pty();
     let mut buf = vec![0u8; 64 * 1024];
     let mut n_bytes = 0u64;
     loop {

@@ -46,7 +46,8 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 
 /// A `warren execd --listen 127.0.0.1:0` child process, so its memory and CPU are its own.
 pub struct ExecdChild {
-    child: tokio::process::Child,
+    child: warren_process::OwnedChild,
+    tree: warren_process::TreeId,
     pub pid: u32,
     /// `http://127.0.0.1:<port>`, as execd printed it.
     pub base: String,
@@ -55,21 +56,21 @@ pub struct ExecdChild {
 impl ExecdChild {
     pub async fn start() -> anyhow::Result<Self> {
         // `/proc/self/exe` still works when the binary was rebuilt (replaced) since it started.
-        let mut command = tokio::process::Command::new("/proc/self/exe");
-        command
-            .args(["execd", "--listen", "127.0.0.1:0"])
-            .env("WARREN_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let mut child = warren_process::reaper::spawn_owned(|| {
-            let child = command.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })?;
-        let pid = child.id().context("execd has a pid")?;
-        let stdout = child.stdout.take().context("execd stdout")?;
+        let spec =
+            warren_process::CommandSpec::new("/proc/self/exe", &warren_process::TreeMarker::new())
+                .args(["execd", "--listen", "127.0.0.1:0"])
+                .env("WARREN_LOG", "warn");
+        let options = warren_process::pipes::PipeOptions {
+            stdin: warren_process::pipes::StdinMode::Null,
+            output: warren_process::pipes::OutputMode::Merged,
+            leader: warren_process::pipes::Leader::ProcessGroup,
+        };
+        let spawned =
+            warren_process::spawn(&spec, warren_process::Connect::Pipes(options))?.into_pipes();
+        let pid = spawned.pid();
+        let tree = spawned.tree.clone();
+        let child = spawned.child;
+        let stdout = spawned.stdout;
         let mut lines = BufReader::new(stdout).lines();
         let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
             .await
@@ -81,7 +82,12 @@ impl ExecdChild {
             .with_context(|| format!("unexpected first line from execd: {first}"))?;
         // Keep draining execd's stdout so it can never block on it.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Self { child, pid, base })
+        Ok(Self {
+            child,
+            tree,
+            pid,
+            base,
+        })
     }
 
     /// SIGTERM (execd kills every session's processes), then wait; SIGKILL after 30 s.
@@ -93,9 +99,9 @@ impl ExecdChild {
             .await
             .is_err()
         {
-            let _ = self.child.kill().await;
+            warren_process::kill_tree(&self.tree, Duration::ZERO).await;
+            let _ = self.child.wait().await;
         }
-        warren_process::reaper::release(self.pid);
     }
 }
 

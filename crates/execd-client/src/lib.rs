@@ -1,0 +1,341 @@
+//! A typed client of `warren execd`'s Warren routes, on `warren-protocol` types: the exec tools
+//! (`/v1/exec`), the agent's terminals (`/v1/terminals`), files (`/v1/files`) and `/ping`. The
+//! gateway (hands), `warren mcp --execd` and the tests use it; nobody builds execd bodies by
+//! hand or parses its answers by string keys.
+//!
+//! Every non-2xx answer becomes [`ClientError::Api`] with execd's `{code,message}`, so callers
+//! match on the machine-readable code. The OpenSandbox routes are deliberately absent: they
+//! are for third-party SDKs.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+use warren_protocol::error::ErrorBody;
+use warren_protocol::exec::{
+    ExecCommandArgs, ExecResult, SessionId, SessionList, WriteStdinArgs, WriteStdinBody,
+};
+use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, TerminalOutput};
+
+/// The header execd reads its access token from.
+pub const ACCESS_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid execd URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    /// No answer, or one that is not execd's (a proxy's page, a cut connection).
+    #[error("execd at {url} is unreachable: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("execd at {url} refused the access token (401)")]
+    Unauthorized { url: String },
+    /// execd answered with its error shape.
+    #[error("execd answered {status}: {code}: {message}")]
+    Api {
+        status: StatusCode,
+        code: String,
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// The machine-readable code of an [`ClientError::Api`] answer.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            ClientError::Unauthorized { .. } => Some(StatusCode::UNAUTHORIZED),
+            _ => None,
+        }
+    }
+}
+
+/// A client of one execd. Cheap to clone.
+#[derive(Clone)]
+pub struct ExecdClient {
+    http: reqwest::Client,
+    /// `http://host:port` (optionally with a path prefix), no trailing slash.
+    base_url: String,
+    access_token: Option<String>,
+}
+
+impl std::fmt::Debug for ExecdClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecdClient")
+            .field("base_url", &self.base_url)
+            .field("access_token", &self.access_token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl ExecdClient {
+    /// A client for the execd at `base_url` (`http://host:port`).
+    pub fn new(base_url: &str, access_token: Option<String>) -> Result<Self, ClientError> {
+        let invalid = |reason: &str| ClientError::InvalidUrl {
+            url: base_url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let parsed = reqwest::Url::parse(base_url).map_err(|e| invalid(&e.to_string()))?;
+        match parsed.scheme() {
+            "http" => {}
+            // Built without TLS on purpose (execd sits on a private network or behind a tunnel);
+            // saying so beats a confusing error on the first call.
+            "https" => {
+                return Err(invalid(
+                    "https is not supported; use http:// on a private network or an SSH tunnel",
+                ));
+            }
+            _ => return Err(invalid("expected http://host:port")),
+        }
+        if parsed.host_str().is_none() || parsed.query().is_some() {
+            return Err(invalid("expected http://host:port"));
+        }
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        // No call legitimately takes longer than the longest poll (300 s) plus the kill grace
+        // and drain; past that the execd is stuck and the caller should hear about it.
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(360))
+            .build()
+            .map_err(|e| ClientError::Unreachable {
+                url: base_url.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok(Self {
+            http,
+            base_url,
+            access_token,
+        })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// `GET /ping`.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        let request = self.request(reqwest::Method::GET, "/ping");
+        self.send_empty(request).await
+    }
+
+    /// `POST /v1/exec`.
+    pub async fn exec_command(&self, args: &ExecCommandArgs) -> Result<ExecResult, ClientError> {
+        let request = self.request(reqwest::Method::POST, "/v1/exec").json(args);
+        self.send(request).await
+    }
+
+    /// `POST /v1/exec/{id}/stdin`.
+    pub async fn write_stdin(&self, args: WriteStdinArgs) -> Result<ExecResult, ClientError> {
+        let path = format!("/v1/exec/{}/stdin", args.session_id);
+        let body = WriteStdinBody {
+            chars: args.chars,
+            yield_time_ms: args.yield_time_ms,
+            max_output_tokens: args.max_output_tokens,
+        };
+        let request = self.request(reqwest::Method::POST, &path).json(&body);
+        self.send(request).await
+    }
+
+    /// `GET /v1/exec`.
+    pub async fn list_sessions(&self) -> Result<SessionList, ClientError> {
+        let request = self.request(reqwest::Method::GET, "/v1/exec");
+        self.send(request).await
+    }
+
+    /// `DELETE /v1/exec/{id}`.
+    pub async fn kill_session(&self, session_id: SessionId) -> Result<ExecResult, ClientError> {
+        let path = format!("/v1/exec/{session_id}");
+        let request = self.request(reqwest::Method::DELETE, &path);
+        self.send(request).await
+    }
+
+    /// `POST /v1/terminals`.
+    pub async fn create_terminal(
+        &self,
+        create: &TerminalCreate,
+    ) -> Result<TerminalCreated, ClientError> {
+        let request = self
+            .request(reqwest::Method::POST, "/v1/terminals")
+            .json(create);
+        self.send(request).await
+    }
+
+    /// `GET /v1/terminals/{id}/output?wait_ms=N`: waits up to `wait` for the exit.
+    pub async fn terminal_output(
+        &self,
+        terminal_id: &str,
+        wait: Duration,
+    ) -> Result<TerminalOutput, ClientError> {
+        let path = format!("/v1/terminals/{terminal_id}/output");
+        let request = self
+            .request(reqwest::Method::GET, &path)
+            .query(&[("wait_ms", wait.as_millis().to_string())]);
+        self.send(request).await
+    }
+
+    /// `POST /v1/terminals/{id}/kill`.
+    pub async fn kill_terminal(&self, terminal_id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/terminals/{terminal_id}/kill");
+        let request = self.request(reqwest::Method::POST, &path);
+        self.send_empty(request).await
+    }
+
+    /// `DELETE /v1/terminals/{id}`.
+    pub async fn release_terminal(&self, terminal_id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/terminals/{terminal_id}");
+        let request = self.request(reqwest::Method::DELETE, &path);
+        self.send_empty(request).await
+    }
+
+    /// `GET /v1/terminals`.
+    pub async fn list_terminals(&self) -> Result<TerminalList, ClientError> {
+        let request = self.request(reqwest::Method::GET, "/v1/terminals");
+        self.send(request).await
+    }
+
+    /// `GET /v1/files?path=P`: the whole file.
+    pub async fn read_file(&self, path: &str) -> Result<bytes::Bytes, ClientError> {
+        let request = self
+            .request(reqwest::Method::GET, "/v1/files")
+            .query(&[("path", path)]);
+        let response = self.checked(request).await?;
+        response.bytes().await.map_err(|e| self.unreachable(&e))
+    }
+
+    /// `PUT /v1/files?path=P`: replaces the file atomically.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        content: impl Into<reqwest::Body>,
+    ) -> Result<(), ClientError> {
+        let request = self
+            .request(reqwest::Method::PUT, "/v1/files")
+            .query(&[("path", path)])
+            .body(content);
+        self.send_empty(request).await
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self
+            .http
+            .request(method, format!("{}{path}", self.base_url));
+        match &self.access_token {
+            Some(token) => request.header(ACCESS_TOKEN_HEADER, token),
+            None => request,
+        }
+    }
+
+    fn unreachable(&self, error: &dyn std::error::Error) -> ClientError {
+        ClientError::Unreachable {
+            url: self.base_url.clone(),
+            detail: error_chain(error),
+        }
+    }
+
+    /// Sends `request`; a 2xx answer is returned, anything else becomes the error it says.
+    async fn checked(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            return Err(ClientError::Unauthorized {
+                url: self.base_url.clone(),
+            });
+        }
+        let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(error) => Err(ClientError::Api {
+                status,
+                code: error.code,
+                message: error.message,
+            }),
+            Err(_) => Err(ClientError::Unreachable {
+                url: self.base_url.clone(),
+                detail: format!(
+                    "answered {status}: {}",
+                    String::from_utf8_lossy(&body).trim()
+                ),
+            }),
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
+        let response = self.checked(request).await?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Unreachable {
+            url: self.base_url.clone(),
+            detail: format!("unreadable {status} answer: {e}"),
+        })
+    }
+
+    async fn send_empty(&self, request: reqwest::RequestBuilder) -> Result<(), ClientError> {
+        self.checked(request).await.map(drop)
+    }
+}
+
+/// `reqwest`'s top-level message hides the cause (`error sending request`); the chain names it
+/// (`connection refused`).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execd_urls_must_be_plain_http() {
+        let cases = [
+            ("http://10.0.0.5:44772", Ok("http://10.0.0.5:44772")),
+            ("http://127.0.0.1:1/", Ok("http://127.0.0.1:1")),
+            ("http://sandbox/prefix/", Ok("http://sandbox/prefix")),
+            (
+                "10.0.0.5:44772",
+                Err("invalid execd URL \"10.0.0.5:44772\""),
+            ),
+            ("https://sandbox:44772", Err("https is not supported")),
+            ("ftp://sandbox", Err("expected http://host:port")),
+            ("http://sandbox?x=1", Err("expected http://host:port")),
+        ];
+        for (url, expected) in cases {
+            match (ExecdClient::new(url, None), expected) {
+                (Ok(client), Ok(base_url)) => assert_eq!(client.base_url(), base_url),
+                (Err(error), Err(needle)) => {
+                    assert!(error.to_string().contains(needle), "{url}: {error}")
+                }
+                (Ok(_), Err(needle)) => panic!("{url} accepted, expected {needle:?}"),
+                (Err(error), Ok(_)) => panic!("{url} rejected: {error}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_token_is_never_printed() {
+        let client = ExecdClient::new("http://127.0.0.1:1", Some("secret-token".into()))
+            .expect("valid URL");
+        assert!(!format!("{client:?}").contains("secret-token"));
+    }
+}
