@@ -314,15 +314,12 @@ impl Worker {
         let marker = TreeMarker::new();
         let registered = registry.map(|registry| registry.register(&marker));
         // The gateway's environment minus Warren's own credentials, plus `--agent-env`.
-        let spec = command
-            .env
-            .iter()
-            .fold(
-                CommandSpec::new(&command.program, &marker)
-                    .args(&command.args)
-                    .env_policy(EnvPolicy::Agent),
-                |spec, (name, value)| spec.env(name, value),
-            );
+        let spec = command.env.iter().fold(
+            CommandSpec::new(&command.program, &marker)
+                .args(&command.args)
+                .env_policy(EnvPolicy::Agent),
+            |spec, (name, value)| spec.env(name, value),
+        );
         let options = PipeOptions {
             stdin: StdinMode::Pipe,
             output: OutputMode::Separate,

@@ -25,8 +25,7 @@ use warren_protocol::exec::{
     ExecCommandArgs, ExecResult, ExecStatus, SessionId, SessionInfo, SessionList, WriteStdinArgs,
 };
 use warren_protocol::terminal::{
-    TerminalCreate, TerminalCreated, TerminalExitStatus, TerminalInfo, TerminalList,
-    TerminalOutput,
+    TerminalCreate, TerminalCreated, TerminalExitStatus, TerminalInfo, TerminalList, TerminalOutput,
 };
 
 pub use config::EngineConfig;
@@ -64,7 +63,12 @@ fn prune_victim(
         .values()
         .map(|s| {
             let state = s.state();
-            (state.last_used, state.finished, s.has_calls() || s.held, s.id)
+            (
+                state.last_used,
+                state.finished,
+                s.has_calls() || s.held,
+                s.id,
+            )
         })
         .collect();
     by_use.sort_by_key(|entry| std::cmp::Reverse(entry.0));
@@ -784,10 +788,37 @@ fn chunk_id() -> String {
 /// The name of a Linux signal (`SIGTERM`), or `SIG<n>` for real-time and unknown ones.
 fn signal_name(signal: i32) -> String {
     const NAMES: [&str; 31] = [
-        "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
-        "SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT",
-        "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU",
-        "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
     ];
     usize::try_from(signal)
         .ok()
@@ -796,7 +827,6 @@ fn signal_name(signal: i32) -> String {
         .map_or_else(|| format!("SIG{signal}"), |name| (*name).to_owned())
 }
 
-
 fn spawn_pipes(command: &warren_process::CommandSpec) -> std::io::Result<Spawned> {
     use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
     let options = PipeOptions {
@@ -804,8 +834,8 @@ fn spawn_pipes(command: &warren_process::CommandSpec) -> std::io::Result<Spawned
         output: OutputMode::Merged,
         leader: Leader::Session,
     };
-    let child = warren_process::spawn(command, warren_process::Connect::Pipes(options))?
-        .into_pipes();
+    let child =
+        warren_process::spawn(command, warren_process::Connect::Pipes(options))?.into_pipes();
     let pid = child.pid();
     let probe = rustix::io::fcntl_dupfd_cloexec(std::os::fd::AsFd::as_fd(&child.stdout), 0)?;
     let mut process = child.child;

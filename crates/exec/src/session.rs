@@ -204,7 +204,10 @@ impl RawTail {
         } else {
             0
         };
-        (String::from_utf8_lossy(&bytes[start..]).into_owned(), truncated)
+        (
+            String::from_utf8_lossy(&bytes[start..]).into_owned(),
+            truncated,
+        )
     }
 }
 

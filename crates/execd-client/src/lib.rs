@@ -70,7 +70,10 @@ impl std::fmt::Debug for ExecdClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecdClient")
             .field("base_url", &self.base_url)
-            .field("access_token", &self.access_token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "access_token",
+                &self.access_token.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -334,8 +337,8 @@ mod tests {
 
     #[test]
     fn the_token_is_never_printed() {
-        let client = ExecdClient::new("http://127.0.0.1:1", Some("secret-token".into()))
-            .expect("valid URL");
+        let client =
+            ExecdClient::new("http://127.0.0.1:1", Some("secret-token".into())).expect("valid URL");
         assert!(!format!("{client:?}").contains("secret-token"));
     }
 }

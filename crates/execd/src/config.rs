@@ -27,6 +27,12 @@ pub struct Config {
     #[arg(long, default_value = "/")]
     pub root: PathBuf,
 
+    /// Where execd lists the process trees it runs, so the next execd on this directory stops
+    /// what a killed one left (default: `<tmp>/warren-execd-<uid>/<port>`; a private one for
+    /// port 0).
+    #[arg(long, env = "WARREN_EXECD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
     /// Environment variables passed to commands even though their names look like secrets.
     #[arg(long, value_delimiter = ',')]
     pub pass_env: Vec<String>,
@@ -68,6 +74,7 @@ impl Default for Config {
             max_pty_sessions: 256,
             max_bash_sessions: 64,
             root: PathBuf::from("/"),
+            state_dir: None,
             pass_env: Vec::new(),
             command_retention_secs: 3600,
             command_records_max: 1024,

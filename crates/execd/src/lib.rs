@@ -14,6 +14,7 @@ pub mod exec_api;
 pub mod files_api;
 pub mod opensandbox;
 pub mod pty;
+pub mod state;
 pub mod terminals;
 
 use std::sync::Arc;

@@ -25,7 +25,10 @@ const MAX_WAIT_MS: u64 = 300_000;
 pub fn routes(state: ExecState) -> Router {
     Router::new()
         .route("/v1/terminals", post(create).get(list))
-        .route("/v1/terminals/{terminal_id}", axum::routing::delete(release))
+        .route(
+            "/v1/terminals/{terminal_id}",
+            axum::routing::delete(release),
+        )
         .route("/v1/terminals/{terminal_id}/output", get(output))
         .route("/v1/terminals/{terminal_id}/kill", post(kill))
         .with_state(state)

@@ -96,11 +96,19 @@ impl std::fmt::Debug for GatewayArgs {
             .field("snapshot_max", &self.snapshot_max)
             .field(
                 "agent_env",
-                &self.agent_env.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+                &self
+                    .agent_env
+                    .iter()
+                    .map(|(name, _)| name)
+                    .collect::<Vec<_>>(),
             )
             .field(
                 "hands_env",
-                &self.hands_env.iter().map(|var| &var.name).collect::<Vec<_>>(),
+                &self
+                    .hands_env
+                    .iter()
+                    .map(|var| &var.name)
+                    .collect::<Vec<_>>(),
             )
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)

@@ -432,8 +432,7 @@ impl Hands {
             .create_terminal(&create)
             .await
             .map_err(|e| host_error(e, Path::new(&cwd)))?;
-        self.terminals()
-            .insert(created.terminal_id.clone(), client);
+        self.terminals().insert(created.terminal_id.clone(), client);
         Ok(created.terminal_id)
     }
 
@@ -529,7 +528,9 @@ impl Host for Hands {
             self.terminals().remove(&terminal_id);
             match released {
                 // The hands that ran it are gone, and the terminal with them.
-                Err(ClientError::Api { status, .. }) if status == reqwest::StatusCode::NOT_FOUND => {
+                Err(ClientError::Api { status, .. })
+                    if status == reqwest::StatusCode::NOT_FOUND =>
+                {
                     Ok(())
                 }
                 other => other.map_err(|e| host_error(e, Path::new(&terminal_id))),

@@ -81,12 +81,11 @@ impl Gateway {
         let admission = Admission::new(Limits::new(args.max_brains));
         // Every agent and hands process tree is listed here while it runs.
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
-        let provider: Arc<dyn HandsProvider> =
-            Arc::new(
-                LocalHands::new(warren_bin.clone())
-                    .registered_in(trees.clone())
-                    .with_env(args.hands_env.clone()),
-            );
+        let provider: Arc<dyn HandsProvider> = Arc::new(
+            LocalHands::new(warren_bin.clone())
+                .registered_in(trees.clone())
+                .with_env(args.hands_env.clone()),
+        );
         let registry = trees.clone();
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
             // Agents and hands a gateway killed with SIGKILL left running (and whatever they

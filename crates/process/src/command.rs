@@ -79,6 +79,9 @@ impl Spawned {
 /// Starts `spec` connected as `connect` says. Must be called inside a tokio runtime. A program
 /// that cannot be started (missing, not executable, bad cwd) is an immediate error.
 pub fn spawn(spec: &CommandSpec, connect: Connect) -> io::Result<Spawned> {
+    if let Some(registry) = crate::registry::global() {
+        registry.list(&spec.marker);
+    }
     match connect {
         Connect::Pty(size) => crate::pty::spawn_pty(spec, size).map(Spawned::Pty),
         Connect::Pipes(options) => crate::pipes::spawn_piped(spec, options).map(Spawned::Pipes),

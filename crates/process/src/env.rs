@@ -74,7 +74,9 @@ impl std::str::FromStr for HandsVar {
             Some((name, value)) => (name, Some(value.to_owned())),
             None => (text, None),
         };
-        if name.is_empty() || name.contains('\0') || value.as_ref().is_some_and(|v| v.contains('\0'))
+        if name.is_empty()
+            || name.contains('\0')
+            || value.as_ref().is_some_and(|v| v.contains('\0'))
         {
             return Err(format!("{text:?} is not NAME or NAME=VALUE"));
         }
@@ -336,7 +338,10 @@ mod tests {
     #[test]
     fn hands_vars_parse_a_name_or_a_name_and_value() {
         let parsed: HandsVar = "A=b=c".parse().expect("parses");
-        assert_eq!((parsed.name.as_str(), parsed.value.as_deref()), ("A", Some("b=c")));
+        assert_eq!(
+            (parsed.name.as_str(), parsed.value.as_deref()),
+            ("A", Some("b=c"))
+        );
         let parsed: HandsVar = "A".parse().expect("parses");
         assert_eq!(parsed.value, None);
         for bad in ["", "=x", "A\0=x", "A=x\0"] {

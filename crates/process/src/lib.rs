@@ -23,4 +23,6 @@ pub mod tree;
 pub use command::{CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, spawn};
 pub use env::{EnvPolicy, HandsVar};
 pub use registry::{Registered, TreeRegistry};
-pub use tree::{KillReport, TreeGuard, TreeId, TreeMarker, kill_tree, kill_tree_blocking, tree_members};
+pub use tree::{
+    KillReport, TreeGuard, TreeId, TreeMarker, kill_tree, kill_tree_blocking, tree_members,
+};

@@ -163,7 +163,9 @@ mod tests {
     use super::*;
 
     fn sh(script: &str) -> CommandSpec {
-        CommandSpec::new("sh", &crate::TreeMarker::new()).arg("-c").arg(script)
+        CommandSpec::new("sh", &crate::TreeMarker::new())
+            .arg("-c")
+            .arg(script)
     }
 
     fn ids_of(out: &str) -> Vec<u32> {

@@ -64,6 +64,33 @@ impl TreeRegistry {
         }
     }
 
+    /// Lists `marker` with no guard: the entry stays until [`TreeRegistry::sweep`] finds the
+    /// tree gone or [`TreeRegistry::stop_leftovers`] stops it. For daemons that list every tree
+    /// they spawn ([`install_global`]), including trees whose root exits but whose jobs live on.
+    pub fn list(&self, marker: &crate::TreeMarker) {
+        if let Err(err) = std::fs::write(self.dir.join(marker.as_str()), b"") {
+            tracing::warn!(dir = %self.dir.display(), %err, "cannot register a process tree");
+        }
+    }
+
+    /// Forgets every listed tree that has no live process any more. Returns how many were
+    /// forgotten. Blocking (one scan of /proc).
+    pub fn sweep(&self) -> usize {
+        let listed = self.markers();
+        if listed.is_empty() {
+            return 0;
+        }
+        let alive = crate::tree::live_markers();
+        let mut n_forgotten = 0;
+        for marker in listed {
+            if !alive.contains(&marker) {
+                self.remove(&marker);
+                n_forgotten += 1;
+            }
+        }
+        n_forgotten
+    }
+
     /// Markers currently listed.
     pub fn markers(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
@@ -102,6 +129,20 @@ impl TreeRegistry {
             tracing::warn!(dir = %self.dir.display(), %err, "cannot unregister a process tree");
         }
     }
+}
+
+static GLOBAL: std::sync::OnceLock<Arc<TreeRegistry>> = std::sync::OnceLock::new();
+
+/// Makes `registry` list every tree [`crate::spawn`] starts in this process from before its
+/// fork. A daemon installs it once, after [`TreeRegistry::stop_leftovers`]; a second call is
+/// refused.
+pub fn install_global(registry: Arc<TreeRegistry>) -> Result<(), Arc<TreeRegistry>> {
+    GLOBAL.set(registry)
+}
+
+/// The registry [`install_global`] installed, if any.
+pub(crate) fn global() -> Option<&'static Arc<TreeRegistry>> {
+    GLOBAL.get()
 }
 
 impl Registered {
@@ -160,6 +201,27 @@ mod tests {
             dir.path().join("not a marker").exists(),
             "foreign files are left alone"
         );
+    }
+
+    #[test]
+    fn sweep_forgets_trees_with_no_live_process_and_keeps_the_others() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let registry = TreeRegistry::open(dir.path()).expect("opens");
+        let gone = crate::TreeMarker::new();
+        let alive = crate::TreeMarker::new();
+        registry.list(&gone);
+        registry.list(&alive);
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("300")
+            .env(TREE_MARKER_VAR, format!("outer-1:{alive}"))
+            .spawn()
+            .expect("spawns");
+        assert_eq!(registry.sweep(), 1);
+        assert_eq!(registry.markers(), vec![alive.to_string()]);
+        sleeper.kill().expect("kills");
+        sleeper.wait().expect("waits");
+        assert_eq!(registry.sweep(), 1);
+        assert!(registry.markers().is_empty());
     }
 
     /// A process tree whose owner vanished without cleanup (its guard forgotten, as in a crash)

@@ -70,10 +70,8 @@ pub(crate) fn die_with_this_process(command: &mut tokio::process::Command) {
     // the signal.
     unsafe {
         command.pre_exec(move || {
-            rustix::process::set_parent_process_death_signal(Some(
-                rustix::process::Signal::KILL,
-            ))
-            .map_err(io::Error::from)?;
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(io::Error::from)?;
             // The parent may have died before the signal was armed; then nobody would send it.
             let parent_now = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
             if parent_now as u32 != parent {

@@ -95,6 +95,28 @@ fn has_marker(pid: i32, marker: &str) -> bool {
     })
 }
 
+/// Every marker some live process carries (each element of each chain). One scan of /proc.
+pub(crate) fn live_markers() -> std::collections::HashSet<String> {
+    let mut markers = std::collections::HashSet::new();
+    let prefix = format!("{TREE_MARKER_VAR}=");
+    for stat in all_processes() {
+        if stat.is_zombie() {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{}/environ", stat.pid)) else {
+            continue;
+        };
+        for var in environ.split(|b| *b == 0) {
+            if let Some(chain) = var.strip_prefix(prefix.as_bytes()) {
+                for marker in chain.split(|b| *b == b':') {
+                    markers.insert(String::from_utf8_lossy(marker).into_owned());
+                }
+            }
+        }
+    }
+    markers
+}
+
 /// Live (non-zombie) members of the tree, never including this process or its process group.
 pub fn tree_members(tree: &TreeId) -> Vec<i32> {
     let procs = all_processes();

@@ -71,9 +71,19 @@ async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
     tracing::info!(listen = %local_addr, "warren execd listening");
     // The first stdout line names the bound address, so a parent that asked for port 0 (the
     // gateway starting hands, tests) learns the real one.
+    let configured = config.state_dir.clone();
+    let port = local_addr.port();
+    let state = tokio::task::spawn_blocking(move || {
+        warren_execd::state::StateDir::claim(configured.as_deref(), port)
+    })
+    .await??;
+    state.start_sweeping();
+    // The first stdout line names the bound address, so a parent that asked for port 0 (the
+    // gateway starting hands, tests) learns the real one. Printed once leftovers are stopped.
     println!("warren execd listening on http://{local_addr}");
     let execd = warren_execd::Execd::new(config);
     warren_execd::serve(execd, listener, shutdown).await?;
+    drop(state);
     Ok(())
 }
 

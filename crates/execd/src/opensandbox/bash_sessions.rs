@@ -20,8 +20,8 @@ use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
 use super::CompatError;
 use super::commands::{KILL_GRACE, PING_INTERVAL};
-use warren_process::{CommandSpec, TreeMarker};
 use super::stream::{EventSink, LineSplitter};
+use warren_process::{CommandSpec, TreeMarker};
 
 /// The registry of bash sessions.
 pub struct Sessions {

@@ -20,9 +20,9 @@ use warren_process::{OwnedChild, TreeId};
 use warren_protocol::opensandbox::{CommandStatus, EventType, RunCommandRequest};
 
 use super::CompatError;
+use super::stream::{EventSink, LineSplitter};
 use warren_process::pipes::{Leader, OutputMode, PipeOptions, PipedChild, StdinMode};
 use warren_process::{CommandSpec, TreeMarker};
-use super::stream::{EventSink, LineSplitter};
 
 /// Most bytes of output kept per background command; later output is counted and dropped.
 pub const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;

@@ -161,8 +161,9 @@ fn micros(d: Duration) -> String {
 async fn local_pty_floor() -> anyhow::Result<f64> {
     use warren_process::CommandSpec;
     use warren_process::pty::PtySize;
-    let command =
-        CommandSpec::new("bash", &warren_process::TreeMarker::new()).arg("-c").arg(STREAM_COMMAND);
+    let command = CommandSpec::new("bash", &warren_process::TreeMarker::new())
+        .arg("-c")
+        .arg(STREAM_COMMAND);
     let started = Instant::now();
     let mut spawned =
         warren_process::spawn(&command, warren_process::Connect::Pty(PtySize::DEFAULT))?.into_pty();
