@@ -330,6 +330,58 @@ async fn download_supports_ranges_and_line_windows() {
     assert_missing(&server, "/files/download", &server.path("none")).await;
 }
 
+/// Regression: `Range: items=0-5` and `Range: bytes=abc` were answered 416; RFC 9110 says to
+/// ignore an unknown unit or an invalid header. Several ranges get the whole file too.
+#[tokio::test]
+async fn range_headers_that_are_not_one_valid_byte_range_are_ignored() {
+    let server = Server::start().await;
+    let file = server.path("r.txt");
+    std::fs::write(&file, "0123456789ab").expect("write");
+    let url = server.url(&at("/files/download", &file));
+    let ranged = |ranges: &[&str]| {
+        let mut request = server.client.get(&url);
+        for range in ranges {
+            request = request.header("Range", *range);
+        }
+        send(request)
+    };
+    for ranges in [
+        &["items=0-5"][..],
+        &["bytes=abc"],
+        &["bytes=4-2"],
+        &["bytes=0-1,4-5"],
+        &["bytes=0-1", "bytes=4-5"],
+    ] {
+        let response = ranged(ranges).await;
+        assert_eq!(response.status(), 200, "{ranges:?}");
+        assert!(
+            response.headers().get("content-range").is_none(),
+            "{ranges:?}"
+        );
+        assert_eq!(response.headers()["content-length"], "12", "{ranges:?}");
+        assert_eq!(response.text().await.expect("text"), "0123456789ab");
+    }
+
+    let response = ranged(&["bytes=-4"]).await;
+    assert_eq!(response.status(), 206);
+    assert_eq!(response.headers()["content-range"], "bytes 8-11/12");
+    assert_eq!(response.text().await.expect("text"), "89ab");
+    let response = ranged(&["bytes=999999-"]).await;
+    assert_eq!(response.headers()["content-range"], "bytes */12");
+    assert_error(response, 416, "INVALID_REQUEST_BODY").await;
+
+    // An ignored Range does not clash with a line window.
+    let lines = send(
+        server
+            .client
+            .get(format!("{url}&offset=1&limit=1"))
+            .header("Range", "items=0-1"),
+    )
+    .await;
+    assert_eq!(lines.status(), 200);
+    assert_eq!(lines.text().await.expect("text"), "0123456789ab");
+}
+
 #[tokio::test]
 async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following_symlinks() {
     let server = Server::start().await;

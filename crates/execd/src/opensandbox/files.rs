@@ -789,18 +789,15 @@ impl Files {
         .await
     }
 
-    /// `GET /files/download`.
+    /// `GET /files/download`. `range` is the `Range` header's value (several field lines joined
+    /// with commas, as RFC 9110 §5.3 combines them); a Range that [`parse_range`] says to
+    /// ignore is ignored, also next to `offset`/`limit`.
     pub async fn download(
         self: &Arc<Self>,
         raw: String,
-        range: Option<String>,
+        range: Option<Vec<u8>>,
         lines: Option<(u64, Option<u64>)>,
     ) -> Result<Response, CompatError> {
-        if range.is_some() && lines.is_some() {
-            return Err(CompatError::InvalidRequest(
-                "Range and offset/limit are mutually exclusive".to_owned(),
-            ));
-        }
         let files = Arc::clone(self);
         let (file, meta, shown) = blocking(move || {
             let root = files.open_root()?;
@@ -810,6 +807,12 @@ impl Files {
         })
         .await?;
         let size = meta.len();
+        let range = range.map_or(RangeAnswer::Whole, |header| parse_range(&header, size));
+        if range != RangeAnswer::Whole && lines.is_some() {
+            return Err(CompatError::InvalidRequest(
+                "Range and offset/limit are mutually exclusive".to_owned(),
+            ));
+        }
         let name = Path::new(&shown)
             .file_name()
             .map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_"))
@@ -830,12 +833,11 @@ impl Files {
         }
 
         let (status, start, len) = match range {
-            None => (StatusCode::OK, 0, size),
-            Some(range) => {
-                let (start, end) =
-                    parse_range(&range, size).ok_or(CompatError::RangeNotSatisfiable(size))?;
+            RangeAnswer::Whole => (StatusCode::OK, 0, size),
+            RangeAnswer::Part { start, end } => {
                 (StatusCode::PARTIAL_CONTENT, start, end - start + 1)
             }
+            RangeAnswer::Unsatisfiable => return Err(CompatError::RangeNotSatisfiable(size)),
         };
         let file = blocking(move || {
             let mut file = file;
@@ -1046,30 +1048,87 @@ fn replace_all(content: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, u64) {
     (out, n)
 }
 
-/// `bytes=a-b`, `bytes=a-`, `bytes=-n` against `size`; inclusive `(start, end)`.
-fn parse_range(header: &str, size: u64) -> Option<(u64, u64)> {
-    let spec = header.trim().strip_prefix("bytes=")?;
-    if spec.contains(',') || size == 0 {
+/// What a download answers to a `Range` header, for a file of a given size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeAnswer {
+    /// 200 with the whole file.
+    Whole,
+    /// 206 with bytes `start..=end` (both within the file).
+    Part { start: u64, end: u64 },
+    /// 416 with `Content-Range: bytes */<size>`.
+    Unsatisfiable,
+}
+
+/// Reads a `Range` header (RFC 9110 §14) against a file of `size` bytes. A pure function of
+/// untrusted bytes: it never panics, and a `Part` always lies within the file.
+///
+/// Only a single byte range is served. The RFC lets a server ignore a Range header, and this
+/// one is ignored (the whole file, 200) when it is not valid UTF-8, names a unit other than
+/// `bytes` (case-insensitive), is not valid syntax (`bytes=abc`, `bytes=4-2`, `bytes= 0-1`), or
+/// asks for several ranges (`bytes=0-1,4-5`: no `multipart/byteranges`). Empty list elements
+/// (`bytes=0-1,`) are allowed, as in every HTTP list. A valid single range that starts at or
+/// past the end, or the suffix `-0`, is unsatisfiable. A suffix longer than the file is the
+/// whole file as a 206; on an empty file, where no byte can be named, a suffix is the (empty)
+/// whole file. Positions too large for a `u64` are as good as `u64::MAX`.
+pub fn parse_range(header: &[u8], size: u64) -> RangeAnswer {
+    let Ok(text) = std::str::from_utf8(header) else {
+        return RangeAnswer::Whole;
+    };
+    let Some((unit, set)) = text.trim().split_once('=') else {
+        return RangeAnswer::Whole;
+    };
+    if !unit.eq_ignore_ascii_case("bytes") {
+        return RangeAnswer::Whole;
+    }
+    let mut specs = set
+        .split(',')
+        .map(str::trim)
+        .filter(|spec| !spec.is_empty());
+    let (Some(spec), None) = (specs.next(), specs.next()) else {
+        return RangeAnswer::Whole;
+    };
+    let Some((first, last)) = spec.split_once('-') else {
+        return RangeAnswer::Whole;
+    };
+    if first.is_empty() {
+        return match digits(last) {
+            None => RangeAnswer::Whole,
+            Some(0) => RangeAnswer::Unsatisfiable,
+            Some(_) if size == 0 => RangeAnswer::Whole,
+            Some(suffix) => RangeAnswer::Part {
+                start: size.saturating_sub(suffix),
+                end: size - 1,
+            },
+        };
+    }
+    let Some(first) = digits(first) else {
+        return RangeAnswer::Whole;
+    };
+    let last = match last {
+        "" => None,
+        last => match digits(last) {
+            Some(last) if last >= first => Some(last),
+            // Not a number, or before the first position: not a valid range.
+            _ => return RangeAnswer::Whole,
+        },
+    };
+    if first >= size {
+        return RangeAnswer::Unsatisfiable;
+    }
+    RangeAnswer::Part {
+        start: first,
+        end: last.map_or(size - 1, |last| last.min(size - 1)),
+    }
+}
+
+/// `1*DIGIT` as a number, saturating at `u64::MAX`; `None` for anything else (`+1`, ` 1`).
+fn digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let (start, end) = spec.split_once('-')?;
-    let (start, end) = (start.trim(), end.trim());
-    let (start, end) = if start.is_empty() {
-        let suffix: u64 = end.parse().ok()?;
-        if suffix == 0 {
-            return None;
-        }
-        (size.saturating_sub(suffix), size - 1)
-    } else {
-        let start: u64 = start.parse().ok()?;
-        let end = if end.is_empty() {
-            size - 1
-        } else {
-            end.parse::<u64>().ok()?.min(size - 1)
-        };
-        (start, end)
-    };
-    (start <= end && start < size).then_some((start, end))
+    Some(text.bytes().fold(0u64, |n, digit| {
+        n.saturating_mul(10).saturating_add(u64::from(digit - b'0'))
+    }))
 }
 
 /// Lines `offset..offset+limit` (1-based), with their terminators, at most [`MAX_TEXT_BYTES`].
@@ -1106,21 +1165,90 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_follow_rfc_7233() {
-        let table = [
-            ("bytes=0-3", 10, Some((0, 3))),
-            ("bytes=5-", 10, Some((5, 9))),
-            ("bytes=-3", 10, Some((7, 9))),
-            ("bytes=8-100", 10, Some((8, 9))),
-            ("bytes=10-", 10, None),
-            ("bytes=4-2", 10, None),
-            ("bytes=0-1,3-4", 10, None),
-            ("items=0-1", 10, None),
-            ("bytes=-0", 10, None),
-            ("bytes=0-0", 0, None),
+    fn ranges_follow_rfc_9110() {
+        use RangeAnswer::{Part, Unsatisfiable, Whole};
+        let part = |start, end| Part { start, end };
+        let table: &[(&[u8], u64, RangeAnswer)] = &[
+            // Satisfiable single ranges.
+            (b"bytes=0-3", 10, part(0, 3)),
+            (b"bytes=5-", 10, part(5, 9)),
+            (b"bytes=-3", 10, part(7, 9)),
+            (b"bytes=-30", 10, part(0, 9)),
+            (b"bytes=8-100", 10, part(8, 9)),
+            (b"bytes=9-9", 10, part(9, 9)),
+            (b"BYTES=0-0", 10, part(0, 0)),
+            (b"  bytes=1-2  ", 10, part(1, 2)),
+            (b"bytes=1-2,", 10, part(1, 2)),
+            (b"bytes=, 1-2", 10, part(1, 2)),
+            (b"bytes=0-18446744073709551616", 10, part(0, 9)),
+            (b"bytes=-18446744073709551616", 10, part(0, 9)),
+            // Valid but unsatisfiable.
+            (b"bytes=10-", 10, Unsatisfiable),
+            (b"bytes=999999-", 12, Unsatisfiable),
+            (b"bytes=18446744073709551616-", 10, Unsatisfiable),
+            (b"bytes=-0", 10, Unsatisfiable),
+            (b"bytes=0-0", 0, Unsatisfiable),
+            (b"bytes=0-", 0, Unsatisfiable),
+            // A suffix of an empty file names no byte: the empty whole file.
+            (b"bytes=-5", 0, Whole),
+            // Several ranges: the whole file, never multipart/byteranges.
+            (b"bytes=0-1,4-5", 10, Whole),
+            (b"bytes=0-1, 0-1", 10, Whole),
+            (b"bytes=50-,60-", 10, Whole),
+            // Another unit, or not a valid header: ignored.
+            (b"items=0-5", 10, Whole),
+            (b"bytes=abc", 10, Whole),
+            (b"bytes=4-2", 10, Whole),
+            (b"bytes=+1-2", 10, Whole),
+            (b"bytes=1-+2", 10, Whole),
+            (b"bytes= 1 - 2", 10, Whole),
+            (b"bytes =0-1", 10, Whole),
+            (b"bytes=1", 10, Whole),
+            (b"bytes=-", 10, Whole),
+            (b"bytes=--1", 10, Whole),
+            (b"bytes=0-1-2", 10, Whole),
+            (b"bytes=", 10, Whole),
+            (b"bytes=,", 10, Whole),
+            (b"bytes", 10, Whole),
+            (b"", 10, Whole),
+            (b"bytes=0-1\xff", 10, Whole),
+            (b"\xff\xfe", 10, Whole),
         ];
         for (header, size, expected) in table {
-            assert_eq!(parse_range(header, size), expected, "{header} of {size}");
+            let shown = String::from_utf8_lossy(header);
+            assert_eq!(parse_range(header, *size), *expected, "{shown:?} of {size}");
+        }
+    }
+
+    /// Every short header over the characters that matter: no panic, and a part lies within
+    /// the file.
+    #[test]
+    fn every_short_range_header_gives_an_answer_within_the_file() {
+        let alphabet = b"0 9-,=b\xff";
+        let mut headers: Vec<Vec<u8>> = vec![Vec::new()];
+        for _ in 0..5 {
+            let longer: Vec<Vec<u8>> = headers
+                .iter()
+                .filter(|h| h.len() == headers.last().map_or(0, Vec::len))
+                .flat_map(|h| {
+                    alphabet.iter().map(move |c| {
+                        let mut h = h.clone();
+                        h.push(*c);
+                        h
+                    })
+                })
+                .collect();
+            headers.extend(longer);
+        }
+        for rest in &headers {
+            for prefix in [&b""[..], b"bytes=", b"Bytes=1"] {
+                let header = [prefix, rest.as_slice()].concat();
+                for size in [0, 1, 2, 10, u64::MAX] {
+                    if let RangeAnswer::Part { start, end } = parse_range(&header, size) {
+                        assert!(start <= end && end < size, "{header:?} of {size}");
+                    }
+                }
+            }
         }
     }
 

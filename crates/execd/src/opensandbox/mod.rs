@@ -396,9 +396,17 @@ async fn download_file(
     headers: HeaderMap,
 ) -> Result<Response> {
     let path = required(&pairs, "path")?;
+    // Several Range field lines are combined as RFC 9110 §5.3 does, joined with commas (which
+    // gives a header that names several ranges or is invalid, and so is ignored).
     let range = headers
-        .get(header::RANGE)
-        .map(|v| v.to_str().unwrap_or("invalid").to_owned());
+        .get_all(header::RANGE)
+        .iter()
+        .map(|value| value.as_bytes().to_vec())
+        .reduce(|mut joined, value| {
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(&value);
+            joined
+        });
     let number = |name: &str| -> Result<Option<u64>> {
         first(&pairs, name)
             .filter(|v| !v.is_empty())
