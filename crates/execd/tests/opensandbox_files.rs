@@ -382,6 +382,148 @@ async fn range_headers_that_are_not_one_valid_byte_range_are_ignored() {
     assert_eq!(lines.text().await.expect("text"), "0123456789ab");
 }
 
+/// Regression: a path with a 300-byte component (ENAMETOOLONG) was a 500.
+#[tokio::test]
+async fn a_name_longer_than_the_filesystem_allows_is_400_name_too_long() {
+    let server = Server::start().await;
+    std::fs::create_dir(server.path("d")).expect("mkdir");
+    let long = server.path(&format!("d/{}", "n".repeat(300)));
+    for route in [
+        "/files/info",
+        "/files/download",
+        "/files/search",
+        "/directories/list",
+        "/files",
+    ] {
+        let response = if route == "/files" {
+            server.delete(&at(route, &long)).await
+        } else {
+            server.get(&at(route, &long)).await
+        };
+        let message = assert_error(response, 400, "NAME_TOO_LONG").await;
+        assert!(
+            message.contains("longer than the filesystem allows"),
+            "{route}: {message}"
+        );
+    }
+    let response = server
+        .post_json("/directories", json!({format!("{long}/below"): {}}))
+        .await;
+    assert_error(response, 400, "NAME_TOO_LONG").await;
+    let response = upload(&server, &[(json!({"path": long}), b"x")]).await;
+    assert_error(response, 400, "NAME_TOO_LONG").await;
+    std::fs::write(server.path("d/short"), "s").expect("write");
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": server.path("d/short"), "dest": long}]),
+        )
+        .await;
+    assert_error(response, 400, "NAME_TOO_LONG").await;
+    assert!(Path::new(&server.path("d/short")).exists(), "nothing moved");
+}
+
+/// The temporary file an upload or a replace writes first repeats the name; a name of the
+/// longest length the filesystem allows must still be writable.
+#[tokio::test]
+async fn a_file_with_a_255_byte_name_can_be_uploaded_and_replaced() {
+    let server = Server::start().await;
+    let path = server.path(&"x".repeat(255));
+    let response = upload(&server, &[(json!({"path": path}), b"old text")]).await;
+    assert_eq!(response.status(), 200);
+    let response = server
+        .post_json(
+            "/files/replace",
+            json!({path.clone(): {"old": "old", "new": "new"}}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), "new text");
+    let names: Vec<_> = std::fs::read_dir(&server.root)
+        .expect("read the root")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
+}
+
+/// Regression: search and list of a file, a FIFO or a device, and mkdir under a file, were
+/// 500 "Not a directory".
+#[tokio::test]
+async fn search_list_and_mkdir_where_a_file_is_are_409_not_a_directory() {
+    let server = Server::start().await;
+    let file = server.path("file.txt");
+    std::fs::write(&file, "f").expect("write");
+    let fifo = server.path("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let everywhere = Server::start_with(|config| config.root = "/".into()).await;
+    for (server, path) in [
+        (&server, &file),
+        (&server, &fifo),
+        (&everywhere, &"/dev/null".to_owned()),
+    ] {
+        for route in ["/files/search", "/directories/list"] {
+            let response = tokio::time::timeout(WAIT, server.get(&at(route, path)))
+                .await
+                .expect("answers without opening the FIFO");
+            let message = assert_error(response, 409, "NOT_A_DIRECTORY").await;
+            assert_eq!(message, format!("{path} is not a directory"), "{route}");
+        }
+    }
+    for below in [format!("{file}/x"), format!("{fifo}/x")] {
+        let message = assert_error(
+            server.get(&at("/files/info", &below)).await,
+            409,
+            "NOT_A_DIRECTORY",
+        )
+        .await;
+        assert!(message.contains("not a directory"), "{message}");
+        assert_error(
+            server.get(&at("/files/download", &below)).await,
+            409,
+            "NOT_A_DIRECTORY",
+        )
+        .await;
+        let response = server
+            .post_json("/directories", json!({format!("{below}/deeper"): {}}))
+            .await;
+        assert_error(response, 409, "NOT_A_DIRECTORY").await;
+        let response = upload(&server, &[(json!({"path": format!("{below}/f")}), b"x")]).await;
+        assert_error(response, 409, "NOT_A_DIRECTORY").await;
+    }
+    let response = server
+        .post_json("/directories", json!({file.clone(): {}}))
+        .await;
+    assert_error(response, 409, "NOT_A_DIRECTORY").await;
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "f");
+}
+
+#[tokio::test]
+async fn nul_bytes_empty_paths_and_undefined_variables_are_400_invalid_path() {
+    let server = Server::start().await;
+    let dir = server.path("");
+    for url in [
+        format!("/files/info?path={dir}a%00b"),
+        format!("/files/download?path={dir}a%00b"),
+        format!("/directories/list?path={dir}%00"),
+        "/files/info?path=/$WARREN_SURELY_UNDEFINED_VAR/x".to_owned(),
+    ] {
+        assert_error(server.get(&url).await, 400, "INVALID_PATH").await;
+    }
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": format!("{dir}a\u{0}b"), "dest": format!("{dir}c")}]),
+        )
+        .await;
+    assert_error(response, 400, "INVALID_PATH").await;
+    let response = server.post_json("/directories", json!({"": {}})).await;
+    assert_error(response, 400, "INVALID_PATH").await;
+}
+
 #[tokio::test]
 async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following_symlinks() {
     let server = Server::start().await;

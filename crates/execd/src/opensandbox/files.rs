@@ -35,6 +35,7 @@ use warren_protocol::opensandbox::{
 use super::CompatError;
 use super::commands::rfc3339;
 use super::resolve::{self, Entry, Part, Refusal, Root, Want};
+use crate::error::ApiError;
 
 /// Most entries one search or listing returns.
 pub const MAX_LISTED_ENTRIES: usize = 10_000;
@@ -61,6 +62,71 @@ impl Target {
     fn parent_parts(&self) -> Option<&[Part]> {
         self.parts.split_last().map(|(_, parent)| parent)
     }
+}
+
+/// A path the client named that cannot be used, for reasons OpenSandbox's codes have no name
+/// for. Also used for a bash session's working directory. No HTTP in here; the `From` impl
+/// below is the only place these statuses are picked: 400 when the request could never
+/// succeed as written, 409 when the filesystem holds something else than the request needs.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// Empty, containing NUL, or naming an undefined variable.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// A name longer than the filesystem allows (`ENAMETOOLONG`).
+    #[error("{0}")]
+    NameTooLong(String),
+    /// The path, or a directory on its way, is something other than a directory.
+    #[error("{0}")]
+    NotADirectory(String),
+    /// The OS refused the daemon access (`EACCES`, `EPERM`).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A move that cannot be done: a directory into itself, the root, across filesystems.
+    #[error("{0}")]
+    InvalidMove(String),
+}
+
+impl From<PathError> for ApiError {
+    fn from(err: PathError) -> Self {
+        let message = err.to_string();
+        let (status, code) = match err {
+            PathError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "INVALID_PATH"),
+            PathError::NameTooLong(_) => (StatusCode::BAD_REQUEST, "NAME_TOO_LONG"),
+            PathError::NotADirectory(_) => (StatusCode::CONFLICT, "NOT_A_DIRECTORY"),
+            PathError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+            PathError::InvalidMove(_) => (StatusCode::BAD_REQUEST, "INVALID_MOVE"),
+        };
+        ApiError::new(status, code, message)
+    }
+}
+
+/// A path as the client wrote it, made usable: NUL refused, `~` and `$VAR` expanded.
+pub fn checked_path(raw: &str) -> Result<String, PathError> {
+    if raw.contains('\0') {
+        return Err(PathError::InvalidPath(format!(
+            "path {raw:?} contains a NUL byte"
+        )));
+    }
+    expand_path(raw).map_err(PathError::InvalidPath)
+}
+
+/// The errors the OS gives for a path that are the client's to fix, by errno; `None` for the
+/// rest.
+pub fn path_error(path: &str, err: &io::Error) -> Option<PathError> {
+    let errno = rustix::io::Errno::from_io_error(err)?;
+    Some(match errno {
+        rustix::io::Errno::NAMETOOLONG => PathError::NameTooLong(format!(
+            "{path}: a name in it is longer than the filesystem allows"
+        )),
+        rustix::io::Errno::NOTDIR => {
+            PathError::NotADirectory(format!("{path}: a component of it is not a directory"))
+        }
+        rustix::io::Errno::ACCESS | rustix::io::Errno::PERM => {
+            PathError::PermissionDenied(format!("{path}: permission denied"))
+        }
+        _ => return None,
+    })
 }
 
 /// Expands a leading `~` (the daemon user's home) and `$NAME` / `${NAME}`; an undefined
@@ -133,7 +199,13 @@ fn fs_error(path: &str, err: io::Error) -> CompatError {
                 resolve::MAX_LINKS_FOLLOWED
             ));
         }
+        Some(Refusal::NotDirectory) => {
+            return PathError::NotADirectory(format!("{path} is not a directory")).into();
+        }
         Some(Refusal::Escape) | None => {}
+    }
+    if let Some(path_error) = path_error(path, &err) {
+        return path_error.into();
     }
     match err.kind() {
         io::ErrorKind::NotFound => CompatError::FileNotFound(format!("file not found: {path}")),
@@ -350,13 +422,7 @@ fn set_owner_and_mode(
 
 /// `mkdir -p` below the root, following symlinks that stay inside it.
 fn create_dirs(root: &Root, parts: &[Part], shown: &str) -> Result<(), CompatError> {
-    root.create_dirs(parts).map_err(|err| {
-        if err.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) {
-            CompatError::Runtime(format!("{shown}: a path component is not a directory"))
-        } else {
-            fs_error(shown, err)
-        }
-    })
+    root.create_dirs(parts).map_err(|err| fs_error(shown, err))
 }
 
 fn join_shown(base: &str, name: &str) -> String {
@@ -386,16 +452,9 @@ impl Files {
     /// Expands `raw` and makes it parts below the root; lexically outside → `PATH_ESCAPE`.
     fn target(&self, raw: &str) -> Result<Target, CompatError> {
         if raw.is_empty() {
-            return Err(CompatError::InvalidRequest(
-                "path must not be empty".to_owned(),
-            ));
+            return Err(PathError::InvalidPath("path must not be empty".to_owned()).into());
         }
-        if raw.contains('\0') {
-            return Err(CompatError::InvalidRequest(
-                "path must not contain NUL".to_owned(),
-            ));
-        }
-        let shown = expand_path(raw).map_err(CompatError::InvalidRequest)?;
+        let shown = checked_path(raw)?;
         let path = Path::new(&shown);
         let absolute = if path.is_absolute() {
             path.to_path_buf()
@@ -878,18 +937,25 @@ fn open_dir(root: &Root, target: &Target) -> Result<Dir, CompatError> {
     Ok(Dir::from(fd))
 }
 
-/// Creates `.<name>.warren-<uuid>` beside `entry`, exclusively, for writing.
+/// Most bytes of the destination's name a temporary file's name repeats: with the dot, the
+/// `.warren-` and the uuid it stays within the 255 bytes every Linux filesystem allows, so a
+/// file whose own name is that long can still be written.
+const TEMP_NAME_STEM_BYTES: usize = 200;
+
+/// Creates `.<name>.warren-<uuid>` beside `entry`, exclusively, for writing (`<name>` cut to
+/// [`TEMP_NAME_STEM_BYTES`]).
 fn create_temp_beside(entry: &Entry, shown: &str) -> Result<(PathBuf, File), CompatError> {
+    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
     if entry.is_root() {
         return Err(CompatError::InvalidRequest(format!(
             "{shown} names no file"
         )));
     }
-    let temp = PathBuf::from(format!(
-        ".{}.warren-{}",
-        entry.name.to_string_lossy(),
-        uuid::Uuid::new_v4().simple()
-    ));
+    let name = entry.name.as_bytes();
+    let mut temp = b".".to_vec();
+    temp.extend_from_slice(&name[..name.len().min(TEMP_NAME_STEM_BYTES)]);
+    temp.extend_from_slice(format!(".warren-{}", uuid::Uuid::new_v4().simple()).as_bytes());
+    let temp = PathBuf::from(std::ffi::OsString::from_vec(temp));
     let mut options = OpenOptions::new();
     options.write(true).create_new(true).mode(0o644);
     let file = entry

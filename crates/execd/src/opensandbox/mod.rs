@@ -66,6 +66,9 @@ pub enum CompatError {
     NotSupported(String),
     #[error("too many bash sessions (the limit is {0}); delete one first")]
     TooManySessions(usize),
+    /// A path that cannot be used (`INVALID_PATH`, `NAME_TOO_LONG`, `NOT_A_DIRECTORY`, ...).
+    #[error(transparent)]
+    Path(#[from] files::PathError),
     /// A failure the client should see (OpenSandbox's `RUNTIME_ERROR` cases).
     #[error("{0}")]
     Runtime(String),
@@ -97,6 +100,7 @@ impl From<CompatError> for ApiError {
             CompatError::NotSupported(_) => (StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED"),
             CompatError::TooManySessions(_) => (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),
             CompatError::Runtime(_) => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            CompatError::Path(err) => return err.into(),
             CompatError::Internal(detail) => return ApiError::internal(detail),
         };
         ApiError::new(status, code, message)

@@ -57,6 +57,9 @@ pub enum Refusal {
     Escape,
     #[error("not a regular file")]
     NotRegular,
+    /// The final entry is not a directory where one was wanted.
+    #[error("not a directory")]
+    NotDirectory,
     #[error("too many levels of symbolic links")]
     Loop,
 }
@@ -65,6 +68,7 @@ impl From<Refusal> for io::Error {
     fn from(refusal: Refusal) -> Self {
         let kind = match refusal {
             Refusal::Escape | Refusal::NotRegular => io::ErrorKind::PermissionDenied,
+            Refusal::NotDirectory => io::ErrorKind::NotADirectory,
             Refusal::Loop => io::ErrorKind::Other,
         };
         io::Error::new(kind, refusal)
@@ -139,7 +143,7 @@ impl Root {
 
     /// Opens what `parts` name, following symlinks including the last entry; also returns where
     /// the opened file really is. An entry that is not what `want` asks for is refused before it
-    /// is opened ([`Refusal::NotRegular`], or `ENOTDIR` for [`Want::Dir`]).
+    /// is opened ([`Refusal::NotRegular`], or [`Refusal::NotDirectory`] for [`Want::Dir`]).
     pub fn open(&self, parts: &[Part], want: Want) -> io::Result<(OwnedFd, Entry)> {
         let oflags = match want {
             Want::Dir => OFlags::RDONLY | OFlags::DIRECTORY,
@@ -164,7 +168,7 @@ impl Root {
                 }
                 (FileType::Directory, Want::Dir | Want::FileOrDir)
                 | (FileType::RegularFile, Want::File | Want::FileOrDir) => {}
-                (_, Want::Dir) => return Err(Errno::NOTDIR.into()),
+                (_, Want::Dir) => return Err(Refusal::NotDirectory.into()),
                 (_, Want::File | Want::FileOrDir) => return Err(Refusal::NotRegular.into()),
             }
             match open_entry(walk.top(), &name, oflags) {
