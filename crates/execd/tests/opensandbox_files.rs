@@ -625,6 +625,50 @@ async fn move_renames_creates_parents_and_refuses_missing_sources_and_existing_d
     .await;
 }
 
+/// Regression: moving a directory into itself was a 500, after the destination's missing
+/// parents had been created inside the source.
+#[tokio::test]
+async fn moving_a_directory_into_itself_is_400_invalid_move_and_changes_nothing() {
+    let server = Server::start().await;
+    std::fs::create_dir_all(server.path("a/inner")).expect("mkdir");
+    symlink(server.path("a/inner"), server.path("to-inner")).expect("symlink");
+    let mv = |src: &str, dest: &str| {
+        let body = json!([{"src": server.path(src), "dest": server.path(dest)}]);
+        server.post_json("/files/mv", body)
+    };
+    for dest in [
+        "a/b",
+        "a/inner/b",
+        "a/new/parents/b",
+        "to-inner/b",
+        "a/inner/../b",
+    ] {
+        let message = assert_error(mv("a", dest).await, 400, "INVALID_MOVE").await;
+        assert!(message.contains("into itself"), "{dest}: {message}");
+    }
+    assert!(
+        !Path::new(&server.path("a/new")).exists(),
+        "no parent was created"
+    );
+    assert!(
+        Path::new(&server.path("a/inner")).is_dir(),
+        "the source is intact"
+    );
+    let message = assert_error(mv("", "elsewhere").await, 400, "INVALID_MOVE").await;
+    assert!(message.contains("root"), "{message}");
+
+    // Beside itself, or a link to it into it, is fine.
+    assert_eq!(mv("a", "a2").await.status(), 200);
+    assert!(Path::new(&server.path("a2/inner")).is_dir());
+    symlink(server.path("a2"), server.path("link-to-a2")).expect("symlink");
+    assert_eq!(mv("link-to-a2", "a2/link").await.status(), 200);
+    assert!(
+        std::fs::symlink_metadata(server.path("a2/link"))
+            .expect("moved")
+            .is_symlink()
+    );
+}
+
 #[tokio::test]
 async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
     let server = Server::start().await;

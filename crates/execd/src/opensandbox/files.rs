@@ -425,6 +425,14 @@ fn create_dirs(root: &Root, parts: &[Part], shown: &str) -> Result<(), CompatErr
     root.create_dirs(parts).map_err(|err| fs_error(shown, err))
 }
 
+fn into_itself(src: &Target, dest: &Target) -> CompatError {
+    PathError::InvalidMove(format!(
+        "cannot move directory {} into itself ({})",
+        src.shown, dest.shown
+    ))
+    .into()
+}
+
 fn join_shown(base: &str, name: &str) -> String {
     if base.ends_with('/') {
         format!("{base}{name}")
@@ -530,7 +538,29 @@ impl Files {
                 let src = files.target(&item.src)?;
                 let dest = files.target(&item.dest)?;
                 let src_entry = locate(&root, &src)?;
-                src_entry.lstat().map_err(|e| fs_error(&src.shown, e))?;
+                let src_meta = src_entry.lstat().map_err(|e| fs_error(&src.shown, e))?;
+                if src_entry.is_root() {
+                    return Err(PathError::InvalidMove(format!(
+                        "cannot move {}: it is the root",
+                        src.shown
+                    ))
+                    .into());
+                }
+                // Checked before any parent of the destination is created, so a refused move
+                // leaves nothing behind. The kernel's EINVAL below catches what a race slips by.
+                if src_meta.is_dir()
+                    && let Some(parent) = dest.parent_parts()
+                {
+                    let nearest = root
+                        .deepest_existing_dir(parent)
+                        .map_err(|e| fs_error(&dest.shown, e))?;
+                    if root
+                        .is_inside(nearest, (src_meta.dev(), src_meta.ino()))
+                        .map_err(|e| fs_error(&dest.shown, e))?
+                    {
+                        return Err(into_itself(&src, &dest));
+                    }
+                }
                 if let Some(parent) = dest.parent_parts() {
                     create_dirs(&root, parent, &dest.shown)?;
                 }
@@ -548,7 +578,15 @@ impl Files {
                 src_entry
                     .dir
                     .rename(&src_entry.name, &dest_entry.dir, &dest_entry.name)
-                    .map_err(|e| fs_error(&src.shown, e))?;
+                    .map_err(|e| match rustix::io::Errno::from_io_error(&e) {
+                        Some(rustix::io::Errno::INVAL) => into_itself(&src, &dest),
+                        Some(rustix::io::Errno::XDEV) => PathError::InvalidMove(format!(
+                            "cannot move {} to {}: they are on different filesystems",
+                            src.shown, dest.shown
+                        ))
+                        .into(),
+                        _ => fs_error(&src.shown, e),
+                    })?;
             }
             Ok(())
         })
