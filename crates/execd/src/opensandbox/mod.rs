@@ -301,7 +301,7 @@ async fn command_logs(
 async fn create_session(State(state): State<Compat>, body: Bytes) -> Result<Response, ApiError> {
     let request: CreateSessionRequest = parse_optional_body(&body)?;
     let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
-        Some(cwd) => PathBuf::from(expand_path(cwd).map_err(CompatError::InvalidRequest)?),
+        Some(cwd) => PathBuf::from(files::checked_path(cwd)?),
         None => state.inner.files.root().to_path_buf(),
     };
     let session_id = state.inner.sessions.create(cwd).await?;
