@@ -566,6 +566,208 @@ async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following
     assert_missing(&server, "/directories/list", &server.path("nope")).await;
 }
 
+/// `(paths, truncated header, unreadable header)` of a search or listing answer.
+async fn listing(server: &Server, url: &str) -> (Vec<String>, Option<String>, Option<String>) {
+    let response = server.get(url).await;
+    assert_eq!(response.status(), 200, "{url}");
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII header").to_owned())
+    };
+    let (truncated, unreadable) = (
+        header("warren-truncated"),
+        header("warren-unreadable-entries"),
+    );
+    let entries: Vec<Value> = response.json().await.expect("a JSON array");
+    let paths = entries
+        .iter()
+        .map(|e| e["path"].as_str().expect("path").to_owned())
+        .collect();
+    (paths, truncated, unreadable)
+}
+
+/// Makes a directory unreadable (mode 000) and readable again when dropped, so the
+/// temporary root can be removed.
+struct Locked(std::path::PathBuf);
+
+impl Locked {
+    fn new(path: std::path::PathBuf) -> Self {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).expect("chmod 000");
+        Self(path)
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+/// Regression: one entry that could not be read (`EACCES` on `/proc/1/fdinfo`) made a whole
+/// search or listing a 500. Root reads a mode-000 directory anyway, so the server runs on a
+/// thread that gave up CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (capabilities are per thread;
+/// the runtime's threads are started from it and inherit them).
+#[test]
+fn an_entry_that_cannot_be_read_is_skipped_and_counted_not_a_failed_listing() {
+    let thread = std::thread::spawn(|| {
+        use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+        let mut caps = capabilities(None).expect("capget");
+        let dac = CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+        caps.effective.remove(dac);
+        caps.permitted.remove(dac);
+        set_capabilities(None, caps).expect("capset drops capabilities of this thread");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(unreadable_entries_are_skipped());
+    });
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn unreadable_entries_are_skipped() {
+    let server = Server::start().await;
+    for dir in ["tree/locked", "tree/open"] {
+        std::fs::create_dir_all(server.path(dir)).expect("mkdir");
+    }
+    for file in [
+        "tree/a.txt",
+        "tree/locked/secret.txt",
+        "tree/open/b.txt",
+        "tree/z.txt",
+    ] {
+        std::fs::write(server.path(file), "x").expect("write");
+    }
+    let _locked = Locked::new(server.path("tree/locked").into());
+    let tree = server.path("tree");
+    let p = |rel: &str| format!("{tree}/{rel}");
+
+    let (paths, truncated, unreadable) = listing(
+        &server,
+        &format!("/directories/list?path={}&depth=5", q(&tree)),
+    )
+    .await;
+    assert_eq!(
+        paths,
+        [
+            p("a.txt"),
+            p("locked"),
+            p("open"),
+            p("open/b.txt"),
+            p("z.txt")
+        ]
+    );
+    assert_eq!((truncated, unreadable.as_deref()), (None, Some("1")));
+
+    let (paths, truncated, unreadable) = listing(&server, &at("/files/search", &tree)).await;
+    assert_eq!(paths, [p("a.txt"), p("open/b.txt"), p("z.txt")]);
+    assert_eq!((truncated, unreadable.as_deref()), (None, Some("1")));
+
+    // The directory the client named is not skipped: it is refused.
+    for route in ["/directories/list", "/files/search"] {
+        let response = server.get(&at(route, &p("locked"))).await;
+        assert_error(response, 403, "PERMISSION_DENIED").await;
+    }
+    let response = server
+        .get(&at("/files/download", &p("locked/secret.txt")))
+        .await;
+    assert_error(response, 403, "PERMISSION_DENIED").await;
+}
+
+/// Regression: with `--root /`, search of `/` or `/proc` and a listing of `/` to depth
+/// 1 000 000 were 500 "Permission denied"; they answer, and say when a limit cut them.
+#[tokio::test]
+async fn search_of_proc_and_deep_listing_of_the_whole_root_answer() {
+    let server = Server::start_with(|config| config.root = "/".into()).await;
+    for url in [
+        "/files/search?path=/proc",
+        "/files/search?path=/",
+        "/directories/list?path=/&depth=1000000",
+        "/directories/list?path=/proc&depth=99999999999999999999999",
+    ] {
+        let (paths, truncated, _) = listing(&server, url).await;
+        assert!(paths.len() <= 10_000, "{url}: {} entries", paths.len());
+        if paths.len() == 10_000 {
+            assert_eq!(truncated.as_deref(), Some("true"), "{url}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn listings_cut_by_the_depth_or_entry_limits_say_they_are_truncated() {
+    let server = Server::start().await;
+    let deep = server.path(&["d"; 70].join("/"));
+    std::fs::create_dir_all(&deep).expect("mkdir 70 levels");
+    let top = server.path("d");
+    let list = |depth: &str| format!("/directories/list?path={}&depth={depth}", q(&top));
+    let (paths, truncated, _) = listing(&server, &list("1000000")).await;
+    assert_eq!(paths.len(), 64, "the walk stops 64 levels down");
+    assert_eq!(truncated.as_deref(), Some("true"));
+    let (paths, truncated, _) = listing(&server, &list("64")).await;
+    assert_eq!(
+        (paths.len(), truncated),
+        (64, None),
+        "64 levels asked and given"
+    );
+    let (_, truncated, _) = listing(&server, &at("/files/search", &top)).await;
+    assert_eq!(truncated.as_deref(), Some("true"));
+
+    let wide = server.path("wide");
+    std::fs::create_dir(&wide).expect("mkdir");
+    for n in 0..10_000 {
+        std::fs::write(format!("{wide}/{n:05}"), "").expect("write");
+    }
+    for url in [at("/directories/list", &wide), at("/files/search", &wide)] {
+        let (paths, truncated, _) = listing(&server, &url).await;
+        assert_eq!(
+            (paths.len(), truncated),
+            (10_000, None),
+            "exactly at the limit: {url}"
+        );
+    }
+    std::fs::write(format!("{wide}/10000"), "").expect("write");
+    for url in [at("/directories/list", &wide), at("/files/search", &wide)] {
+        let (paths, truncated, _) = listing(&server, &url).await;
+        assert_eq!(paths.len(), 10_000, "{url}");
+        assert_eq!(
+            paths.last(),
+            Some(&format!("{wide}/09999")),
+            "the first 10 000 in order"
+        );
+        assert_eq!(truncated.as_deref(), Some("true"), "{url}");
+    }
+}
+
+#[tokio::test]
+async fn a_directory_whose_name_is_not_utf8_is_listed_with_its_contents() {
+    use std::os::unix::ffi::OsStrExt;
+    let server = Server::start().await;
+    let odd = server
+        .root
+        .join("t")
+        .join(std::ffi::OsStr::from_bytes(b"d\xff"));
+    std::fs::create_dir_all(&odd).expect("mkdir");
+    std::fs::write(odd.join("inner.txt"), "i").expect("write");
+    let tree = server.path("t");
+    let (paths, _, unreadable) = listing(
+        &server,
+        &format!("/directories/list?path={}&depth=2", q(&tree)),
+    )
+    .await;
+    assert_eq!(
+        paths,
+        [
+            format!("{tree}/d\u{FFFD}"),
+            format!("{tree}/d\u{FFFD}/inner.txt")
+        ]
+    );
+    assert_eq!(unreadable, None);
+}
+
 #[tokio::test]
 async fn search_matches_the_glob_on_base_names_recursively_and_lists_files_only() {
     let server = Server::start().await;

@@ -13,6 +13,12 @@
 //! to the destination, fsynced and renamed into place (a file part sent before its metadata is
 //! first staged in an unnamed temporary file). `/files/replace` rewrites the file a
 //! symlink points to, leaving the link in place; an upload replaces the link itself.
+//!
+//! Search and listing walk below the directory named without following symlinks, skip any
+//! entry that cannot be read instead of failing, and stop at fixed limits (entries returned,
+//! entries read, depth); what was skipped or cut is said in response headers, since
+//! OpenSandbox's answer is a bare array. A path the client got wrong is a [`PathError`] with a
+//! code of its own, never a 500.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -39,6 +45,17 @@ use crate::error::ApiError;
 
 /// Most entries one search or listing returns.
 pub const MAX_LISTED_ENTRIES: usize = 10_000;
+/// Most directory entries one search or listing reads. A search may pass over many entries
+/// that do not match; this bounds its work (one `lstat` per entry) and the names it holds,
+/// whatever the tree (`/`, `/proc`) holds.
+pub const MAX_READ_ENTRIES: usize = 100_000;
+/// Most levels a search or listing descends below the directory it starts from; this also
+/// bounds the recursion and the directories held open at once.
+pub const MAX_WALK_DEPTH: usize = 64;
+/// Header of a search or listing answer that a limit cut short: `true`.
+pub const TRUNCATED_HEADER: &str = "warren-truncated";
+/// Header of a search or listing answer that left out entries it could not read: how many.
+pub const UNREADABLE_HEADER: &str = "warren-unreadable-entries";
 /// Largest file `/files/replace` rewrites, and most bytes a line-range download returns.
 pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest `metadata` part of an upload.
@@ -635,11 +652,13 @@ impl Files {
         .await
     }
 
+    /// `GET /files/search`: files (not directories) under `raw` whose base name matches the
+    /// glob, sorted by path.
     pub async fn search(
         self: &Arc<Self>,
         raw: String,
         pattern: Option<String>,
-    ) -> Result<Vec<FileInfo>, CompatError> {
+    ) -> Result<Listing, CompatError> {
         let pattern = pattern
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| "**".to_owned());
@@ -653,25 +672,26 @@ impl Files {
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut found = Vec::new();
-            walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
+            let gaps = walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
                 if !meta.is_dir() && matcher.is_match(name) {
                     found.push(file_info(shown, meta, &names));
                 }
+                enough_when(found.len())
             })
             .map_err(|e| fs_error(&target.shown, e))?;
             found.sort_by(|a, b| a.path.cmp(&b.path));
-            Ok(found)
+            Ok(Listing {
+                entries: found,
+                gaps,
+            })
         })
         .await
     }
 
-    pub async fn list(
-        self: &Arc<Self>,
-        raw: String,
-        depth: usize,
-    ) -> Result<Vec<FileInfo>, CompatError> {
+    /// `GET /directories/list`: every entry under `raw` down to `depth` levels, in pre-order.
+    pub async fn list(self: &Arc<Self>, raw: String, depth: usize) -> Result<Listing, CompatError> {
         if depth == 0 {
-            return Ok(Vec::new());
+            return Ok(Listing::default());
         }
         let files = Arc::clone(self);
         blocking(move || {
@@ -680,11 +700,15 @@ impl Files {
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut listed = Vec::new();
-            walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
+            let gaps = walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
                 listed.push(file_info(shown, meta, &names));
+                enough_when(listed.len())
             })
             .map_err(|e| fs_error(&target.shown, e))?;
-            Ok(listed)
+            Ok(Listing {
+                entries: listed,
+                gaps,
+            })
         })
         .await
     }
@@ -1084,54 +1108,160 @@ fn write_atomically(
     Ok(())
 }
 
-/// Pre-order walk: each entry (not following symlinks), then its descendants, in lexical
-/// order, down to `depth` levels, at most [`MAX_LISTED_ENTRIES`] entries.
+/// The answer of a search or listing: the entries found, and what kept it from being
+/// complete. OpenSandbox's answer is a bare JSON array, so the gaps travel in headers
+/// ([`TRUNCATED_HEADER`], [`UNREADABLE_HEADER`]), sent only when there are any.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub entries: Vec<FileInfo>,
+    pub gaps: Gaps,
+}
+
+impl IntoResponse for Listing {
+    fn into_response(self) -> Response {
+        let mut response = axum::Json(self.entries).into_response();
+        let headers = response.headers_mut();
+        if self.gaps.truncated {
+            headers.insert(TRUNCATED_HEADER, HeaderValue::from_static("true"));
+        }
+        if self.gaps.n_unreadable > 0 {
+            headers.insert(UNREADABLE_HEADER, HeaderValue::from(self.gaps.n_unreadable));
+        }
+        response
+    }
+}
+
+/// What a walk could not see; every entry it did see is in the answer anyway.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Gaps {
+    /// A limit ([`MAX_LISTED_ENTRIES`], [`MAX_READ_ENTRIES`], [`MAX_WALK_DEPTH`]) left entries
+    /// out.
+    pub truncated: bool,
+    /// Entries left out because they could not be read: an entry whose metadata failed, or a
+    /// directory that could not be opened or listed (its contents are missing, it is counted
+    /// once). Entries that vanished during the walk are not counted: they are gone.
+    pub n_unreadable: u64,
+}
+
+/// Whether a walk's visitor wants more entries.
+enum Visit {
+    More,
+    Enough,
+}
+
+/// [`Visit::Enough`] once an answer holds [`MAX_LISTED_ENTRIES`].
+fn enough_when(n_entries: usize) -> Visit {
+    if n_entries >= MAX_LISTED_ENTRIES {
+        Visit::Enough
+    } else {
+        Visit::More
+    }
+}
+
+/// Pre-order walk below `dir`: each entry (not following symlinks), then its descendants, in
+/// lexical order, down to `depth` levels (at most [`MAX_WALK_DEPTH`]), reading at most
+/// [`MAX_READ_ENTRIES`] entries, until `visit` has enough.
+///
+/// Only `dir` itself must be listable; that failure is the caller's error. Below it, an entry
+/// that fails for any reason (`EACCES` on `/proc/1/fdinfo`, an entry removed or swapped for a
+/// symlink mid-walk, `ELOOP`, ...) is skipped and counted in [`Gaps`], so one bad entry never
+/// costs the whole answer.
 fn walk(
     dir: &Dir,
     shown: &str,
     depth: usize,
-    visit: &mut dyn FnMut(String, &str, &Metadata),
-) -> io::Result<()> {
-    let mut budget = MAX_LISTED_ENTRIES;
-    walk_level(dir, shown, depth, visit, &mut budget)
+    visit: &mut dyn FnMut(String, &str, &Metadata) -> Visit,
+) -> io::Result<Gaps> {
+    let mut walker = Walker {
+        depth,
+        n_reads_left: MAX_READ_ENTRIES,
+        enough: false,
+        gaps: Gaps::default(),
+        visit,
+    };
+    let names = walker.read_names(dir)?;
+    walker.level(dir, shown, 1, names);
+    Ok(walker.gaps)
 }
 
-fn walk_level(
-    dir: &Dir,
-    shown: &str,
+/// One walk in progress.
+struct Walker<'v> {
+    /// Levels asked for (1: the entries of the starting directory only).
     depth: usize,
-    visit: &mut dyn FnMut(String, &str, &Metadata),
-    budget: &mut usize,
-) -> io::Result<()> {
-    let mut entries: Vec<(String, Metadata)> = Vec::new();
-    for entry in dir.entries()? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        match entry.metadata() {
-            Ok(meta) => entries.push((name, meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
+    n_reads_left: usize,
+    /// The visitor has enough: any further entry means the answer is truncated.
+    enough: bool,
+    gaps: Gaps,
+    visit: &'v mut dyn FnMut(String, &str, &Metadata) -> Visit,
+}
+
+impl Walker<'_> {
+    /// The names in `dir`, sorted, drawn from the walk's read budget. Only opening the listing
+    /// fails; an error part way through keeps the names read so far and counts the directory
+    /// as unreadable.
+    fn read_names(&mut self, dir: &Dir) -> io::Result<Vec<std::ffi::OsString>> {
+        let mut names = Vec::new();
+        for entry in dir.entries()? {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(err) => {
+                    self.unreadable(&err);
+                    break;
+                }
+            };
+            if self.n_reads_left == 0 {
+                self.gaps.truncated = true;
+                break;
+            }
+            self.n_reads_left -= 1;
+            names.push(entry.file_name());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn unreadable(&mut self, err: &io::Error) {
+        if err.kind() != io::ErrorKind::NotFound {
+            self.gaps.n_unreadable += 1;
         }
     }
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, meta) in entries {
-        if *budget == 0 {
-            return Ok(());
-        }
-        *budget -= 1;
-        let child_shown = join_shown(shown, &name);
-        visit(child_shown.clone(), &name, &meta);
-        if meta.is_dir() && depth > 1 {
-            // Never through a symlink, even if the entry was swapped for one after the listing.
-            match dir.open_dir_nofollow(&name) {
-                Ok(child) => walk_level(&child, &child_shown, depth - 1, visit, budget)?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !is_escape(&e) => {}
-                Err(e) => return Err(e),
+
+    /// Visits `names` (the entries of `dir`, at `level`) and what lies below them.
+    fn level(&mut self, dir: &Dir, shown: &str, level: usize, names: Vec<std::ffi::OsString>) {
+        for name in names {
+            if self.enough {
+                self.gaps.truncated = true;
+                return;
+            }
+            let meta = match dir.symlink_metadata(&name) {
+                Ok(meta) => meta,
+                Err(err) => {
+                    self.unreadable(&err);
+                    continue;
+                }
+            };
+            let shown_name = name.to_string_lossy();
+            let child_shown = join_shown(shown, &shown_name);
+            if let Visit::Enough = (self.visit)(child_shown.clone(), &shown_name, &meta) {
+                self.enough = true;
+            }
+            if !meta.is_dir() || level >= self.depth {
+                continue;
+            }
+            if level >= MAX_WALK_DEPTH {
+                self.gaps.truncated = true;
+                continue;
+            }
+            // Never through a symlink, even if the entry was swapped for one after the lstat.
+            let listed = dir
+                .open_dir_nofollow(&name)
+                .and_then(|child| Ok((self.read_names(&child)?, child)));
+            match listed {
+                Ok((names, child)) => self.level(&child, &child_shown, level + 1, names),
+                Err(err) => self.unreadable(&err),
             }
         }
     }
-    Ok(())
 }
 
 /// Replaces every non-overlapping `old` with `new`; returns the result and the count.

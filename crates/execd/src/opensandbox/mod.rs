@@ -356,18 +356,13 @@ async fn chmod_files(
     Ok(StatusCode::OK)
 }
 
-async fn search_files(
-    State(state): State<Compat>,
-    Query(pairs): Pairs,
-) -> Result<axum::Json<Vec<warren_protocol::opensandbox::FileInfo>>> {
+async fn search_files(State(state): State<Compat>, Query(pairs): Pairs) -> Result<files::Listing> {
     let path = required(&pairs, "path")?;
-    Ok(axum::Json(
-        state
-            .inner
-            .files
-            .search(path, first(&pairs, "pattern"))
-            .await?,
-    ))
+    state
+        .inner
+        .files
+        .search(path, first(&pairs, "pattern"))
+        .await
 }
 
 async fn replace_content(
@@ -435,16 +430,20 @@ async fn download_file(
 async fn list_directory(
     State(state): State<Compat>,
     Query(pairs): Pairs,
-) -> Result<axum::Json<Vec<warren_protocol::opensandbox::FileInfo>>> {
+) -> Result<files::Listing> {
     let path = required(&pairs, "path")?;
-    let depth = match first(&pairs, "depth").filter(|d| !d.is_empty()) {
+    let depth = match first(&pairs, "depth").map(|d| d.trim().to_owned()) {
         None => 1,
-        Some(d) => d
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| CompatError::InvalidRequest("depth must be a whole number".to_owned()))?,
+        Some(d) if d.is_empty() => 1,
+        // A depth too large to represent asks for everything, like any depth past the limit.
+        Some(d) if d.bytes().all(|b| b.is_ascii_digit()) => d.parse().unwrap_or(usize::MAX),
+        Some(_) => {
+            return Err(CompatError::InvalidRequest(
+                "depth must be a whole number".to_owned(),
+            ));
+        }
     };
-    Ok(axum::Json(state.inner.files.list(path, depth).await?))
+    state.inner.files.list(path, depth).await
 }
 
 async fn make_dirs(
