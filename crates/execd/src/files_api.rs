@@ -24,6 +24,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::error::ApiError;
 use crate::opensandbox::resolve::{self, Part, Refusal, Root, Want};
+use crate::opensandbox::{PathError, path_error};
 
 /// The file routes' state: the canonical root.
 #[derive(Clone)]
@@ -42,8 +43,10 @@ pub enum FilesError {
     Escape(String),
     #[error("{0} is not a regular file")]
     NotRegular(String),
-    #[error("a parent of {0} is not a directory")]
-    NotADirectory(String),
+    /// A path the OS refuses for a reason the client can fix (a name too long, a file where a
+    /// directory should be, no permission): the same codes as the OpenSandbox file routes.
+    #[error(transparent)]
+    Path(#[from] PathError),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -54,12 +57,16 @@ pub enum FilesError {
 
 impl From<FilesError> for ApiError {
     fn from(error: FilesError) -> Self {
+        let error = match error {
+            FilesError::Path(path_error) => return path_error.into(),
+            other => other,
+        };
         let (status, code) = match &error {
             FilesError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "INVALID_PATH"),
             FilesError::NotFound(_) => (StatusCode::NOT_FOUND, "FILE_NOT_FOUND"),
             FilesError::Escape(_) => (StatusCode::FORBIDDEN, "PATH_ESCAPE"),
             FilesError::NotRegular(_) => (StatusCode::BAD_REQUEST, "NOT_REGULAR_FILE"),
-            FilesError::NotADirectory(_) => (StatusCode::BAD_REQUEST, "NOT_A_DIRECTORY"),
+            FilesError::Path(_) => unreachable!("returned above"),
             FilesError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
                 (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL")
             }
@@ -125,15 +132,16 @@ fn fs_error(shown: &str, err: io::Error) -> FilesError {
     match resolve::refusal(&err) {
         Some(Refusal::Escape) => return FilesError::Escape(shown.into()),
         Some(Refusal::NotRegular) => return FilesError::NotRegular(shown.into()),
+        Some(Refusal::NotDirectory) => {
+            return PathError::NotADirectory(format!("{shown}: a component of it is not a directory"))
+                .into();
+        }
         Some(Refusal::Loop) | None => {}
     }
+    if let Some(path_error) = path_error(shown, &err) {
+        return path_error.into();
+    }
     match err.raw_os_error() {
-        Some(code) if code == rustix::io::Errno::NOTDIR.raw_os_error() => {
-            FilesError::NotADirectory(shown.into())
-        }
-        Some(code) if code == rustix::io::Errno::NAMETOOLONG.raw_os_error() => {
-            FilesError::InvalidPath(format!("a name in {shown} is too long"))
-        }
         Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
             FilesError::InvalidPath(format!("{shown}: too many levels of symbolic links"))
         }

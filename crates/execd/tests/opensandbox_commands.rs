@@ -511,6 +511,39 @@ async fn session_errors_and_deletion() {
     assert_eq!(status, 500);
 }
 
+/// Regression: `POST /session` with a file or a NUL byte as `cwd` was a 500.
+#[tokio::test]
+async fn a_session_cwd_that_cannot_be_a_directory_is_a_4xx_naming_why() {
+    let server = Server::start().await;
+    let file = server.path("file.txt");
+    std::fs::write(&file, "f").expect("write");
+    let cases = [
+        (file.clone(), 409, "NOT_A_DIRECTORY"),
+        (format!("{file}/below"), 409, "NOT_A_DIRECTORY"),
+        (server.path("a\u{0}b"), 400, "INVALID_PATH"),
+        (
+            "/$WARREN_SURELY_UNDEFINED_VAR/x".to_owned(),
+            400,
+            "INVALID_PATH",
+        ),
+        (server.path(&"n".repeat(300)), 400, "NAME_TOO_LONG"),
+    ];
+    for (cwd, status, code) in cases {
+        let response = server.post_json("/session", json!({"cwd": cwd})).await;
+        assert_error(response, status, code).await;
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "f");
+
+    let id = server.create_session(json!({})).await;
+    let response = server
+        .post_json(
+            &format!("/session/{id}/run"),
+            json!({"command": "pwd", "cwd": server.path("a\u{0}b")}),
+        )
+        .await;
+    assert_error(response, 400, "INVALID_PATH").await;
+}
+
 #[tokio::test]
 async fn bash_sessions_beyond_the_limit_get_429_until_one_is_deleted() {
     let server = Server::start_with(|config| config.max_bash_sessions = 2).await;

@@ -330,6 +330,200 @@ async fn download_supports_ranges_and_line_windows() {
     assert_missing(&server, "/files/download", &server.path("none")).await;
 }
 
+/// Regression: `Range: items=0-5` and `Range: bytes=abc` were answered 416; RFC 9110 says to
+/// ignore an unknown unit or an invalid header. Several ranges get the whole file too.
+#[tokio::test]
+async fn range_headers_that_are_not_one_valid_byte_range_are_ignored() {
+    let server = Server::start().await;
+    let file = server.path("r.txt");
+    std::fs::write(&file, "0123456789ab").expect("write");
+    let url = server.url(&at("/files/download", &file));
+    let ranged = |ranges: &[&str]| {
+        let mut request = server.client.get(&url);
+        for range in ranges {
+            request = request.header("Range", *range);
+        }
+        send(request)
+    };
+    for ranges in [
+        &["items=0-5"][..],
+        &["bytes=abc"],
+        &["bytes=4-2"],
+        &["bytes=0-1,4-5"],
+        &["bytes=0-1", "bytes=4-5"],
+    ] {
+        let response = ranged(ranges).await;
+        assert_eq!(response.status(), 200, "{ranges:?}");
+        assert!(
+            response.headers().get("content-range").is_none(),
+            "{ranges:?}"
+        );
+        assert_eq!(response.headers()["content-length"], "12", "{ranges:?}");
+        assert_eq!(response.text().await.expect("text"), "0123456789ab");
+    }
+
+    let response = ranged(&["bytes=-4"]).await;
+    assert_eq!(response.status(), 206);
+    assert_eq!(response.headers()["content-range"], "bytes 8-11/12");
+    assert_eq!(response.text().await.expect("text"), "89ab");
+    let response = ranged(&["bytes=999999-"]).await;
+    assert_eq!(response.headers()["content-range"], "bytes */12");
+    assert_error(response, 416, "INVALID_REQUEST_BODY").await;
+
+    // An ignored Range does not clash with a line window.
+    let lines = send(
+        server
+            .client
+            .get(format!("{url}&offset=1&limit=1"))
+            .header("Range", "items=0-1"),
+    )
+    .await;
+    assert_eq!(lines.status(), 200);
+    assert_eq!(lines.text().await.expect("text"), "0123456789ab");
+}
+
+/// Regression: a path with a 300-byte component (ENAMETOOLONG) was a 500.
+#[tokio::test]
+async fn a_name_longer_than_the_filesystem_allows_is_400_name_too_long() {
+    let server = Server::start().await;
+    std::fs::create_dir(server.path("d")).expect("mkdir");
+    let long = server.path(&format!("d/{}", "n".repeat(300)));
+    for route in [
+        "/files/info",
+        "/files/download",
+        "/files/search",
+        "/directories/list",
+        "/files",
+    ] {
+        let response = if route == "/files" {
+            server.delete(&at(route, &long)).await
+        } else {
+            server.get(&at(route, &long)).await
+        };
+        let message = assert_error(response, 400, "NAME_TOO_LONG").await;
+        assert!(
+            message.contains("longer than the filesystem allows"),
+            "{route}: {message}"
+        );
+    }
+    let response = server
+        .post_json("/directories", json!({format!("{long}/below"): {}}))
+        .await;
+    assert_error(response, 400, "NAME_TOO_LONG").await;
+    let response = upload(&server, &[(json!({"path": long}), b"x")]).await;
+    assert_error(response, 400, "NAME_TOO_LONG").await;
+    std::fs::write(server.path("d/short"), "s").expect("write");
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": server.path("d/short"), "dest": long}]),
+        )
+        .await;
+    assert_error(response, 400, "NAME_TOO_LONG").await;
+    assert!(Path::new(&server.path("d/short")).exists(), "nothing moved");
+}
+
+/// The temporary file an upload or a replace writes first repeats the name; a name of the
+/// longest length the filesystem allows must still be writable.
+#[tokio::test]
+async fn a_file_with_a_255_byte_name_can_be_uploaded_and_replaced() {
+    let server = Server::start().await;
+    let path = server.path(&"x".repeat(255));
+    let response = upload(&server, &[(json!({"path": path}), b"old text")]).await;
+    assert_eq!(response.status(), 200);
+    let response = server
+        .post_json(
+            "/files/replace",
+            json!({path.clone(): {"old": "old", "new": "new"}}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), "new text");
+    let names: Vec<_> = std::fs::read_dir(&server.root)
+        .expect("read the root")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
+}
+
+/// Regression: search and list of a file, a FIFO or a device, and mkdir under a file, were
+/// 500 "Not a directory".
+#[tokio::test]
+async fn search_list_and_mkdir_where_a_file_is_are_409_not_a_directory() {
+    let server = Server::start().await;
+    let file = server.path("file.txt");
+    std::fs::write(&file, "f").expect("write");
+    let fifo = server.path("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let everywhere = Server::start_with(|config| config.root = "/".into()).await;
+    for (server, path) in [
+        (&server, &file),
+        (&server, &fifo),
+        (&everywhere, &"/dev/null".to_owned()),
+    ] {
+        for route in ["/files/search", "/directories/list"] {
+            let response = tokio::time::timeout(WAIT, server.get(&at(route, path)))
+                .await
+                .expect("answers without opening the FIFO");
+            let message = assert_error(response, 409, "NOT_A_DIRECTORY").await;
+            assert_eq!(message, format!("{path} is not a directory"), "{route}");
+        }
+    }
+    for below in [format!("{file}/x"), format!("{fifo}/x")] {
+        let message = assert_error(
+            server.get(&at("/files/info", &below)).await,
+            409,
+            "NOT_A_DIRECTORY",
+        )
+        .await;
+        assert!(message.contains("not a directory"), "{message}");
+        assert_error(
+            server.get(&at("/files/download", &below)).await,
+            409,
+            "NOT_A_DIRECTORY",
+        )
+        .await;
+        let response = server
+            .post_json("/directories", json!({format!("{below}/deeper"): {}}))
+            .await;
+        assert_error(response, 409, "NOT_A_DIRECTORY").await;
+        let response = upload(&server, &[(json!({"path": format!("{below}/f")}), b"x")]).await;
+        assert_error(response, 409, "NOT_A_DIRECTORY").await;
+    }
+    let response = server
+        .post_json("/directories", json!({file.clone(): {}}))
+        .await;
+    assert_error(response, 409, "NOT_A_DIRECTORY").await;
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "f");
+}
+
+#[tokio::test]
+async fn nul_bytes_empty_paths_and_undefined_variables_are_400_invalid_path() {
+    let server = Server::start().await;
+    let dir = server.path("");
+    for url in [
+        format!("/files/info?path={dir}a%00b"),
+        format!("/files/download?path={dir}a%00b"),
+        format!("/directories/list?path={dir}%00"),
+        "/files/info?path=/$WARREN_SURELY_UNDEFINED_VAR/x".to_owned(),
+    ] {
+        assert_error(server.get(&url).await, 400, "INVALID_PATH").await;
+    }
+    let response = server
+        .post_json(
+            "/files/mv",
+            json!([{"src": format!("{dir}a\u{0}b"), "dest": format!("{dir}c")}]),
+        )
+        .await;
+    assert_error(response, 400, "INVALID_PATH").await;
+    let response = server.post_json("/directories", json!({"": {}})).await;
+    assert_error(response, 400, "INVALID_PATH").await;
+}
+
 #[tokio::test]
 async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following_symlinks() {
     let server = Server::start().await;
@@ -370,6 +564,208 @@ async fn list_directory_is_lexical_preorder_to_the_given_depth_without_following
     assert!(list(&server, &root, "&depth=0").await.is_empty());
     assert_error(server.get("/directories/list").await, 400, "MISSING_QUERY").await;
     assert_missing(&server, "/directories/list", &server.path("nope")).await;
+}
+
+/// `(paths, truncated header, unreadable header)` of a search or listing answer.
+async fn listing(server: &Server, url: &str) -> (Vec<String>, Option<String>, Option<String>) {
+    let response = server.get(url).await;
+    assert_eq!(response.status(), 200, "{url}");
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII header").to_owned())
+    };
+    let (truncated, unreadable) = (
+        header("warren-truncated"),
+        header("warren-unreadable-entries"),
+    );
+    let entries: Vec<Value> = response.json().await.expect("a JSON array");
+    let paths = entries
+        .iter()
+        .map(|e| e["path"].as_str().expect("path").to_owned())
+        .collect();
+    (paths, truncated, unreadable)
+}
+
+/// Makes a directory unreadable (mode 000) and readable again when dropped, so the
+/// temporary root can be removed.
+struct Locked(std::path::PathBuf);
+
+impl Locked {
+    fn new(path: std::path::PathBuf) -> Self {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).expect("chmod 000");
+        Self(path)
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+/// Regression: one entry that could not be read (`EACCES` on `/proc/1/fdinfo`) made a whole
+/// search or listing a 500. Root reads a mode-000 directory anyway, so the server runs on a
+/// thread that gave up CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (capabilities are per thread;
+/// the runtime's threads are started from it and inherit them).
+#[test]
+fn an_entry_that_cannot_be_read_is_skipped_and_counted_not_a_failed_listing() {
+    let thread = std::thread::spawn(|| {
+        use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+        let mut caps = capabilities(None).expect("capget");
+        let dac = CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+        caps.effective.remove(dac);
+        caps.permitted.remove(dac);
+        set_capabilities(None, caps).expect("capset drops capabilities of this thread");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(unreadable_entries_are_skipped());
+    });
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn unreadable_entries_are_skipped() {
+    let server = Server::start().await;
+    for dir in ["tree/locked", "tree/open"] {
+        std::fs::create_dir_all(server.path(dir)).expect("mkdir");
+    }
+    for file in [
+        "tree/a.txt",
+        "tree/locked/secret.txt",
+        "tree/open/b.txt",
+        "tree/z.txt",
+    ] {
+        std::fs::write(server.path(file), "x").expect("write");
+    }
+    let _locked = Locked::new(server.path("tree/locked").into());
+    let tree = server.path("tree");
+    let p = |rel: &str| format!("{tree}/{rel}");
+
+    let (paths, truncated, unreadable) = listing(
+        &server,
+        &format!("/directories/list?path={}&depth=5", q(&tree)),
+    )
+    .await;
+    assert_eq!(
+        paths,
+        [
+            p("a.txt"),
+            p("locked"),
+            p("open"),
+            p("open/b.txt"),
+            p("z.txt")
+        ]
+    );
+    assert_eq!((truncated, unreadable.as_deref()), (None, Some("1")));
+
+    let (paths, truncated, unreadable) = listing(&server, &at("/files/search", &tree)).await;
+    assert_eq!(paths, [p("a.txt"), p("open/b.txt"), p("z.txt")]);
+    assert_eq!((truncated, unreadable.as_deref()), (None, Some("1")));
+
+    // The directory the client named is not skipped: it is refused.
+    for route in ["/directories/list", "/files/search"] {
+        let response = server.get(&at(route, &p("locked"))).await;
+        assert_error(response, 403, "PERMISSION_DENIED").await;
+    }
+    let response = server
+        .get(&at("/files/download", &p("locked/secret.txt")))
+        .await;
+    assert_error(response, 403, "PERMISSION_DENIED").await;
+}
+
+/// Regression: with `--root /`, search of `/` or `/proc` and a listing of `/` to depth
+/// 1 000 000 were 500 "Permission denied"; they answer, and say when a limit cut them.
+#[tokio::test]
+async fn search_of_proc_and_deep_listing_of_the_whole_root_answer() {
+    let server = Server::start_with(|config| config.root = "/".into()).await;
+    for url in [
+        "/files/search?path=/proc",
+        "/files/search?path=/",
+        "/directories/list?path=/&depth=1000000",
+        "/directories/list?path=/proc&depth=99999999999999999999999",
+    ] {
+        let (paths, truncated, _) = listing(&server, url).await;
+        assert!(paths.len() <= 10_000, "{url}: {} entries", paths.len());
+        if paths.len() == 10_000 {
+            assert_eq!(truncated.as_deref(), Some("true"), "{url}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn listings_cut_by_the_depth_or_entry_limits_say_they_are_truncated() {
+    let server = Server::start().await;
+    let deep = server.path(&["d"; 70].join("/"));
+    std::fs::create_dir_all(&deep).expect("mkdir 70 levels");
+    let top = server.path("d");
+    let list = |depth: &str| format!("/directories/list?path={}&depth={depth}", q(&top));
+    let (paths, truncated, _) = listing(&server, &list("1000000")).await;
+    assert_eq!(paths.len(), 64, "the walk stops 64 levels down");
+    assert_eq!(truncated.as_deref(), Some("true"));
+    let (paths, truncated, _) = listing(&server, &list("64")).await;
+    assert_eq!(
+        (paths.len(), truncated),
+        (64, None),
+        "64 levels asked and given"
+    );
+    let (_, truncated, _) = listing(&server, &at("/files/search", &top)).await;
+    assert_eq!(truncated.as_deref(), Some("true"));
+
+    let wide = server.path("wide");
+    std::fs::create_dir(&wide).expect("mkdir");
+    for n in 0..10_000 {
+        std::fs::write(format!("{wide}/{n:05}"), "").expect("write");
+    }
+    for url in [at("/directories/list", &wide), at("/files/search", &wide)] {
+        let (paths, truncated, _) = listing(&server, &url).await;
+        assert_eq!(
+            (paths.len(), truncated),
+            (10_000, None),
+            "exactly at the limit: {url}"
+        );
+    }
+    std::fs::write(format!("{wide}/10000"), "").expect("write");
+    for url in [at("/directories/list", &wide), at("/files/search", &wide)] {
+        let (paths, truncated, _) = listing(&server, &url).await;
+        assert_eq!(paths.len(), 10_000, "{url}");
+        assert_eq!(
+            paths.last(),
+            Some(&format!("{wide}/09999")),
+            "the first 10 000 in order"
+        );
+        assert_eq!(truncated.as_deref(), Some("true"), "{url}");
+    }
+}
+
+#[tokio::test]
+async fn a_directory_whose_name_is_not_utf8_is_listed_with_its_contents() {
+    use std::os::unix::ffi::OsStrExt;
+    let server = Server::start().await;
+    let odd = server
+        .root
+        .join("t")
+        .join(std::ffi::OsStr::from_bytes(b"d\xff"));
+    std::fs::create_dir_all(&odd).expect("mkdir");
+    std::fs::write(odd.join("inner.txt"), "i").expect("write");
+    let tree = server.path("t");
+    let (paths, _, unreadable) = listing(
+        &server,
+        &format!("/directories/list?path={}&depth=2", q(&tree)),
+    )
+    .await;
+    assert_eq!(
+        paths,
+        [
+            format!("{tree}/d\u{FFFD}"),
+            format!("{tree}/d\u{FFFD}/inner.txt")
+        ]
+    );
+    assert_eq!(unreadable, None);
 }
 
 #[tokio::test]
@@ -429,6 +825,50 @@ async fn move_renames_creates_parents_and_refuses_missing_sources_and_existing_d
         "INVALID_REQUEST_BODY",
     )
     .await;
+}
+
+/// Regression: moving a directory into itself was a 500, after the destination's missing
+/// parents had been created inside the source.
+#[tokio::test]
+async fn moving_a_directory_into_itself_is_400_invalid_move_and_changes_nothing() {
+    let server = Server::start().await;
+    std::fs::create_dir_all(server.path("a/inner")).expect("mkdir");
+    symlink(server.path("a/inner"), server.path("to-inner")).expect("symlink");
+    let mv = |src: &str, dest: &str| {
+        let body = json!([{"src": server.path(src), "dest": server.path(dest)}]);
+        server.post_json("/files/mv", body)
+    };
+    for dest in [
+        "a/b",
+        "a/inner/b",
+        "a/new/parents/b",
+        "to-inner/b",
+        "a/inner/../b",
+    ] {
+        let message = assert_error(mv("a", dest).await, 400, "INVALID_MOVE").await;
+        assert!(message.contains("into itself"), "{dest}: {message}");
+    }
+    assert!(
+        !Path::new(&server.path("a/new")).exists(),
+        "no parent was created"
+    );
+    assert!(
+        Path::new(&server.path("a/inner")).is_dir(),
+        "the source is intact"
+    );
+    let message = assert_error(mv("", "elsewhere").await, 400, "INVALID_MOVE").await;
+    assert!(message.contains("root"), "{message}");
+
+    // Beside itself, or a link to it into it, is fine.
+    assert_eq!(mv("a", "a2").await.status(), 200);
+    assert!(Path::new(&server.path("a2/inner")).is_dir());
+    symlink(server.path("a2"), server.path("link-to-a2")).expect("symlink");
+    assert_eq!(mv("link-to-a2", "a2/link").await.status(), 200);
+    assert!(
+        std::fs::symlink_metadata(server.path("a2/link"))
+            .expect("moved")
+            .is_symlink()
+    );
 }
 
 #[tokio::test]

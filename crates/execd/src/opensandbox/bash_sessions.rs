@@ -7,9 +7,14 @@
 //! (stderr merged, empty lines skipped). Runs of one session are serialised. A run that makes
 //! the shell exit (`exit 3`), or that times out (the whole shell tree is killed), ends with the
 //! shell's fate; the next run starts a fresh shell in the session's directory.
+//!
+//! The session's directory is created when the session is; a `cwd` with a NUL byte, below a
+//! file, naming a file or with a name too long is refused then with the files API's codes
+//! (`INVALID_PATH`, `NOT_A_DIRECTORY`, `NAME_TOO_LONG`), not found out by the first run. It is
+//! not confined to `--root`: the shell can go anywhere anyway.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +25,7 @@ use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
 use super::CompatError;
 use super::commands::{KILL_GRACE, PING_INTERVAL};
+use super::files::{PathError, path_error};
 use super::stream::{EventSink, LineSplitter};
 use warren_process::{CommandSpec, TreeMarker};
 
@@ -79,9 +85,7 @@ impl Sessions {
         tokio::task::spawn_blocking(move || std::fs::create_dir_all(&dir))
             .await
             .map_err(|e| CompatError::Internal(format!("mkdir task panicked: {e}")))?
-            .map_err(|e| {
-                CompatError::Runtime(format!("cannot create directory {}: {e}", cwd.display()))
-            })?;
+            .map_err(|e| cwd_error(&cwd, &e))?;
         let id = uuid::Uuid::new_v4().to_string();
         let session = Arc::new(BashSession {
             id: id.clone(),
@@ -120,7 +124,7 @@ impl Sessions {
             ));
         }
         let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
-            Some(cwd) => Some(super::files::expand_path(cwd).map_err(CompatError::InvalidRequest)?),
+            Some(cwd) => Some(super::files::checked_path(cwd)?),
             None => None,
         };
         let timeout = match request.timeout {
@@ -153,6 +157,20 @@ impl Sessions {
     pub async fn shutdown(&self) {
         let sessions: Vec<Arc<BashSession>> = self.map().drain().map(|(_, s)| s).collect();
         futures_util::future::join_all(sessions.iter().map(|s| s.close())).await;
+    }
+}
+
+/// Why a session's directory could not be made: the path's fault is the client's to fix
+/// (`NOT_A_DIRECTORY`, `NAME_TOO_LONG`, `PERMISSION_DENIED`), anything else a runtime error.
+fn cwd_error(cwd: &Path, err: &std::io::Error) -> CompatError {
+    let shown = cwd.display().to_string();
+    // `create_dir_all` answers EEXIST only when something other than a directory is there.
+    if err.kind() == std::io::ErrorKind::AlreadyExists {
+        return PathError::NotADirectory(format!("{shown} exists and is not a directory")).into();
+    }
+    match path_error(&shown, err) {
+        Some(path_error) => path_error.into(),
+        None => CompatError::Runtime(format!("cannot create directory {shown}: {err}")),
     }
 }
 

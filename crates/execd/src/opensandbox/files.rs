@@ -13,6 +13,12 @@
 //! to the destination, fsynced and renamed into place (a file part sent before its metadata is
 //! first staged in an unnamed temporary file). `/files/replace` rewrites the file a
 //! symlink points to, leaving the link in place; an upload replaces the link itself.
+//!
+//! Search and listing walk below the directory named without following symlinks, skip any
+//! entry that cannot be read instead of failing, and stop at fixed limits (entries returned,
+//! entries read, depth); what was skipped or cut is said in response headers, since
+//! OpenSandbox's answer is a bare array. A path the client got wrong is a [`PathError`] with a
+//! code of its own, never a 500.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -35,9 +41,21 @@ use warren_protocol::opensandbox::{
 use super::CompatError;
 use super::commands::rfc3339;
 use super::resolve::{self, Entry, Part, Refusal, Root, Want};
+use crate::error::ApiError;
 
 /// Most entries one search or listing returns.
 pub const MAX_LISTED_ENTRIES: usize = 10_000;
+/// Most directory entries one search or listing reads. A search may pass over many entries
+/// that do not match; this bounds its work (one `lstat` per entry) and the names it holds,
+/// whatever the tree (`/`, `/proc`) holds.
+pub const MAX_READ_ENTRIES: usize = 100_000;
+/// Most levels a search or listing descends below the directory it starts from; this also
+/// bounds the recursion and the directories held open at once.
+pub const MAX_WALK_DEPTH: usize = 64;
+/// Header of a search or listing answer that a limit cut short: `true`.
+pub const TRUNCATED_HEADER: &str = "warren-truncated";
+/// Header of a search or listing answer that left out entries it could not read: how many.
+pub const UNREADABLE_HEADER: &str = "warren-unreadable-entries";
 /// Largest file `/files/replace` rewrites, and most bytes a line-range download returns.
 pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest `metadata` part of an upload.
@@ -61,6 +79,71 @@ impl Target {
     fn parent_parts(&self) -> Option<&[Part]> {
         self.parts.split_last().map(|(_, parent)| parent)
     }
+}
+
+/// A path the client named that cannot be used, for reasons OpenSandbox's codes have no name
+/// for. Also used for a bash session's working directory. No HTTP in here; the `From` impl
+/// below is the only place these statuses are picked: 400 when the request could never
+/// succeed as written, 409 when the filesystem holds something else than the request needs.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// Empty, containing NUL, or naming an undefined variable.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// A name longer than the filesystem allows (`ENAMETOOLONG`).
+    #[error("{0}")]
+    NameTooLong(String),
+    /// The path, or a directory on its way, is something other than a directory.
+    #[error("{0}")]
+    NotADirectory(String),
+    /// The OS refused the daemon access (`EACCES`, `EPERM`).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A move that cannot be done: a directory into itself, the root, across filesystems.
+    #[error("{0}")]
+    InvalidMove(String),
+}
+
+impl From<PathError> for ApiError {
+    fn from(err: PathError) -> Self {
+        let message = err.to_string();
+        let (status, code) = match err {
+            PathError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "INVALID_PATH"),
+            PathError::NameTooLong(_) => (StatusCode::BAD_REQUEST, "NAME_TOO_LONG"),
+            PathError::NotADirectory(_) => (StatusCode::CONFLICT, "NOT_A_DIRECTORY"),
+            PathError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+            PathError::InvalidMove(_) => (StatusCode::BAD_REQUEST, "INVALID_MOVE"),
+        };
+        ApiError::new(status, code, message)
+    }
+}
+
+/// A path as the client wrote it, made usable: NUL refused, `~` and `$VAR` expanded.
+pub fn checked_path(raw: &str) -> Result<String, PathError> {
+    if raw.contains('\0') {
+        return Err(PathError::InvalidPath(format!(
+            "path {raw:?} contains a NUL byte"
+        )));
+    }
+    expand_path(raw).map_err(PathError::InvalidPath)
+}
+
+/// The errors the OS gives for a path that are the client's to fix, by errno; `None` for the
+/// rest.
+pub fn path_error(path: &str, err: &io::Error) -> Option<PathError> {
+    let errno = rustix::io::Errno::from_io_error(err)?;
+    Some(match errno {
+        rustix::io::Errno::NAMETOOLONG => PathError::NameTooLong(format!(
+            "{path}: a name in it is longer than the filesystem allows"
+        )),
+        rustix::io::Errno::NOTDIR => {
+            PathError::NotADirectory(format!("{path}: a component of it is not a directory"))
+        }
+        rustix::io::Errno::ACCESS | rustix::io::Errno::PERM => {
+            PathError::PermissionDenied(format!("{path}: permission denied"))
+        }
+        _ => return None,
+    })
 }
 
 /// Expands a leading `~` (the daemon user's home) and `$NAME` / `${NAME}`; an undefined
@@ -133,7 +216,13 @@ fn fs_error(path: &str, err: io::Error) -> CompatError {
                 resolve::MAX_LINKS_FOLLOWED
             ));
         }
+        Some(Refusal::NotDirectory) => {
+            return PathError::NotADirectory(format!("{path} is not a directory")).into();
+        }
         Some(Refusal::Escape) | None => {}
+    }
+    if let Some(path_error) = path_error(path, &err) {
+        return path_error.into();
     }
     match err.kind() {
         io::ErrorKind::NotFound => CompatError::FileNotFound(format!("file not found: {path}")),
@@ -350,13 +439,15 @@ fn set_owner_and_mode(
 
 /// `mkdir -p` below the root, following symlinks that stay inside it.
 fn create_dirs(root: &Root, parts: &[Part], shown: &str) -> Result<(), CompatError> {
-    root.create_dirs(parts).map_err(|err| {
-        if err.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) {
-            CompatError::Runtime(format!("{shown}: a path component is not a directory"))
-        } else {
-            fs_error(shown, err)
-        }
-    })
+    root.create_dirs(parts).map_err(|err| fs_error(shown, err))
+}
+
+fn into_itself(src: &Target, dest: &Target) -> CompatError {
+    PathError::InvalidMove(format!(
+        "cannot move directory {} into itself ({})",
+        src.shown, dest.shown
+    ))
+    .into()
 }
 
 fn join_shown(base: &str, name: &str) -> String {
@@ -386,16 +477,9 @@ impl Files {
     /// Expands `raw` and makes it parts below the root; lexically outside → `PATH_ESCAPE`.
     fn target(&self, raw: &str) -> Result<Target, CompatError> {
         if raw.is_empty() {
-            return Err(CompatError::InvalidRequest(
-                "path must not be empty".to_owned(),
-            ));
+            return Err(PathError::InvalidPath("path must not be empty".to_owned()).into());
         }
-        if raw.contains('\0') {
-            return Err(CompatError::InvalidRequest(
-                "path must not contain NUL".to_owned(),
-            ));
-        }
-        let shown = expand_path(raw).map_err(CompatError::InvalidRequest)?;
+        let shown = checked_path(raw)?;
         let path = Path::new(&shown);
         let absolute = if path.is_absolute() {
             path.to_path_buf()
@@ -471,7 +555,29 @@ impl Files {
                 let src = files.target(&item.src)?;
                 let dest = files.target(&item.dest)?;
                 let src_entry = locate(&root, &src)?;
-                src_entry.lstat().map_err(|e| fs_error(&src.shown, e))?;
+                let src_meta = src_entry.lstat().map_err(|e| fs_error(&src.shown, e))?;
+                if src_entry.is_root() {
+                    return Err(PathError::InvalidMove(format!(
+                        "cannot move {}: it is the root",
+                        src.shown
+                    ))
+                    .into());
+                }
+                // Checked before any parent of the destination is created, so a refused move
+                // leaves nothing behind. The kernel's EINVAL below catches what a race slips by.
+                if src_meta.is_dir()
+                    && let Some(parent) = dest.parent_parts()
+                {
+                    let nearest = root
+                        .deepest_existing_dir(parent)
+                        .map_err(|e| fs_error(&dest.shown, e))?;
+                    if root
+                        .is_inside(nearest, (src_meta.dev(), src_meta.ino()))
+                        .map_err(|e| fs_error(&dest.shown, e))?
+                    {
+                        return Err(into_itself(&src, &dest));
+                    }
+                }
                 if let Some(parent) = dest.parent_parts() {
                     create_dirs(&root, parent, &dest.shown)?;
                 }
@@ -489,7 +595,15 @@ impl Files {
                 src_entry
                     .dir
                     .rename(&src_entry.name, &dest_entry.dir, &dest_entry.name)
-                    .map_err(|e| fs_error(&src.shown, e))?;
+                    .map_err(|e| match rustix::io::Errno::from_io_error(&e) {
+                        Some(rustix::io::Errno::INVAL) => into_itself(&src, &dest),
+                        Some(rustix::io::Errno::XDEV) => PathError::InvalidMove(format!(
+                            "cannot move {} to {}: they are on different filesystems",
+                            src.shown, dest.shown
+                        ))
+                        .into(),
+                        _ => fs_error(&src.shown, e),
+                    })?;
             }
             Ok(())
         })
@@ -538,11 +652,13 @@ impl Files {
         .await
     }
 
+    /// `GET /files/search`: files (not directories) under `raw` whose base name matches the
+    /// glob, sorted by path.
     pub async fn search(
         self: &Arc<Self>,
         raw: String,
         pattern: Option<String>,
-    ) -> Result<Vec<FileInfo>, CompatError> {
+    ) -> Result<Listing, CompatError> {
         let pattern = pattern
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| "**".to_owned());
@@ -556,25 +672,26 @@ impl Files {
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut found = Vec::new();
-            walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
+            let gaps = walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
                 if !meta.is_dir() && matcher.is_match(name) {
                     found.push(file_info(shown, meta, &names));
                 }
+                enough_when(found.len())
             })
             .map_err(|e| fs_error(&target.shown, e))?;
             found.sort_by(|a, b| a.path.cmp(&b.path));
-            Ok(found)
+            Ok(Listing {
+                entries: found,
+                gaps,
+            })
         })
         .await
     }
 
-    pub async fn list(
-        self: &Arc<Self>,
-        raw: String,
-        depth: usize,
-    ) -> Result<Vec<FileInfo>, CompatError> {
+    /// `GET /directories/list`: every entry under `raw` down to `depth` levels, in pre-order.
+    pub async fn list(self: &Arc<Self>, raw: String, depth: usize) -> Result<Listing, CompatError> {
         if depth == 0 {
-            return Ok(Vec::new());
+            return Ok(Listing::default());
         }
         let files = Arc::clone(self);
         blocking(move || {
@@ -583,11 +700,15 @@ impl Files {
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut listed = Vec::new();
-            walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
+            let gaps = walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
                 listed.push(file_info(shown, meta, &names));
+                enough_when(listed.len())
             })
             .map_err(|e| fs_error(&target.shown, e))?;
-            Ok(listed)
+            Ok(Listing {
+                entries: listed,
+                gaps,
+            })
         })
         .await
     }
@@ -789,18 +910,15 @@ impl Files {
         .await
     }
 
-    /// `GET /files/download`.
+    /// `GET /files/download`. `range` is the `Range` header's value (several field lines joined
+    /// with commas, as RFC 9110 §5.3 combines them); a Range that [`parse_range`] says to
+    /// ignore is ignored, also next to `offset`/`limit`.
     pub async fn download(
         self: &Arc<Self>,
         raw: String,
-        range: Option<String>,
+        range: Option<Vec<u8>>,
         lines: Option<(u64, Option<u64>)>,
     ) -> Result<Response, CompatError> {
-        if range.is_some() && lines.is_some() {
-            return Err(CompatError::InvalidRequest(
-                "Range and offset/limit are mutually exclusive".to_owned(),
-            ));
-        }
         let files = Arc::clone(self);
         let (file, meta, shown) = blocking(move || {
             let root = files.open_root()?;
@@ -810,6 +928,12 @@ impl Files {
         })
         .await?;
         let size = meta.len();
+        let range = range.map_or(RangeAnswer::Whole, |header| parse_range(&header, size));
+        if range != RangeAnswer::Whole && lines.is_some() {
+            return Err(CompatError::InvalidRequest(
+                "Range and offset/limit are mutually exclusive".to_owned(),
+            ));
+        }
         let name = Path::new(&shown)
             .file_name()
             .map(|n| n.to_string_lossy().replace(['"', '\\', '\r', '\n'], "_"))
@@ -830,12 +954,11 @@ impl Files {
         }
 
         let (status, start, len) = match range {
-            None => (StatusCode::OK, 0, size),
-            Some(range) => {
-                let (start, end) =
-                    parse_range(&range, size).ok_or(CompatError::RangeNotSatisfiable(size))?;
+            RangeAnswer::Whole => (StatusCode::OK, 0, size),
+            RangeAnswer::Part { start, end } => {
                 (StatusCode::PARTIAL_CONTENT, start, end - start + 1)
             }
+            RangeAnswer::Unsatisfiable => return Err(CompatError::RangeNotSatisfiable(size)),
         };
         let file = blocking(move || {
             let mut file = file;
@@ -876,18 +999,25 @@ fn open_dir(root: &Root, target: &Target) -> Result<Dir, CompatError> {
     Ok(Dir::from(fd))
 }
 
-/// Creates `.<name>.warren-<uuid>` beside `entry`, exclusively, for writing.
+/// Most bytes of the destination's name a temporary file's name repeats: with the dot, the
+/// `.warren-` and the uuid it stays within the 255 bytes every Linux filesystem allows, so a
+/// file whose own name is that long can still be written.
+const TEMP_NAME_STEM_BYTES: usize = 200;
+
+/// Creates `.<name>.warren-<uuid>` beside `entry`, exclusively, for writing (`<name>` cut to
+/// [`TEMP_NAME_STEM_BYTES`]).
 fn create_temp_beside(entry: &Entry, shown: &str) -> Result<(PathBuf, File), CompatError> {
+    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
     if entry.is_root() {
         return Err(CompatError::InvalidRequest(format!(
             "{shown} names no file"
         )));
     }
-    let temp = PathBuf::from(format!(
-        ".{}.warren-{}",
-        entry.name.to_string_lossy(),
-        uuid::Uuid::new_v4().simple()
-    ));
+    let name = entry.name.as_bytes();
+    let mut temp = b".".to_vec();
+    temp.extend_from_slice(&name[..name.len().min(TEMP_NAME_STEM_BYTES)]);
+    temp.extend_from_slice(format!(".warren-{}", uuid::Uuid::new_v4().simple()).as_bytes());
+    let temp = PathBuf::from(std::ffi::OsString::from_vec(temp));
     let mut options = OpenOptions::new();
     options.write(true).create_new(true).mode(0o644);
     let file = entry
@@ -978,54 +1108,160 @@ fn write_atomically(
     Ok(())
 }
 
-/// Pre-order walk: each entry (not following symlinks), then its descendants, in lexical
-/// order, down to `depth` levels, at most [`MAX_LISTED_ENTRIES`] entries.
+/// The answer of a search or listing: the entries found, and what kept it from being
+/// complete. OpenSandbox's answer is a bare JSON array, so the gaps travel in headers
+/// ([`TRUNCATED_HEADER`], [`UNREADABLE_HEADER`]), sent only when there are any.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub entries: Vec<FileInfo>,
+    pub gaps: Gaps,
+}
+
+impl IntoResponse for Listing {
+    fn into_response(self) -> Response {
+        let mut response = axum::Json(self.entries).into_response();
+        let headers = response.headers_mut();
+        if self.gaps.truncated {
+            headers.insert(TRUNCATED_HEADER, HeaderValue::from_static("true"));
+        }
+        if self.gaps.n_unreadable > 0 {
+            headers.insert(UNREADABLE_HEADER, HeaderValue::from(self.gaps.n_unreadable));
+        }
+        response
+    }
+}
+
+/// What a walk could not see; every entry it did see is in the answer anyway.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Gaps {
+    /// A limit ([`MAX_LISTED_ENTRIES`], [`MAX_READ_ENTRIES`], [`MAX_WALK_DEPTH`]) left entries
+    /// out.
+    pub truncated: bool,
+    /// Entries left out because they could not be read: an entry whose metadata failed, or a
+    /// directory that could not be opened or listed (its contents are missing, it is counted
+    /// once). Entries that vanished during the walk are not counted: they are gone.
+    pub n_unreadable: u64,
+}
+
+/// Whether a walk's visitor wants more entries.
+enum Visit {
+    More,
+    Enough,
+}
+
+/// [`Visit::Enough`] once an answer holds [`MAX_LISTED_ENTRIES`].
+fn enough_when(n_entries: usize) -> Visit {
+    if n_entries >= MAX_LISTED_ENTRIES {
+        Visit::Enough
+    } else {
+        Visit::More
+    }
+}
+
+/// Pre-order walk below `dir`: each entry (not following symlinks), then its descendants, in
+/// lexical order, down to `depth` levels (at most [`MAX_WALK_DEPTH`]), reading at most
+/// [`MAX_READ_ENTRIES`] entries, until `visit` has enough.
+///
+/// Only `dir` itself must be listable; that failure is the caller's error. Below it, an entry
+/// that fails for any reason (`EACCES` on `/proc/1/fdinfo`, an entry removed or swapped for a
+/// symlink mid-walk, `ELOOP`, ...) is skipped and counted in [`Gaps`], so one bad entry never
+/// costs the whole answer.
 fn walk(
     dir: &Dir,
     shown: &str,
     depth: usize,
-    visit: &mut dyn FnMut(String, &str, &Metadata),
-) -> io::Result<()> {
-    let mut budget = MAX_LISTED_ENTRIES;
-    walk_level(dir, shown, depth, visit, &mut budget)
+    visit: &mut dyn FnMut(String, &str, &Metadata) -> Visit,
+) -> io::Result<Gaps> {
+    let mut walker = Walker {
+        depth,
+        n_reads_left: MAX_READ_ENTRIES,
+        enough: false,
+        gaps: Gaps::default(),
+        visit,
+    };
+    let names = walker.read_names(dir)?;
+    walker.level(dir, shown, 1, names);
+    Ok(walker.gaps)
 }
 
-fn walk_level(
-    dir: &Dir,
-    shown: &str,
+/// One walk in progress.
+struct Walker<'v> {
+    /// Levels asked for (1: the entries of the starting directory only).
     depth: usize,
-    visit: &mut dyn FnMut(String, &str, &Metadata),
-    budget: &mut usize,
-) -> io::Result<()> {
-    let mut entries: Vec<(String, Metadata)> = Vec::new();
-    for entry in dir.entries()? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        match entry.metadata() {
-            Ok(meta) => entries.push((name, meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
+    n_reads_left: usize,
+    /// The visitor has enough: any further entry means the answer is truncated.
+    enough: bool,
+    gaps: Gaps,
+    visit: &'v mut dyn FnMut(String, &str, &Metadata) -> Visit,
+}
+
+impl Walker<'_> {
+    /// The names in `dir`, sorted, drawn from the walk's read budget. Only opening the listing
+    /// fails; an error part way through keeps the names read so far and counts the directory
+    /// as unreadable.
+    fn read_names(&mut self, dir: &Dir) -> io::Result<Vec<std::ffi::OsString>> {
+        let mut names = Vec::new();
+        for entry in dir.entries()? {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(err) => {
+                    self.unreadable(&err);
+                    break;
+                }
+            };
+            if self.n_reads_left == 0 {
+                self.gaps.truncated = true;
+                break;
+            }
+            self.n_reads_left -= 1;
+            names.push(entry.file_name());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn unreadable(&mut self, err: &io::Error) {
+        if err.kind() != io::ErrorKind::NotFound {
+            self.gaps.n_unreadable += 1;
         }
     }
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, meta) in entries {
-        if *budget == 0 {
-            return Ok(());
-        }
-        *budget -= 1;
-        let child_shown = join_shown(shown, &name);
-        visit(child_shown.clone(), &name, &meta);
-        if meta.is_dir() && depth > 1 {
-            // Never through a symlink, even if the entry was swapped for one after the listing.
-            match dir.open_dir_nofollow(&name) {
-                Ok(child) => walk_level(&child, &child_shown, depth - 1, visit, budget)?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !is_escape(&e) => {}
-                Err(e) => return Err(e),
+
+    /// Visits `names` (the entries of `dir`, at `level`) and what lies below them.
+    fn level(&mut self, dir: &Dir, shown: &str, level: usize, names: Vec<std::ffi::OsString>) {
+        for name in names {
+            if self.enough {
+                self.gaps.truncated = true;
+                return;
+            }
+            let meta = match dir.symlink_metadata(&name) {
+                Ok(meta) => meta,
+                Err(err) => {
+                    self.unreadable(&err);
+                    continue;
+                }
+            };
+            let shown_name = name.to_string_lossy();
+            let child_shown = join_shown(shown, &shown_name);
+            if let Visit::Enough = (self.visit)(child_shown.clone(), &shown_name, &meta) {
+                self.enough = true;
+            }
+            if !meta.is_dir() || level >= self.depth {
+                continue;
+            }
+            if level >= MAX_WALK_DEPTH {
+                self.gaps.truncated = true;
+                continue;
+            }
+            // Never through a symlink, even if the entry was swapped for one after the lstat.
+            let listed = dir
+                .open_dir_nofollow(&name)
+                .and_then(|child| Ok((self.read_names(&child)?, child)));
+            match listed {
+                Ok((names, child)) => self.level(&child, &child_shown, level + 1, names),
+                Err(err) => self.unreadable(&err),
             }
         }
     }
-    Ok(())
 }
 
 /// Replaces every non-overlapping `old` with `new`; returns the result and the count.
@@ -1046,30 +1282,87 @@ fn replace_all(content: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, u64) {
     (out, n)
 }
 
-/// `bytes=a-b`, `bytes=a-`, `bytes=-n` against `size`; inclusive `(start, end)`.
-fn parse_range(header: &str, size: u64) -> Option<(u64, u64)> {
-    let spec = header.trim().strip_prefix("bytes=")?;
-    if spec.contains(',') || size == 0 {
+/// What a download answers to a `Range` header, for a file of a given size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeAnswer {
+    /// 200 with the whole file.
+    Whole,
+    /// 206 with bytes `start..=end` (both within the file).
+    Part { start: u64, end: u64 },
+    /// 416 with `Content-Range: bytes */<size>`.
+    Unsatisfiable,
+}
+
+/// Reads a `Range` header (RFC 9110 §14) against a file of `size` bytes. A pure function of
+/// untrusted bytes: it never panics, and a `Part` always lies within the file.
+///
+/// Only a single byte range is served. The RFC lets a server ignore a Range header, and this
+/// one is ignored (the whole file, 200) when it is not valid UTF-8, names a unit other than
+/// `bytes` (case-insensitive), is not valid syntax (`bytes=abc`, `bytes=4-2`, `bytes= 0-1`), or
+/// asks for several ranges (`bytes=0-1,4-5`: no `multipart/byteranges`). Empty list elements
+/// (`bytes=0-1,`) are allowed, as in every HTTP list. A valid single range that starts at or
+/// past the end, or the suffix `-0`, is unsatisfiable. A suffix longer than the file is the
+/// whole file as a 206; on an empty file, where no byte can be named, a suffix is the (empty)
+/// whole file. Positions too large for a `u64` are as good as `u64::MAX`.
+pub fn parse_range(header: &[u8], size: u64) -> RangeAnswer {
+    let Ok(text) = std::str::from_utf8(header) else {
+        return RangeAnswer::Whole;
+    };
+    let Some((unit, set)) = text.trim().split_once('=') else {
+        return RangeAnswer::Whole;
+    };
+    if !unit.eq_ignore_ascii_case("bytes") {
+        return RangeAnswer::Whole;
+    }
+    let mut specs = set
+        .split(',')
+        .map(str::trim)
+        .filter(|spec| !spec.is_empty());
+    let (Some(spec), None) = (specs.next(), specs.next()) else {
+        return RangeAnswer::Whole;
+    };
+    let Some((first, last)) = spec.split_once('-') else {
+        return RangeAnswer::Whole;
+    };
+    if first.is_empty() {
+        return match digits(last) {
+            None => RangeAnswer::Whole,
+            Some(0) => RangeAnswer::Unsatisfiable,
+            Some(_) if size == 0 => RangeAnswer::Whole,
+            Some(suffix) => RangeAnswer::Part {
+                start: size.saturating_sub(suffix),
+                end: size - 1,
+            },
+        };
+    }
+    let Some(first) = digits(first) else {
+        return RangeAnswer::Whole;
+    };
+    let last = match last {
+        "" => None,
+        last => match digits(last) {
+            Some(last) if last >= first => Some(last),
+            // Not a number, or before the first position: not a valid range.
+            _ => return RangeAnswer::Whole,
+        },
+    };
+    if first >= size {
+        return RangeAnswer::Unsatisfiable;
+    }
+    RangeAnswer::Part {
+        start: first,
+        end: last.map_or(size - 1, |last| last.min(size - 1)),
+    }
+}
+
+/// `1*DIGIT` as a number, saturating at `u64::MAX`; `None` for anything else (`+1`, ` 1`).
+fn digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let (start, end) = spec.split_once('-')?;
-    let (start, end) = (start.trim(), end.trim());
-    let (start, end) = if start.is_empty() {
-        let suffix: u64 = end.parse().ok()?;
-        if suffix == 0 {
-            return None;
-        }
-        (size.saturating_sub(suffix), size - 1)
-    } else {
-        let start: u64 = start.parse().ok()?;
-        let end = if end.is_empty() {
-            size - 1
-        } else {
-            end.parse::<u64>().ok()?.min(size - 1)
-        };
-        (start, end)
-    };
-    (start <= end && start < size).then_some((start, end))
+    Some(text.bytes().fold(0u64, |n, digit| {
+        n.saturating_mul(10).saturating_add(u64::from(digit - b'0'))
+    }))
 }
 
 /// Lines `offset..offset+limit` (1-based), with their terminators, at most [`MAX_TEXT_BYTES`].
@@ -1106,21 +1399,90 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_follow_rfc_7233() {
-        let table = [
-            ("bytes=0-3", 10, Some((0, 3))),
-            ("bytes=5-", 10, Some((5, 9))),
-            ("bytes=-3", 10, Some((7, 9))),
-            ("bytes=8-100", 10, Some((8, 9))),
-            ("bytes=10-", 10, None),
-            ("bytes=4-2", 10, None),
-            ("bytes=0-1,3-4", 10, None),
-            ("items=0-1", 10, None),
-            ("bytes=-0", 10, None),
-            ("bytes=0-0", 0, None),
+    fn ranges_follow_rfc_9110() {
+        use RangeAnswer::{Part, Unsatisfiable, Whole};
+        let part = |start, end| Part { start, end };
+        let table: &[(&[u8], u64, RangeAnswer)] = &[
+            // Satisfiable single ranges.
+            (b"bytes=0-3", 10, part(0, 3)),
+            (b"bytes=5-", 10, part(5, 9)),
+            (b"bytes=-3", 10, part(7, 9)),
+            (b"bytes=-30", 10, part(0, 9)),
+            (b"bytes=8-100", 10, part(8, 9)),
+            (b"bytes=9-9", 10, part(9, 9)),
+            (b"BYTES=0-0", 10, part(0, 0)),
+            (b"  bytes=1-2  ", 10, part(1, 2)),
+            (b"bytes=1-2,", 10, part(1, 2)),
+            (b"bytes=, 1-2", 10, part(1, 2)),
+            (b"bytes=0-18446744073709551616", 10, part(0, 9)),
+            (b"bytes=-18446744073709551616", 10, part(0, 9)),
+            // Valid but unsatisfiable.
+            (b"bytes=10-", 10, Unsatisfiable),
+            (b"bytes=999999-", 12, Unsatisfiable),
+            (b"bytes=18446744073709551616-", 10, Unsatisfiable),
+            (b"bytes=-0", 10, Unsatisfiable),
+            (b"bytes=0-0", 0, Unsatisfiable),
+            (b"bytes=0-", 0, Unsatisfiable),
+            // A suffix of an empty file names no byte: the empty whole file.
+            (b"bytes=-5", 0, Whole),
+            // Several ranges: the whole file, never multipart/byteranges.
+            (b"bytes=0-1,4-5", 10, Whole),
+            (b"bytes=0-1, 0-1", 10, Whole),
+            (b"bytes=50-,60-", 10, Whole),
+            // Another unit, or not a valid header: ignored.
+            (b"items=0-5", 10, Whole),
+            (b"bytes=abc", 10, Whole),
+            (b"bytes=4-2", 10, Whole),
+            (b"bytes=+1-2", 10, Whole),
+            (b"bytes=1-+2", 10, Whole),
+            (b"bytes= 1 - 2", 10, Whole),
+            (b"bytes =0-1", 10, Whole),
+            (b"bytes=1", 10, Whole),
+            (b"bytes=-", 10, Whole),
+            (b"bytes=--1", 10, Whole),
+            (b"bytes=0-1-2", 10, Whole),
+            (b"bytes=", 10, Whole),
+            (b"bytes=,", 10, Whole),
+            (b"bytes", 10, Whole),
+            (b"", 10, Whole),
+            (b"bytes=0-1\xff", 10, Whole),
+            (b"\xff\xfe", 10, Whole),
         ];
         for (header, size, expected) in table {
-            assert_eq!(parse_range(header, size), expected, "{header} of {size}");
+            let shown = String::from_utf8_lossy(header);
+            assert_eq!(parse_range(header, *size), *expected, "{shown:?} of {size}");
+        }
+    }
+
+    /// Every short header over the characters that matter: no panic, and a part lies within
+    /// the file.
+    #[test]
+    fn every_short_range_header_gives_an_answer_within_the_file() {
+        let alphabet = b"0 9-,=b\xff";
+        let mut headers: Vec<Vec<u8>> = vec![Vec::new()];
+        for _ in 0..5 {
+            let longer: Vec<Vec<u8>> = headers
+                .iter()
+                .filter(|h| h.len() == headers.last().map_or(0, Vec::len))
+                .flat_map(|h| {
+                    alphabet.iter().map(move |c| {
+                        let mut h = h.clone();
+                        h.push(*c);
+                        h
+                    })
+                })
+                .collect();
+            headers.extend(longer);
+        }
+        for rest in &headers {
+            for prefix in [&b""[..], b"bytes=", b"Bytes=1"] {
+                let header = [prefix, rest.as_slice()].concat();
+                for size in [0, 1, 2, 10, u64::MAX] {
+                    if let RangeAnswer::Part { start, end } = parse_range(&header, size) {
+                        assert!(start <= end && end < size, "{header:?} of {size}");
+                    }
+                }
+            }
         }
     }
 

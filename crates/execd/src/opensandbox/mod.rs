@@ -33,6 +33,7 @@ use crate::Config;
 use crate::error::{ApiError, Json, parse_optional_body};
 
 pub use files::expand_path;
+pub(crate) use files::{PathError, path_error};
 
 /// Everything that can go wrong on these routes. No HTTP in here; see the `From` impl below.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,9 @@ pub enum CompatError {
     NotSupported(String),
     #[error("too many bash sessions (the limit is {0}); delete one first")]
     TooManySessions(usize),
+    /// A path that cannot be used (`INVALID_PATH`, `NAME_TOO_LONG`, `NOT_A_DIRECTORY`, ...).
+    #[error(transparent)]
+    Path(#[from] files::PathError),
     /// A failure the client should see (OpenSandbox's `RUNTIME_ERROR` cases).
     #[error("{0}")]
     Runtime(String),
@@ -96,6 +100,7 @@ impl From<CompatError> for ApiError {
             CompatError::NotSupported(_) => (StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED"),
             CompatError::TooManySessions(_) => (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),
             CompatError::Runtime(_) => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            CompatError::Path(err) => return err.into(),
             CompatError::Internal(detail) => return ApiError::internal(detail),
         };
         ApiError::new(status, code, message)
@@ -296,7 +301,7 @@ async fn command_logs(
 async fn create_session(State(state): State<Compat>, body: Bytes) -> Result<Response, ApiError> {
     let request: CreateSessionRequest = parse_optional_body(&body)?;
     let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
-        Some(cwd) => PathBuf::from(expand_path(cwd).map_err(CompatError::InvalidRequest)?),
+        Some(cwd) => PathBuf::from(files::checked_path(cwd)?),
         None => state.inner.files.root().to_path_buf(),
     };
     let session_id = state.inner.sessions.create(cwd).await?;
@@ -351,18 +356,13 @@ async fn chmod_files(
     Ok(StatusCode::OK)
 }
 
-async fn search_files(
-    State(state): State<Compat>,
-    Query(pairs): Pairs,
-) -> Result<axum::Json<Vec<warren_protocol::opensandbox::FileInfo>>> {
+async fn search_files(State(state): State<Compat>, Query(pairs): Pairs) -> Result<files::Listing> {
     let path = required(&pairs, "path")?;
-    Ok(axum::Json(
-        state
-            .inner
-            .files
-            .search(path, first(&pairs, "pattern"))
-            .await?,
-    ))
+    state
+        .inner
+        .files
+        .search(path, first(&pairs, "pattern"))
+        .await
 }
 
 async fn replace_content(
@@ -395,9 +395,17 @@ async fn download_file(
     headers: HeaderMap,
 ) -> Result<Response> {
     let path = required(&pairs, "path")?;
+    // Several Range field lines are combined as RFC 9110 §5.3 does, joined with commas (which
+    // gives a header that names several ranges or is invalid, and so is ignored).
     let range = headers
-        .get(header::RANGE)
-        .map(|v| v.to_str().unwrap_or("invalid").to_owned());
+        .get_all(header::RANGE)
+        .iter()
+        .map(|value| value.as_bytes().to_vec())
+        .reduce(|mut joined, value| {
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(&value);
+            joined
+        });
     let number = |name: &str| -> Result<Option<u64>> {
         first(&pairs, name)
             .filter(|v| !v.is_empty())
@@ -422,16 +430,20 @@ async fn download_file(
 async fn list_directory(
     State(state): State<Compat>,
     Query(pairs): Pairs,
-) -> Result<axum::Json<Vec<warren_protocol::opensandbox::FileInfo>>> {
+) -> Result<files::Listing> {
     let path = required(&pairs, "path")?;
-    let depth = match first(&pairs, "depth").filter(|d| !d.is_empty()) {
+    let depth = match first(&pairs, "depth").map(|d| d.trim().to_owned()) {
         None => 1,
-        Some(d) => d
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| CompatError::InvalidRequest("depth must be a whole number".to_owned()))?,
+        Some(d) if d.is_empty() => 1,
+        // A depth too large to represent asks for everything, like any depth past the limit.
+        Some(d) if d.bytes().all(|b| b.is_ascii_digit()) => d.parse().unwrap_or(usize::MAX),
+        Some(_) => {
+            return Err(CompatError::InvalidRequest(
+                "depth must be a whole number".to_owned(),
+            ));
+        }
     };
-    Ok(axum::Json(state.inner.files.list(path, depth).await?))
+    state.inner.files.list(path, depth).await
 }
 
 async fn make_dirs(

@@ -57,6 +57,9 @@ pub enum Refusal {
     Escape,
     #[error("not a regular file")]
     NotRegular,
+    /// The final entry is not a directory where one was wanted.
+    #[error("not a directory")]
+    NotDirectory,
     #[error("too many levels of symbolic links")]
     Loop,
 }
@@ -65,6 +68,7 @@ impl From<Refusal> for io::Error {
     fn from(refusal: Refusal) -> Self {
         let kind = match refusal {
             Refusal::Escape | Refusal::NotRegular => io::ErrorKind::PermissionDenied,
+            Refusal::NotDirectory => io::ErrorKind::NotADirectory,
             Refusal::Loop => io::ErrorKind::Other,
         };
         io::Error::new(kind, refusal)
@@ -139,7 +143,7 @@ impl Root {
 
     /// Opens what `parts` name, following symlinks including the last entry; also returns where
     /// the opened file really is. An entry that is not what `want` asks for is refused before it
-    /// is opened ([`Refusal::NotRegular`], or `ENOTDIR` for [`Want::Dir`]).
+    /// is opened ([`Refusal::NotRegular`], or [`Refusal::NotDirectory`] for [`Want::Dir`]).
     pub fn open(&self, parts: &[Part], want: Want) -> io::Result<(OwnedFd, Entry)> {
         let oflags = match want {
             Want::Dir => OFlags::RDONLY | OFlags::DIRECTORY,
@@ -164,7 +168,7 @@ impl Root {
                 }
                 (FileType::Directory, Want::Dir | Want::FileOrDir)
                 | (FileType::RegularFile, Want::File | Want::FileOrDir) => {}
-                (_, Want::Dir) => return Err(Errno::NOTDIR.into()),
+                (_, Want::Dir) => return Err(Refusal::NotDirectory.into()),
                 (_, Want::File | Want::FileOrDir) => return Err(Refusal::NotRegular.into()),
             }
             match open_entry(walk.top(), &name, oflags) {
@@ -197,6 +201,61 @@ impl Root {
         }
         Ok(())
     }
+}
+
+impl Root {
+    /// The deepest directory that `parts` reach and that exists (following symlinks on the
+    /// way): where [`Root::create_dirs`] of the same parts would start creating.
+    pub fn deepest_existing_dir(&self, parts: &[Part]) -> io::Result<OwnedFd> {
+        let mut walk = Walk::new(self, parts);
+        while let Some(part) = walk.pending.pop_front() {
+            let step = match part {
+                Part::Name(name) => walk.enter(name, false),
+                Part::Parent => walk.leave(),
+            };
+            match step {
+                Err(err) if err.kind() == io::ErrorKind::NotFound => break,
+                step => step?,
+            }
+        }
+        match walk.entered.pop() {
+            Some((fd, _)) => Ok(fd),
+            None => self.dir.as_fd().try_clone_to_owned(),
+        }
+    }
+
+    /// Whether `dir` is the directory `ancestor` (`(st_dev, st_ino)`) or lies inside it, found
+    /// by climbing `..` from `dir` until the root. A move of `ancestor` must not go there.
+    pub fn is_inside(&self, dir: OwnedFd, ancestor: (u64, u64)) -> io::Result<bool> {
+        let root = inode(&rustix::fs::fstat(&self.dir)?);
+        let mut current = dir;
+        // Each step goes one directory up, so this ends at the root or at the filesystem's
+        // top; the bound only guards against a tree being reshaped under the climb forever.
+        for _ in 0..MAX_CLIMB {
+            let here = inode(&rustix::fs::fstat(&current)?);
+            if here == ancestor {
+                return Ok(true);
+            }
+            if here == root {
+                return Ok(false);
+            }
+            let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            let parent = rustix::fs::openat(&current, "..", flags, Mode::empty())?;
+            if inode(&rustix::fs::fstat(&parent)?) == here {
+                return Ok(false);
+            }
+            current = parent;
+        }
+        Ok(false)
+    }
+}
+
+/// Most `..` steps [`Root::is_inside`] climbs.
+const MAX_CLIMB: usize = 4096;
+
+/// A file's identity: `(st_dev, st_ino)`.
+fn inode(stat: &Stat) -> (u64, u64) {
+    (stat.st_dev, stat.st_ino)
 }
 
 /// An error from opening an entry that was just checked means it changed in between.
