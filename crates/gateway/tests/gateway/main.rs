@@ -8,4 +8,5 @@ mod python_agent;
 mod recovery;
 mod sessions;
 mod sse;
+mod storage;
 mod turns;
