@@ -18,7 +18,7 @@ use warren_protocol::gateway::{
 
 use crate::auth::secret_matches;
 use crate::error::{GatewayError, Json, Path, body_rejection, parse_optional_body};
-use crate::{Gateway, event_log, sse, turns};
+use crate::{Gateway, event_log, sessions, sse, turns};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
@@ -111,6 +111,7 @@ async fn register_device(
     if !secret_matches(app_key, &gateway.app_key) {
         return Err(GatewayError::BadAppKey);
     }
+    gateway.sessions.storage().check()?;
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -185,7 +186,7 @@ async fn create_session(
             "title is longer than {MAX_TITLE_CHARS} characters"
         )));
     }
-    let session = turns::create_session(&gateway, &device_id, body.title).await?;
+    let session = sessions::create_session(&gateway, &device_id, body.title).await?;
     Ok((StatusCode::CREATED, axum::Json(session.info())).into_response())
 }
 
@@ -216,7 +217,7 @@ async fn delete_session(
     Path(id): Path<String>,
 ) -> Result<StatusCode, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
-    turns::delete_session(&gateway, &session).await?;
+    sessions::delete_session(&gateway, &session).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -292,16 +293,26 @@ async fn events(
     Ok(sse::stream(session, after, gateway.args.sse_heartbeat()).into_response())
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// `ok` while the gateway can write its data; 503 with a JSON body saying why while it cannot.
+async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
+    match gateway.sessions.storage().failure() {
+        None => "ok\n".into_response(),
+        Some(failure) => {
+            let body = serde_json::json!({
+                "status": "degraded",
+                "storage": "failing",
+                "full": failure.full,
+                "message": failure.message,
+                "since": failure.since,
+            });
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    }
 }
 
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
     let sessions = gateway.sessions.all();
-    let n_running = sessions
-        .iter()
-        .filter(|s| s.lock().running_turn.is_some())
-        .count();
+    let n_running = sessions.iter().filter(|s| s.is_running()).count();
     let n_subscribers: usize = sessions.iter().map(|s| s.log.n_subscribers()).sum();
     let lines = [
         ("warren_gateway_sessions", "gauge", sessions.len() as u64),

@@ -1,6 +1,7 @@
 //! The gateway's error type and the one place that maps it to an HTTP status plus the JSON body
 //! `{"code","message"}`. Modules return [`GatewayError`]; only [`IntoResponse`] picks statuses.
-//! A 5xx hides internals from the client and logs them.
+//! A 5xx hides internals from the client and logs them; `STORAGE_FULL` (507) is the one 5xx whose
+//! message is shown, since it is fixed text that tells the client what to do.
 
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
@@ -42,8 +43,12 @@ pub enum GatewayError {
     ServerBusy(String),
     #[error("the agent could not be started: {0}")]
     BrainUnavailable(String),
+    #[error(
+        "the gateway's storage is full: new messages, sessions and devices are refused until space is freed"
+    )]
+    StorageFull,
     #[error("storage error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -69,6 +74,7 @@ impl GatewayError {
             GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
             GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),
             GatewayError::BrainUnavailable(_) => (StatusCode::BAD_GATEWAY, "BRAIN_UNAVAILABLE"),
+            GatewayError::StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL"),
             GatewayError::Io(_) | GatewayError::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")
             }
@@ -79,13 +85,46 @@ impl GatewayError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let message = if status.is_server_error() {
-            tracing::error!(error = %self, "request failed");
-            "internal error".to_string()
-        } else {
-            self.to_string()
+        let message = match &self {
+            GatewayError::StorageFull => {
+                tracing::warn!(error = %self, "request refused");
+                self.to_string()
+            }
+            _ if status.is_server_error() => {
+                tracing::error!(error = %self, "request failed");
+                "internal error".to_string()
+            }
+            _ => self.to_string(),
         };
         (status, axum::Json(ErrorBody::new(code, message))).into_response()
+    }
+}
+
+/// A full disk is [`GatewayError::StorageFull`] wherever the error comes from (device files,
+/// session metadata, event logs); every other I/O error stays internal.
+impl From<std::io::Error> for GatewayError {
+    fn from(error: std::io::Error) -> Self {
+        if crate::store::is_storage_full(&error) {
+            tracing::warn!(%error, "the data directory is full");
+            GatewayError::StorageFull
+        } else {
+            GatewayError::Io(error)
+        }
+    }
+}
+
+impl From<crate::event_log::AppendError> for GatewayError {
+    fn from(error: crate::event_log::AppendError) -> Self {
+        use crate::event_log::AppendError;
+        match error {
+            AppendError::Closed => GatewayError::Internal(error.to_string()),
+            AppendError::Failing(io) if crate::store::is_storage_full(&io) => {
+                GatewayError::StorageFull
+            }
+            AppendError::Failing(io) => {
+                GatewayError::Io(std::io::Error::new(io.kind(), io.to_string()))
+            }
+        }
     }
 }
 

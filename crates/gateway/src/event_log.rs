@@ -2,16 +2,26 @@
 //! `events.jsonl` file (one JSON [`Event`] per line).
 //!
 //! Invariants: seq strictly increases by 1 and never repeats; an event is written to the file
-//! (one `write(2)` of the whole line) before any subscriber sees it; the writer never waits for a
-//! reader: each subscriber has a queue of [`SUBSCRIBER_QUEUE_MAX`] events and is dropped (its
-//! stream ends, the client resumes from its last id) when that queue is full. Durability: every
-//! event reaches the kernel before it is published, so it survives a crash of the gateway
-//! process; [`EventLog::sync`] (called at turn end and shutdown) fsyncs for power loss.
+//! before any subscriber sees it; the writer never waits for a reader: each subscriber has a
+//! queue of [`SUBSCRIBER_QUEUE_MAX`] events and is dropped (its stream ends, the client resumes
+//! from its last id) when that queue is full.
 //!
-//! On open the file is repaired: a torn last line, unparsable lines and any line whose seq breaks
-//! the +1 chain are dropped and the file is rewritten atomically. Storage is deliberately only
-//! this module's business (no trait yet), so Redis Streams or PostgreSQL can replace the file
-//! behind the same three operations.
+//! No file I/O happens on the caller's thread, which is usually an async worker: `append` gives
+//! the event its seq and queues it, and one writer job per log (on the blocking pool, started
+//! when something is queued, gone when nothing is) writes the queue in seq order, a batch per
+//! `write(2)`, then publishes what it wrote. [`EventLog::sync`] waits until everything appended
+//! before it is written and fdatasynced (turn end, shutdown); every written event already
+//! survives a crash of the gateway process.
+//!
+//! A write that fails (a full disk) fails the log: the unwritten events stay queued, in order and
+//! unpublished, later appends are refused with [`AppendError::Failing`], and the failure is
+//! reported to the gateway's [`StorageHealth`]. [`EventLog::resume`] (once space is back) writes
+//! the held events first, so the file never has a hole and no seq is reused.
+//!
+//! On open the file is repaired: a torn last line is cut off in place (which needs no free
+//! space), and unparsable lines or any line whose seq breaks the +1 chain are dropped by
+//! rewriting the file atomically. Storage is deliberately only this module's business (no trait
+//! yet), so Redis Streams or PostgreSQL can replace the file behind the same operations.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -20,19 +30,21 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use warren_protocol::gateway::{Event, EventBody};
 
-use crate::store;
+use crate::store::{self, StorageHealth};
 
 /// A subscriber whose queue holds this many undelivered events is disconnected.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 512;
 /// How many recent events are kept in memory; older ones are read back from the file.
 const TAIL_CACHE_MAX: usize = 4096;
+/// The most bytes the writer puts in one `write(2)`.
+const WRITE_BATCH_MAX_BYTES: usize = 1 << 20;
 
 /// Counts every subscriber dropped for being too slow, across all logs (for `/metrics`).
 pub static SLOW_SUBSCRIBERS_DROPPED: AtomicU64 = AtomicU64::new(0);
-/// Counts every appended event across all logs (for `/metrics`).
+/// Counts every event written, across all logs (for `/metrics`).
 pub static EVENTS_APPENDED: AtomicU64 = AtomicU64::new(0);
 
 /// One stored event: its seq, its type (the SSE `event:` name) and its JSON line.
@@ -53,6 +65,17 @@ impl StoredEvent {
         };
         Some((event, stored))
     }
+}
+
+/// Why an append (or a sync) was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AppendError {
+    /// The log was closed (session deleted or gateway shutting down).
+    #[error("the event log is closed")]
+    Closed,
+    /// A write failed; nothing more is taken until [`EventLog::resume`] succeeds.
+    #[error("the event log cannot be written: {0}")]
+    Failing(Arc<io::Error>),
 }
 
 /// What [`EventLog::open`] had to repair.
@@ -87,26 +110,64 @@ struct Subscriber {
     dropped: Arc<AtomicBool>,
 }
 
+/// A caller of [`EventLog::sync`]: answered once every event up to `seq` is written and synced.
+struct SyncWaiter {
+    seq: u64,
+    done: oneshot::Sender<Result<(), AppendError>>,
+}
+
 struct Inner {
-    file: Option<File>,
+    file: Arc<File>,
+    /// Set by `close`: appends and subscriptions are refused, the queue is still written.
+    closed: bool,
     first_seq: u64,
+    /// The seq the next append gets; every seq below it is stored or queued.
     next_seq: u64,
-    /// Byte offset in the file of event `first_seq + i`.
+    /// Byte offset in the file of stored event `first_seq + i`.
     offsets: Vec<u64>,
     file_len: u64,
+    /// The newest stored events.
     tail: VecDeque<Arc<StoredEvent>>,
     subscribers: Vec<Subscriber>,
+    /// Appended, not yet written, oldest first; after a failed write, held until `resume`.
+    queue: VecDeque<Arc<StoredEvent>>,
+    /// A writer job runs. At most one does, so the file gets the events in seq order.
+    writing: bool,
+    sync_waiters: Vec<SyncWaiter>,
+    /// The write error that failed the log, until `resume` clears it.
+    failure: Option<Arc<io::Error>>,
+}
+
+impl Inner {
+    /// The seq after the newest stored event.
+    fn stored_end(&self) -> u64 {
+        self.first_seq + self.offsets.len() as u64
+    }
+}
+
+/// What the writer job needs, shared between the log and the job.
+struct Shared {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+    runtime: tokio::runtime::Handle,
+    health: Arc<StorageHealth>,
 }
 
 pub struct EventLog {
-    path: PathBuf,
-    inner: Mutex<Inner>,
+    shared: Arc<Shared>,
 }
 
 impl EventLog {
     /// Opens (creating if needed) the log at `path`, repairs it, and calls `visit` with every
-    /// kept event in order so the caller can rebuild its own state.
-    pub fn open(path: &Path, mut visit: impl FnMut(&Event)) -> io::Result<(EventLog, Repair)> {
+    /// kept event in order so the caller can rebuild its own state. Write failures are reported
+    /// to `health`. Call inside a tokio runtime (the writer runs on its blocking pool).
+    pub fn open(
+        path: &Path,
+        health: Arc<StorageHealth>,
+        mut visit: impl FnMut(&Event),
+    ) -> io::Result<(EventLog, Repair)> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| io::Error::other(format!("the event log needs a tokio runtime: {e}")))?;
         let mut bytes = Vec::new();
         match File::open(path) {
             Ok(mut file) => {
@@ -159,38 +220,61 @@ impl EventLog {
                 tail.pop_front();
             }
         }
-        if repair != Repair::default() {
+        if repair.n_dropped_lines > 0 {
             tracing::warn!(path = %path.display(), ?repair, "event log repaired");
             store::write_atomic(path, &kept)?;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
+        if repair.torn_tail && repair.n_dropped_lines == 0 {
+            // Only the end is bad, so what is kept is a prefix of the file: cutting it off in
+            // place works even on a full disk, where a rewrite could not.
+            tracing::warn!(path = %path.display(), ?repair, "event log repaired");
+            file.set_len(kept.len() as u64)?;
+            file.sync_data()?;
+        }
         let log = EventLog {
-            path: path.to_path_buf(),
-            inner: Mutex::new(Inner {
-                file: Some(file),
-                first_seq: first_seq.unwrap_or(next_seq),
-                next_seq,
-                offsets,
-                file_len: kept.len() as u64,
-                tail,
-                subscribers: Vec::new(),
+            shared: Arc::new(Shared {
+                path: path.to_path_buf(),
+                inner: Mutex::new(Inner {
+                    file: Arc::new(file),
+                    closed: false,
+                    first_seq: first_seq.unwrap_or(next_seq),
+                    next_seq,
+                    offsets,
+                    file_len: kept.len() as u64,
+                    tail,
+                    subscribers: Vec::new(),
+                    queue: VecDeque::new(),
+                    writing: false,
+                    sync_waiters: Vec::new(),
+                    failure: None,
+                }),
+                runtime,
+                health,
             }),
         };
         Ok((log, repair))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every critical section leaves `Inner` consistent before anything that can panic, so a
-        // poisoned lock is still usable.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared.lock()
     }
 
-    /// Stores the next event and then publishes it to every subscriber. Returns the stored
-    /// event. Never waits for a subscriber.
-    pub fn append(&self, turn: Option<u64>, body: EventBody) -> io::Result<Arc<StoredEvent>> {
+    /// Gives the event the next seq and queues it for the writer, which stores it and then
+    /// publishes it to every subscriber. Returns the event as it will be stored. Never waits,
+    /// neither for the disk nor for a subscriber.
+    pub fn append(
+        &self,
+        turn: Option<u64>,
+        body: EventBody,
+    ) -> Result<Arc<StoredEvent>, AppendError> {
         let mut inner = self.lock();
+        if inner.closed {
+            return Err(AppendError::Closed);
+        }
+        if let Some(failure) = &inner.failure {
+            return Err(AppendError::Failing(failure.clone()));
+        }
         let seq = inner.next_seq;
         let kind = body.kind();
         let event = Event {
@@ -199,51 +283,26 @@ impl EventLog {
             turn,
             body,
         };
-        let json = serde_json::to_string(&event).map_err(io::Error::other)?;
-        let mut line = Vec::with_capacity(json.len() + 1);
-        line.extend_from_slice(json.as_bytes());
-        line.push(b'\n');
-        let file_len = inner.file_len;
-        let Some(file) = inner.file.as_mut() else {
-            return Err(io::Error::other("event log is closed"));
-        };
-        if let Err(e) = file.write_all(&line) {
-            // Cut a partial line off so the next append does not glue onto it.
-            let _ = file.set_len(file_len);
-            return Err(e);
-        }
-        inner.offsets.push(file_len);
-        inner.file_len += line.len() as u64;
-        inner.next_seq += 1;
+        let json =
+            serde_json::to_string(&event).expect("an event (strings and JSON values) serializes");
         let stored = Arc::new(StoredEvent {
             seq,
             kind,
             json: Arc::from(json),
         });
-        inner.tail.push_back(stored.clone());
-        if inner.tail.len() > TAIL_CACHE_MAX {
-            inner.tail.pop_front();
-        }
-        inner
-            .subscribers
-            .retain(|subscriber| match subscriber.tx.try_send(stored.clone()) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    subscriber.dropped.store(true, Ordering::Release);
-                    SLOW_SUBSCRIBERS_DROPPED.fetch_add(1, Ordering::Relaxed);
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
-        EVENTS_APPENDED.fetch_add(1, Ordering::Relaxed);
+        inner.next_seq += 1;
+        inner.queue.push_back(stored.clone());
+        self.shared.start_writer(&mut inner);
         Ok(stored)
     }
 
-    /// Up to `limit` stored events with a seq greater than `after`, oldest first.
+    /// Up to `limit` stored events (in the file, not still queued) with a seq greater than
+    /// `after`, oldest first.
     pub async fn read_after(&self, after: u64, limit: usize) -> io::Result<Vec<Arc<StoredEvent>>> {
         let (start, end) = {
             let inner = self.lock();
-            let tail_first = inner.tail.front().map_or(inner.next_seq, |e| e.seq);
+            let stored_end = inner.stored_end();
+            let tail_first = inner.tail.front().map_or(stored_end, |e| e.seq);
             if after.saturating_add(1) >= tail_first {
                 return Ok(inner
                     .tail
@@ -254,17 +313,17 @@ impl EventLog {
                     .collect());
             }
             let from_seq = (after + 1).max(inner.first_seq);
-            let to_seq = from_seq.saturating_add(limit as u64).min(inner.next_seq);
+            let to_seq = from_seq.saturating_add(limit as u64).min(stored_end);
             let index = |seq: u64| (seq - inner.first_seq) as usize;
             let start = inner.offsets[index(from_seq)];
-            let end = if to_seq >= inner.next_seq {
+            let end = if to_seq >= stored_end {
                 inner.file_len
             } else {
                 inner.offsets[index(to_seq)]
             };
             (start, end)
         };
-        let path = self.path.clone();
+        let path = self.shared.path.clone();
         tokio::task::spawn_blocking(move || read_range(&path, start, end))
             .await
             .map_err(io::Error::other)?
@@ -273,10 +332,10 @@ impl EventLog {
     /// Registers a live subscriber positioned after `after` (see [`Subscription`]).
     pub fn subscribe(&self, after: u64) -> Result<Subscription, SubscribeError> {
         let mut inner = self.lock();
-        if inner.file.is_none() {
+        if inner.closed {
             return Err(SubscribeError::Closed);
         }
-        let tail_first = inner.tail.front().map_or(inner.next_seq, |e| e.seq);
+        let tail_first = inner.tail.front().map_or(inner.stored_end(), |e| e.seq);
         if after.saturating_add(1) < tail_first {
             return Err(SubscribeError::Behind);
         }
@@ -305,7 +364,7 @@ impl EventLog {
         self.lock().first_seq
     }
 
-    /// The seq of the newest event, 0 when empty.
+    /// The seq of the newest event (stored or on its way to the file), 0 when empty.
     pub fn last_seq(&self) -> u64 {
         self.lock().next_seq - 1
     }
@@ -316,22 +375,192 @@ impl EventLog {
         inner.subscribers.len()
     }
 
-    /// fsyncs the file (turn end, shutdown).
-    pub fn sync(&self) -> io::Result<()> {
-        let inner = self.lock();
-        match inner.file.as_ref() {
-            Some(file) => file.sync_data(),
-            None => Ok(()),
+    /// Whether a failed write stopped the log (see [`EventLog::resume`]).
+    pub fn is_failing(&self) -> bool {
+        self.lock().failure.is_some()
+    }
+
+    /// Waits until every event appended before the call is written and fdatasynced.
+    pub async fn sync(&self) -> Result<(), AppendError> {
+        let done = {
+            let mut inner = self.lock();
+            if let Some(failure) = &inner.failure {
+                return Err(AppendError::Failing(failure.clone()));
+            }
+            let (done, answer) = oneshot::channel();
+            let seq = inner.next_seq - 1;
+            inner.sync_waiters.push(SyncWaiter { seq, done });
+            self.shared.start_writer(&mut inner);
+            answer
+        };
+        done.await.unwrap_or(Err(AppendError::Closed))
+    }
+
+    /// After a failed write: cuts off whatever part of the failed batch reached the file, writes
+    /// the held events and syncs. On success the log takes appends again; on failure it stays
+    /// failed (and the failure is reported again).
+    pub async fn resume(&self) -> Result<(), AppendError> {
+        let (file, file_len) = {
+            let inner = self.lock();
+            if inner.failure.is_none() {
+                return Ok(());
+            }
+            (inner.file.clone(), inner.file_len)
+        };
+        // The failed write may have left part of a line: cut back to the last stored byte.
+        let truncated = tokio::task::spawn_blocking(move || file.set_len(file_len))
+            .await
+            .map_err(|e| AppendError::Failing(Arc::new(io::Error::other(e))))?;
+        if let Err(e) = truncated {
+            let error = Arc::new(e);
+            self.shared.health.report(&error);
+            return Err(AppendError::Failing(error));
+        }
+        // No writer runs while the log fails, so nothing was stored since `file_len` was read.
+        self.lock().failure = None;
+        tracing::info!(path = %self.shared.path.display(), "event log writes again");
+        self.sync().await
+    }
+
+    /// Refuses further appends and subscriptions, writes and syncs what is queued, then ends
+    /// every subscription (after they got the last events).
+    pub async fn close(&self) {
+        {
+            let mut inner = self.lock();
+            if inner.closed {
+                return;
+            }
+            inner.closed = true;
+        }
+        if let Err(e) = self.sync().await {
+            let n_lost = self.lock().queue.len();
+            tracing::error!(path = %self.shared.path.display(), error = %e, n_lost, "event log closed with events it could not write");
+        }
+        self.lock().subscribers.clear();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every critical section leaves `Inner` consistent before anything that can panic, so a
+        // poisoned lock is still usable.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts the writer job unless one runs (it then picks up what was just queued).
+    fn start_writer(self: &Arc<Self>, inner: &mut Inner) {
+        if inner.writing {
+            return;
+        }
+        inner.writing = true;
+        let shared = self.clone();
+        // Dropping the join handle detaches the job; it ends when nothing is left to write.
+        drop(self.runtime.spawn_blocking(move || shared.write_queued()));
+    }
+
+    /// The writer job: writes queued events in batches, publishes them, answers syncs, and ends
+    /// when there is nothing left (or the log failed).
+    fn write_queued(&self) {
+        loop {
+            let (batch, bytes, file, sync_wanted) = {
+                let mut inner = self.lock();
+                if inner.failure.is_some()
+                    || (inner.queue.is_empty() && inner.sync_waiters.is_empty())
+                {
+                    inner.writing = false;
+                    return;
+                }
+                let mut bytes = Vec::new();
+                let mut batch = Vec::new();
+                for event in &inner.queue {
+                    if !bytes.is_empty() && bytes.len() + event.json.len() > WRITE_BATCH_MAX_BYTES {
+                        break;
+                    }
+                    bytes.extend_from_slice(event.json.as_bytes());
+                    bytes.push(b'\n');
+                    batch.push(event.clone());
+                }
+                (
+                    batch,
+                    bytes,
+                    inner.file.clone(),
+                    !inner.sync_waiters.is_empty(),
+                )
+            };
+            if !bytes.is_empty() {
+                // The file is opened for appending: this lands at its end, after the last
+                // stored event.
+                let written = (&*file).write_all(&bytes);
+                let mut inner = self.lock();
+                if let Err(e) = written {
+                    let _ = file.set_len(inner.file_len);
+                    self.fail(inner, e);
+                    return;
+                }
+                self.stored(&mut inner, batch);
+            }
+            if sync_wanted {
+                let synced_to = self.lock().stored_end() - 1;
+                let synced = file.sync_data();
+                let mut inner = self.lock();
+                if let Err(e) = synced {
+                    self.fail(inner, e);
+                    return;
+                }
+                let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.sync_waiters)
+                    .into_iter()
+                    .partition(|waiter| waiter.seq <= synced_to);
+                inner.sync_waiters = waiting;
+                drop(inner);
+                for waiter in done {
+                    let _ = waiter.done.send(Ok(()));
+                }
+            }
         }
     }
 
-    /// Stops accepting appends and ends every subscription.
-    pub fn close(&self) {
-        let mut inner = self.lock();
-        if let Some(file) = inner.file.take() {
-            let _ = file.sync_data();
+    /// Records a written batch (the front of the queue) and publishes it.
+    fn stored(&self, inner: &mut Inner, batch: Vec<Arc<StoredEvent>>) {
+        for stored in batch {
+            inner.queue.pop_front();
+            let offset = inner.file_len;
+            inner.offsets.push(offset);
+            inner.file_len += stored.json.len() as u64 + 1;
+            inner.tail.push_back(stored.clone());
+            if inner.tail.len() > TAIL_CACHE_MAX {
+                inner.tail.pop_front();
+            }
+            inner
+                .subscribers
+                .retain(|subscriber| match subscriber.tx.try_send(stored.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        subscriber.dropped.store(true, Ordering::Release);
+                        SLOW_SUBSCRIBERS_DROPPED.fetch_add(1, Ordering::Relaxed);
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
+            EVENTS_APPENDED.fetch_add(1, Ordering::Relaxed);
         }
-        inner.subscribers.clear();
+    }
+
+    /// Fails the log after a write error: the queue is held, syncs are answered with the error,
+    /// the writer job ends and the failure is reported.
+    fn fail(&self, mut inner: MutexGuard<'_, Inner>, error: io::Error) {
+        let error = Arc::new(error);
+        inner.failure = Some(error.clone());
+        inner.writing = false;
+        let waiters = std::mem::take(&mut inner.sync_waiters);
+        let n_held = inner.queue.len();
+        drop(inner);
+        tracing::error!(path = %self.path.display(), %error, n_held, "cannot write the event log; appends are refused until storage recovers");
+        for waiter in waiters {
+            let _ = waiter.done.send(Err(AppendError::Failing(error.clone())));
+        }
+        self.health.report(&error);
     }
 }
 
@@ -361,6 +590,10 @@ mod tests {
         EventBody::UserMessage { text: text.into() }
     }
 
+    fn open(path: &Path, visit: impl FnMut(&Event)) -> (EventLog, Repair) {
+        EventLog::open(path, Arc::new(StorageHealth::default()), visit).expect("open")
+    }
+
     fn seqs(events: &[Arc<StoredEvent>]) -> Vec<u64> {
         events.iter().map(|e| e.seq).collect()
     }
@@ -369,7 +602,7 @@ mod tests {
     async fn append_numbers_from_one_and_reads_back_after_reopen() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("events.jsonl");
-        let (log, repair) = EventLog::open(&path, |_| {}).expect("open");
+        let (log, repair) = open(&path, |_| {});
         assert_eq!(repair, Repair::default());
         for i in 0..5 {
             let stored = log
@@ -377,11 +610,13 @@ mod tests {
                 .expect("append");
             assert_eq!(stored.seq, i + 1);
         }
+        log.sync().await.expect("sync");
         drop(log);
         let mut visited = Vec::new();
-        let (log, _) = EventLog::open(&path, |e| visited.push(e.seq)).expect("reopen");
+        let (log, _) = open(&path, |e| visited.push(e.seq));
         assert_eq!(visited, vec![1, 2, 3, 4, 5]);
         assert_eq!(log.append(None, message("next")).expect("append").seq, 6);
+        log.sync().await.expect("sync");
         assert_eq!(
             seqs(&log.read_after(3, 100).await.expect("read")),
             vec![4, 5, 6]
@@ -391,11 +626,12 @@ mod tests {
     #[tokio::test]
     async fn read_after_pages_through_the_file_beyond_the_memory_tail() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (log, _) = EventLog::open(&dir.path().join("events.jsonl"), |_| {}).expect("open");
+        let (log, _) = open(&dir.path().join("events.jsonl"), |_| {});
         let n = TAIL_CACHE_MAX as u64 + 1000;
         for i in 0..n {
             log.append(None, message(&i.to_string())).expect("append");
         }
+        log.sync().await.expect("sync");
         let mut after = 0;
         let mut all = Vec::new();
         loop {
@@ -411,8 +647,8 @@ mod tests {
     }
 
     /// Table: file content → (kept seqs, repair).
-    #[test]
-    fn open_repairs_torn_tail_and_broken_chains() {
+    #[tokio::test]
+    async fn open_repairs_torn_tail_and_broken_chains() {
         let line = |seq: u64| {
             let event = Event {
                 seq,
@@ -471,7 +707,7 @@ mod tests {
             let path = dir.path().join("events.jsonl");
             std::fs::write(&path, &content).expect("write fixture");
             let mut got = Vec::new();
-            let (log, repair) = EventLog::open(&path, |e| got.push(e.seq)).expect("open");
+            let (log, repair) = open(&path, |e| got.push(e.seq));
             assert_eq!(
                 (got.clone(), repair),
                 (want_seqs.clone(), want_repair),
@@ -483,9 +719,10 @@ mod tests {
                 want_seqs.last().copied().unwrap_or(0) + 1,
                 "content {content:?}"
             );
+            log.sync().await.expect("sync");
             drop(log);
             let mut reread = Vec::new();
-            let (_, repair) = EventLog::open(&path, |e| reread.push(e.seq)).expect("reopen");
+            let (_, repair) = open(&path, |e| reread.push(e.seq));
             assert_eq!(
                 repair,
                 Repair::default(),
@@ -498,12 +735,14 @@ mod tests {
     #[tokio::test]
     async fn slow_subscriber_is_dropped_and_writer_never_waits() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (log, _) = EventLog::open(&dir.path().join("events.jsonl"), |_| {}).expect("open");
+        let (log, _) = open(&dir.path().join("events.jsonl"), |_| {});
         let slow = log.subscribe(0).expect("subscribe");
         let mut fast = log.subscribe(0).expect("subscribe");
         let mut n_fast = 0;
         for i in 0..(SUBSCRIBER_QUEUE_MAX as u64 + 10) {
             log.append(None, message(&i.to_string())).expect("append");
+            // Written and published by the writer job: wait for it, then drain the fast queue.
+            log.sync().await.expect("sync");
             while let Ok(event) = fast.live.try_recv() {
                 n_fast += 1;
                 assert_eq!(event.seq, n_fast);
@@ -518,19 +757,49 @@ mod tests {
         assert_eq!(log.n_subscribers(), 1);
     }
 
-    #[test]
-    fn subscribe_hands_backlog_then_live_without_gap() {
+    #[tokio::test]
+    async fn subscribe_hands_backlog_then_live_without_gap() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (log, _) = EventLog::open(&dir.path().join("events.jsonl"), |_| {}).expect("open");
+        let (log, _) = open(&dir.path().join("events.jsonl"), |_| {});
         for i in 0..3 {
             log.append(None, message(&i.to_string())).expect("append");
         }
+        log.sync().await.expect("sync");
         let mut sub = log.subscribe(1).expect("subscribe");
         log.append(None, message("live")).expect("append");
         assert_eq!(seqs(&sub.backlog), vec![2, 3]);
-        assert_eq!(sub.live.try_recv().expect("live event").seq, 4);
-        log.close();
-        assert!(log.append(None, message("closed")).is_err());
+        let live = tokio::time::timeout(std::time::Duration::from_secs(30), sub.live.recv())
+            .await
+            .expect("the live event within 30 s");
+        assert_eq!(live.expect("live event").seq, 4);
+        log.close().await;
+        assert!(matches!(
+            log.append(None, message("closed")),
+            Err(AppendError::Closed)
+        ));
         assert_eq!(log.subscribe(0).err(), Some(SubscribeError::Closed));
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_sees_an_event_only_once_it_is_in_the_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("events.jsonl");
+        let (log, _) = open(&path, |_| {});
+        let mut sub = log.subscribe(0).expect("subscribe");
+        for i in 1..=200u64 {
+            log.append(None, message(&i.to_string())).expect("append");
+        }
+        for want in 1..=200u64 {
+            let event = tokio::time::timeout(std::time::Duration::from_secs(30), sub.live.recv())
+                .await
+                .unwrap_or_else(|_| panic!("event {want} within 30 s"))
+                .expect("live event");
+            assert_eq!(event.seq, want);
+            let stored = std::fs::read_to_string(&path).expect("read the file");
+            assert!(
+                stored.lines().any(|line| line == &*event.json),
+                "event {want} is in the file before the subscriber sees it"
+            );
+        }
     }
 }

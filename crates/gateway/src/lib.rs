@@ -4,9 +4,11 @@
 //! stream that is the client's single source of truth.
 //!
 //! Code map: [`config`] flags; [`api`] routes and credential extractors; [`auth`] devices and
-//! tokens; [`admission`] quotas; [`sessions`] registry, metadata and recovery; [`event_log`] the
-//! per-session `events.jsonl` with live subscribers; [`sse`] the event stream over HTTP; [`turns`]
-//! messages, brains, permissions and cancel; [`error`] the one error-to-status mapping.
+//! tokens; [`admission`] quotas; [`session`] one session's state and its transitions;
+//! [`sessions`] the registry, creation, deletion, recovery and the storage watch; [`event_log`]
+//! the per-session `events.jsonl` with live subscribers; [`store`] data-directory files and the
+//! storage health; [`sse`] the event stream over HTTP; [`turns`] messages, brains, permissions
+//! and cancel; [`error`] the one error-to-status mapping.
 //! Deliberately absent here: ACP itself (brain crate), snapshots, pause/archive, files and
 //! terminal routes, the web console.
 
@@ -17,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod event_log;
 pub mod hands;
+pub mod session;
 pub mod sessions;
 pub mod sse;
 pub mod store;
@@ -35,6 +38,7 @@ use crate::admission::{Admission, Limits};
 use crate::auth::Devices;
 use crate::hands::{HandsProvider, LocalHands};
 use crate::sessions::Sessions;
+use crate::store::StorageHealth;
 
 /// How long a left-over agent or hands gets between SIGTERM and SIGKILL at start.
 const LEFTOVER_STOP_GRACE: Duration = Duration::from_secs(2);
@@ -54,8 +58,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Loads devices and sessions from `--data` (recovering interrupted turns) and starts the
-    /// warm pool. Call inside a tokio runtime.
+    /// Loads devices and sessions from `--data`, closes the turns they left open, and starts the
+    /// warm pool, the idle sweeper and the storage watch. Call inside a tokio runtime.
     pub async fn open(mut args: GatewayArgs) -> Result<Arc<Gateway>, GatewayError> {
         std::fs::create_dir_all(&args.data)?;
         args.data = std::fs::canonicalize(&args.data)?;
@@ -87,6 +91,7 @@ impl Gateway {
                 .with_env(args.hands_env.clone()),
         );
         let registry = trees.clone();
+        let storage = Arc::new(StorageHealth::default());
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
             // Agents and hands a gateway killed with SIGKILL left running (and whatever they
             // started): stopped before any new one starts.
@@ -97,9 +102,15 @@ impl Gateway {
                     "stopped process trees an earlier gateway left running"
                 );
             }
+            // A disk that is already full is found now, not at the first write that fails:
+            // `/healthz` says so and new work is refused from the start.
+            if let Err(e) = store::probe_space(&data) {
+                tracing::error!(error = %e, "the data directory does not take writes");
+                storage.report(&e);
+            }
             Ok::<_, std::io::Error>((
                 Devices::load(&data)?,
-                Sessions::load(&data, admission, provider)?,
+                Sessions::load(&data, admission, provider, storage)?,
             ))
         })
         .await
@@ -115,7 +126,9 @@ impl Gateway {
             started: Instant::now(),
             _data_lock: data_lock,
         });
+        gateway.sessions.close_turns_left_open().await;
         turns::spawn_idle_sweeper(&gateway);
+        sessions::spawn_storage_watch(&gateway);
         Ok(gateway)
     }
 
@@ -128,7 +141,7 @@ impl Gateway {
     pub async fn shutdown(&self) {
         self.pool.shutdown().await;
         let sessions = self.sessions.all();
-        futures_util::future::join_all(sessions.iter().map(turns::shut_down_session)).await;
+        futures_util::future::join_all(sessions.iter().map(sessions::shut_down_session)).await;
     }
 }
 

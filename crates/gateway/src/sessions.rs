@@ -1,156 +1,71 @@
-//! Sessions: the registry (create, list, get, delete), each session's `meta.json` and event log,
-//! and recovery at start.
+//! Sessions: the registry (create, list, get, delete, shut down), each session's files, recovery
+//! at start, and the storage watch that brings event logs back after a failed write.
 //!
-//! A session's mutable state lives in one place, [`SessionState`] behind the session's lock;
-//! nothing holds that lock across an await. Ownership is checked here: a session of another
-//! device is answered exactly like a missing one.
+//! Ownership is checked here: a session of another device is answered exactly like a missing
+//! one. One session's state is [`crate::session`]'s business; this module only calls its
+//! transitions.
 //!
-//! Recovery: every `sessions/<id>/meta.json` is loaded, its `events.jsonl` repaired by the event
-//! log, and a turn left open by a crash is closed with `permission_resolved` (`cancelled`) for
-//! each unanswered request, `turn_end` (`interrupted`) and a `status` event. (Hands and agents a
-//! killed gateway left running are stopped before this, through the gateway's tree registry.)
+//! Recovery: every `sessions/<id>/meta.json` is loaded and its `events.jsonl` repaired by the
+//! event log; every turn the log leaves open (a crash, or a disk that filled mid-turn) is closed
+//! with `permission_resolved` (`cancelled`) for each unanswered request, `turn_end`
+//! (`interrupted`) and a `status` event. (Hands and agents a killed gateway left running are
+//! stopped before this, through the gateway's tree registry.)
+//!
+//! The storage watch: when an event log cannot write, the session's running turn ends at once
+//! (its agent is cancelled), and new messages, sessions and devices are refused while the disk
+//! is full (see [`StorageHealth`]). Every [`STORAGE_RETRY`] the watch probes for space; once a
+//! probe passes, each failed log writes what it held and every turn left open is closed
+//! `interrupted`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use warren_protocol::gateway::{EventBody, SessionInfo};
-
-use crate::admission::{Admission, BrainSlot, SessionSlot};
+use crate::Gateway;
+use crate::admission::{Admission, BrainSlot};
 use crate::error::GatewayError;
 use crate::event_log::EventLog;
 use crate::hands::{Hands, HandsProvider};
-use crate::store;
-use crate::turns::{BrainState, PendingPermission};
+use crate::session::OpenTurns;
+// Re-exported: a session is reached through the registry, so callers name it from here.
+pub use crate::session::{Session, SessionMeta};
+use crate::store::{self, StorageHealth};
 
-/// `sessions/<id>/meta.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SessionMeta {
-    pub id: String,
-    pub device_id: String,
-    pub title: String,
-    pub created_at: String,
-    /// The agent's ACP session id, for `session/resume` / `session/load` after a brain stop.
-    #[serde(default)]
-    pub acp_session_id: Option<String>,
-}
+/// How often the storage watch probes for space while the storage fails.
+pub const STORAGE_RETRY: Duration = Duration::from_millis(250);
+/// How often the storage watch looks whether its gateway is still there while all is well.
+const STORAGE_IDLE_CHECK: Duration = Duration::from_secs(5);
 
-pub struct Session {
-    pub meta_path: PathBuf,
-    pub id: String,
-    pub device_id: String,
-    pub title: String,
-    pub created_at: String,
-    pub dir: PathBuf,
-    pub log: EventLog,
-    /// The sandbox; nothing runs until first use.
-    pub hands: Arc<Hands>,
-    /// Held while the brain is being brought up, so two turns never start two workers.
-    pub brain_gate: tokio::sync::Mutex<()>,
-    state: Mutex<SessionState>,
-}
-
-/// Everything about a session that changes.
-pub struct SessionState {
-    /// Number of the last turn (0 before the first message).
-    pub turn: u64,
-    /// The turn in progress, if any.
-    pub running_turn: Option<u64>,
-    pub acp_session_id: Option<String>,
-    pub brain: BrainState,
-    /// A reserved brain slot, held while the session has (or is getting) a brain.
-    pub brain_slot: Option<BrainSlot>,
-    /// Unanswered permission requests of the running turn, by request id.
-    pub pending_permissions: HashMap<String, PendingPermission>,
-    /// Fired by `POST .../cancel`: the running turn's cancellation (a new token every turn).
-    pub turn_cancel: tokio_util::sync::CancellationToken,
-    pub last_active: Instant,
-    pub deleted: bool,
-    session_slot: Option<SessionSlot>,
-}
-
-impl Session {
-    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
-        // State changes are plain field writes; a panic elsewhere cannot leave them half done.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub fn meta(&self) -> SessionMeta {
-        SessionMeta {
-            id: self.id.clone(),
-            device_id: self.device_id.clone(),
-            title: self.title.clone(),
-            created_at: self.created_at.clone(),
-            acp_session_id: self.lock().acp_session_id.clone(),
-        }
-    }
-
-    pub fn save_meta(&self) -> Result<(), GatewayError> {
-        store::write_json_atomic(&self.meta_path, &self.meta())?;
-        Ok(())
-    }
-
-    pub fn workspace(&self) -> PathBuf {
-        self.dir.join("workspace")
-    }
-
-    pub fn info(&self) -> SessionInfo {
-        let state = self.lock();
-        SessionInfo {
-            id: self.id.clone(),
-            title: self.title.clone(),
-            created_at: self.created_at.clone(),
-            status: if state.running_turn.is_some() {
-                "running"
-            } else {
-                "idle"
-            }
-            .to_string(),
-            turn: state.turn,
-            last_seq: self.log.last_seq(),
-            brain: state.brain.label().to_string(),
-            hands: if self.hands.is_running() {
-                "running"
-            } else {
-                "none"
-            }
-            .to_string(),
-        }
-    }
-
-    /// Appends an event, logging (not failing) when the disk refuses: callers on background
-    /// paths have no client to answer.
-    pub fn emit(&self, turn: Option<u64>, body: EventBody) {
-        if let Err(e) = self.log.append(turn, body) {
-            tracing::error!(session = %self.id, error = %e, "cannot append event");
-        }
-    }
-}
+/// The `status` message of a turn closed at start.
+const RESTART_MESSAGE: &str = "the gateway restarted; the running turn was interrupted";
+/// The `status` message of a turn closed once the storage recovered.
+const STORAGE_MESSAGE: &str =
+    "the event log could not be written (storage failing); the running turn was interrupted";
 
 pub struct Sessions {
     dir: PathBuf,
     hands_provider: Arc<dyn HandsProvider>,
     admission: Arc<Admission>,
+    storage: Arc<StorageHealth>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
 }
 
 impl Sessions {
-    /// Loads and recovers every session under `data_dir/sessions`.
+    /// Loads and repairs every session under `data_dir/sessions`. Turns left open are closed by
+    /// [`Sessions::close_turns_left_open`], once the gateway runs.
     pub fn load(
         data_dir: &Path,
         admission: Arc<Admission>,
         hands_provider: Arc<dyn HandsProvider>,
+        storage: Arc<StorageHealth>,
     ) -> std::io::Result<Sessions> {
         let dir = data_dir.join("sessions");
         std::fs::create_dir_all(&dir)?;
         let mut by_id = HashMap::new();
         for entry in std::fs::read_dir(&dir)? {
             let session_dir = entry?.path();
-            match recover_session(&session_dir, &admission, &hands_provider) {
+            match recover_session(&session_dir, &admission, &hands_provider, &storage) {
                 Ok(Some(session)) => {
                     by_id.insert(session.id.clone(), Arc::new(session));
                 }
@@ -164,6 +79,7 @@ impl Sessions {
             dir,
             hands_provider,
             admission,
+            storage,
             by_id: Mutex::new(by_id),
         })
     }
@@ -179,9 +95,13 @@ impl Sessions {
         &self.admission
     }
 
-    /// Creates a session for `device_id`; reserves its quota slot and, when `want_brain` and the
-    /// limits allow, a brain slot, in one atomic step.
-    pub fn create(
+    pub fn storage(&self) -> &Arc<StorageHealth> {
+        &self.storage
+    }
+
+    /// Makes a session's files and registers it; reserves its quota slot and, when
+    /// `want_brain` and the limits allow, a brain slot, in one atomic step. Blocking (fsyncs).
+    fn create_blocking(
         &self,
         device_id: &str,
         title: Option<String>,
@@ -190,25 +110,43 @@ impl Sessions {
         let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
         let id = uuid::Uuid::new_v4().to_string();
         let session_dir = self.dir.join(&id);
-        std::fs::create_dir_all(session_dir.join("workspace"))?;
-        let (log, _) = EventLog::open(&session_dir.join("events.jsonl"), |_| {})?;
-        let session = Arc::new(Session {
-            meta_path: session_dir.join("meta.json"),
-            id: id.clone(),
-            device_id: device_id.to_string(),
-            title: title.unwrap_or_else(|| "untitled".to_string()),
-            created_at: store::now_rfc3339(),
-            hands: Hands::new(self.hands_provider.clone(), session_dir.join("workspace")),
-            brain_gate: tokio::sync::Mutex::new(()),
-            dir: session_dir.clone(),
-            log,
-            state: Mutex::new(SessionState::new(0, None, Some(session_slot))),
-        });
-        if let Err(e) = session.save_meta() {
-            let _ = std::fs::remove_dir_all(&session_dir);
-            return Err(e);
-        }
-        store::sync_dir(&self.dir)?;
+        let made = (|| {
+            std::fs::create_dir_all(session_dir.join("workspace"))?;
+            let (log, _) = EventLog::open(
+                &session_dir.join("events.jsonl"),
+                self.storage.clone(),
+                |_| {},
+            )?;
+            let meta = SessionMeta {
+                id: id.clone(),
+                device_id: device_id.to_string(),
+                title: title.unwrap_or_else(|| "untitled".to_string()),
+                created_at: store::now_rfc3339(),
+                acp_session_id: None,
+            };
+            let hands = Hands::new(self.hands_provider.clone(), session_dir.join("workspace"));
+            let session = Session::new(
+                meta,
+                session_dir.clone(),
+                log,
+                hands,
+                OpenTurns::default(),
+                session_slot,
+            );
+            store::write_json_atomic(&session_dir.join("meta.json"), &session.meta())?;
+            store::sync_dir(&self.dir)?;
+            Ok::<_, std::io::Error>(session)
+        })();
+        let session = match made {
+            Ok(session) => Arc::new(session),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&session_dir);
+                if store::is_storage_full(&e) {
+                    self.storage.report(&e);
+                }
+                return Err(e.into());
+            }
+        };
         self.map().insert(id, session.clone());
         Ok((session, brain_slot))
     }
@@ -244,81 +182,166 @@ impl Sessions {
             .count()
     }
 
-    /// Forgets the session, closes its log, gives back its slots and removes its files. The
-    /// caller stops brain and hands first.
-    pub async fn remove(&self, session: &Arc<Session>) -> Result<(), GatewayError> {
-        self.map().remove(&session.id);
-        {
-            let mut state = session.lock();
-            state.deleted = true;
-            state.session_slot = None;
-            state.brain_slot = None;
-        }
-        session.log.close();
-        let dir = session.dir.clone();
-        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
-            .await
-            .map_err(|e| GatewayError::Internal(e.to_string()))??;
-        Ok(())
-    }
-}
-
-impl SessionState {
-    fn new(turn: u64, acp_session_id: Option<String>, session_slot: Option<SessionSlot>) -> Self {
-        SessionState {
-            turn,
-            running_turn: None,
-            acp_session_id,
-            brain: BrainState::default(),
-            brain_slot: None,
-            pending_permissions: HashMap::new(),
-            turn_cancel: tokio_util::sync::CancellationToken::new(),
-            last_active: Instant::now(),
-            deleted: false,
-            session_slot,
+    /// Closes every turn a session's log left open (at start: a crash, a full disk).
+    pub async fn close_turns_left_open(&self) {
+        for session in self.all() {
+            if !session.has_turns_left_open() {
+                continue;
+            }
+            let closed = session
+                .close_open_turns(Some("idle"), RESTART_MESSAGE)
+                .map(|_| ());
+            let synced = match closed {
+                Ok(()) => session.log.sync().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = synced {
+                // The storage watch closes them once the disk takes writes again.
+                tracing::error!(session = %session.id, error = %e, "turns left open not closed yet");
+            }
         }
     }
 }
 
-/// What replaying a log tells about the turn that was running when the gateway stopped.
-#[derive(Default)]
-struct Replay {
-    last_turn: u64,
-    open_turn: Option<u64>,
-    open_permissions: HashSet<String>,
-}
-
-impl Replay {
-    fn visit(&mut self, turn: Option<u64>, body: &EventBody) {
-        match body {
-            EventBody::UserMessage { .. } | EventBody::TurnStart {} => {
-                if let Some(turn) = turn {
-                    self.last_turn = self.last_turn.max(turn);
-                    if self.open_turn != Some(turn) {
-                        self.open_permissions.clear();
-                    }
-                    self.open_turn = Some(turn);
+/// `POST /v1/sessions`: creates the session and, when the limits allow, takes a warm worker.
+/// 507 while the disk is full.
+pub async fn create_session(
+    gateway: &Arc<Gateway>,
+    device_id: &str,
+    title: Option<String>,
+) -> Result<Arc<Session>, GatewayError> {
+    gateway.sessions.storage.check()?;
+    // Only a worker that is already warm is taken here; starting one would make creation slow,
+    // and the first message starts one anyway.
+    let warm_available = gateway.pool.n_ready() > 0;
+    // Creation fsyncs the new files: keep it off the async workers.
+    let creating = gateway.clone();
+    let owner = device_id.to_string();
+    let (session, brain_slot) = tokio::task::spawn_blocking(move || {
+        creating
+            .sessions
+            .create_blocking(&owner, title, warm_available)
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(e.to_string()))??;
+    tracing::info!(session = %session.id, %device_id, "session created");
+    if let Some(slot) = brain_slot {
+        match gateway.pool.take().await {
+            Ok(worker) => {
+                if let Some(unwanted) = session.adopt_warm_worker(worker, slot) {
+                    tokio::spawn(unwanted.kill());
                 }
             }
-            EventBody::TurnEnd { .. } => {
-                self.open_turn = None;
-                self.open_permissions.clear();
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "no warm worker; the first message starts one")
             }
-            EventBody::PermissionRequest { request_id, .. } => {
-                self.open_permissions.insert(request_id.clone());
-            }
-            EventBody::PermissionResolved { request_id, .. } => {
-                self.open_permissions.remove(request_id);
-            }
-            _ => {}
         }
     }
+    Ok(session)
+}
+
+/// `DELETE /v1/sessions/{id}`: ends the turn, stops brain and hands, removes the data.
+pub async fn delete_session(
+    gateway: &Arc<Gateway>,
+    session: &Arc<Session>,
+) -> Result<(), GatewayError> {
+    session.retire_for_delete().stop().await;
+    session.hands.stop().await;
+    gateway.sessions.map().remove(&session.id);
+    session.log.close().await;
+    session.release_quota();
+    let dir = session.dir.clone();
+    tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
+        .await
+        .map_err(|e| GatewayError::Internal(e.to_string()))??;
+    tracing::info!(session = %session.id, "session deleted");
+    Ok(())
+}
+
+/// Shutdown: ends the running turn (`interrupted`), closes the brain, stops the hands and
+/// flushes the log.
+pub async fn shut_down_session(session: &Arc<Session>) {
+    session.retire_for_shutdown().stop().await;
+    session.hands.stop().await;
+    session.log.close().await;
+}
+
+/// Starts the storage watch (see the module docs). It ends with the gateway.
+pub fn spawn_storage_watch(gateway: &Arc<Gateway>) {
+    let weak = Arc::downgrade(gateway);
+    let storage = gateway.sessions.storage.clone();
+    let data_dir = gateway.args.data.clone();
+    tokio::spawn(async move {
+        loop {
+            let period = match storage.failure() {
+                Some(_) => STORAGE_RETRY,
+                None => STORAGE_IDLE_CHECK,
+            };
+            tokio::select! {
+                () = storage.next_report() => {}
+                () = tokio::time::sleep(period) => {}
+            }
+            let Some(gateway) = weak.upgrade() else {
+                return;
+            };
+            if storage.failure().is_none() {
+                continue;
+            }
+            let sessions = gateway.sessions.all();
+            for session in &sessions {
+                if session.log.is_failing()
+                    && let Some(turn) = session.storage_failed()
+                {
+                    tracing::warn!(session = %session.id, turn, "turn ended: its events cannot be stored");
+                }
+            }
+            let n_reports = storage.n_reports();
+            let probe_dir = data_dir.clone();
+            let probed = tokio::task::spawn_blocking(move || store::probe_space(&probe_dir)).await;
+            match probed {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "storage still failing");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "storage probe panicked");
+                    continue;
+                }
+            }
+            let mut all_resumed = true;
+            for session in &sessions {
+                if let Err(e) = resume_storage(session).await {
+                    tracing::debug!(session = %session.id, error = %e, "event log not resumed yet");
+                    all_resumed = false;
+                }
+            }
+            if all_resumed && storage.recovered(n_reports) {
+                tracing::info!("storage recovered: event logs write again");
+            }
+        }
+    });
+}
+
+/// Brings one session's log back after a failed write: the running turn ends (if the failure
+/// has not ended it yet), the held events are written, and every turn left open is closed.
+async fn resume_storage(session: &Session) -> Result<(), crate::event_log::AppendError> {
+    if session.log.is_failing() {
+        session.storage_failed();
+        session.log.resume().await?;
+    }
+    if session.has_turns_left_open() {
+        session.close_open_turns(None, STORAGE_MESSAGE)?;
+        session.log.sync().await?;
+    }
+    Ok(())
 }
 
 fn recover_session(
     dir: &Path,
     admission: &Arc<Admission>,
     hands_provider: &Arc<dyn HandsProvider>,
+    storage: &Arc<StorageHealth>,
 ) -> std::io::Result<Option<Session>> {
     let meta_path = dir.join("meta.json");
     if !meta_path.exists() {
@@ -329,55 +352,19 @@ fn recover_session(
         tracing::warn!(dir = %dir.display(), "meta.json names another session; skipped");
         return Ok(None);
     }
-    let mut replay = Replay::default();
-    let (log, repair) = EventLog::open(&dir.join("events.jsonl"), |event| {
-        replay.visit(event.turn, &event.body)
+    let mut open_turns = OpenTurns::default();
+    let (log, repair) = EventLog::open(&dir.join("events.jsonl"), storage.clone(), |event| {
+        open_turns.visit(event.turn, &event.body)
     })?;
-    if let Some(turn) = replay.open_turn {
-        let mut ids: Vec<_> = replay.open_permissions.drain().collect();
-        ids.sort();
-        for request_id in ids {
-            log.append(
-                Some(turn),
-                EventBody::PermissionResolved {
-                    request_id,
-                    outcome: "cancelled".into(),
-                    option_id: None,
-                },
-            )?;
-        }
-        log.append(
-            Some(turn),
-            EventBody::TurnEnd {
-                stop_reason: "interrupted".into(),
-            },
-        )?;
-        log.append(
-            None,
-            EventBody::Status {
-                brain: Some("idle".into()),
-                hands: None,
-                message: Some("the gateway restarted; the running turn was interrupted".into()),
-            },
-        )?;
-        log.sync()?;
-    }
     tracing::info!(session = %meta.id, last_seq = log.last_seq(), ?repair, "session recovered");
     let slot = admission.adopt_session(&meta.device_id);
-    Ok(Some(Session {
-        meta_path,
-        hands: Hands::new(hands_provider.clone(), dir.join("workspace")),
-        brain_gate: tokio::sync::Mutex::new(()),
-        dir: dir.to_path_buf(),
-        state: Mutex::new(SessionState::new(
-            replay.last_turn,
-            meta.acp_session_id,
-            Some(slot),
-        )),
-        id: meta.id,
-        device_id: meta.device_id,
-        title: meta.title,
-        created_at: meta.created_at,
+    let hands = Hands::new(hands_provider.clone(), dir.join("workspace"));
+    Ok(Some(Session::new(
+        meta,
+        dir.to_path_buf(),
         log,
-    }))
+        hands,
+        open_turns,
+        slot,
+    )))
 }

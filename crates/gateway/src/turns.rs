@@ -9,8 +9,10 @@
 //! After a stop (idle, worker death) the next message takes a new worker and resumes the ACP
 //! session; if the agent cannot, an `error` event says its context was lost.
 //!
-//! Every turn runs in its own task; the only shared state is the session's [`SessionState`].
-//! A turn is closed exactly once: whoever clears `running_turn` writes its `turn_end`.
+//! Every turn runs in its own task; the only shared state is the session's state, changed only
+//! through [`Session`]'s transitions. A turn is closed exactly once: whichever transition ends
+//! the running turn writes its `turn_end` (or, when the event log is failing, leaves it to the
+//! storage watch, which closes it `interrupted`).
 //!
 //! Cancel is a per-turn [`CancellationToken`], a latch the turn races against: fired while the
 //! brain or hands still start, the turn ends `cancelled` at once and its prompt is never sent
@@ -23,152 +25,22 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use warren_brain::{
-    BoxFuture, BrainError, BrainSession, PermissionOutcome, Resumed, TurnSink, Worker,
-};
+use warren_brain::{BoxFuture, BrainError, BrainSession, PermissionOutcome, Resumed, TurnSink};
 use warren_protocol::gateway::EventBody;
 
 use crate::Gateway;
 use crate::error::GatewayError;
-use crate::sessions::{Session, SessionState};
-
-/// A session's brain, as far as the session state is concerned.
-#[derive(Default)]
-pub enum BrainState {
-    #[default]
-    None,
-    /// A warm, initialized worker taken from the pool; no ACP session yet.
-    Warm(Worker),
-    Ready(Arc<BrainSession>),
-}
-
-impl BrainState {
-    pub fn label(&self) -> &'static str {
-        match self {
-            BrainState::None => "none",
-            BrainState::Warm(_) => "warm",
-            BrainState::Ready(_) => "ready",
-        }
-    }
-}
-
-/// An unanswered `permission_request`.
-pub struct PendingPermission {
-    answer: oneshot::Sender<String>,
-    /// The `optionId`s the agent offered.
-    option_ids: Vec<String>,
-}
-
-/// `POST /v1/sessions`: creates the session and, when the limits allow, takes a warm worker.
-pub async fn create_session(
-    gateway: &Arc<Gateway>,
-    device_id: &str,
-    title: Option<String>,
-) -> Result<Arc<Session>, GatewayError> {
-    // Only a worker that is already warm is taken here; starting one would make creation slow,
-    // and the first message starts one anyway.
-    let warm_available = gateway.pool.n_ready() > 0;
-    // Creation fsyncs the new files: keep it off the async workers.
-    let creating = gateway.clone();
-    let owner = device_id.to_string();
-    let (session, brain_slot) = tokio::task::spawn_blocking(move || {
-        creating.sessions.create(&owner, title, warm_available)
-    })
-    .await
-    .map_err(|e| GatewayError::Internal(e.to_string()))??;
-    tracing::info!(session = %session.id, %device_id, "session created");
-    if let Some(slot) = brain_slot {
-        match gateway.pool.take().await {
-            Ok(worker) => {
-                let mut state = session.lock();
-                if state.deleted {
-                    drop(state);
-                    tokio::spawn(worker.kill());
-                } else {
-                    state.brain = BrainState::Warm(worker);
-                    state.brain_slot = Some(slot);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(session = %session.id, error = %e, "no warm worker; the first message starts one")
-            }
-        }
-    }
-    Ok(session)
-}
-
-/// `DELETE /v1/sessions/{id}`: ends the turn, stops brain and hands, removes the data.
-pub async fn delete_session(
-    gateway: &Arc<Gateway>,
-    session: &Arc<Session>,
-) -> Result<(), GatewayError> {
-    let brain = {
-        let mut state = session.lock();
-        state.running_turn = None;
-        state.turn_cancel.cancel();
-        state.pending_permissions.clear();
-        std::mem::take(&mut state.brain)
-    };
-    stop_brain(brain).await;
-    session.hands.stop().await;
-    gateway.sessions.remove(session).await?;
-    tracing::info!(session = %session.id, "session deleted");
-    Ok(())
-}
+use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
 
 /// `POST /v1/sessions/{id}/messages`: starts turn n+1 and returns its number at once; the turn
-/// runs in the background.
+/// runs in the background. 507 while the disk is full.
 pub async fn start_turn(
     gateway: &Arc<Gateway>,
     session: &Arc<Session>,
     text: String,
 ) -> Result<u64, GatewayError> {
-    let (turn, cancel) = {
-        let mut state = session.lock();
-        if state.deleted {
-            return Err(GatewayError::SessionNotFound);
-        }
-        if state.running_turn.is_some() {
-            return Err(GatewayError::TurnInProgress);
-        }
-        let new_slot = match state.brain_slot {
-            Some(_) => None,
-            None => Some(
-                gateway
-                    .sessions
-                    .admission()
-                    .reserve_brain(&session.device_id)?,
-            ),
-        };
-        // Appended under the session lock so a concurrent message cannot interleave its events,
-        // and before the state changes: a log that refuses the message leaves the session (its
-        // turn number, its brain slot) as it was.
-        let turn = state.turn + 1;
-        session
-            .log
-            .append(Some(turn), EventBody::UserMessage { text: text.clone() })?;
-        state.turn = turn;
-        if let Some(slot) = new_slot {
-            state.brain_slot = Some(slot);
-        }
-        if let Err(e) = session.log.append(Some(turn), EventBody::TurnStart {}) {
-            // The message is stored: close its turn (if the log takes it) so it is not left open.
-            let _ = session.log.append(
-                Some(turn),
-                EventBody::TurnEnd {
-                    stop_reason: "error".into(),
-                },
-            );
-            if matches!(state.brain, BrainState::None) {
-                state.brain_slot = None;
-            }
-            return Err(e.into());
-        }
-        state.running_turn = Some(turn);
-        state.turn_cancel = CancellationToken::new();
-        state.last_active = Instant::now();
-        (turn, state.turn_cancel.clone())
-    };
+    gateway.sessions.storage().check()?;
+    let (turn, cancel) = session.begin_turn(text.clone(), gateway.sessions.admission())?;
     let gateway = gateway.clone();
     let session = session.clone();
     tokio::spawn(async move { run_turn(gateway, session, turn, text, cancel).await });
@@ -191,45 +63,27 @@ async fn run_turn(
         biased;
         brain = &mut starting => brain,
         () = cancel.cancelled() => {
-            end_turn(&session, turn, "cancelled");
+            end_turn(&session, turn, "cancelled").await;
             starting.await
         }
     };
     let brain = match brain {
         Ok(brain) => brain,
         Err(e) => {
-            let mut state = session.lock();
-            let still_running = state.running_turn == Some(turn);
-            if still_running {
-                session.emit(
-                    Some(turn),
-                    EventBody::Error {
-                        code: "BRAIN_UNAVAILABLE".into(),
-                        message: e.to_string(),
-                    },
-                );
-            } else {
-                tracing::warn!(session = %session.id, turn, error = %e, "brain start failed after the turn ended");
-            }
-            // No brain runs: give its slot back, unless a later turn already counts on it.
-            let later_turn = state.running_turn.is_some() && !still_running;
-            if matches!(state.brain, BrainState::None) && !later_turn {
-                state.brain_slot = None;
-            }
-            drop(state);
-            end_turn(&session, turn, "error");
+            session.brain_start_failed(turn, e.to_string());
+            end_turn(&session, turn, "error").await;
             return;
         }
     };
     if cancel.is_cancelled() {
         // Cancelled while the brain started: the prompt is never sent. Checked here as well as
         // in the brain so a later turn never sees this one holding the brain's turn lock.
-        end_turn(&session, turn, "cancelled");
+        end_turn(&session, turn, "cancelled").await;
         return;
     }
     let result = brain.prompt_cancellable(text, &cancel).await;
     match result {
-        Ok(stop_reason) => end_turn(&session, turn, &stop_reason),
+        Ok(stop_reason) => end_turn(&session, turn, &stop_reason).await,
         Err(e) => {
             let worker_died = matches!(e, BrainError::WorkerExited { .. }) || !brain.is_alive();
             let code = if worker_died {
@@ -238,7 +92,7 @@ async fn run_turn(
                 "BRAIN_ERROR"
             };
             tracing::warn!(session = %session.id, turn, error = %e, "turn failed");
-            if session.lock().running_turn == Some(turn) {
+            if session.running_turn() == Some(turn) {
                 session.emit(
                     Some(turn),
                     EventBody::Error {
@@ -248,7 +102,7 @@ async fn run_turn(
                 );
             }
             if worker_died {
-                forget_brain(&session, &brain);
+                session.forget_brain(&brain);
                 session.emit(
                     None,
                     EventBody::Status {
@@ -258,40 +112,18 @@ async fn run_turn(
                     },
                 );
             }
-            end_turn(&session, turn, "error");
+            end_turn(&session, turn, "error").await;
         }
     }
 }
 
-/// Writes `turn_end` unless someone (cancel at shutdown, delete) already closed the turn.
-fn end_turn(session: &Session, turn: u64, stop_reason: &str) {
-    let mut state = session.lock();
-    if state.running_turn != Some(turn) {
+/// Ends `turn` (unless it already ended) and fdatasyncs the log.
+async fn end_turn(session: &Session, turn: u64, stop_reason: &str) {
+    if !session.end_turn(turn, stop_reason) {
         return;
     }
-    state.running_turn = None;
-    cancel_pending_permissions(session, &mut state, turn);
-    state.last_active = Instant::now();
-    if let Err(e) = session.log.append(
-        Some(turn),
-        EventBody::TurnEnd {
-            stop_reason: stop_reason.to_string(),
-        },
-    ) {
-        tracing::error!(session = %session.id, error = %e, "cannot append turn_end");
-    }
-    drop(state);
-    if let Err(e) = session.log.sync() {
+    if let Err(e) = session.log.sync().await {
         tracing::error!(session = %session.id, error = %e, "cannot sync the event log");
-    }
-}
-
-/// Drops the session's brain if it is still `brain` (a dead worker), giving back its slot.
-fn forget_brain(session: &Session, brain: &Arc<BrainSession>) {
-    let mut state = session.lock();
-    if matches!(&state.brain, BrainState::Ready(current) if Arc::ptr_eq(current, brain)) {
-        state.brain = BrainState::None;
-        state.brain_slot = None;
     }
 }
 
@@ -302,18 +134,14 @@ async fn ensure_brain(
     session: &Arc<Session>,
 ) -> Result<Arc<BrainSession>, GatewayError> {
     let _gate = session.brain_gate.lock().await;
-    let (worker, acp_session_id) = {
-        let mut state = session.lock();
-        match std::mem::take(&mut state.brain) {
-            BrainState::Ready(brain) if brain.is_alive() => {
-                state.brain = BrainState::Ready(brain.clone());
-                return Ok(brain);
-            }
-            BrainState::Ready(_) | BrainState::None => (None, state.acp_session_id.clone()),
-            BrainState::Warm(worker) => (Some(worker), state.acp_session_id.clone()),
-        }
+    let (worker, acp_session_id) = match session.brain_for_turn(gateway.sessions.admission())? {
+        BrainStart::Ready(brain) => return Ok(brain),
+        BrainStart::Start {
+            worker,
+            acp_session_id,
+        } => (worker, acp_session_id),
     };
-    let worker = match worker.filter(Worker::is_alive) {
+    let worker = match worker.filter(warren_brain::Worker::is_alive) {
         Some(worker) => worker,
         None => {
             session.emit(
@@ -373,23 +201,16 @@ async fn ensure_brain(
     }
     .map_err(|e| GatewayError::BrainUnavailable(e.to_string()))?;
     let brain = Arc::new(brain);
-    let changed_id = {
-        let mut state = session.lock();
-        if state.deleted {
-            None
-        } else {
-            state.brain = BrainState::Ready(brain.clone());
-            let changed = state.acp_session_id.as_deref() != Some(brain.acp_session_id());
-            state.acp_session_id = Some(brain.acp_session_id().to_string());
-            Some(changed)
+    let changed_id = match session.brain_started(brain.clone()) {
+        Ok(changed_id) => changed_id,
+        Err(unwanted) => {
+            drop(brain);
+            stop_brain_session(unwanted).await;
+            return Err(GatewayError::SessionNotFound);
         }
     };
-    let Some(changed_id) = changed_id else {
-        stop_brain(BrainState::Ready(brain)).await;
-        return Err(GatewayError::SessionNotFound);
-    };
     if changed_id {
-        session.save_meta()?;
+        session.save_meta().await?;
     }
     session.emit(
         None,
@@ -402,32 +223,10 @@ async fn ensure_brain(
     Ok(brain)
 }
 
-/// Stops a brain: `session/close` then kill when we hold the only handle; otherwise dropping
-/// the last handle kills the worker.
-async fn stop_brain(brain: BrainState) {
-    match brain {
-        BrainState::None => {}
-        BrainState::Warm(worker) => worker.kill().await,
-        BrainState::Ready(brain) => {
-            brain.cancel().await;
-            match Arc::try_unwrap(brain) {
-                Ok(brain) => brain.close().await,
-                Err(shared) => drop(shared),
-            }
-        }
-    }
-}
-
 /// `POST /v1/sessions/{id}/cancel`: fires the running turn's token (see the module docs); 409
 /// `NO_TURN_RUNNING` when no turn runs.
 pub async fn cancel_turn(session: &Arc<Session>) -> Result<(), GatewayError> {
-    let state = session.lock();
-    if state.running_turn.is_none() {
-        return Err(GatewayError::NoTurnRunning);
-    }
-    // Checked and fired under the lock that also starts turns: the token is this turn's.
-    state.turn_cancel.cancel();
-    Ok(())
+    session.cancel_turn()
 }
 
 /// `POST /v1/sessions/{id}/permissions/{request_id}`.
@@ -436,76 +235,7 @@ pub fn answer_permission(
     request_id: &str,
     option_id: String,
 ) -> Result<(), GatewayError> {
-    let mut state = session.lock();
-    let pending = state
-        .pending_permissions
-        .get(request_id)
-        .ok_or(GatewayError::PermissionNotFound)?;
-    if !pending.option_ids.contains(&option_id) {
-        return Err(GatewayError::InvalidRequest(format!(
-            "option_id must be one of {:?}",
-            pending.option_ids
-        )));
-    }
-    let pending = state
-        .pending_permissions
-        .remove(request_id)
-        .ok_or(GatewayError::PermissionNotFound)?;
-    let turn = state.running_turn;
-    session.log.append(
-        turn,
-        EventBody::PermissionResolved {
-            request_id: request_id.to_string(),
-            outcome: "selected".into(),
-            option_id: Some(option_id.clone()),
-        },
-    )?;
-    state.last_active = Instant::now();
-    drop(state);
-    let _ = pending.answer.send(option_id);
-    Ok(())
-}
-
-/// Ends the running turn (`interrupted`), closes the brain, stops the hands and flushes the log.
-pub async fn shut_down_session(session: &Arc<Session>) {
-    let brain = {
-        let mut state = session.lock();
-        state.turn_cancel.cancel();
-        if let Some(turn) = state.running_turn.take() {
-            cancel_pending_permissions(session, &mut state, turn);
-            session.emit(
-                Some(turn),
-                EventBody::TurnEnd {
-                    stop_reason: "interrupted".into(),
-                },
-            );
-        }
-        state.brain_slot = None;
-        std::mem::take(&mut state.brain)
-    };
-    stop_brain(brain).await;
-    session.hands.stop().await;
-    session.log.close();
-}
-
-/// Resolves every unanswered permission request of `turn` as `cancelled`, in request id order.
-fn cancel_pending_permissions(session: &Session, state: &mut SessionState, turn: u64) {
-    let mut request_ids: Vec<String> = state
-        .pending_permissions
-        .drain()
-        .map(|(id, _)| id)
-        .collect();
-    request_ids.sort();
-    for request_id in request_ids {
-        session.emit(
-            Some(turn),
-            EventBody::PermissionResolved {
-                request_id,
-                outcome: "cancelled".into(),
-                option_id: None,
-            },
-        );
-    }
+    session.answer_permission(request_id, option_id)
 }
 
 /// Stops brains that had no turn and no pending permission for `--brain-idle`.
@@ -522,17 +252,8 @@ pub fn spawn_idle_sweeper(gateway: &Arc<Gateway>) {
                 return;
             };
             for session in gateway.sessions.all() {
-                let idle_brain = {
-                    let mut state = session.lock();
-                    let idle = state.running_turn.is_none()
-                        && state.pending_permissions.is_empty()
-                        && !matches!(state.brain, BrainState::None)
-                        && state.last_active.elapsed() >= gateway.args.brain_idle;
-                    if !idle {
-                        continue;
-                    }
-                    state.brain_slot = None;
-                    std::mem::take(&mut state.brain)
+                let Some(idle_brain) = session.take_idle_brain(gateway.args.brain_idle) else {
+                    continue;
                 };
                 tracing::info!(session = %session.id, "stopping idle brain");
                 session.emit(
@@ -543,7 +264,7 @@ pub fn spawn_idle_sweeper(gateway: &Arc<Gateway>) {
                         message: None,
                     },
                 );
-                stop_brain(idle_brain).await;
+                idle_brain.stop().await;
             }
         }
     });
@@ -557,7 +278,7 @@ struct Sink {
 impl TurnSink for Sink {
     fn update(&self, update: Value) {
         if let Some(session) = self.session.upgrade() {
-            let turn = session.lock().running_turn;
+            let turn = session.running_turn();
             session.emit(turn, EventBody::Update { update });
         }
     }
@@ -585,22 +306,9 @@ impl TurnSink for Sink {
             })
             .unwrap_or_default();
         let (answer, answered) = oneshot::channel();
-        {
-            let mut state = session.lock();
-            let Some(turn) = state.running_turn else {
-                return Box::pin(async { PermissionOutcome::Cancelled });
-            };
-            state
-                .pending_permissions
-                .insert(request_id.clone(), PendingPermission { answer, option_ids });
-            session.emit(
-                Some(turn),
-                EventBody::PermissionRequest {
-                    request_id: request_id.clone(),
-                    tool_call,
-                    options,
-                },
-            );
+        let pending = PendingPermission::new(answer, option_ids);
+        if !session.ask_permission(&request_id, tool_call, options, pending) {
+            return Box::pin(async { PermissionOutcome::Cancelled });
         }
         let guard = PermissionGuard {
             session: self.session.clone(),
@@ -626,20 +334,8 @@ struct PermissionGuard {
 
 impl Drop for PermissionGuard {
     fn drop(&mut self) {
-        let Some(session) = self.session.upgrade() else {
-            return;
-        };
-        let mut state = session.lock();
-        if state.pending_permissions.remove(&self.request_id).is_some() {
-            let turn = state.running_turn;
-            session.emit(
-                turn,
-                EventBody::PermissionResolved {
-                    request_id: self.request_id.clone(),
-                    outcome: "cancelled".into(),
-                    option_id: None,
-                },
-            );
+        if let Some(session) = self.session.upgrade() {
+            session.abandon_permission(&self.request_id);
         }
     }
 }

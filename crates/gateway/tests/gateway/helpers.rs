@@ -445,6 +445,23 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Polls `check` every 20 ms until it holds; panics naming `what` after [`WAIT`]. For states
+/// no event announces (a session's status, `/healthz`).
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether `pid` is a live process (not gone, not a zombie).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

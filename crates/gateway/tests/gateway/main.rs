@@ -8,5 +8,6 @@ mod python_agent;
 mod recovery;
 mod sessions;
 mod sse;
+mod storage;
 mod terminals;
 mod turns;

@@ -539,6 +539,56 @@ async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
     restarted.stop().await;
 }
 
+/// Regression: recovery closed only the newest open turn, so a turn whose `turn_end` was lost
+/// (a full disk) stayed open forever once a later turn had started.
+#[tokio::test]
+async fn recovery_closes_every_open_turn_not_only_the_last() {
+    let message = |text: &str| serde_json::json!({"type": "user_message", "text": text});
+    let start = serde_json::json!({"type": "turn_start"});
+    let restarted = restart_with_log(&[
+            (1, Some(1), message("rm a")),
+            (2, Some(1), start.clone()),
+            (
+                3,
+                Some(1),
+                serde_json::json!({"type": "permission_request", "request_id": "perm-a", "tool_call": {}, "options": []}),
+            ),
+            (4, Some(2), message("echo two")),
+            (5, Some(2), start.clone()),
+            (6, Some(2), serde_json::json!({"type": "turn_end", "stop_reason": "end_turn"})),
+            (7, Some(3), message("echo three")),
+            (8, Some(3), start),
+        ])
+        .await;
+    let (gw, token, session) = (&restarted.gw, &restarted.token, &restarted.session);
+    let mut events = gw.events(token, session, Some(8)).await;
+    let seen = events
+        .until("the recovery status event", |e| e.event == "status")
+        .await;
+    let summary: Vec<(Option<u64>, &str, Value)> = seen
+        .iter()
+        .map(|e| (e.id, e.event.as_str(), e.data["turn"].clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (Some(9), "permission_resolved", 1.into()),
+            (Some(10), "turn_end", 1.into()),
+            (Some(11), "turn_end", 3.into()),
+            (Some(12), "status", Value::Null),
+        ]
+    );
+    assert_eq!(seen[0].data["request_id"], "perm-a");
+    assert_eq!(seen[1].data["stop_reason"], "interrupted");
+    assert_eq!(seen[2].data["stop_reason"], "interrupted");
+    let info = gw.session_info(token, session).await;
+    assert_eq!(
+        (info["turn"].clone(), info["status"].clone()),
+        (3.into(), "idle".into())
+    );
+    restarted.stop().await;
+}
+
 #[tokio::test]
 async fn asking_for_compacted_history_starts_with_a_gap_event() {
     let status = serde_json::json!({"type": "status", "brain": "ready"});

@@ -212,7 +212,8 @@ async fn a_message_the_event_log_refuses_is_500_and_holds_no_brain_slot() {
         .get("phone-0001", &session)
         .expect("the session")
         .log
-        .close();
+        .close()
+        .await;
     let refused = gw.post_message(&token, &session, "echo x").await;
     assert_eq!(refused.status(), 500);
     let body: Value = refused.json().await.expect("error body");

@@ -2,7 +2,6 @@
 //! 409 while a turn runs, cancel, permission questions and answers.
 
 use serde_json::Value;
-use warren_gateway::turns::BrainState;
 
 use crate::helpers::{
     Received, TestGateway, WAIT, alive, args_with_shell_agent, first_of, stop_reason, text_of,
@@ -145,18 +144,13 @@ async fn a_worker_dying_mid_turn_ends_the_turn_with_error_and_the_conversation_s
     let mut chat = gw.conversation("phone-0001").await;
     chat.start_working("sleep 60").await;
 
-    let pid = {
-        let handle = gw
-            .gateway
-            .sessions
-            .get("phone-0001", &chat.session)
-            .expect("session");
-        let state = handle.lock();
-        match &state.brain {
-            warren_gateway::turns::BrainState::Ready(brain) => brain.pid(),
-            _ => panic!("a ready brain runs the turn"),
-        }
-    };
+    let pid = gw
+        .gateway
+        .sessions
+        .get("phone-0001", &chat.session)
+        .expect("session")
+        .brain_pid()
+        .expect("a ready brain runs the turn");
     let killed = std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()
@@ -311,10 +305,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
         .all()
         .pop()
         .expect("the conversation's session");
-    let brain_pid = match &session.lock().brain {
-        BrainState::Ready(brain) => brain.pid(),
-        _ => panic!("a ready brain runs the turn"),
-    };
+    let brain_pid = session.brain_pid().expect("a ready brain runs the turn");
     drop(session);
     let events_path = chat.workspace().with_file_name("events.jsonl");
     let needle = chat
