@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path as UrlPath, State};
 use axum::response::Response;
 use rustix::process::Signal;
 use warren_protocol::pty::{
@@ -17,6 +17,8 @@ use warren_protocol::pty::{
     CLOSE_TAKEN_OVER_REASON, ClientFrame, ClientFrameKind, FrameErrorCode, PtyMode, PtyRole,
     ServerFrame, encode_replay,
 };
+
+use crate::error::Path as UrlPath;
 
 use super::session::{AttachError, HolderAttach, HolderEvent, Kick, Session, Shell, ViewerRead};
 use super::{PtyError, PtySessions, PtyTimings, QueryMap, WsParams, upgrade_or_error};
