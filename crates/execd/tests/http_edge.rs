@@ -1,7 +1,8 @@
 //! execd's HTTP and WebSocket edge against the real daemon on 127.0.0.1:0: error bodies on
 //! every kind of bad request, the access token's answer per route, the header and body
-//! timeouts. Requests no well-behaved client sends (half a request line, a body short of its
-//! length) go over a plain `TcpStream`.
+//! timeouts, and the close codes of WebSocket protocol violations. Requests no well-behaved
+//! client sends (half a request line, a body short of its length, a raw bad frame) go over a
+//! plain `TcpStream`.
 
 mod pty_support;
 
@@ -172,6 +173,58 @@ async fn oversized_bodies_on_session_and_stdin_get_the_error_shape() {
         let (status, body) = json_answer(request, path).await;
         assert_eq!(status, 413, "{path}: {body}");
         assert_error_shape(&body, "INVALID_REQUEST_BODY", path);
+    }
+}
+
+#[tokio::test]
+async fn every_mcp_error_has_the_error_shape() {
+    let daemon = start_with(Config::default()).await;
+    let url = format!("{}/mcp", daemon.base);
+    let http = &daemon.http;
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}
+    });
+    let cases = [
+        (
+            "POST without Accept",
+            http.post(&url).json(&initialize),
+            406,
+            "NOT_ACCEPTABLE",
+        ),
+        (
+            "POST as text/plain",
+            http.post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "text/plain")
+                .body(initialize.to_string()),
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        ),
+        ("PUT", http.put(&url).body("x"), 405, "METHOD_NOT_ALLOWED"),
+        (
+            "GET of an unknown session",
+            http.get(&url)
+                .header("accept", "text/event-stream")
+                .header("mcp-session-id", "no-such-session"),
+            404,
+            "SESSION_NOT_FOUND",
+        ),
+        (
+            "a foreign Host",
+            http.post(&url)
+                .header("host", "evil.example")
+                .header("accept", "application/json, text/event-stream")
+                .json(&initialize),
+            403,
+            "HOST_NOT_ALLOWED",
+        ),
+    ];
+    for (what, request, status, code) in cases {
+        let (got_status, body) = json_answer(request, what).await;
+        assert_eq!(got_status, status, "{what}: {body}");
+        assert_error_shape(&body, code, what);
     }
 }
 
