@@ -347,3 +347,117 @@ async fn websockets_and_streamed_responses_outlive_the_request_timeouts() {
     // The WebSocket has been open all that time too, and still works both ways.
     holder.run("echo still-$((6*7))", "still-42").await;
 }
+
+// --- WebSocket protocol violations, sent as raw frames -------------------------------------
+
+/// A WebSocket opened by hand on a raw TCP stream, after the `101` of the handshake.
+/// `query` is empty or starts with `?`.
+async fn raw_websocket(daemon: &pty_support::Daemon, id: &str, query: &str) -> TcpStream {
+    let mut stream = connect(daemon).await;
+    let handshake = format!(
+        "GET /pty/{id}/ws{query} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        addr(daemon)
+    );
+    stream
+        .write_all(handshake.as_bytes())
+        .await
+        .expect("writes the handshake");
+    // Byte by byte up to the blank line, so no frame after the head is consumed here.
+    let mut head = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(stream.read_u8().await.expect("reads the handshake answer"));
+        }
+    })
+    .await
+    .expect("the handshake is answered within the wait");
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    stream
+}
+
+/// A client frame: FIN set, `opcode`, masked as clients must (with a zero mask, so the payload
+/// goes out as given), or unmasked when `masked` is false. Payloads stay under 126 bytes.
+fn client_frame(first_byte: u8, payload: &[u8], masked: bool) -> Vec<u8> {
+    assert!(payload.len() < 126);
+    let mut frame = vec![first_byte];
+    if masked {
+        frame.push(0x80 | payload.len() as u8);
+        frame.extend_from_slice(&[0, 0, 0, 0]);
+    } else {
+        frame.push(payload.len() as u8);
+    }
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Reads server frames until a close frame and returns its code; panics if the connection
+/// ends without one (what a client reports as 1006).
+async fn close_code(stream: &mut TcpStream) -> u16 {
+    let read = async {
+        loop {
+            let first = stream.read_u8().await.ok()?;
+            let second = stream.read_u8().await.ok()?;
+            let len = match second & 0x7f {
+                126 => u64::from(stream.read_u16().await.ok()?),
+                127 => stream.read_u64().await.ok()?,
+                n => u64::from(n),
+            };
+            let mut payload = vec![0u8; usize::try_from(len).ok()?];
+            stream.read_exact(&mut payload).await.ok()?;
+            if first & 0x0f == 0x8 {
+                return Some(u16::from_be_bytes([*payload.first()?, *payload.get(1)?]));
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .expect("a close frame within the wait")
+        .expect("a close frame before the connection ended (not 1006)")
+}
+
+#[tokio::test]
+async fn ws_text_frame_with_invalid_utf8_closes_with_1007() {
+    let daemon = start_with(Config::default()).await;
+    for query in ["", "?pty=0"] {
+        let id = daemon.create(json!({})).await;
+        let mut ws = raw_websocket(&daemon, &id, query).await;
+        ws.write_all(&client_frame(0x81, &[b'h', 0xC3, 0x28, b'i'], true))
+            .await
+            .expect("writes the frame");
+        assert_eq!(close_code(&mut ws).await, 1007, "query {query:?}");
+    }
+}
+
+#[tokio::test]
+async fn ws_protocol_violations_close_with_1002() {
+    let daemon = start_with(Config::default()).await;
+    let violations: [(&str, Vec<u8>); 4] = [
+        ("an unmasked frame", client_frame(0x82, b"\x00ls\n", false)),
+        ("a reserved opcode", client_frame(0x83, b"x", true)),
+        ("a reserved bit", client_frame(0xC2, b"x", true)),
+        (
+            "a continuation with nothing to continue",
+            client_frame(0x80, b"x", true),
+        ),
+    ];
+    for (what, frame) in violations {
+        let id = daemon.create(json!({})).await;
+        let mut ws = raw_websocket(&daemon, &id, "").await;
+        ws.write_all(&frame).await.expect("writes the frame");
+        assert_eq!(close_code(&mut ws).await, 1002, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn ws_viewer_sending_invalid_utf8_closes_with_1007() {
+    let daemon = start_with(Config::default()).await;
+    let (id, _holder) = daemon.shell().await;
+    let mut viewer = raw_websocket(&daemon, &id, "?mode=viewer").await;
+    viewer
+        .write_all(&client_frame(0x81, &[0xFF], true))
+        .await
+        .expect("writes the frame");
+    assert_eq!(close_code(&mut viewer).await, 1007);
+}
