@@ -17,7 +17,7 @@ use warren_protocol::gateway::{
 };
 
 use crate::auth::secret_matches;
-use crate::error::{GatewayError, Json, Path, body_rejection, parse_optional_body};
+use crate::error::{GatewayError, Json, OptionalJson, Path};
 use crate::{Gateway, event_log, sse, turns};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -173,11 +173,8 @@ const MAX_TITLE_CHARS: usize = 200;
 async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    OptionalJson(body): OptionalJson<CreateSession>,
 ) -> Result<Response, GatewayError> {
-    let body =
-        body.map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))?;
-    let body: CreateSession = parse_optional_body(&body)?;
     if let Some(title) = &body.title
         && title.chars().count() > MAX_TITLE_CHARS
     {
