@@ -16,7 +16,7 @@ use warren_protocol::gateway::{
     RegisterDevice, SessionInfo, SessionList,
 };
 
-use crate::auth::secret_matches;
+use crate::auth::{bearer_token, secret_matches};
 use crate::error::{GatewayError, Json, OptionalJson, Path};
 use crate::{Gateway, event_log, sse, turns};
 
@@ -52,7 +52,7 @@ fn bearer(parts: &Parts) -> Option<String> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        return value.strip_prefix("Bearer ").map(|t| t.trim().to_string());
+        return bearer_token(value).map(str::to_string);
     }
     let query = parts.uri.query()?;
     query
@@ -114,8 +114,8 @@ async fn register_device(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|token| token.trim().to_string());
+        .and_then(bearer_token)
+        .map(str::to_string);
     // Registration fsyncs the device file: keep it off the async workers.
     let device_id = body.device_id.clone();
     let registering = gateway.clone();
