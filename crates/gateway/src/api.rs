@@ -262,21 +262,13 @@ async fn events(
     headers: HeaderMap,
 ) -> Result<Response, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
-    let seq = |text: &str, what: &str| {
-        text.trim()
-            .parse::<u64>()
-            .map_err(|_| GatewayError::InvalidRequest(format!("{what} must be a seq")))
-    };
-    let last_event_id = match headers.get("last-event-id") {
-        Some(value) => Some(seq(value.to_str().unwrap_or("-"), "Last-Event-ID")?),
-        None => None,
-    };
-    // Parsed here rather than by `Query<T>`, whose rejection is plain text, not Warren's shape.
-    let query_after = match query.iter().find(|(name, _)| name == "after") {
-        Some((_, value)) => Some(seq(value, "after")?),
-        None => None,
-    };
-    let after = last_event_id.or(query_after).unwrap_or(0);
+    // `after` is parsed by hand rather than by a typed `Query<T>`, whose rejection is plain
+    // text.
+    let query_after = query
+        .iter()
+        .find(|(name, _)| name == "after")
+        .map(|(_, value)| value.as_str());
+    let after = sse::resume_after(headers.get("last-event-id"), query_after)?;
     // A position past the end names events this log never had (a client bug, or a log that
     // lost its unsynced tail to a power cut): following it would silently skip the events
     // that take those seqs next, so it is refused.
