@@ -103,8 +103,11 @@ impl ExecdClient {
         let base_url = base_url.trim_end_matches('/').to_owned();
         // No call legitimately takes longer than the longest poll (300 s) plus the kill grace
         // and drain; past that the execd is stuck and the caller should hear about it.
+        // execd closes a keep-alive connection idle for its header read timeout (30 s by
+        // default); dropping ours well before means a request never races that close.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(15))
             .timeout(Duration::from_secs(360))
             .build()
             .map_err(|e| ClientError::Unreachable {

@@ -1,13 +1,17 @@
 //! The optional access token: every route but `GET /ping` needs `X-EXECD-ACCESS-TOKEN`,
-//! compared in constant time. The 401 body is OpenSandbox's, byte for byte.
+//! compared in constant time. The 401 answers in the shape of the route it guards: Warren's
+//! `{"code","message"}` on Warren's own routes (`/v1/exec`, `/mcp`), OpenSandbox's
+//! `{"error": ...}` byte for byte everywhere else, PTY routes included, since pty-sessions.md and
+//! OpenSandbox's clients expect that body there.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
 
 pub const ACCESS_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
@@ -35,18 +39,46 @@ pub async fn require_access_token(
     if presented.is_some_and(|p| token_matches(&expected, p)) {
         return next.run(request).await;
     }
-    (
-        StatusCode::UNAUTHORIZED,
-        axum::Json(serde_json::json!({
-            "error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"
-        })),
-    )
-        .into_response()
+    if is_warren_route(request.uri().path()) {
+        ApiError::Unauthorized.into_response()
+    } else {
+        ApiError::OpenSandboxUnauthorized.into_response()
+    }
+}
+
+/// Routes that are Warren's own protocol rather than OpenSandbox's: `/v1/exec...` and
+/// `/mcp...`.
+fn is_warren_route(path: &str) -> bool {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    under("/v1/exec") || under("/mcp")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::token_matches;
+    use super::{is_warren_route, token_matches};
+
+    #[test]
+    fn warren_routes_are_exec_and_mcp_only() {
+        let cases = [
+            ("/v1/exec", true),
+            ("/v1/exec/12/stdin", true),
+            ("/mcp", true),
+            ("/mcp/", true),
+            ("/v1/executor", false),
+            ("/mcpx", false),
+            ("/pty", false),
+            ("/pty/abc/ws", false),
+            ("/command", false),
+            ("/files/info", false),
+            ("/", false),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(is_warren_route(path), expected, "{path}");
+        }
+    }
 
     #[test]
     fn only_the_exact_token_matches() {

@@ -5,7 +5,7 @@
 //!
 //! Paths are absolute or relative to `--root`, and confined beneath it by the same walk as the
 //! OpenSandbox file routes (`opensandbox::resolve`: no `..`, symlink or swap leads out, FIFOs
-//! and devices are never opened). Errors are [`FilesError`], mapped to statuses in one place.
+//! and devices are never opened). Errors are [`FilesError`]; `crate::error` maps them.
 
 use std::ffi::OsString;
 use std::io;
@@ -53,27 +53,6 @@ pub enum FilesError {
         #[source]
         source: io::Error,
     },
-}
-
-impl From<FilesError> for ApiError {
-    fn from(error: FilesError) -> Self {
-        let error = match error {
-            FilesError::Path(path_error) => return path_error.into(),
-            other => other,
-        };
-        let (status, code) = match &error {
-            FilesError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "INVALID_PATH"),
-            FilesError::NotFound(_) => (StatusCode::NOT_FOUND, "FILE_NOT_FOUND"),
-            FilesError::Escape(_) => (StatusCode::FORBIDDEN, "PATH_ESCAPE"),
-            FilesError::NotRegular(_) => (StatusCode::BAD_REQUEST, "NOT_REGULAR_FILE"),
-            FilesError::Path(_) => unreachable!("returned above"),
-            FilesError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
-                (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL")
-            }
-            FilesError::Io { .. } => return ApiError::internal(error),
-        };
-        ApiError::new(status, code, error.to_string())
-    }
 }
 
 impl FilesApi {
@@ -125,7 +104,7 @@ fn path_query(
 ) -> Result<String, ApiError> {
     query
         .map(|Query(q)| q.path)
-        .map_err(|e| ApiError::bad_request(e.body_text()))
+        .map_err(|e| ApiError::from(warren_http::RequestError::InvalidQuery(e.body_text())))
 }
 
 fn fs_error(shown: &str, err: io::Error) -> FilesError {
@@ -133,8 +112,10 @@ fn fs_error(shown: &str, err: io::Error) -> FilesError {
         Some(Refusal::Escape) => return FilesError::Escape(shown.into()),
         Some(Refusal::NotRegular) => return FilesError::NotRegular(shown.into()),
         Some(Refusal::NotDirectory) => {
-            return PathError::NotADirectory(format!("{shown}: a component of it is not a directory"))
-                .into();
+            return PathError::NotADirectory(format!(
+                "{shown}: a component of it is not a directory"
+            ))
+            .into();
         }
         Some(Refusal::Loop) | None => {}
     }

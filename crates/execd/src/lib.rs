@@ -50,7 +50,7 @@ impl Execd {
     }
 
     /// The complete HTTP surface, with the access-token check applied to every route except
-    /// `GET /ping`.
+    /// `GET /ping`. Unknown paths and methods answer 404/405 in Warren's error shape.
     pub fn router(&self) -> Router {
         Router::new()
             .merge(pty::routes(self.pty.clone()))
@@ -59,6 +59,8 @@ impl Execd {
             .merge(files_api::routes(self.files.clone()))
             .merge(opensandbox::routes(self.opensandbox.clone()))
             .route_service("/mcp", self.mcp_service())
+            .fallback(error::route_not_found)
+            .method_not_allowed_fallback(error::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
                 self.config.access_token.clone().map(Arc::<str>::from),
                 auth::require_access_token,
@@ -93,7 +95,8 @@ impl Execd {
     }
 }
 
-/// Serves `execd` on `listener` until `shutdown` resolves, then tears every session down.
+/// Serves `execd` on `listener` (with its header and body timeouts and connection limit) until
+/// `shutdown` resolves, then tears every session down.
 pub async fn serve(
     execd: Execd,
     listener: tokio::net::TcpListener,
@@ -105,16 +108,7 @@ pub async fn serve(
         shutdown.await;
         mcp_shutdown.cancel();
     };
-    // Event streams are many small writes; without TCP_NODELAY each one after the first waits
-    // for the client's delayed ACK (about 40 ms per round trip).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(%err, "cannot set TCP_NODELAY on a connection");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    warren_http::serve(listener, app, execd.config.serve_config(), shutdown).await?;
     execd.shutdown().await;
     Ok(())
 }

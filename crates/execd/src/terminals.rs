@@ -4,8 +4,7 @@
 //! its exit code or signal, `POST /v1/terminals/{id}/kill` kills its whole tree and keeps it
 //! readable, `DELETE /v1/terminals/{id}` kills and forgets it, `GET /v1/terminals` lists them.
 //!
-//! The routes are thin: parsing and one engine call; statuses come from
-//! [`crate::exec_api::exec_error`].
+//! The routes are thin: parsing and one engine call; statuses come from `crate::error`.
 
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use serde::Deserialize;
 use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, TerminalOutput};
 
 use crate::error::{ApiError, Json};
-use crate::exec_api::{ExecState, exec_error};
+use crate::exec_api::ExecState;
 
 /// Longest `wait_ms` one output request may ask for; clients loop for longer waits.
 const MAX_WAIT_MS: u64 = 300_000;
@@ -38,7 +37,10 @@ async fn create(
     State(state): State<ExecState>,
     Json(create): Json<TerminalCreate>,
 ) -> Result<(StatusCode, axum::Json<TerminalCreated>), ApiError> {
-    let created = state.engine().start_terminal(create).map_err(exec_error)?;
+    let created = state
+        .engine()
+        .start_terminal(create)
+        .map_err(ApiError::from)?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
@@ -58,14 +60,15 @@ async fn output(
     Path(terminal_id): Path<String>,
     query: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<TerminalOutput>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Query(query) = query
+        .map_err(|e| ApiError::from(warren_http::RequestError::InvalidQuery(e.body_text())))?;
     let wait = Duration::from_millis(query.wait_ms.min(MAX_WAIT_MS));
     state
         .engine()
         .terminal_output(&terminal_id, wait)
         .await
         .map(axum::Json)
-        .map_err(exec_error)
+        .map_err(ApiError::from)
 }
 
 async fn kill(
@@ -76,7 +79,7 @@ async fn kill(
         .engine()
         .kill_terminal(&terminal_id)
         .await
-        .map_err(exec_error)?;
+        .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -88,6 +91,6 @@ async fn release(
         .engine()
         .release_terminal(&terminal_id)
         .await
-        .map_err(exec_error)?;
+        .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -16,8 +16,8 @@ use warren_protocol::gateway::{
     RegisterDevice, SessionInfo, SessionList,
 };
 
-use crate::auth::secret_matches;
-use crate::error::{GatewayError, Json, Path, body_rejection, parse_optional_body};
+use crate::auth::{bearer_token, secret_matches};
+use crate::error::{GatewayError, Json, OptionalJson, Path};
 use crate::{Gateway, event_log, sessions, sse, turns};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -52,7 +52,7 @@ fn bearer(parts: &Parts) -> Option<String> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        return value.strip_prefix("Bearer ").map(|t| t.trim().to_string());
+        return bearer_token(value).map(str::to_string);
     }
     let query = parts.uri.query()?;
     query
@@ -115,8 +115,8 @@ async fn register_device(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|token| token.trim().to_string());
+        .and_then(bearer_token)
+        .map(str::to_string);
     // Registration fsyncs the device file: keep it off the async workers.
     let device_id = body.device_id.clone();
     let registering = gateway.clone();
@@ -174,11 +174,8 @@ const MAX_TITLE_CHARS: usize = 200;
 async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    OptionalJson(body): OptionalJson<CreateSession>,
 ) -> Result<Response, GatewayError> {
-    let body =
-        body.map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))?;
-    let body: CreateSession = parse_optional_body(&body)?;
     if let Some(title) = &body.title
         && title.chars().count() > MAX_TITLE_CHARS
     {
@@ -266,21 +263,13 @@ async fn events(
     headers: HeaderMap,
 ) -> Result<Response, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
-    let seq = |text: &str, what: &str| {
-        text.trim()
-            .parse::<u64>()
-            .map_err(|_| GatewayError::InvalidRequest(format!("{what} must be a seq")))
-    };
-    let last_event_id = match headers.get("last-event-id") {
-        Some(value) => Some(seq(value.to_str().unwrap_or("-"), "Last-Event-ID")?),
-        None => None,
-    };
-    // Parsed here rather than by `Query<T>`, whose rejection is plain text, not Warren's shape.
-    let query_after = match query.iter().find(|(name, _)| name == "after") {
-        Some((_, value)) => Some(seq(value, "after")?),
-        None => None,
-    };
-    let after = last_event_id.or(query_after).unwrap_or(0);
+    // `after` is parsed by hand rather than by a typed `Query<T>`, whose rejection is plain
+    // text.
+    let query_after = query
+        .iter()
+        .find(|(name, _)| name == "after")
+        .map(|(_, value)| value.as_str());
+    let after = sse::resume_after(headers.get("last-event-id"), query_after)?;
     // A position past the end names events this log never had (a client bug, or a log that
     // lost its unsynced tail to a power cut): following it would silently skip the events
     // that take those seqs next, so it is refused.

@@ -43,6 +43,15 @@ pub fn secret_matches(presented: &str, expected: &str) -> bool {
     sha256(presented).ct_eq(&sha256(expected)).into()
 }
 
+/// The token of an `Authorization` header value using the Bearer scheme, whose name is
+/// case-insensitive (RFC 9110 §11.1: `bearer`, `BEARER` are the same scheme). Blanks around the
+/// token are ignored; another scheme or an empty token is `None`.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 pub fn valid_device_id(id: &str) -> bool {
     (8..=128).contains(&id.len())
         && id
@@ -275,6 +284,25 @@ mod tests {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         );
         assert_ne!(token, new_secret("wr_"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let cases = [
+            ("Bearer wr_abc", Some("wr_abc")),
+            ("bearer wr_abc", Some("wr_abc")),
+            ("BEARER wr_abc", Some("wr_abc")),
+            ("bEaReR   wr_abc  ", Some("wr_abc")),
+            ("Bearer ", None),
+            ("Bearer", None),
+            ("Basic d3I6YWJj", None),
+            ("Bearerwr_abc", None),
+            ("wr_abc", None),
+            ("", None),
+        ];
+        for (header, expected) in cases {
+            assert_eq!(bearer_token(header), expected, "{header:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use warren_http::ServeConfig;
+
 #[derive(Clone, clap::Args)]
 pub struct GatewayArgs {
     /// Address to listen on.
@@ -50,6 +52,32 @@ pub struct GatewayArgs {
     /// these, never the gateway's other variables.
     #[arg(long = "hands-env", env = "WARREN_HANDS_ENV", value_delimiter = ',')]
     pub hands_env: Vec<warren_process::HandsVar>,
+    /// Milliseconds a connection may take to send a complete request head once it could; then
+    /// it is closed (this also ends idle keep-alive connections).
+    #[arg(
+        long,
+        env = "WARREN_HEADER_READ_TIMEOUT_MS",
+        default_value_t = ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub header_read_timeout_ms: u64,
+    /// Milliseconds a request body may send nothing while it is read; then the request fails
+    /// with 408.
+    #[arg(
+        long,
+        env = "WARREN_BODY_IDLE_TIMEOUT_MS",
+        default_value_t = ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub body_idle_timeout_ms: u64,
+    /// Most connections served at once (event streams included); more wait to be accepted.
+    #[arg(
+        long,
+        env = "WARREN_MAX_CONNECTIONS",
+        default_value_t = ServeConfig::DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    pub max_connections: usize,
     /// The `warren` binary used to start hands (`execd`), the MCP server and the built-in
     /// agent (default: this executable).
     #[arg(long, env = "WARREN_BIN", hide = true)]
@@ -112,6 +140,9 @@ impl std::fmt::Debug for GatewayArgs {
             )
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
+            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
+            .field("body_idle_timeout_ms", &self.body_idle_timeout_ms)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -134,6 +165,15 @@ impl GatewayArgs {
     /// The silence after which an event stream sends a heartbeat comment.
     pub fn sse_heartbeat(&self) -> Duration {
         Duration::from_millis(self.sse_heartbeat_ms)
+    }
+
+    /// The connection limits `warren_http::serve` applies.
+    pub fn serve_config(&self) -> ServeConfig {
+        ServeConfig {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
+            max_connections: self.max_connections,
+        }
     }
 }
 
@@ -266,6 +306,34 @@ mod tests {
         assert_eq!(args.hands_idle_pause, Duration::from_secs(2 * 60));
         assert_eq!(args.hands_archive_after, Duration::from_secs(24 * 3600));
         assert_eq!(args.snapshot_max, 512 << 20);
+        assert_eq!(args.serve_config(), ServeConfig::default());
+    }
+
+    #[test]
+    fn serve_limits_parse_and_refuse_zero() {
+        use clap::Parser;
+        let flags = [
+            "warren",
+            "--header-read-timeout-ms=300",
+            "--body-idle-timeout-ms=400",
+            "--max-connections=5",
+        ];
+        let args = Cli::try_parse_from(flags).expect("parses the flags").args;
+        assert_eq!(
+            args.serve_config(),
+            ServeConfig {
+                header_read_timeout: Duration::from_millis(300),
+                body_idle_timeout: Duration::from_millis(400),
+                max_connections: 5,
+            }
+        );
+        for zero in [
+            "--header-read-timeout-ms=0",
+            "--body-idle-timeout-ms=0",
+            "--max-connections=0",
+        ] {
+            assert!(Cli::try_parse_from(["warren", zero]).is_err(), "{zero}");
+        }
     }
 
     #[test]

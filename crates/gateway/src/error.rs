@@ -1,16 +1,19 @@
 //! The gateway's error type and the one place that maps it to an HTTP status plus the JSON body
 //! `{"code","message"}`. Modules return [`GatewayError`]; only [`IntoResponse`] picks statuses.
 //! A 5xx hides internals from the client and logs them; `STORAGE_FULL` (507) is the one 5xx whose
-//! message is shown, since it is fixed text that tells the client what to do.
+//! message is shown, since it is fixed text that tells the client what to do. Also here: the
+//! request extractors handlers use, warren-http's with this error as their rejection.
 
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::de::DeserializeOwned;
-use warren_protocol::error::ErrorBody;
+use warren_http::RequestError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
+    /// The request could not be read (body, JSON, path).
+    #[error(transparent)]
+    Request(#[from] RequestError),
     #[error("{0}")]
     InvalidRequest(String),
     #[error("device id must be 8 to 128 characters of [A-Za-z0-9_-]")]
@@ -25,8 +28,6 @@ pub enum GatewayError {
     RouteNotFound,
     #[error("method not allowed on this route")]
     MethodNotAllowed,
-    #[error("request body too large")]
-    BodyTooLarge,
     #[error("device not found")]
     DeviceNotFound,
     #[error("session not found")]
@@ -56,6 +57,9 @@ pub enum GatewayError {
 impl GatewayError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
+            // The gateway's codes for unreadable requests are warren-http's defaults
+            // (INVALID_REQUEST_BODY, BODY_TOO_LARGE, REQUEST_TIMEOUT).
+            GatewayError::Request(error) => (error.status(), error.default_code()),
             GatewayError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY"),
             GatewayError::InvalidDeviceId => (StatusCode::BAD_REQUEST, "INVALID_DEVICE_ID"),
             GatewayError::BadAppKey => (StatusCode::UNAUTHORIZED, "INVALID_APP_KEY"),
@@ -65,7 +69,6 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => {
                 (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED")
             }
-            GatewayError::BodyTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "BODY_TOO_LARGE"),
             GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
             GatewayError::SessionNotFound => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
             GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),
@@ -96,7 +99,7 @@ impl IntoResponse for GatewayError {
             }
             _ => self.to_string(),
         };
-        (status, axum::Json(ErrorBody::new(code, message))).into_response()
+        warren_http::error_response(status, code, message)
     }
 }
 
@@ -128,60 +131,17 @@ impl From<crate::event_log::AppendError> for GatewayError {
     }
 }
 
-/// `axum::Json` whose rejection is a 400 `INVALID_REQUEST_BODY` in Warren's error shape.
+/// A JSON object body (`Content-Type: application/json`); see [`warren_http::Json`].
+#[derive(Debug, FromRequest)]
+#[from_request(via(warren_http::Json), rejection(GatewayError))]
 pub struct Json<T>(pub T);
 
-impl<S, T> FromRequest<S> for Json<T>
-where
-    T: DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = GatewayError;
+/// A body that may be empty (then `T::default()`); see [`warren_http::OptionalJson`].
+#[derive(Debug, FromRequest)]
+#[from_request(via(warren_http::OptionalJson), rejection(GatewayError))]
+pub struct OptionalJson<T>(pub T);
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(value)) => Ok(Json(value)),
-            Err(rejection) => Err(body_rejection(rejection.status(), rejection.body_text())),
-        }
-    }
-}
-
-/// A body axum could not read: over the body size limit (413), else malformed (400).
-pub fn body_rejection(status: StatusCode, text: String) -> GatewayError {
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        GatewayError::BodyTooLarge
-    } else {
-        GatewayError::InvalidRequest(text)
-    }
-}
-
-/// `axum::extract::Path` whose rejection (a segment that is not UTF-8 once decoded) is a 400
-/// `INVALID_REQUEST_BODY` in Warren's error shape.
+/// Path parameters; a segment that does not decode (not UTF-8) is a 400 in Warren's shape.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(warren_http::Path), rejection(GatewayError))]
 pub struct Path<T>(pub T);
-
-impl<S, T> axum::extract::FromRequestParts<S> for Path<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = GatewayError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(value)) => Ok(Path(value)),
-            Err(rejection) => Err(GatewayError::InvalidRequest(rejection.body_text())),
-        }
-    }
-}
-
-/// Parses a body that may be empty: empty or whitespace-only bytes give `T::default()`.
-pub fn parse_optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, GatewayError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| GatewayError::InvalidRequest(format!("invalid JSON body: {e}")))
-}

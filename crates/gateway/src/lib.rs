@@ -145,7 +145,8 @@ impl Gateway {
     }
 }
 
-/// Serves `gateway` on `listener` until `shutdown` resolves, then shuts it down.
+/// Serves `gateway` on `listener` (with its header and body timeouts and connection limit) until
+/// `shutdown` resolves, then shuts it down.
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: tokio::net::TcpListener,
@@ -153,11 +154,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = gateway.router();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = warren_http::serve(listener, app, gateway.args.serve_config(), async move {
         let mut stop_rx = stop_rx;
         let _ = stop_rx.wait_for(|stop| *stop).await;
     });
-    let server = tokio::spawn(server.into_future());
+    let server = tokio::spawn(server);
     shutdown.await;
     // SSE streams never end on their own; shut the sessions down first so their streams close,
     // then let the server finish the remaining requests.

@@ -1,6 +1,7 @@
 //! `GET /v1/sessions/{id}/events`: a session's event log as Server-Sent Events.
 //!
-//! The stream resumes after `Last-Event-ID` (or `?after=`): it first sends every stored event
+//! The stream resumes after `Last-Event-ID` (or `?after=`; the header wins, and a query it
+//! overrides is not even parsed, see [`resume_after`]): it first sends every stored event
 //! with a larger seq, paging through the file when the position is older than the in-memory
 //! tail, then switches to a live subscription positioned exactly at the last event sent, so there
 //! is no gap and no duplicate. Framing: `id: <seq>`, `event: <type>`, `data: <json>`; after
@@ -16,10 +17,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use warren_protocol::gateway::{Event, EventBody};
 
+use crate::error::GatewayError;
 use crate::event_log::{StoredEvent, SubscribeError, Subscription};
 use crate::sessions::Session;
 
@@ -37,6 +40,25 @@ struct StreamState {
     pending: VecDeque<Arc<StoredEvent>>,
     phase: Phase,
     gap: Option<(u64, u64)>,
+}
+
+/// The seq a stream resumes after: the `Last-Event-ID` header if there is one, else the
+/// `after` query parameter, else 0. The header wins outright, so a browser's EventSource that
+/// reconnects with its last id to a URL carrying a stale or odd `?after=` still resumes.
+pub fn resume_after(
+    last_event_id: Option<&HeaderValue>,
+    after_query: Option<&str>,
+) -> Result<u64, GatewayError> {
+    let seq = |text: &str, what: &str| {
+        text.trim()
+            .parse::<u64>()
+            .map_err(|_| GatewayError::InvalidRequest(format!("{what} must be a seq")))
+    };
+    match (last_event_id, after_query) {
+        (Some(header), _) => seq(header.to_str().unwrap_or("-"), "Last-Event-ID"),
+        (None, Some(after)) => seq(after, "after"),
+        (None, None) => Ok(0),
+    }
 }
 
 fn to_sse(event: &StoredEvent) -> SseEvent {
@@ -128,6 +150,34 @@ async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
                 let event = subscription.live.recv().await?;
                 state.pending.push_back(event);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_event_id_wins_and_either_must_be_a_seq() {
+        let header = |text: &'static str| HeaderValue::from_static(text);
+        let cases = [
+            (Some(header("7")), Some("3"), Some(7)),
+            (Some(header("7")), Some("abc"), Some(7)),
+            (Some(header(" 7 ")), None, Some(7)),
+            (None, Some("3"), Some(3)),
+            (None, None, Some(0)),
+            (Some(header("abc")), Some("3"), None),
+            (Some(header("-1")), None, None),
+            (None, Some("abc"), None),
+            (None, Some(""), None),
+        ];
+        for (last_event_id, after, expected) in cases {
+            assert_eq!(
+                resume_after(last_event_id.as_ref(), after).ok(),
+                expected,
+                "{last_event_id:?} {after:?}"
+            );
         }
     }
 }

@@ -602,7 +602,7 @@ async fn execd_serves_mcp_behind_its_access_token() -> anyhow::Result<()> {
     assert!(refused.is_err(), "MCP without the access token must fail");
     let refused = http_client(&url, Some("wrong-token")).await;
     assert!(refused.is_err(), "MCP with a wrong access token must fail");
-    // What such a client is told: execd's 401, as on every other route.
+    // What such a client is told: a 401 in Warren's error shape, as on `/v1/exec`.
     let initialize = json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -626,7 +626,7 @@ async fn execd_serves_mcp_behind_its_access_token() -> anyhow::Result<()> {
         let body: Value = response.json().await?;
         assert_eq!(
             body,
-            json!({"error": "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"})
+            json!({"code": "UNAUTHORIZED", "message": "invalid or missing header X-EXECD-ACCESS-TOKEN"})
         );
     }
 

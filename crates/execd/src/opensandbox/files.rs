@@ -41,7 +41,6 @@ use warren_protocol::opensandbox::{
 use super::CompatError;
 use super::commands::rfc3339;
 use super::resolve::{self, Entry, Part, Refusal, Root, Want};
-use crate::error::ApiError;
 
 /// Most entries one search or listing returns.
 pub const MAX_LISTED_ENTRIES: usize = 10_000;
@@ -102,20 +101,6 @@ pub enum PathError {
     /// A move that cannot be done: a directory into itself, the root, across filesystems.
     #[error("{0}")]
     InvalidMove(String),
-}
-
-impl From<PathError> for ApiError {
-    fn from(err: PathError) -> Self {
-        let message = err.to_string();
-        let (status, code) = match err {
-            PathError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "INVALID_PATH"),
-            PathError::NameTooLong(_) => (StatusCode::BAD_REQUEST, "NAME_TOO_LONG"),
-            PathError::NotADirectory(_) => (StatusCode::CONFLICT, "NOT_A_DIRECTORY"),
-            PathError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
-            PathError::InvalidMove(_) => (StatusCode::BAD_REQUEST, "INVALID_MOVE"),
-        };
-        ApiError::new(status, code, message)
-    }
 }
 
 /// A path as the client wrote it, made usable: NUL refused, `~` and `$VAR` expanded.

@@ -2,8 +2,8 @@
 //! (`execd-compat.md`), so the OpenSandbox SDKs work against `warren execd` unchanged.
 //!
 //! Each submodule owns one feature's state and logic; this module holds the routes, the
-//! request parsing, and [`CompatError`], whose conversion into [`ApiError`] is the only place
-//! these routes pick status codes. Out-of-scope OpenSandbox routes (`/code`, `/proxy`,
+//! request parsing, and [`CompatError`], whose statuses are picked in `crate::error` with every
+//! other execd error's. Out-of-scope OpenSandbox routes (`/code`, `/proxy`,
 //! `/v1/isolated`) answer 501 `NOT_SUPPORTED`.
 
 mod bash_sessions;
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Multipart, Path as UrlPath, Query, State};
+use axum::extract::{DefaultBodyLimit, Multipart, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
@@ -30,7 +30,7 @@ use warren_protocol::opensandbox::{
 };
 
 use crate::Config;
-use crate::error::{ApiError, Json, parse_optional_body};
+use crate::error::{ApiError, Json, OptionalJson, Path as UrlPath};
 
 pub use files::expand_path;
 pub(crate) use files::{PathError, path_error};
@@ -77,47 +77,9 @@ pub enum CompatError {
     Internal(String),
 }
 
-impl From<CompatError> for ApiError {
-    fn from(err: CompatError) -> Self {
-        let message = err.to_string();
-        let (status, code) = match err {
-            CompatError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY"),
-            CompatError::MissingQuery(_) => (StatusCode::BAD_REQUEST, "MISSING_QUERY"),
-            CompatError::CommandNotFound(_) => (StatusCode::NOT_FOUND, "INVALID_REQUEST_BODY"),
-            CompatError::SessionRunNotFound => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
-            CompatError::SessionNotFound(_) => (StatusCode::NOT_FOUND, "CONTEXT_NOT_FOUND"),
-            CompatError::FileNotFound(_) => (StatusCode::NOT_FOUND, "FILE_NOT_FOUND"),
-            CompatError::PathEscape(_) => (StatusCode::FORBIDDEN, "PATH_ESCAPE"),
-            CompatError::NotRegularFile(_) => (StatusCode::FORBIDDEN, "NOT_REGULAR_FILE"),
-            CompatError::InvalidFile(_) => (StatusCode::BAD_REQUEST, "INVALID_FILE"),
-            CompatError::InvalidFileMetadata(_) => {
-                (StatusCode::BAD_REQUEST, "INVALID_FILE_METADATA")
-            }
-            CompatError::InvalidFileContent(_) => (StatusCode::BAD_REQUEST, "INVALID_FILE_CONTENT"),
-            CompatError::RangeNotSatisfiable(_) => {
-                (StatusCode::RANGE_NOT_SATISFIABLE, "INVALID_REQUEST_BODY")
-            }
-            CompatError::NotSupported(_) => (StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED"),
-            CompatError::TooManySessions(_) => (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),
-            CompatError::Runtime(_) => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
-            CompatError::Path(err) => return err.into(),
-            CompatError::Internal(detail) => return ApiError::internal(detail),
-        };
-        ApiError::new(status, code, message)
-    }
-}
-
 impl IntoResponse for CompatError {
     fn into_response(self) -> Response {
-        let content_range = match &self {
-            CompatError::RangeNotSatisfiable(size) => Some(format!("bytes */{size}")),
-            _ => None,
-        };
-        let mut response = ApiError::from(self).into_response();
-        if let Some(value) = content_range.and_then(|v| HeaderValue::from_str(&v).ok()) {
-            response.headers_mut().insert(header::CONTENT_RANGE, value);
-        }
-        response
+        ApiError::from(self).into_response()
     }
 }
 
@@ -298,8 +260,10 @@ async fn command_logs(
     Ok((headers, Bytes::from(bytes)).into_response())
 }
 
-async fn create_session(State(state): State<Compat>, body: Bytes) -> Result<Response, ApiError> {
-    let request: CreateSessionRequest = parse_optional_body(&body)?;
+async fn create_session(
+    State(state): State<Compat>,
+    OptionalJson(request): OptionalJson<CreateSessionRequest>,
+) -> Result<Response, ApiError> {
     let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
         Some(cwd) => PathBuf::from(files::checked_path(cwd)?),
         None => state.inner.files.root().to_path_buf(),

@@ -3,8 +3,8 @@
 //!
 //! This module holds the session registry and the REST routes; [`session`] owns one session's
 //! state and output path, [`ring`] the replay ring, [`ws`] the WebSocket connections. Spawning
-//! and killing processes is `warren-process`'s job. [`PtyError`] is this feature's error type,
-//! turned into HTTP answers in exactly one place (`From<PtyError> for ApiError`).
+//! and killing processes is `warren-process`'s job. [`PtyError`] is this feature's error type;
+//! its statuses are picked in `crate::error`, with every other execd error's.
 
 pub mod ring;
 pub mod session;
@@ -16,16 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Path as UrlPath, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use warren_protocol::pty::{CreatePtyRequest, CreatePtyResponse, PtyStatus};
 
 use crate::Config;
-use crate::error::{ApiError, parse_optional_body};
+use crate::error::{ApiError, OptionalJson, Path as UrlPath};
 use session::Session;
 
 /// Everything that can go wrong in a PTY route, before status codes exist.
@@ -45,33 +44,6 @@ pub enum PtyError {
     UpgradeRequired(String),
     #[error("{0}")]
     Internal(String),
-}
-
-impl From<PtyError> for ApiError {
-    fn from(error: PtyError) -> Self {
-        let message = error.to_string();
-        match error {
-            PtyError::NotFound(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "CONTEXT_NOT_FOUND", message)
-            }
-            PtyError::InvalidBody(_) => ApiError::bad_request(message),
-            PtyError::AlreadyConnected(_) => {
-                ApiError::new(StatusCode::CONFLICT, "ALREADY_CONNECTED", message)
-            }
-            PtyError::ViewerRequiresRunningSession(_) => ApiError::new(
-                StatusCode::CONFLICT,
-                "VIEWER_REQUIRES_RUNNING_SESSION",
-                message,
-            ),
-            PtyError::TooManySessions(_) => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS", message)
-            }
-            PtyError::UpgradeRequired(_) => {
-                ApiError::new(StatusCode::UPGRADE_REQUIRED, "UPGRADE_REQUIRED", message)
-            }
-            PtyError::Internal(detail) => ApiError::internal(detail),
-        }
-    }
 }
 
 impl IntoResponse for PtyError {
@@ -225,18 +197,8 @@ pub fn routes(state: PtySessions) -> Router {
 
 async fn create_session(
     State(sessions): State<PtySessions>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Response, ApiError> {
-    // A body that cannot be read (over axum's 2 MB limit, say) keeps its status but gets
-    // Warren's error shape.
-    let body = body.map_err(|rejection| {
-        ApiError::new(
-            rejection.status(),
-            "INVALID_REQUEST_BODY",
-            rejection.body_text(),
-        )
-    })?;
-    let request: CreatePtyRequest = parse_optional_body(&body)?;
+    OptionalJson(request): OptionalJson<CreatePtyRequest>,
+) -> Result<Response, PtyError> {
     let session_id = sessions.create(request)?;
     Ok((
         StatusCode::CREATED,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path as UrlPath, State};
 use axum::response::Response;
 use rustix::process::Signal;
 use warren_protocol::pty::{
@@ -17,6 +17,8 @@ use warren_protocol::pty::{
     CLOSE_TAKEN_OVER_REASON, ClientFrame, ClientFrameKind, FrameErrorCode, PtyMode, PtyRole,
     ServerFrame, encode_replay,
 };
+
+use crate::error::Path as UrlPath;
 
 use super::session::{AttachError, HolderAttach, HolderEvent, Kick, Session, Shell, ViewerRead};
 use super::{PtyError, PtySessions, PtyTimings, QueryMap, WsParams, upgrade_or_error};
@@ -34,6 +36,10 @@ const VIEWER_BATCH_DELAY: Duration = Duration::from_millis(2);
 const VIEWER_STREAMING_BYTES: usize = 16 * 1024;
 
 const CLOSE_NORMAL: u16 = 1000;
+/// The client broke the WebSocket protocol.
+const CLOSE_PROTOCOL_ERROR: u16 = 1002;
+/// A text frame (or close reason) that is not UTF-8.
+const CLOSE_INVALID_PAYLOAD: u16 = 1007;
 const CLOSE_POLICY: u16 = 1008;
 const CLOSE_TOO_BIG: u16 = 1009;
 const CLOSE_INTERNAL: u16 = 1011;
@@ -133,14 +139,26 @@ impl Conn {
     }
 }
 
-/// A receive error: an oversized frame gets close code 1009, anything else ends the
-/// connection. axum hides tungstenite's error type, so the capacity error is recognised by its
-/// message ("Space limit exceeded: ...").
-fn receive_failed(error: &axum::Error) -> Next {
-    if error.to_string().contains("Space limit exceeded") {
-        Next::Close(CLOSE_TOO_BIG, "frame too large")
-    } else {
-        Next::Stop
+/// A receive error, answered with the close code RFC 6455 gives it before the connection is
+/// dropped, so the client learns why instead of seeing 1006: 1009 for an oversized frame, 1007
+/// for text that is not UTF-8, 1002 for any other protocol violation (an unmasked or
+/// reserved-opcode frame, a bad close frame...). A peer that went away, or an I/O failure, just
+/// ends the connection. axum passes tungstenite's error through boxed, so it is downcast.
+fn receive_failed(error: axum::Error) -> Next {
+    use tungstenite::error::{Error as WsError, ProtocolError};
+    let error = error.into_inner();
+    let Some(error) = error.downcast_ref::<WsError>() else {
+        return Next::Stop;
+    };
+    match error {
+        WsError::Capacity(_) => Next::Close(CLOSE_TOO_BIG, "frame too large"),
+        WsError::Utf8(_) => Next::Close(CLOSE_INVALID_PAYLOAD, "text frame is not valid UTF-8"),
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => Next::Stop,
+        WsError::Protocol(violation) => {
+            tracing::debug!(%violation, "websocket protocol violation");
+            Next::Close(CLOSE_PROTOCOL_ERROR, "websocket protocol violation")
+        }
+        _ => Next::Stop,
     }
 }
 
@@ -263,7 +281,7 @@ async fn holder_message(
 ) -> Next {
     let message = match message {
         None => return Next::Stop,
-        Some(Err(error)) => return receive_failed(&error),
+        Some(Err(error)) => return receive_failed(error),
         Some(Ok(message)) => message,
     };
     match message {
@@ -486,7 +504,7 @@ async fn viewer_message(
 ) -> Next {
     let message = match message {
         None => return Next::Stop,
-        Some(Err(error)) => return receive_failed(&error),
+        Some(Err(error)) => return receive_failed(error),
         Some(Ok(message)) => message,
     };
     let refused = match message {

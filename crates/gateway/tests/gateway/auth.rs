@@ -235,3 +235,41 @@ async fn tokens_never_reach_the_data_dir_or_the_logs() {
         "part of the token found in the logs"
     );
 }
+
+#[tokio::test]
+async fn lower_case_bearer_scheme_is_accepted() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-0001").await;
+    let session = gw.create_session(&token).await;
+    for scheme in ["bearer", "BEARER", "Bearer", "bEaReR"] {
+        let response = gw
+            .http
+            .get(format!("{}/v1/sessions/{session}", gw.url))
+            .header("Authorization", format!("{scheme} {token}"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200, "scheme {scheme:?}");
+    }
+    // Re-registering a bound device reads the same header.
+    let again = gw
+        .registration("phone-0001")
+        .header("Authorization", format!("bearer {token}"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        again.status(),
+        201,
+        "re-registration with a lower-case scheme"
+    );
+    let response = gw
+        .http
+        .get(format!("{}/v1/sessions", gw.url))
+        .header("Authorization", format!("Basic {token}"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 401, "another scheme is refused");
+    gw.stop().await;
+}

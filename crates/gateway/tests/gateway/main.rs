@@ -4,6 +4,7 @@
 mod auth;
 mod cancel;
 mod helpers;
+mod http_edge;
 mod python_agent;
 mod recovery;
 mod sessions;

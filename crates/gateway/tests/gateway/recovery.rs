@@ -224,10 +224,15 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         !processes_mentioning(&workspace).is_empty(),
         "the hands run"
     );
-    assert!(
-        !processes_mentioning(duration).is_empty(),
-        "the command runs"
-    );
+    // The tool call is announced before the hands start the command: wait for it to appear.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while processes_mentioning(duration).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command runs within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     first.child.kill().expect("kill -9 the gateway");
     first.child.wait().expect("reap the gateway");

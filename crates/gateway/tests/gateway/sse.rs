@@ -459,3 +459,38 @@ async fn heartbeats_do_not_count_towards_a_readers_queue() {
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn last_event_id_header_wins_over_a_bad_after_query() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let (token, id, session) = new_session(&gw).await;
+    for i in 1..=3 {
+        append(&session, i);
+    }
+    // A browser's EventSource reconnects to the URL it was given, `?after=` and all, and adds
+    // its last id: the header decides, whatever the query says.
+    for after in ["abc", "1", "999"] {
+        let response = gw
+            .request(
+                reqwest::Method::GET,
+                &token,
+                &format!("/sessions/{id}/events?after={after}"),
+            )
+            .header("Last-Event-ID", "2")
+            .send()
+            .await
+            .expect("events request");
+        assert_eq!(response.status(), 200, "after={after}");
+        let mut stream = EventStream::new(response);
+        let next = stream.next("the event after seq 2").await.expect("event");
+        assert_eq!(next.id, Some(3), "after={after}");
+    }
+    // Without the header a bad `after` is still refused.
+    let response = gw
+        .get(&token, &format!("/sessions/{id}/events?after=abc"))
+        .await;
+    assert_eq!(response.status(), 400);
+    let body: serde_json::Value = response.json().await.expect("error body");
+    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
+    gw.stop().await;
+}

@@ -1,0 +1,228 @@
+//! Serving a router over HTTP/1.1 with the limits `axum::serve` lacks: a header read timeout, a
+//! body idle timeout and a cap on concurrent connections.
+//!
+//! - The header read timeout is hyper's (`http1::Builder::header_read_timeout`, with tokio's
+//!   timer, which axum never sets, so today's servers have none). It runs whenever a connection
+//!   waits for a request head: a client that sends half a request line, or nothing, or stays
+//!   idle on a keep-alive connection, is disconnected when it expires.
+//! - The body idle timeout is tower-http's `RequestBodyTimeoutLayer`: a body read that waits
+//!   longer than that for its next bytes fails, and the extractors in [`crate::request`] turn
+//!   that into [`crate::RequestError::BodyTimeout`] (408).
+//! - Past `max_connections` the server stops accepting; new connections wait in the listen
+//!   backlog until one closes (as Go's `LimitListener` and actix's `max_connections` do). A
+//!   connection's slot travels with its socket, so an upgraded WebSocket holds it until it
+//!   closes.
+//!
+//! Both timeouts are on reading requests only: responses (SSE, long polls) and upgraded
+//! WebSockets are never cut short by them. Graceful shutdown is axum's: stop accepting, let each
+//! connection finish its request in flight, wait for them (not for upgraded WebSockets, which
+//! the servers end themselves).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+/// The limits [`serve`] applies to every connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeConfig {
+    /// How long a connection may take to send a complete request head (and how long an idle
+    /// keep-alive connection is kept).
+    pub header_read_timeout: Duration,
+    /// How long a request body may go without sending anything while the handler reads it.
+    pub body_idle_timeout: Duration,
+    /// Most connections served at once.
+    pub max_connections: usize,
+}
+
+impl ServeConfig {
+    pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 30_000;
+    pub const DEFAULT_BODY_IDLE_TIMEOUT_MS: u64 = 30_000;
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_millis(Self::DEFAULT_HEADER_READ_TIMEOUT_MS),
+            body_idle_timeout: Duration::from_millis(Self::DEFAULT_BODY_IDLE_TIMEOUT_MS),
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// How long to wait before accepting again after an error such as running out of file
+/// descriptors, which retrying at once would only repeat.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
+
+/// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and waits for
+/// the connections' requests in flight to finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    // Zero would make hyper's timer and the semaphore refuse everything; the config parsers
+    // refuse zero, and this keeps a hand-built config from doing it either.
+    let header_read_timeout = config.header_read_timeout.max(Duration::from_millis(1));
+    let body_idle_timeout = config.body_idle_timeout.max(Duration::from_millis(1));
+    let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let service = tower::ServiceBuilder::new()
+        .layer(RequestBodyTimeoutLayer::new(body_idle_timeout))
+        .service(router);
+    let stopping = CancellationToken::new();
+    let connections = TaskTracker::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                // The semaphore is never closed; stop serving rather than spin if it were.
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) if is_connection_error(&error) => continue,
+                Err(error) => {
+                    tracing::error!(%error, "cannot accept a connection");
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                    }
+                }
+            },
+        };
+        connections.spawn(serve_connection(
+            stream,
+            slot,
+            service.clone(),
+            header_read_timeout,
+            stopping.clone(),
+        ));
+    }
+    drop(listener);
+    stopping.cancel();
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// Errors of one connection that came and went before it was accepted; nothing to report.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+type Service = tower_http::timeout::RequestBodyTimeout<Router>;
+
+async fn serve_connection(
+    stream: TcpStream,
+    slot: OwnedSemaphorePermit,
+    service: Service,
+    header_read_timeout: Duration,
+    stopping: CancellationToken,
+) {
+    // Event streams are many small writes; without TCP_NODELAY each one after the first waits
+    // for the client's delayed ACK (about 40 ms per round trip).
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
+    }
+    let io = TokioIo::new(SlotStream {
+        stream,
+        _slot: slot,
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let connection = builder
+        .serve_connection(io, TowerToHyperService::new(service))
+        .with_upgrades();
+    let mut connection = std::pin::pin!(connection);
+    let mut shutting_down = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    // Clients that hang up mid-request, and those the header timeout closes.
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                return;
+            }
+            () = stopping.cancelled(), if !shutting_down => {
+                shutting_down = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// A TCP stream holding one connection slot, which goes back when the stream is dropped:
+/// after the last response, or when an upgraded WebSocket closes.
+struct SlotStream {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for SlotStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SlotStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
