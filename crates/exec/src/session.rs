@@ -535,25 +535,54 @@ async fn wait_for_exit(
     };
     session.state().exit = Some(exit);
     session.announce();
-    let mut changes = session.changed.subscribe();
-    let drained = tokio::time::timeout(exit_drain, async {
-        while !session.state().eof {
-            if changes.changed().await.is_err() {
-                break;
-            }
-        }
-    })
-    .await;
-    if drained.is_err() {
-        // Something the command started still holds the output open; stop reading it so the
-        // result is final. That process keeps running (it was put in the background on purpose).
-        if let Some(reader) = lock(&session.reader).take() {
-            reader.abort();
-        }
-    }
+    drain_after_exit(&session, exit_drain).await;
     if let Some(timer) = lock(&session.timer).take() {
         timer.abort();
     }
     session.state().finished = true;
     session.announce();
+}
+
+/// Longest the drain after an exit keeps waiting for a reader that is merely behind (bytes
+/// still queued in the pipe), past `exit_drain`.
+const DRAIN_BEHIND_CAP: Duration = Duration::from_secs(30);
+
+/// Waits for the reader to reach end of file after the command exited. A grandchild may hold
+/// the output open forever, so after `exit_drain` the reader is stopped, but only once nothing
+/// is queued in the pipe or terminal: on a loaded machine the reader may not have run at all
+/// yet, and stopping it then would lose output the command wrote before it exited.
+async fn drain_after_exit(session: &Session, exit_drain: Duration) {
+    let mut changes = session.changed.subscribe();
+    let started = tokio::time::Instant::now();
+    let give_up_at = started + exit_drain;
+    loop {
+        if session.state().eof {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= give_up_at
+            && ((session.pending_output)() == 0 || now >= started + DRAIN_BEHIND_CAP)
+        {
+            break;
+        }
+        let next_check = if now >= give_up_at {
+            now + Duration::from_millis(20)
+        } else {
+            give_up_at
+        };
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(next_check) => {}
+        }
+    }
+    // Something the command started still holds the output open, with nothing queued; stop
+    // reading it so the result is final. That process keeps running (it was put in the
+    // background on purpose).
+    if let Some(reader) = lock(&session.reader).take() {
+        reader.abort();
+    }
 }

@@ -1,4 +1,4 @@
-//! Wire types for the gateway API (`/work/shared/spec/gateway.md`): device registration, sessions,
+//! Wire types for the gateway API (`docs/gateway.md`): device registration, sessions,
 //! messages, permission answers and the events of a session's stream.
 //!
 //! An [`Event`] is what one line of `events.jsonl` holds and what one SSE `data:` carries:

@@ -1,0 +1,167 @@
+//! Tidiness checks over the source tree, in the spirit of rust-analyzer's `tidy.rs`: every
+//! source file opens with a `//!` paragraph saying what it does, every crate has a heading in
+//! ARCHITECTURE.md, and only `warren-process` spawns processes. These are facts the code map
+//! and the house style promise; a test keeps them true.
+
+use std::path::{Path, PathBuf};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every `.rs` file below `dir`, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `(crate directory name, its src files)` for every crate of the workspace.
+fn crates() -> Vec<(String, Vec<PathBuf>)> {
+    let mut crates: Vec<(String, Vec<PathBuf>)> = std::fs::read_dir(workspace().join("crates"))
+        .expect("crates/")
+        .flatten()
+        .filter(|entry| entry.path().join("Cargo.toml").is_file())
+        .map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            (name, rust_files(&entry.path().join("src")))
+        })
+        .collect();
+    crates.sort();
+    crates
+}
+
+fn relative(path: &Path) -> String {
+    path.strip_prefix(workspace())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn every_source_file_starts_with_a_doc_paragraph() {
+    let missing: Vec<String> = crates()
+        .into_iter()
+        .flat_map(|(_, files)| files)
+        .filter(|file| {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            !text.starts_with("//! ")
+        })
+        .map(|file| relative(&file))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "files without a `//!` paragraph: {missing:#?}"
+    );
+}
+
+#[test]
+fn every_crate_has_a_heading_in_the_architecture_document() {
+    let architecture =
+        std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let missing: Vec<String> = crates()
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| !architecture.contains(&format!("### crates/{name}\n")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "crates missing from ARCHITECTURE.md: {missing:?}"
+    );
+    for heading in architecture
+        .lines()
+        .filter_map(|l| l.strip_prefix("### crates/"))
+    {
+        assert!(
+            workspace()
+                .join("crates")
+                .join(heading)
+                .join("Cargo.toml")
+                .is_file(),
+            "ARCHITECTURE.md describes crates/{heading}, which does not exist"
+        );
+    }
+}
+
+/// Test fixtures that stand in for third-party programs and start processes the way those do.
+const SPAWNING_FIXTURES: &[&str] = &["crates/brain/src/bin/warren-test-agent.rs"];
+
+#[test]
+fn only_the_process_crate_spawns_processes() {
+    let forbidden = [
+        "Command::new(",
+        "process::Command",
+        "libc::fork",
+        "posix_spawn",
+    ];
+    let mut offenders = Vec::new();
+    for (name, files) in crates() {
+        if name == "process" {
+            continue;
+        }
+        for file in files {
+            let shown = relative(&file);
+            if SPAWNING_FIXTURES.contains(&shown.as_str()) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if forbidden.iter().any(|needle| code.contains(needle)) {
+                    offenders.push(format!("{shown}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "processes are spawned outside warren-process (use warren_process::spawn): {offenders:#?}"
+    );
+}
+
+#[test]
+fn no_file_cites_a_spec_outside_the_repository() {
+    let mut offenders = Vec::new();
+    let mut files: Vec<PathBuf> = crates().into_iter().flat_map(|(_, files)| files).collect();
+    for dir in ["docs", "crates"] {
+        files.extend(
+            rust_files(&workspace().join(dir))
+                .into_iter()
+                .filter(|f| f.components().any(|c| c.as_os_str() == "tests")),
+        );
+    }
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(workspace().join("docs"))
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    docs.push(workspace().join("README.md"));
+    docs.push(workspace().join("ARCHITECTURE.md"));
+    files.extend(docs);
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (n, line) in text.lines().enumerate() {
+            // Spelled in two pieces so this file does not match itself.
+            if line.contains(concat!("shared", "/spec")) || line.contains(concat!("../", "shared"))
+            {
+                offenders.push(format!("{}:{}: {}", relative(&file), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "references to specs outside the repository: {offenders:#?}"
+    );
+}
