@@ -166,11 +166,12 @@ async fn processes_left_by_a_sigkilled_execd_are_stopped_by_the_next_one() {
     }
 
     let (mut next, _) = start_execd(&state_dir, &root);
+    // The next execd stops them before it prints its address; the wait only absorbs a loaded
+    // machine's delay in tearing a killed process down.
     for (name, pid) in &all {
-        assert!(
-            !alive(*pid),
-            "{name} ({pid}) is stopped before the next execd prints its address"
-        );
+        wait_until(&format!("{name} ({pid}) stopped by the next execd"), || {
+            !alive(*pid)
+        });
     }
     next.kill().expect("kills the second execd");
     next.wait().expect("reaped");
