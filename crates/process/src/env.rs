@@ -214,7 +214,14 @@ mod tests {
 
     #[test]
     fn each_policy_builds_the_environment_it_promises() {
-        let table: Vec<(&str, EnvPolicy, Vec<(OsString, OsString)>, Vec<&str>)> = vec![
+        /// What the row is about, the policy, the caller's additions, the expected result.
+        type Row = (
+            &'static str,
+            EnvPolicy,
+            Vec<(OsString, OsString)>,
+            Vec<&'static str>,
+        );
+        let table: Vec<Row> = vec![
             (
                 "agent: everything but Warren's credentials, plus --agent-env",
                 EnvPolicy::Agent,
