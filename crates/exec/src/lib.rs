@@ -491,9 +491,11 @@ impl Engine {
         Ok((session, call))
     }
 
+    /// An exec session (never a terminal: those answer only to the terminal calls).
     fn get(&self, id: SessionId) -> Result<Arc<Session>, ExecError> {
         self.lock_sessions()
             .get(&id)
+            .filter(|s| !s.held)
             .cloned()
             .ok_or(ExecError::UnknownSession(id))
     }
