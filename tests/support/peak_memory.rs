@@ -2,6 +2,9 @@
 //! `#[path]`: the process-wide high-water mark (`VmHWM`) belongs to one test only when that test
 //! runs alone in its process.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 /// Runs the named test again, alone, in a new process of this test binary, and returns true
 /// in that process, where the test's body runs. Process-wide peak memory (`VmHWM`) is then
 /// the test's own under any runner (`cargo test` runs a binary's tests as threads of one

@@ -3,6 +3,9 @@
 //! `agent-client-protocol` package. The host here serves files and terminals from the local
 //! filesystem with real processes, as hands would.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::Arc;

@@ -215,15 +215,11 @@ impl Engine {
             .config
             .log_dir
             .join(format!("exec-{log_serial}-{id}.log"));
-        let spawned = if tty {
-            spawn_tty(&command, &self.config)
-        } else {
-            spawn_pipes(&command)
-        }
-        .map_err(|source| ExecError::Spawn {
-            program: shell.clone(),
-            source,
-        })?;
+        let spawned =
+            spawn_session(&command, tty, &self.config).map_err(|source| ExecError::Spawn {
+                program: shell.clone(),
+                source,
+            })?;
         let meta = SessionMeta {
             id,
             cmd: args.cmd.clone(),
@@ -829,47 +825,55 @@ fn signal_name(signal: i32) -> String {
         .map_or_else(|| format!("SIG{signal}"), |name| (*name).to_owned())
 }
 
-fn spawn_pipes(command: &warren_process::CommandSpec) -> std::io::Result<Spawned> {
-    use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
-    let options = PipeOptions {
-        stdin: StdinMode::Pipe,
-        output: OutputMode::Merged,
-        leader: Leader::Session,
-    };
-    let child =
-        warren_process::spawn(command, warren_process::Connect::Pipes(options))?.into_pipes();
-    let pid = child.pid();
-    let probe = rustix::io::fcntl_dupfd_cloexec(std::os::fd::AsFd::as_fd(&child.stdout), 0)?;
-    let mut process = child.child;
-    Ok(Spawned {
-        pid,
-        tree: child.tree,
-        output: Box::new(child.stdout),
-        stdin: child.stdin.map(|s| Box::new(s) as session::BoxedWriter),
-        pending_output: Box::new(move || rustix::io::ioctl_fionread(&probe).unwrap_or(0)),
-        wait: Box::pin(async move { process.wait().await }),
-    })
-}
-
-fn spawn_tty(
+/// Starts `command` on a PTY of the configured size (`tty`) or on pipes (stdin a pipe, output
+/// merged, its own session), and hands the engine what its session tasks need.
+fn spawn_session(
     command: &warren_process::CommandSpec,
+    tty: bool,
     config: &EngineConfig,
 ) -> std::io::Result<Spawned> {
-    let size = warren_process::pty::PtySize {
-        rows: config.tty_rows,
-        cols: config.tty_cols,
+    use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
+    use warren_process::{Connect, pty::PtySize};
+    let connect = if tty {
+        Connect::Pty(PtySize {
+            rows: config.tty_rows,
+            cols: config.tty_cols,
+        })
+    } else {
+        Connect::Pipes(PipeOptions {
+            stdin: StdinMode::Pipe,
+            output: OutputMode::Merged,
+            leader: Leader::Session,
+        })
     };
-    let child = warren_process::spawn(command, warren_process::Connect::Pty(size))?.into_pty();
-    let pid = child.child.pid();
-    let mut process = child.child;
-    let control = child.control;
-    Ok(Spawned {
-        pid,
-        tree: child.tree,
-        output: Box::new(child.reader),
-        stdin: Some(Box::new(child.writer)),
-        pending_output: Box::new(move || control.pending_output().unwrap_or(0)),
-        wait: Box::pin(async move { process.wait().await }),
+    Ok(match warren_process::spawn(command, connect)? {
+        warren_process::Spawned::Pty(child) => {
+            let pid = child.child.pid();
+            let mut process = child.child;
+            let control = child.control;
+            Spawned {
+                pid,
+                tree: child.tree,
+                output: Box::new(child.reader),
+                stdin: Some(Box::new(child.writer)),
+                pending_output: Box::new(move || control.pending_output().unwrap_or(0)),
+                wait: Box::pin(async move { process.wait().await }),
+            }
+        }
+        warren_process::Spawned::Pipes(child) => {
+            let pid = child.pid();
+            let probe =
+                rustix::io::fcntl_dupfd_cloexec(std::os::fd::AsFd::as_fd(&child.stdout), 0)?;
+            let mut process = child.child;
+            Spawned {
+                pid,
+                tree: child.tree,
+                output: Box::new(child.stdout),
+                stdin: child.stdin.map(|s| Box::new(s) as session::BoxedWriter),
+                pending_output: Box::new(move || rustix::io::ioctl_fionread(&probe).unwrap_or(0)),
+                wait: Box::pin(async move { process.wait().await }),
+            }
+        }
     })
 }
 

@@ -5,6 +5,9 @@
 //! with the root `/`), with a link loop answered rather than hung on. No route that changes
 //! anything does so through a link out of the root, and large files stream both ways.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 mod opensandbox_support;
 #[path = "../../../tests/support/peak_memory.rs"]
 mod peak_memory;

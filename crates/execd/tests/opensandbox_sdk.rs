@@ -2,6 +2,9 @@
 //! `scripts/python-env.sh`) drives its adapters against this crate's router on 127.0.0.1:0,
 //! running `tests/python/opensandbox_sdk_test.py`, which exits non-zero naming each failed check.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 mod opensandbox_support;
 
 use std::path::PathBuf;

@@ -2,6 +2,9 @@
 //! execd router on 127.0.0.1:0, real commands, a real temp tree. Raw bytes in and out, the real
 //! exit code and signal name, and each bad input's status and code.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use warren_execd::{Config, Execd};

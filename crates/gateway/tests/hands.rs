@@ -3,6 +3,9 @@
 //! terminals for the agent through execd's HTTP routes, stop killing the sandbox, and the whole
 //! brain path (the built-in shell agent running a message in the hands).
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

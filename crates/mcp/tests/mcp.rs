@@ -2,6 +2,9 @@
 //! `--execd` remote form), the streamable-HTTP service in process, and execd's `/mcp` route
 //! behind its access token.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::path::Path;

@@ -145,6 +145,8 @@ impl CommandSpec {
 
     /// The tokio command for this spec. Stdio and the session or process group are the
     /// spawner's business; the parent-death signal is set here.
+    // The one place a process command is made: this crate is the spawner (clippy.toml).
+    #[allow(clippy::disallowed_methods)]
     pub(crate) fn to_tokio(&self) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(&self.program);
         command.args(&self.args);

@@ -176,6 +176,7 @@ pub fn tree_awaits_input(members: &[i32], input: &std::path::Path, foreground_on
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use std::time::{Duration, Instant};
 

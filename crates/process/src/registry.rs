@@ -165,6 +165,7 @@ fn is_marker(name: &str) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use std::os::unix::process::CommandExt;
 

@@ -309,6 +309,7 @@ pub fn kill_tree_blocking(tree: &TreeId, grace: Duration) -> KillReport {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

@@ -3,6 +3,9 @@
 //! it left (a `setsid` grandchild, a `nohup` job, a bash session's background job) before it
 //! serves anything. The real binary, real HTTP, real processes.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

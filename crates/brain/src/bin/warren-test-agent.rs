@@ -19,6 +19,9 @@
 //! (a brain that is still starting, for as long as a test needs). `shell` as the first argument
 //! runs the built-in shell agent instead (so brain tests need no `warren` binary).
 
+// A stand-in for third-party agents, which start their helpers (MCP servers, commands) themselves.
+#![allow(clippy::disallowed_methods)]
+
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -2,6 +2,8 @@
 //! processes, a [`RecordingSink`] that records updates and hands permission requests to the test,
 //! and `within`, the one way tests wait (with a timeout naming what was expected).
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
 #![allow(dead_code)]
 
 use std::collections::HashMap;

@@ -3,6 +3,8 @@
 //! their offsets, JSON frames, the close frame). Every wait has a timeout naming what it
 //! expected.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
 #![allow(dead_code)]
 
 use std::time::Duration;

@@ -1,6 +1,9 @@
 //! Starting a gateway in-process, registering devices, and reading SSE streams with timeouts
 //! that name what was expected.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -3,6 +3,9 @@
 //! written through `fs/write_text_file` into the session's hands, a terminal, and a permission
 //! question answered through the HTTP API.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use crate::helpers::{

@@ -2,6 +2,9 @@
 //! `events.jsonl`, restart: the torn line is gone, the turn is closed `interrupted` with a
 //! `status` event, seq continues at +1 and the session works. Also: SIGTERM stops the hands.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

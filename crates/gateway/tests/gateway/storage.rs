@@ -7,6 +7,9 @@
 //! Mounting needs CAP_SYS_ADMIN: the tests run as root, also in CI's PID and mount namespace.
 //! The mount is private to the test (its own temp directory) and removed when the test ends.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,6 +1,9 @@
 //! Turns end to end with the built-in shell agent of the real `warren` binary: streamed output,
 //! 409 while a turn runs, cancel, permission questions and answers.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use serde_json::Value;
 
 use crate::helpers::{

@@ -2,6 +2,8 @@
 //! streamable HTTP (rmcp's client side, as a real agent would use), a `warren execd` child, and
 //! small accessors for tool results. Every wait has a timeout that names what was expected.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
 #![allow(dead_code)]
 
 use std::collections::HashMap;
