@@ -38,8 +38,28 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A started execd, killed by its pid when dropped (a failed assertion must not leave it).
+struct Execd(Child);
+
+impl Execd {
+    fn kill(&mut self) -> std::io::Result<()> {
+        self.0.kill()
+    }
+
+    fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.0.wait()
+    }
+}
+
+impl Drop for Execd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `warren execd` on an ephemeral port with `state_dir`; returns it and its URL.
-fn start_execd(state_dir: &Path, root: &Path) -> (Child, String) {
+fn start_execd(state_dir: &Path, root: &Path) -> (Execd, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_warren"))
         .args(["execd", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state_dir)
@@ -60,7 +80,7 @@ fn start_execd(state_dir: &Path, root: &Path) -> (Child, String) {
         .strip_prefix("warren execd listening on ")
         .unwrap_or_else(|| panic!("address line, got {line:?}"))
         .to_owned();
-    (child, url)
+    (Execd(child), url)
 }
 
 /// The pid a command wrote to `pids/<name>`, waiting for it to appear.
