@@ -1,0 +1,18 @@
+//! What Warren's test suites share: bounded waits ([`within`], [`eventually`] and kin), whether
+//! a process still runs ([`alive`], from /proc), the repository root and its pinned Python
+//! environment ([`repo_root`], [`python`]) and peak-memory checks ([`peak_memory`]).
+//!
+//! A dev-dependency only, and it depends on no Warren crate: every crate's tests can use it
+//! without a cycle, and no shipped code can. It starts no server and no `warren` binary; each
+//! suite starts the real thing it tests its own way.
+
+mod environment;
+pub mod peak_memory;
+mod process;
+mod wait;
+
+pub use environment::{python, repo_root};
+pub use process::{alive, wait_until_dead};
+pub use wait::{
+    Done, TimedOut, WAIT, eventually, eventually_async, try_within, wait_until, within,
+};
