@@ -133,8 +133,10 @@ fn fs_error(shown: &str, err: io::Error) -> FilesError {
         Some(Refusal::Escape) => return FilesError::Escape(shown.into()),
         Some(Refusal::NotRegular) => return FilesError::NotRegular(shown.into()),
         Some(Refusal::NotDirectory) => {
-            return PathError::NotADirectory(format!("{shown}: a component of it is not a directory"))
-                .into();
+            return PathError::NotADirectory(format!(
+                "{shown}: a component of it is not a directory"
+            ))
+            .into();
         }
         Some(Refusal::Loop) | None => {}
     }
