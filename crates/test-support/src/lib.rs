@@ -1,6 +1,7 @@
 //! What Warren's test suites share: bounded waits ([`within`], [`eventually`] and kin), whether
 //! a process still runs ([`alive`], from /proc), the repository root and its pinned Python
-//! environment ([`repo_root`], [`python`]) and peak-memory checks ([`peak_memory`]).
+//! environment ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, with the
+//! `pty` feature, the client of execd's PTY sessions.
 //!
 //! A dev-dependency only, and it depends on no Warren crate: every crate's tests can use it
 //! without a cycle, and no shipped code can. It starts no server and no `warren` binary; each
@@ -10,6 +11,9 @@ mod environment;
 pub mod peak_memory;
 mod process;
 mod wait;
+
+#[cfg(feature = "pty")]
+pub mod pty;
 
 pub use environment::{python, repo_root};
 pub use process::{alive, wait_until_dead};
