@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::helpers::{
-    EventStream, TestGateway, WAIT, alive, args_without_agent, stop_reason, warren_bin,
-};
+use warren_test_support::alive;
+
+use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent, stop_reason, warren_bin};
 
 /// A `warren` child process in its own process group, and the lines it prints on stdout.
 struct WarrenProcess {

@@ -1,8 +1,10 @@
 //! Integration tests of the gateway through its real HTTP API on 127.0.0.1:0, with real reqwest
-//! and SSE clients. One test binary; `helpers` starts gateways and reads event streams.
+//! and SSE clients, and of its hands: real `warren execd` children of the `warren` binary this
+//! package builds. One test binary; `helpers` starts gateways and reads event streams.
 
 mod auth;
 mod cancel;
+mod hands;
 mod helpers;
 mod python_agent;
 mod recovery;

@@ -3,8 +3,10 @@
 
 use serde_json::Value;
 
+use warren_test_support::alive;
+
 use crate::helpers::{
-    Received, TestGateway, WAIT, alive, args_with_shell_agent, first_of, stop_reason, text_of,
+    Received, TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of,
 };
 
 #[tokio::test]
