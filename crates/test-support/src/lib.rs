@@ -1,7 +1,8 @@
 //! What Warren's test suites share: bounded waits ([`within`], [`eventually`] and kin), whether
 //! a process still runs ([`alive`], from /proc), the repository root and its pinned Python
-//! environment ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, with the
-//! `pty` feature, the client of execd's PTY sessions.
+//! environment ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, behind
+//! features, the client of execd's PTY sessions (`pty`) and MCP clients with the scenarios
+//! every transport of the exec tools passes (`mcp`).
 //!
 //! A dev-dependency only, and it depends on no Warren crate: every crate's tests can use it
 //! without a cycle, and no shipped code can. It starts no server and no `warren` binary; each
@@ -12,6 +13,8 @@ pub mod peak_memory;
 mod process;
 mod wait;
 
+#[cfg(feature = "mcp")]
+pub mod mcp;
 #[cfg(feature = "pty")]
 pub mod pty;
 

@@ -1,9 +1,12 @@
 //! Whether a process still runs, read from /proc. A zombie (killed, not yet reaped by its
 //! parent) counts as dead: it runs nothing and holds nothing but its pid.
 
-/// Whether `pid` exists and is not a zombie.
-pub fn alive(pid: impl Into<i64>) -> bool {
-    let pid = pid.into();
+/// Whether `pid` exists and is not a zombie. Takes a pid as the tests hold it (`i32`, `u32`,
+/// `u64`); one no process can have is not alive.
+pub fn alive(pid: impl TryInto<i32>) -> bool {
+    let Ok(pid) = pid.try_into() else {
+        return false;
+    };
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
@@ -15,8 +18,7 @@ pub fn alive(pid: impl Into<i64>) -> bool {
 }
 
 /// Waits until `pid` is gone or a zombie; panics after [`crate::WAIT`] naming `what`.
-pub async fn wait_until_dead(pid: impl Into<i64>, what: &str) {
-    let pid = pid.into();
+pub async fn wait_until_dead(pid: impl TryInto<i32> + Copy + std::fmt::Display, what: &str) {
     let what = format!("{what} (pid {pid} gone or a zombie)");
     crate::eventually(&what, || !alive(pid)).await;
 }

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 
 use tokio::io::AsyncBufReadExt as _;
 use warren_test_support::pty::Daemon;
-use warren_test_support::{WAIT, within};
+use warren_test_support::{WAIT, try_within, within};
 
 /// The `warren` binary under test.
 pub fn warren() -> &'static Path {
@@ -105,5 +105,33 @@ impl ExecdProcess {
             output.status
         );
         log
+    }
+}
+
+/// A `warren execd` child on 127.0.0.1:0 with an access token; stopped with SIGTERM.
+pub struct ExecdChild {
+    child: tokio::process::Child,
+    pub url: String,
+    pub token: String,
+}
+
+impl ExecdChild {
+    pub async fn start(token: &str, workdir: &Path) -> anyhow::Result<Self> {
+        let mut command = execd_command(&["--listen", "127.0.0.1:0", "--access-token", token]);
+        command.arg("--root").arg(workdir).stderr(Stdio::inherit());
+        let (child, url) = spawn_execd(command).await;
+        Ok(Self {
+            child,
+            url,
+            token: token.to_owned(),
+        })
+    }
+
+    /// SIGTERM, then wait for execd to kill its sessions and exit.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        signal(&self.child, rustix::process::Signal::TERM);
+        let status = try_within("execd to exit after SIGTERM", self.child.wait()).await??;
+        anyhow::ensure!(status.success(), "execd exited with {status}");
+        Ok(())
     }
 }
