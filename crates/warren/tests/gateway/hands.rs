@@ -11,7 +11,7 @@ use warren_brain::{
     AgentCommand, BoxFuture, Host, HostError, PermissionOutcome, TerminalSpec, TurnSink, Worker,
 };
 use warren_gateway::hands::{Hands, LocalHands};
-use warren_test_support::{alive, eventually, within};
+use warren_test_support::{alive, eventually, processes_mentioning, within};
 
 use crate::helpers::{test_agent_bin, warren_bin};
 
@@ -316,21 +316,6 @@ async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
     hands.stop().await;
 }
 
-/// Pids of processes whose command line mentions `needle` (a unique temp path of this test).
-fn pids_mentioning(needle: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn hands_that_died_are_started_again_on_next_use() {
     let (hands, _dir) = new_hands();
@@ -339,7 +324,7 @@ async fn hands_that_died_are_started_again_on_next_use() {
         .expect("start");
     assert_eq!(hands.n_starts(), 1);
     let workspace = hands.workspace().display().to_string();
-    let execd = pids_mentioning(&workspace);
+    let execd = processes_mentioning(&workspace);
     assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
     let killed = std::process::Command::new("kill")
         .args(["-9", &execd[0].to_string()])
@@ -371,7 +356,7 @@ async fn dropping_hands_without_stop_still_kills_the_sandbox() {
         .await
         .expect("start");
     let workspace = hands.workspace().display().to_string();
-    let execd = pids_mentioning(&workspace);
+    let execd = processes_mentioning(&workspace);
     assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
     drop(hands);
     eventually("the execd of dropped hands is gone", || !alive(execd[0])).await;

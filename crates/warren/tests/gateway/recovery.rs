@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use warren_test_support::alive;
+use warren_test_support::{alive, processes_mentioning};
 
 use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent, stop_reason, warren_bin};
 
@@ -166,32 +166,6 @@ impl Device {
             .await
             .expect("message")
     }
-}
-
-/// Pids of processes whose command line mentions `needle` (our temp data dir): the hands and
-/// agents this test's gateways started.
-pub fn processes_mentioning(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    let me = std::process::id();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 fn kill_processes_mentioning(needle: &str) {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use warren_test_support::alive;
+use warren_test_support::{alive, processes_mentioning};
 
 use crate::helpers::{
     Received, TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of,
@@ -272,10 +272,7 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
     chat.start_working("sleep 60").await;
     let session_dir = gw.data.join("sessions").join(&chat.session);
     let needle = session_dir.to_string_lossy().to_string();
-    assert!(
-        !crate::recovery::processes_mentioning(&needle).is_empty(),
-        "the hands run"
-    );
+    assert!(!processes_mentioning(&needle).is_empty(), "the hands run");
 
     let deleted = gw
         .delete(&chat.token, &format!("/sessions/{}", chat.session))
@@ -289,7 +286,7 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
         .is_some()
     {}
     assert!(
-        crate::recovery::processes_mentioning(&needle).is_empty(),
+        processes_mentioning(&needle).is_empty(),
         "the hands stopped with the session"
     );
     assert!(!session_dir.exists());
@@ -316,10 +313,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
         .expect("session dir")
         .to_string_lossy()
         .to_string();
-    assert!(
-        !crate::recovery::processes_mentioning(&needle).is_empty(),
-        "the hands run"
-    );
+    assert!(!processes_mentioning(&needle).is_empty(), "the hands run");
     drop(chat);
 
     // What SIGTERM does: the running turn is closed before the brain and hands stop.
@@ -334,7 +328,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
     assert_eq!(ends[0]["stop_reason"], "interrupted");
     assert_eq!(ends[0]["turn"], 1);
     let deadline = std::time::Instant::now() + WAIT;
-    while alive(brain_pid) || !crate::recovery::processes_mentioning(&needle).is_empty() {
+    while alive(brain_pid) || !processes_mentioning(&needle).is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "the agent (pid {brain_pid}) and the hands stop with the gateway"
