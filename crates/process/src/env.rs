@@ -212,9 +212,18 @@ mod tests {
         ])
     }
 
+    /// One row: what the case is, the policy, the variables the caller adds, the environment
+    /// expected.
+    type PolicyCase = (
+        &'static str,
+        EnvPolicy,
+        Vec<(OsString, OsString)>,
+        Vec<&'static str>,
+    );
+
     #[test]
     fn each_policy_builds_the_environment_it_promises() {
-        let table: Vec<(&str, EnvPolicy, Vec<(OsString, OsString)>, Vec<&str>)> = vec![
+        let table: Vec<PolicyCase> = vec![
             (
                 "agent: everything but Warren's credentials, plus --agent-env",
                 EnvPolicy::Agent,
