@@ -11,17 +11,17 @@ mod support;
 use std::sync::Arc;
 
 use support::{
-    RecordingSink, TIMEOUT, finish_turn, prompt, resume_in_new_worker, spawn_session, start_turn,
-    test_agent, within,
+    RecordingSink, finish_turn, prompt, resume_in_new_worker, spawn_session, start_turn, test_agent,
 };
 use warren_brain::{AgentCommand, BrainError, PermissionOutcome, Resumed, Worker, WorkerPool};
+use warren_test_support::{WAIT, alive, eventually, python, repo_root, within};
 
 #[tokio::test]
 async fn warm_pool_hands_out_initialized_workers_and_refills_in_the_background() {
     let pool = WorkerPool::new(test_agent(&[]), 2);
     assert!(
-        pool.wait_ready(2, TIMEOUT).await,
-        "two warm workers within {TIMEOUT:?}"
+        pool.wait_ready(2, WAIT).await,
+        "two warm workers within {WAIT:?}"
     );
     let first = within("take a warm worker", pool.take())
         .await
@@ -35,8 +35,8 @@ async fn warm_pool_hands_out_initialized_workers_and_refills_in_the_background()
         "one worker per session, never shared"
     );
     assert!(
-        pool.wait_ready(2, TIMEOUT).await,
-        "the pool refilled to two within {TIMEOUT:?}"
+        pool.wait_ready(2, WAIT).await,
+        "the pool refilled to two within {WAIT:?}"
     );
     pool.shutdown().await;
     assert!(matches!(pool.take().await, Err(BrainError::PoolClosed)));
@@ -144,9 +144,7 @@ async fn close_stops_the_worker_process() {
     let (session, _sink, _host) = spawn_session(test_agent(&["--close"])).await;
     let pid = session.pid();
     within("close", session.close()).await;
-    assert!(
-        !std::path::Path::new(&format!("/proc/{pid}")).exists() || support::is_zombie_or_gone(pid)
-    );
+    assert!(!alive(pid));
 }
 
 #[tokio::test]
@@ -347,20 +345,14 @@ async fn closing_a_crashed_worker_kills_the_processes_it_left_behind() {
         .strip_prefix("bg=")
         .and_then(|p| p.parse().ok())
         .expect("bg=<pid>");
-    assert!(
-        !support::is_zombie_or_gone(pid),
-        "the background child runs"
-    );
+    assert!(alive(pid), "the background child runs");
     let crashed = within("crash turn", session.prompt("crash".into())).await;
     assert!(
         matches!(crashed, Err(BrainError::WorkerExited { .. })),
         "{crashed:?}"
     );
     within("close", session.close()).await;
-    support::eventually("the orphaned child is killed", || {
-        support::is_zombie_or_gone(pid)
-    })
-    .await;
+    eventually("the orphaned child is killed", || !alive(pid)).await;
 }
 
 #[tokio::test]
@@ -378,9 +370,8 @@ async fn an_agent_that_dies_at_start_reports_its_last_stderr_line() {
 
 #[tokio::test]
 async fn the_shell_agent_works_with_the_pypi_acp_client() {
-    let python = support::python_venv();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/python/acp_client_drive.py");
+    let python = python();
+    let script = repo_root().join("tests/python/acp_client_drive.py");
     let workdir = tempfile::tempdir().expect("temp dir");
     let victim = workdir.path().join("victim.txt");
     std::fs::write(&victim, "x").expect("write");

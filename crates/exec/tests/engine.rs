@@ -2,15 +2,16 @@
 //! output cleaning and limits. Every wait is bounded and says what it expected; timing
 //! assertions are loose ("well before 30 s"), speed targets live in `warren bench exec`.
 
-#[path = "../../../tests/support/peak_memory.rs"]
-mod peak_memory;
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use peak_memory::{alone_in_a_new_process, memory_kib};
 use warren_exec::{Engine, EngineConfig, ExecError};
 use warren_protocol::exec::{ExecCommandArgs, ExecResult, ExecStatus, SessionInfo, WriteStdinArgs};
+use warren_test_support::peak_memory::{alone_in_a_new_process, memory_kib};
+use warren_test_support::{alive, eventually, wait_until_dead, within};
 
 struct Harness {
     engine: Arc<Engine>,
@@ -66,13 +67,6 @@ fn write(session_id: u32, chars: &str) -> WriteStdinArgs {
     }
 }
 
-/// Awaits `future` for at most 60 s; the panic names `what` was expected.
-async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), future)
-        .await
-        .unwrap_or_else(|_| panic!("{what} returns within 60 s"))
-}
-
 async fn exec(engine: &Engine, args: ExecCommandArgs) -> ExecResult {
     within("exec_command", engine.exec_command(args))
         .await
@@ -83,33 +77,6 @@ async fn stdin(engine: &Engine, args: WriteStdinArgs) -> ExecResult {
     within("write_stdin", engine.write_stdin(args))
         .await
         .expect("write_stdin succeeds")
-}
-
-fn is_dead(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-/// Polls `done` every 50 ms until it holds; fails naming `what` after `timeout`.
-async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn wait_until_dead(pid: i32, what: &str) {
-    wait_until(
-        &format!("{what} (pid {pid}) dies"),
-        Duration::from_secs(20),
-        || is_dead(pid),
-    )
-    .await;
 }
 
 /// Starts a command that is expected to outlive its yield; returns its session id.
@@ -382,7 +349,7 @@ async fn killing_a_session_kills_setsid_grandchildren() {
         "setsid sleep 1000 & echo \"pid $!\"; while true; do sleep 1; done",
     )
     .await;
-    assert!(!is_dead(pid), "the setsid grandchild runs before the kill");
+    assert!(alive(pid), "the setsid grandchild runs before the kill");
     within("kill_session", h.engine.kill_session(id))
         .await
         .expect("kill succeeds");
@@ -794,11 +761,9 @@ async fn orphaned_grandchildren_are_reaped_not_left_as_zombies() {
     // The orphan was re-parented to this process (the subreaper); once it exits, the reaper
     // must collect it, so its /proc entry disappears entirely instead of staying a zombie.
     let proc_entry = format!("/proc/{pid}");
-    wait_until(
-        &format!("orphan {pid} is reaped"),
-        Duration::from_secs(20),
-        || !std::path::Path::new(&proc_entry).exists(),
-    )
+    eventually(&format!("orphan {pid} to be reaped"), || {
+        !std::path::Path::new(&proc_entry).exists()
+    })
     .await;
 }
 

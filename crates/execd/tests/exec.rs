@@ -2,10 +2,14 @@
 //! commands. Engine behaviour is tested in depth in `warren-exec`; these tests pin the HTTP
 //! contract: status codes, error codes, JSON shapes and the Codex `text`.
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use warren_execd::{Config, Execd};
+use warren_test_support::alive;
 
 struct Server {
     base: String,
@@ -346,7 +350,7 @@ async fn shutdown_kills_running_exec_sessions() {
     let pid = server.list().await[0]["pid"].as_i64().expect("pid") as i32;
     server.execd.shutdown().await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !is_dead(pid) {
+    while alive(pid) {
         assert!(Instant::now() < deadline, "sleep 1000 survived shutdown");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -356,15 +360,6 @@ async fn shutdown_kills_running_exec_sessions() {
         (503, Some("SHUTTING_DOWN")),
         "{refused}"
     );
-}
-
-/// True once `pid` is gone or a zombie.
-fn is_dead(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.is_empty()
-        || stat
-            .rsplit_once(')')
-            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
 }
 
 #[tokio::test]

@@ -3,6 +3,9 @@
 //! `Content-Length`), reqwest for the rest. Timeouts are set short in the config and asserted
 //! only as "within a generous wait".
 
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use axum::Router;

@@ -212,16 +212,18 @@ mod tests {
         ])
     }
 
+    /// One row: what the case is, the policy, the variables the caller adds, the environment
+    /// expected.
+    type PolicyCase = (
+        &'static str,
+        EnvPolicy,
+        Vec<(OsString, OsString)>,
+        Vec<&'static str>,
+    );
+
     #[test]
     fn each_policy_builds_the_environment_it_promises() {
-        /// What the row is about, the policy, the caller's additions, the expected result.
-        type Row = (
-            &'static str,
-            EnvPolicy,
-            Vec<(OsString, OsString)>,
-            Vec<&'static str>,
-        );
-        let table: Vec<Row> = vec![
+        let table: Vec<PolicyCase> = vec![
             (
                 "agent: everything but Warren's credentials, plus --agent-env",
                 EnvPolicy::Agent,

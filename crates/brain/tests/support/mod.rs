@@ -1,6 +1,7 @@
 //! Test helpers: a [`LocalHost`] serving files and terminals from a temp dir with real
 //! processes, a [`RecordingSink`] that records updates and hands permission requests to the test,
-//! and `within`, the one way tests wait (with a timeout naming what was expected).
+//! and ways to start agents and run turns. Every wait is `warren_test_support::within` (with a
+//! timeout naming what was expected).
 
 // Tests start real programs (shells, servers, the binary under test) directly.
 #![allow(clippy::disallowed_methods)]
@@ -18,59 +19,13 @@ use warren_brain::{
     AgentCommand, BoxFuture, BrainError, BrainSession, Host, HostError, PermissionOutcome, Resumed,
     TerminalExit, TerminalOutput, TerminalSpec, TurnSink, Worker,
 };
-
-/// Generous: the machine is shared and loaded.
-pub const TIMEOUT: Duration = Duration::from_secs(20);
-
-pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(TIMEOUT, future)
-        .await
-        .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?} waiting for {what}"))
-}
+use warren_test_support::{python, repo_root, within};
 
 pub fn test_agent(args: &[&str]) -> AgentCommand {
     AgentCommand {
         env: Vec::new(),
         program: env!("CARGO_BIN_EXE_warren-test-agent").to_owned(),
         args: args.iter().map(|a| (*a).to_owned()).collect(),
-    }
-}
-
-/// The interoperability venv's python (created once by scripts/python-env.sh).
-pub fn python_venv() -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/python-env.sh");
-    let output = std::process::Command::new("bash")
-        .arg(script)
-        .output()
-        .expect("run python-env.sh");
-    assert!(
-        output.status.success(),
-        "python-env.sh failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
-        .expect("utf-8 path")
-        .trim()
-        .to_owned()
-}
-
-/// Polls `condition` until it holds, for state that no event announces (another process's
-/// exit); fails the test after [`TIMEOUT`] naming `what`.
-pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    within(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-}
-
-pub fn is_zombie_or_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
     }
 }
 
@@ -151,10 +106,10 @@ pub async fn resume_in_new_worker(
 
 /// The Python test agent built on the PyPI ACP package.
 pub fn python_agent() -> AgentCommand {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/acp_echo_agent.py");
+    let script = repo_root().join("tests/python/acp_echo_agent.py");
     AgentCommand {
         env: Vec::new(),
-        program: python_venv(),
+        program: python().display().to_string(),
         args: vec![script.display().to_string()],
     }
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::helpers::{
-    EventStream, TestGateway, WAIT, alive, args_without_agent, stop_reason, warren_bin,
-};
+use warren_test_support::{alive, processes_mentioning};
+
+use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent, stop_reason, warren_bin};
 
 /// A `warren` child process in its own process group, and the lines it prints on stdout.
 struct WarrenProcess {
@@ -169,32 +169,6 @@ impl Device {
             .await
             .expect("message")
     }
-}
-
-/// Pids of processes whose command line mentions `needle` (our temp data dir): the hands and
-/// agents this test's gateways started.
-pub fn processes_mentioning(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    let me = std::process::id();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 fn kill_processes_mentioning(needle: &str) {

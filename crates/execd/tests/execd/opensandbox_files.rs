@@ -5,12 +5,7 @@
 //! with the root `/`), with a link loop answered rather than hung on. No route that changes
 //! anything does so through a link out of the root, and large files stream both ways.
 
-// Tests start real programs (shells, servers, the binary under test) directly.
-#![allow(clippy::disallowed_methods)]
-
-mod opensandbox_support;
-#[path = "../../../tests/support/peak_memory.rs"]
-mod peak_memory;
+use crate::opensandbox_support;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 
@@ -18,8 +13,9 @@ use futures_util::StreamExt;
 use std::path::Path;
 
 use opensandbox_support::*;
-use peak_memory::{alone_in_a_new_process, memory_kib};
 use serde_json::{Value, json};
+use warren_test_support::WAIT;
+use warren_test_support::peak_memory::{alone_in_a_new_process, memory_kib};
 
 /// One part of an upload body.
 enum UploadPart<'a> {

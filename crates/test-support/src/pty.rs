@@ -1,11 +1,8 @@
-//! Helpers for the PTY session tests: a real daemon on 127.0.0.1:0, a REST client, and a
-//! WebSocket client that sorts what it receives (live output per channel, replay frames with
-//! their offsets, JSON frames, the close frame). Every wait has a timeout naming what it
-//! expected.
-
-// Tests start real programs (shells, servers, the binary under test) directly.
-#![allow(clippy::disallowed_methods)]
-#![allow(dead_code)]
+//! The client side of execd's PTY sessions, for tests in process and against the `warren`
+//! binary alike: a REST client of a daemon at some address, and a WebSocket client that sorts
+//! what it receives (live output per channel, replay frames with their offsets, JSON frames,
+//! the close frame). Every wait has a timeout naming what it expected. Starting the daemon is
+//! the test's business.
 
 use std::time::Duration;
 
@@ -15,54 +12,29 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use warren_execd::{Config, Execd};
 
-pub const WAIT: Duration = Duration::from_secs(20);
+use crate::WAIT;
+
 /// Most payload bytes in one live (`0x01`/`0x02`) frame.
 pub const MAX_LIVE_PAYLOAD: usize = 32 * 1024;
 
+/// A daemon at `base` (`http://host:port`), reached with `token` if it has one.
 pub struct Daemon {
     pub base: String,
     pub http: reqwest::Client,
     pub token: Option<String>,
 }
 
-pub async fn start() -> Daemon {
-    start_with(Config::default()).await
-}
-
-pub async fn start_with(config: Config) -> Daemon {
-    start_with_shutdown(config, std::future::pending()).await.0
-}
-
-/// A daemon that shuts down (and tears every session down) when `shutdown` resolves; the
-/// handle resolves once `serve` has returned.
-pub async fn start_with_shutdown(
-    config: Config,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> (Daemon, tokio::task::JoinHandle<()>) {
-    let token = config.access_token.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds 127.0.0.1:0");
-    let addr = listener.local_addr().expect("local addr");
-    let execd = Execd::new(config);
-    let served = tokio::spawn(async move {
-        warren_execd::serve(execd, listener, shutdown)
-            .await
-            .expect("daemon serves");
-    });
-    (
+impl Daemon {
+    /// The daemon at `base`, reached with `token`.
+    pub fn at(base: String, token: Option<String>) -> Daemon {
         Daemon {
-            base: format!("http://{addr}"),
+            base,
             http: reqwest::Client::new(),
             token,
-        },
-        served,
-    )
-}
+        }
+    }
 
-impl Daemon {
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let builder = self.http.request(method, format!("{}{path}", self.base));
         match &self.token {
@@ -433,121 +405,4 @@ pub fn pid_after(output: &str, key: &str) -> i32 {
         .collect::<String>()
         .parse()
         .expect("pid")
-}
-
-/// True while `pid` exists and is not a zombie.
-pub fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().next());
-            !matches!(state, Some("Z") | Some("X"))
-        }
-        Err(_) => false,
-    }
-}
-
-/// Waits until `condition` holds, polling; panics after [`WAIT`] naming `expected`.
-pub async fn eventually(expected: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The `warren` binary, built once per test process with `cargo build -p warren` (cargo builds
-/// no other package's binaries for a test, and this way the tests never run a stale one).
-pub fn warren_binary() -> &'static std::path::PathBuf {
-    static BINARY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BINARY.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let output = std::process::Command::new(&cargo)
-            .args(["build", "-p", "warren", "--bin", "warren"])
-            .arg("--message-format=json-render-diagnostics")
-            .current_dir(&workspace)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .expect("runs cargo build -p warren");
-        assert!(output.status.success(), "cargo build -p warren failed");
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .find(|message| {
-                message["reason"] == "compiler-artifact" && message["target"]["name"] == "warren"
-            })
-            .and_then(|message| message["executable"].as_str().map(Into::into))
-            .expect("cargo names the warren executable")
-    })
-}
-
-/// A `warren execd` child process; its stderr (the log) is collected when it is stopped.
-pub struct ExecdProcess {
-    pub child: tokio::process::Child,
-    /// Where to reach it: 127.0.0.1 and the port it printed.
-    pub daemon: Daemon,
-}
-
-impl ExecdProcess {
-    /// `warren execd <args>` with `env` added; waits for its `listening on` line.
-    pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = tokio::process::Command::new(warren_binary());
-        command
-            .arg("execd")
-            .args(args)
-            .env_remove("EXECD_ACCESS_TOKEN")
-            .envs(env.iter().copied())
-            .env("WARREN_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("spawns warren execd");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .expect("execd prints its address in time")
-            .expect("reads stdout")
-            .expect("execd exited before printing its address");
-        let port = line
-            .rsplit_once(':')
-            .map(|(_, port)| port.to_owned())
-            .expect("an address with a port");
-        let token = env
-            .iter()
-            .find(|(key, _)| *key == "EXECD_ACCESS_TOKEN")
-            .map(|(_, value)| value.to_string());
-        Self {
-            child,
-            daemon: Daemon {
-                base: format!("http://127.0.0.1:{port}"),
-                http: reqwest::Client::new(),
-                token,
-            },
-        }
-    }
-
-    /// Sends `signal`, waits for a clean exit and returns what it logged.
-    pub async fn stop_with(self, signal: rustix::process::Signal) -> String {
-        let pid = self.child.id().expect("not yet reaped") as i32;
-        let pid = rustix::process::Pid::from_raw(pid).expect("a valid pid");
-        rustix::process::kill_process(pid, signal).expect("signals execd");
-        let output = tokio::time::timeout(WAIT, self.child.wait_with_output())
-            .await
-            .expect("execd exits in time after the signal")
-            .expect("waits for execd");
-        let log = String::from_utf8_lossy(&output.stderr).into_owned();
-        assert!(
-            output.status.success(),
-            "execd exited {}: {log}",
-            output.status
-        );
-        log
-    }
 }

@@ -20,9 +20,9 @@ use warren_gateway::event_log::{AppendError, EventLog};
 use warren_gateway::store::StorageHealth;
 use warren_protocol::gateway::EventBody;
 
-use crate::helpers::{
-    Received, TestGateway, WAIT, args_with_shell_agent, eventually, stop_reason, text_of,
-};
+use warren_test_support::eventually_async;
+
+use crate::helpers::{Received, TestGateway, WAIT, args_with_shell_agent, stop_reason, text_of};
 
 /// A tmpfs of a fixed size mounted on a fresh temp directory, unmounted on drop.
 struct SmallDisk {
@@ -160,7 +160,7 @@ const LOUD_AFTER_GO: &str = "while [ ! -f go ]; do sleep 0.05; done; seq 1 30000
 
 /// Waits until the session is idle: the failed append ended its turn (no event can say so).
 async fn until_idle(gw: &TestGateway, token: &str, session: &str) {
-    eventually("the turn ended by the failed append", || async {
+    eventually_async("the turn ended by the failed append", || async {
         gw.session_info(token, session).await["status"] == "idle"
     })
     .await;
@@ -223,7 +223,7 @@ async fn full_disk_ends_the_running_turn_and_refuses_new_messages_with_507() {
             .await,
     );
     assert!(seen.last().expect("status").data["message"].is_string());
-    eventually("/healthz ok again", || async { health(&gw).await.0 == 200 }).await;
+    eventually_async("/healthz ok again", || async { health(&gw).await.0 == 200 }).await;
 
     let after = chat.turn("echo after-the-disk-was-full").await;
     assert_eq!(stop_reason(&after), "end_turn");
@@ -278,7 +278,7 @@ async fn a_turn_left_open_by_a_full_disk_is_closed_after_a_restart_once_space_re
         .await;
     assert_eq!(stop_reason(&seen), "interrupted");
     assert_seq_chain(&seen);
-    eventually("/healthz ok again", || async { health(&gw).await.0 == 200 }).await;
+    eventually_async("/healthz ok again", || async { health(&gw).await.0 == 200 }).await;
     let accepted = gw.post_message(&token, &session, "echo works").await;
     assert_eq!(accepted.status(), 202);
     let after = events

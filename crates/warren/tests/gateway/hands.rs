@@ -1,12 +1,9 @@
-//! Hands against a real `warren execd` child (the `warren` binary from this workspace's
-//! target/debug; build it with `cargo build -p warren`): lazy start, the access token, files and
-//! terminals for the agent through execd's HTTP routes, stop killing the sandbox, and the whole
-//! brain path (the built-in shell agent running a message in the hands).
+//! Hands against a real `warren execd` child (the `warren` binary of this package): lazy start,
+//! the access token, files and terminals for the agent through execd's HTTP routes, stop killing
+//! the sandbox, and the whole brain path (the built-in shell agent running a message in the
+//! hands).
 
-// Tests start real programs (shells, servers, the binary under test) directly.
-#![allow(clippy::disallowed_methods)]
-
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,51 +11,9 @@ use warren_brain::{
     AgentCommand, BoxFuture, Host, HostError, PermissionOutcome, TerminalSpec, TurnSink, Worker,
 };
 use warren_gateway::hands::{Hands, LocalHands};
+use warren_test_support::{alive, eventually, processes_mentioning, within};
 
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(TIMEOUT, future)
-        .await
-        .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?} waiting for {what}"))
-}
-
-fn warren_bin() -> PathBuf {
-    workspace_bin("warren", "warren")
-}
-
-fn test_agent_bin() -> PathBuf {
-    workspace_bin("warren-brain", "warren-test-agent")
-}
-
-/// A binary of this workspace in target/debug, built first so it is never stale (cargo test
-/// and nextest both release the build lock while tests run).
-fn workspace_bin(package: &str, bin: &str) -> PathBuf {
-    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    {
-        let _one_build_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "--quiet", "-p", package, "--bin", bin])
-            .current_dir(&workspace)
-            .status()
-            .expect("run cargo build");
-        assert!(
-            status.success(),
-            "cargo build -p {package} --bin {bin} failed"
-        );
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let path = target.join("debug").join(bin);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build -p {package} --bin {bin}`",
-        path.display()
-    );
-    path
-}
+use crate::helpers::{test_agent_bin, warren_bin};
 
 fn new_hands() -> (Arc<Hands>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -283,17 +238,6 @@ async fn session_in_hands(
     (session, sink)
 }
 
-/// Polls `condition` until it holds, for state that no event announces (another process's
-/// exit); fails the test after [`TIMEOUT`] naming `what`.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    within(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
     let (hands, _dir) = new_hands();
@@ -345,16 +289,6 @@ async fn stopping_hands_kills_background_and_setsid_processes_they_started() {
     .await;
 }
 
-/// Alive and not a zombie.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => false,
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
 #[tokio::test]
 async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
     let (hands, _dir) = new_hands();
@@ -382,21 +316,6 @@ async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
     hands.stop().await;
 }
 
-/// Pids of processes whose command line mentions `needle` (a unique temp path of this test).
-fn pids_mentioning(needle: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn hands_that_died_are_started_again_on_next_use() {
     let (hands, _dir) = new_hands();
@@ -405,7 +324,7 @@ async fn hands_that_died_are_started_again_on_next_use() {
         .expect("start");
     assert_eq!(hands.n_starts(), 1);
     let workspace = hands.workspace().display().to_string();
-    let execd = pids_mentioning(&workspace);
+    let execd = processes_mentioning(&workspace);
     assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
     let killed = std::process::Command::new("kill")
         .args(["-9", &execd[0].to_string()])
@@ -437,7 +356,7 @@ async fn dropping_hands_without_stop_still_kills_the_sandbox() {
         .await
         .expect("start");
     let workspace = hands.workspace().display().to_string();
-    let execd = pids_mentioning(&workspace);
+    let execd = processes_mentioning(&workspace);
     assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
     drop(hands);
     eventually("the execd of dropped hands is gone", || !alive(execd[0])).await;

@@ -4,7 +4,7 @@
 //! client sends (half a request line, a body short of its length, a raw bad frame) go over a
 //! plain `TcpStream`.
 
-mod pty_support;
+use crate::pty_support;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

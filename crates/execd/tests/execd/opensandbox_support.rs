@@ -1,17 +1,13 @@
 //! Shared helpers for the OpenSandbox-compatibility tests: a real execd on 127.0.0.1:0, a
-//! reqwest client, stream-event parsing and polling with named timeouts.
+//! reqwest client and stream-event parsing, each wait with a named timeout.
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde_json::Value;
 use warren_execd::{Config, Execd};
-
-/// Generous: the machine is shared and loaded.
-pub const WAIT: Duration = Duration::from_secs(20);
+use warren_test_support::{WAIT, eventually_async};
 
 pub struct Server {
     pub base: String,
@@ -87,7 +83,7 @@ impl Server {
         assert_eq!(response.status(), 200, "stream request failed");
         let text = tokio::time::timeout(WAIT, response.text())
             .await
-            .expect("the stream ends within 20 s")
+            .unwrap_or_else(|_| panic!("the stream ends within {WAIT:?}"))
             .expect("reads the stream");
         parse_events(&text)
     }
@@ -114,7 +110,7 @@ impl Server {
     /// the wait in the failure.
     pub async fn wait_until_finished(&self, id: &str, what: &str) -> Value {
         let path = format!("/command/status/{id}");
-        eventually(what, || async {
+        eventually_async(what, || async {
             let status: Value = self.get(&path).await.json().await.ok()?;
             (status["running"] == false).then_some(status)
         })
@@ -175,7 +171,7 @@ pub fn parse_events(text: &str) -> Vec<Value> {
 pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
     tokio::time::timeout(WAIT, request.send())
         .await
-        .expect("the server answers within 20 s")
+        .unwrap_or_else(|_| panic!("the server answers within {WAIT:?}"))
         .expect("request is sent")
 }
 
@@ -211,39 +207,6 @@ pub fn without_pings(events: &[Value]) -> Vec<Value> {
         .filter(|e| e["type"] != "ping")
         .cloned()
         .collect()
-}
-
-/// Polls `check` until it returns `Some`, failing with `what` after [`WAIT`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits until `pid` is gone or a zombie (killed, not yet reaped).
-pub async fn wait_until_gone(pid: i32, what: &str) {
-    eventually(what, || async {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or("X");
-        matches!(state, "X" | "Z").then_some(())
-    })
-    .await;
 }
 
 /// Checks an error response's status and machine-readable code; returns its message.

@@ -1,11 +1,12 @@
 //! OpenSandbox-compatible commands, bash sessions, health, metrics and auth against a real
 //! `warren execd` router on 127.0.0.1:0 (execd-compat.md).
 
-mod opensandbox_support;
+use crate::opensandbox_support;
 
 use futures_util::StreamExt;
 use opensandbox_support::*;
 use serde_json::{Value, json};
+use warren_test_support::{WAIT, eventually_async, wait_until_dead};
 
 #[tokio::test]
 async fn foreground_command_streams_init_ping_output_lines_and_completion() {
@@ -271,7 +272,7 @@ async fn background_output_is_capped_with_a_marker() {
 async fn background_stdin_is_dev_null() {
     let server = Server::start().await;
     let id = server.start_background("cat; echo done").await;
-    let logs = eventually("the background command to read end of file", || async {
+    let logs = eventually_async("the background command to read end of file", || async {
         let text = server
             .get(&format!("/command/{id}/logs"))
             .await
@@ -332,12 +333,12 @@ async fn interrupt_kills_grandchildren_in_new_sessions_too() {
     let pid_file = server.path("grandchild.pid");
     let command = format!("setsid sleep 300 & echo $! > {pid_file}; wait");
     let id = server.start_background(&command).await;
-    let pid: i32 = eventually("the grandchild pid file", || async {
+    let pid: i32 = eventually_async("the grandchild pid file", || async {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     })
     .await;
     assert_eq!(server.interrupt(&id).await.status(), 200);
-    wait_until_gone(pid, "the setsid grandchild to be gone").await;
+    wait_until_dead(pid, "the setsid grandchild to be gone").await;
 }
 
 #[tokio::test]
@@ -345,11 +346,11 @@ async fn finished_records_expire_and_take_their_logs_with_them() {
     let server = Server::start_with(|config| config.command_retention_secs = 0).await;
     let log_dir = server.execd.opensandbox.command_log_dir().to_path_buf();
     let id = server.start_background("echo hi").await;
-    eventually("the finished record to expire", || async {
+    eventually_async("the finished record to expire", || async {
         (server.get(&format!("/command/status/{id}")).await.status() == 404).then_some(())
     })
     .await;
-    eventually("the expired command's log file to be deleted", || async {
+    eventually_async("the expired command's log file to be deleted", || async {
         let n_files = std::fs::read_dir(&log_dir).ok()?.count();
         (n_files == 0).then_some(())
     })
@@ -377,7 +378,7 @@ async fn only_the_newest_finished_records_are_kept_beyond_the_cap() {
     for id in &ids[1..] {
         assert_eq!(server.command_status(id).await["running"], false);
     }
-    eventually(
+    eventually_async(
         "the dropped background command's log file to be deleted",
         || async {
             let n_files = std::fs::read_dir(&log_dir).ok()?.count();
@@ -403,7 +404,7 @@ async fn a_client_that_leaves_does_not_kill_the_command() {
         .expect("init arrives");
     assert!(first.is_some());
     drop(stream);
-    eventually("the command to finish after its client left", || async {
+    eventually_async("the command to finish after its client left", || async {
         std::path::Path::new(&marker).exists().then_some(())
     })
     .await;
@@ -839,12 +840,12 @@ async fn the_timeout_ends_a_session_run_whose_client_stopped_reading() {
         .expect("the first event arrives")
         .expect("a chunk")
         .expect("reads");
-    let pid: i32 = eventually("the flood's pid file", || async {
+    let pid: i32 = eventually_async("the flood's pid file", || async {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     })
     .await;
     // The client keeps the connection but reads nothing more; the flood fills every buffer.
-    wait_until_gone(
+    wait_until_dead(
         pid,
         "the timeout to kill the flood although its client stalls",
     )
@@ -873,5 +874,5 @@ async fn deleting_a_session_kills_what_it_left_running() {
         .and_then(|line| line.parse().ok())
         .unwrap_or_else(|| panic!("the run prints the sleeper's pid: {events:?}"));
     assert_eq!(server.delete(&format!("/session/{id}")).await.status(), 200);
-    wait_until_gone(pid, "the session's background sleeper to be gone").await;
+    wait_until_dead(pid, "the session's background sleeper to be gone").await;
 }

@@ -8,35 +8,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Stdio};
 
 use serde_json::{Value, json};
+use warren_test_support::{alive, wait_until};
 
-const WAIT: Duration = Duration::from_secs(30);
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_owned();
-            Some(state != "Z" && state != "X")
-        })
-        .unwrap_or(false)
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} within {WAIT:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use crate::support::{execd_command, listening_url};
 
 /// A started execd, killed by its pid when dropped (a failed assertion must not leave it).
 struct Execd(Child);
@@ -60,14 +37,10 @@ impl Drop for Execd {
 
 /// Starts `warren execd` on an ephemeral port with `state_dir`; returns it and its URL.
 fn start_execd(state_dir: &Path, root: &Path) -> (Execd, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_warren"))
-        .args(["execd", "--listen", "127.0.0.1:0", "--state-dir"])
+    let mut child = execd_command(&["--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state_dir)
         .arg("--root")
         .arg(root)
-        .env("WARREN_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("starts warren execd");
@@ -75,12 +48,7 @@ fn start_execd(state_dir: &Path, root: &Path) -> (Execd, String) {
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("reads the address line");
-    let url = line
-        .trim()
-        .strip_prefix("warren execd listening on ")
-        .unwrap_or_else(|| panic!("address line, got {line:?}"))
-        .to_owned();
-    (Execd(child), url)
+    (Execd(child), listening_url(&line))
 }
 
 /// The pid a command wrote to `pids/<name>`, waiting for it to appear.
@@ -204,11 +172,8 @@ async fn processes_left_by_a_sigkilled_execd_are_stopped_by_the_next_one() {
 async fn a_second_execd_on_a_state_directory_in_use_refuses_to_start() {
     let temp = tempfile::tempdir().expect("temp dir");
     let (mut first, _) = start_execd(temp.path(), temp.path());
-    let second = Command::new(env!("CARGO_BIN_EXE_warren"))
-        .args(["execd", "--listen", "127.0.0.1:0", "--state-dir"])
+    let second = execd_command(&["--listen", "127.0.0.1:0", "--state-dir"])
         .arg(temp.path())
-        .env("WARREN_LOG", "warn")
-        .stdin(Stdio::null())
         .output()
         .expect("runs");
     assert!(!second.status.success());

@@ -8,28 +8,17 @@
 
 use std::time::Duration;
 
-use crate::helpers::{
-    Received, TestGateway, args_with_shell_agent, first_of, repo_root, stop_reason,
-};
+use warren_test_support::{python, repo_root};
+
+use crate::helpers::{Received, TestGateway, args_with_shell_agent, first_of, stop_reason};
 
 /// The python echo agent's command line: the venv python with the ACP SDK (from the
 /// repository's own setup script) running `tests/python/acp_echo_agent.py`.
 fn python_agent() -> String {
-    let root = repo_root();
-    let output = std::process::Command::new("bash")
-        .arg(root.join("scripts/python-env.sh"))
-        .output()
-        .expect("run scripts/python-env.sh");
-    assert!(
-        output.status.success(),
-        "python-env.sh failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let python = String::from_utf8(output.stdout).expect("utf-8 path");
     format!(
         "{} {}",
-        python.trim(),
-        root.join("tests/python/acp_echo_agent.py").display()
+        python().display(),
+        repo_root().join("tests/python/acp_echo_agent.py").display()
     )
 }
 

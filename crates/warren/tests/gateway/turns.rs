@@ -6,8 +6,10 @@
 
 use serde_json::Value;
 
+use warren_test_support::{alive, processes_mentioning};
+
 use crate::helpers::{
-    Received, TestGateway, WAIT, alive, args_with_shell_agent, first_of, stop_reason, text_of,
+    Received, TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of,
 };
 
 #[tokio::test]
@@ -273,10 +275,7 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
     chat.start_working("sleep 60").await;
     let session_dir = gw.data.join("sessions").join(&chat.session);
     let needle = session_dir.to_string_lossy().to_string();
-    assert!(
-        !crate::recovery::processes_mentioning(&needle).is_empty(),
-        "the hands run"
-    );
+    assert!(!processes_mentioning(&needle).is_empty(), "the hands run");
 
     let deleted = gw
         .delete(&chat.token, &format!("/sessions/{}", chat.session))
@@ -290,7 +289,7 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
         .is_some()
     {}
     assert!(
-        crate::recovery::processes_mentioning(&needle).is_empty(),
+        processes_mentioning(&needle).is_empty(),
         "the hands stopped with the session"
     );
     assert!(!session_dir.exists());
@@ -317,10 +316,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
         .expect("session dir")
         .to_string_lossy()
         .to_string();
-    assert!(
-        !crate::recovery::processes_mentioning(&needle).is_empty(),
-        "the hands run"
-    );
+    assert!(!processes_mentioning(&needle).is_empty(), "the hands run");
     drop(chat);
 
     // What SIGTERM does: the running turn is closed before the brain and hands stop.
@@ -335,7 +331,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
     assert_eq!(ends[0]["stop_reason"], "interrupted");
     assert_eq!(ends[0]["turn"], 1);
     let deadline = std::time::Instant::now() + WAIT;
-    while alive(brain_pid) || !crate::recovery::processes_mentioning(&needle).is_empty() {
+    while alive(brain_pid) || !processes_mentioning(&needle).is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "the agent (pid {brain_pid}) and the hands stop with the gateway"

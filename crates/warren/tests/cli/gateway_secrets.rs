@@ -4,9 +4,6 @@
 //! or in the gateway's log, and the agent got the ordinary variable but none of Warren's own
 //! credentials.
 
-// Tests start real programs (shells, servers, the binary under test) directly.
-#![allow(clippy::disallowed_methods)]
-
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! real HTTP client, driving real bash on real PTYs. One test per behaviour of
 //! pty-sessions.md's last section, then Warren's own points and the bad inputs.
 
-mod pty_support;
+use crate::pty_support;
 
 use serde_json::json;
 use tokio_tungstenite::tungstenite::protocol::Message;
@@ -1242,51 +1242,6 @@ async fn a_wrong_access_token_is_refused_and_ping_needs_none() {
     assert_eq!(anonymous.get("/ping").await.0, 200);
     // The session is untouched.
     assert_eq!(daemon.status(&id).await["running"], false);
-}
-
-// --- the `warren execd` binary ------------------------------------------------------------
-
-#[tokio::test]
-async fn warren_execd_kills_every_shell_and_job_on_sigterm_and_sigint() {
-    use rustix::process::Signal;
-    for signal in [Signal::TERM, Signal::INT] {
-        let execd = pty_support::ExecdProcess::start(&["--listen", "127.0.0.1:0"], &[]).await;
-        let (_id, mut holder) = execd.daemon.shell().await;
-        let line = "sleep 1003 & echo job=$!; echo sh=$$; echo ok-$((1+1))";
-        let [job, shell] = holder.run_for_pids(line, "ok-2", ["job=", "sh="]).await;
-        assert!(alive(job) && alive(shell));
-        execd.stop_with(signal).await;
-        eventually("every shell and job is dead after the signal", || {
-            !alive(job) && !alive(shell)
-        })
-        .await;
-    }
-}
-
-#[tokio::test]
-async fn warren_execd_warns_on_a_non_loopback_address_without_a_token() {
-    let open = pty_support::ExecdProcess::start(&["--listen", "0.0.0.0:0"], &[]).await;
-    open.daemon.create(json!({})).await;
-    let log = open.stop_with(rustix::process::Signal::TERM).await;
-    assert!(
-        log.contains("listening on a non-loopback address without an access token"),
-        "{log}"
-    );
-    // With the token from the environment there is no warning, and the token is required.
-    let guarded = pty_support::ExecdProcess::start(
-        &["--listen", "0.0.0.0:0"],
-        &[("EXECD_ACCESS_TOKEN", "from-env")],
-    )
-    .await;
-    guarded.daemon.create(json!({})).await;
-    let anonymous = pty_support::Daemon {
-        token: None,
-        base: guarded.daemon.base.clone(),
-        http: guarded.daemon.http.clone(),
-    };
-    assert_eq!(anonymous.post_raw("/pty", "{}").await.0, 401);
-    let log = guarded.stop_with(rustix::process::Signal::TERM).await;
-    assert!(!log.contains("non-loopback"), "{log}");
 }
 
 #[tokio::test]

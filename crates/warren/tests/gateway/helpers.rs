@@ -1,19 +1,13 @@
 //! Starting a gateway in-process, registering devices, and reading SSE streams with timeouts
 //! that name what was expected.
 
-// Tests start real programs (shells, servers, the binary under test) directly.
-#![allow(clippy::disallowed_methods)]
-
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use serde_json::Value;
 use warren_gateway::{Gateway, GatewayArgs};
-
-/// Generous: the machine is shared and loaded.
-pub const WAIT: Duration = Duration::from_secs(30);
+pub use warren_test_support::WAIT;
 
 pub struct TestGateway {
     pub url: String,
@@ -398,80 +392,21 @@ impl EventStream {
     }
 }
 
-/// The real `warren` binary (target/debug/warren), built once per test process.
+/// The `warren` binary of this package, which cargo builds for its tests.
 pub fn warren_bin() -> PathBuf {
-    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
-    cargo_bin(&BUILT, &["-p", "warren"], "warren")
+    PathBuf::from(env!("CARGO_BIN_EXE_warren"))
 }
 
-/// `warren-test-agent` (the scripted ACP agent of `warren-brain`), built once per test process.
+/// `warren-test-agent`, the scripted ACP agent of `warren-brain`, next to the `warren` binary.
+/// Cargo builds it with the workspace (`cargo test --workspace --all-targets`), not for this
+/// package alone.
 pub fn test_agent_bin() -> PathBuf {
-    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
-    cargo_bin(
-        &BUILT,
-        &["-p", "warren-brain", "--bin", "warren-test-agent"],
-        "warren-test-agent",
-    )
-}
-
-/// Builds a workspace binary with `cargo build --quiet <package_args>` once (remembered in
-/// `built`) and returns its path in the debug target directory.
-fn cargo_bin(built: &Mutex<Option<PathBuf>>, package_args: &[&str], name: &str) -> PathBuf {
-    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(path) = built.as_ref() {
-        return path.clone();
-    }
-    let workspace = repo_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet"])
-        .args(package_args)
-        .current_dir(&workspace)
-        .status()
-        .unwrap_or_else(|e| panic!("run cargo build of {name}: {e}"));
-    assert!(status.success(), "cargo build of {name} failed");
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| workspace.join("target"));
-    let path = target.join("debug").join(name);
-    assert!(path.exists(), "{} exists after the build", path.display());
-    *built = Some(path.clone());
+    let path = Path::new(env!("CARGO_BIN_EXE_warren")).with_file_name("warren-test-agent");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p warren-brain --bin warren-test-agent`, or \
+         run the tests with `cargo test --workspace --all-targets`",
+        path.display()
+    );
     path
-}
-
-/// The workspace root (two levels above this crate).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// Polls `check` every 20 ms until it holds; panics naming `what` after [`WAIT`]. For states
-/// no event announces (a session's status, `/healthz`).
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Whether `pid` is a live process (not gone, not a zombie).
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-            Some(state != 'Z')
-        })
-        .unwrap_or(false)
 }

@@ -2,43 +2,15 @@
 //! `scripts/python-env.sh`) drives its adapters against this crate's router on 127.0.0.1:0,
 //! running `tests/python/opensandbox_sdk_test.py`, which exits non-zero naming each failed check.
 
-// Tests start real programs (shells, servers, the binary under test) directly.
-#![allow(clippy::disallowed_methods)]
-
-mod opensandbox_support;
-
-use std::path::PathBuf;
 use std::time::Duration;
 
-use opensandbox_support::Server;
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::opensandbox_support::Server;
+use warren_test_support::{python, repo_root};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opensandbox_python_sdk_adapters_work_against_warren() {
     let root = repo_root();
-    let env_script = root.join("scripts/python-env.sh");
-    let output = tokio::time::timeout(
-        Duration::from_secs(900),
-        tokio::process::Command::new("bash")
-            .arg(&env_script)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("scripts/python-env.sh finishes within 15 minutes")
-    .expect("scripts/python-env.sh runs");
-    assert!(
-        output.status.success(),
-        "scripts/python-env.sh failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let python = String::from_utf8(output.stdout)
-        .expect("utf-8 path")
-        .trim()
-        .to_owned();
+    let python = python();
 
     let server = Server::start().await;
     let workdir = server.path("sdk");

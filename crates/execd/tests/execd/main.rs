@@ -1,0 +1,16 @@
+//! execd's routes against a real execd on 127.0.0.1:0 in this process, with real HTTP and
+//! WebSocket clients: PTY sessions (`pty`), and the OpenSandbox-compatible commands, bash
+//! sessions and files (`opensandbox_*`), also driven by the OpenSandbox Python SDK. One test
+//! binary; `/v1/exec` has its own (`tests/exec.rs`), as it runs the daemon's reaper, which
+//! would take the exit statuses of the children other tests wait for.
+
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
+mod http_edge;
+mod opensandbox_commands;
+mod opensandbox_files;
+mod opensandbox_sdk;
+mod opensandbox_support;
+mod pty;
+mod pty_support;

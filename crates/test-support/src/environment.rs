@@ -1,0 +1,61 @@
+//! The repository the tests run in, and the pinned Python environment the interoperability
+//! tests drive third-party SDKs with.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// How long `scripts/python-env.sh` may take: minutes on a cold cache (`.ci/run` runs it before
+/// the tests, so there it only prints the path).
+const PYTHON_ENV_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// The workspace root, two levels above this crate.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("this crate lies two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// The python of the pinned environment (OpenSandbox, ACP and MCP SDKs) that
+/// `scripts/python-env.sh` creates once and names; run once per test process.
+pub fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(run_python_env).clone()
+}
+
+fn run_python_env() -> PathBuf {
+    let script = repo_root().join("scripts/python-env.sh");
+    let child = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts scripts/python-env.sh");
+    let pid = child.id();
+    let (done, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let output = match output.recv_timeout(PYTHON_ENV_WAIT) {
+        Ok(output) => output.expect("waits for scripts/python-env.sh"),
+        Err(_) => {
+            // Stopped by its pid: it is this process's own child and not yet reaped.
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            panic!("scripts/python-env.sh did not finish within {PYTHON_ENV_WAIT:?}");
+        }
+    };
+    assert!(
+        output.status.success(),
+        "scripts/python-env.sh failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let path = String::from_utf8(output.stdout).expect("the python path is UTF-8");
+    PathBuf::from(path.trim())
+}

@@ -1,0 +1,28 @@
+//! What Warren's test suites share: bounded waits ([`within`], [`eventually`] and kin), whether
+//! a process still runs ([`alive`], from /proc), the repository root and its pinned Python
+//! environment ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, behind
+//! features, the client of execd's PTY sessions (`pty`) and MCP clients with the scenarios
+//! every transport of the exec tools passes (`mcp`).
+//!
+//! A dev-dependency only, and it depends on no Warren crate: every crate's tests can use it
+//! without a cycle, and no shipped code can. It starts no server and no `warren` binary; each
+//! suite starts the real thing it tests its own way.
+
+// A dev-dependency only: tests start real programs (shells, servers, the binary under test).
+#![allow(clippy::disallowed_methods)]
+
+mod environment;
+pub mod peak_memory;
+mod process;
+mod wait;
+
+#[cfg(feature = "mcp")]
+pub mod mcp;
+#[cfg(feature = "pty")]
+pub mod pty;
+
+pub use environment::{python, repo_root};
+pub use process::{alive, processes_mentioning, wait_until_dead};
+pub use wait::{
+    Done, TimedOut, WAIT, eventually, eventually_async, try_within, wait_until, within,
+};

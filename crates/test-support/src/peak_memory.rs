@@ -1,0 +1,51 @@
+//! Peak-memory checks: the process-wide high-water mark (`VmHWM`) belongs to one test only when
+//! that test runs alone in its process.
+
+/// Runs the named test again, alone, in a new process of this test binary, and returns true
+/// in that process, where the test's body runs. Process-wide peak memory (`VmHWM`) is then
+/// the test's own under any runner (`cargo test` runs a binary's tests as threads of one
+/// process).
+///
+/// `name` is the test function's name; the test's full path (its module in a test binary with
+/// modules) comes from the test thread, which the harness names after the test. The new
+/// process must report that exactly one test ran: a filter that matched nothing would pass.
+pub fn alone_in_a_new_process(name: &str) -> bool {
+    const VAR: &str = "WARREN_TEST_ALONE";
+    if std::env::var_os(VAR).is_some() {
+        return true;
+    }
+    let thread = std::thread::current();
+    let full_name = thread
+        .name()
+        .filter(|full| *full == name || full.ends_with(&format!("::{name}")))
+        .unwrap_or_else(|| panic!("{name} runs on its own test thread, named after it"));
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", full_name, "--test-threads=1", "--nocapture"])
+        .env(VAR, full_name)
+        .output()
+        .expect("runs the test binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // Passed on to this test's own output (shown when it fails).
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{full_name} failed in its own process: {}",
+        output.status
+    );
+    assert!(
+        stdout.contains("test result: ok. 1 passed"),
+        "{full_name} did not run in its own process"
+    );
+    false
+}
+
+/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
+pub fn memory_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}

@@ -1,0 +1,43 @@
+//! Processes as /proc shows them: whether one still runs, and which mention a path. A zombie
+//! (killed, not yet reaped by its parent) counts as dead: it runs nothing and holds nothing but
+//! its pid.
+
+/// Whether `pid` exists and is not a zombie. Takes a pid as the tests hold it (`i32`, `u32`,
+/// `u64`); one no process can have is not alive.
+pub fn alive(pid: impl TryInto<i32>) -> bool {
+    let Ok(pid) = pid.try_into() else {
+        return false;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may hold ") " itself.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z" | "X"))
+}
+
+/// Waits until `pid` is gone or a zombie; panics after [`crate::WAIT`] naming `what`.
+pub async fn wait_until_dead(pid: impl TryInto<i32> + Copy + std::fmt::Display, what: &str) {
+    let what = format!("{what} (pid {pid} gone or a zombie)");
+    crate::eventually(&what, || !alive(pid)).await;
+}
+
+/// Pids of the processes other than this one whose command line mentions `needle` (a unique
+/// temporary path of the test, so only processes the test started match).
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}

@@ -1,0 +1,19 @@
+//! Integration tests of the gateway through its real HTTP API on 127.0.0.1:0, with real reqwest
+//! and SSE clients, and of its hands: real `warren execd` children of the `warren` binary this
+//! package builds. One test binary; `helpers` starts gateways and reads event streams.
+
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
+mod auth;
+mod cancel;
+mod hands;
+mod helpers;
+mod http_edge;
+mod python_agent;
+mod recovery;
+mod sessions;
+mod sse;
+mod storage;
+mod terminals;
+mod turns;
