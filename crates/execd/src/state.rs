@@ -19,6 +19,9 @@ use warren_process::TreeRegistry;
 
 /// How often trees with no live process are forgotten.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Trees listed more recently than this are never swept: their first process may not have
+/// exec'd yet, so /proc does not show its marker.
+const SWEEP_MIN_AGE: Duration = Duration::from_secs(10);
 /// SIGTERM grace for what an earlier daemon left.
 const LEFTOVER_GRACE: Duration = Duration::from_secs(1);
 
@@ -89,11 +92,12 @@ impl StateDir {
     pub fn start_sweeping(&self) {
         let registry = Arc::clone(&self.registry);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+            let first = tokio::time::Instant::now() + SWEEP_INTERVAL;
+            let mut tick = tokio::time::interval_at(first, SWEEP_INTERVAL);
             loop {
                 tick.tick().await;
                 let registry = Arc::clone(&registry);
-                let _ = tokio::task::spawn_blocking(move || registry.sweep()).await;
+                let _ = tokio::task::spawn_blocking(move || registry.sweep(SWEEP_MIN_AGE)).await;
             }
         });
     }

@@ -73,10 +73,24 @@ impl TreeRegistry {
         }
     }
 
-    /// Forgets every listed tree that has no live process any more. Returns how many were
-    /// forgotten. Blocking (one scan of /proc).
-    pub fn sweep(&self) -> usize {
-        let listed = self.markers();
+    /// Forgets every listed tree that has no live process any more and was listed at least
+    /// `min_age` ago. Returns how many were forgotten. Blocking (one scan of /proc).
+    ///
+    /// A tree is listed before its fork, and a forked child shows its marker in
+    /// `/proc/<pid>/environ` only once it has exec'd: `min_age` keeps a sweep from forgetting a
+    /// tree in that window.
+    pub fn sweep(&self, min_age: Duration) -> usize {
+        let listed: Vec<String> = self
+            .markers()
+            .into_iter()
+            .filter(|marker| {
+                std::fs::metadata(self.dir.join(marker))
+                    .and_then(|meta| meta.modified())
+                    .ok()
+                    .and_then(|listed_at| listed_at.elapsed().ok())
+                    .is_some_and(|age| age >= min_age)
+            })
+            .collect();
         if listed.is_empty() {
             return 0;
         }
@@ -212,16 +226,21 @@ mod tests {
         let alive = crate::TreeMarker::new();
         registry.list(&gone);
         registry.list(&alive);
+        assert_eq!(
+            registry.sweep(Duration::from_secs(3600)),
+            0,
+            "a tree listed just now may not have exec'd yet: it is kept"
+        );
         let mut sleeper = std::process::Command::new("sleep")
             .arg("300")
             .env(TREE_MARKER_VAR, format!("outer-1:{alive}"))
             .spawn()
             .expect("spawns");
-        assert_eq!(registry.sweep(), 1);
+        assert_eq!(registry.sweep(Duration::ZERO), 1);
         assert_eq!(registry.markers(), vec![alive.to_string()]);
         sleeper.kill().expect("kills");
         sleeper.wait().expect("waits");
-        assert_eq!(registry.sweep(), 1);
+        assert_eq!(registry.sweep(Duration::ZERO), 1);
         assert!(registry.markers().is_empty());
     }
 
