@@ -24,5 +24,6 @@ pub use command::{CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_g
 pub use env::{EnvPolicy, HandsVar};
 pub use registry::{Registered, TreeRegistry};
 pub use tree::{
-    KillReport, TreeGuard, TreeId, TreeMarker, kill_tree, kill_tree_blocking, tree_members,
+    KillReport, TreeGuard, TreeId, TreeMarker, kill_tree, kill_tree_blocking, signal_tree,
+    tree_members,
 };

@@ -29,6 +29,9 @@ pub struct Stat {
     pub tty_nr: u32,
     /// Foreground process group of the controlling terminal (-1 when none).
     pub tpgid: i32,
+    /// When the process started, in clock ticks after boot: with the pid, it names one process
+    /// (a pid reused later has another start time).
+    pub start_time: u64,
 }
 
 impl Stat {
@@ -56,6 +59,12 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     let sid = fields.next()?.parse().ok()?;
     let tty_nr = fields.next()?.parse().ok()?;
     let tpgid = fields.next()?.parse().ok()?;
+    // Fields 9 to 21 (flags ... itrealvalue) lie between tpgid and starttime.
+    // (0 when the line is cut short, as in hand-written test lines).
+    let start_time = fields
+        .nth(13)
+        .and_then(|field| field.parse().ok())
+        .unwrap_or(0);
     Some(Stat {
         pid,
         state,
@@ -64,6 +73,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         sid,
         tty_nr,
         tpgid,
+        start_time,
     })
 }
 
@@ -195,9 +205,14 @@ mod tests {
                 sid: 40,
                 tty_nr: 34816,
                 tpgid: 45,
+                start_time: 0,
             }
         );
         assert!(!parsed.is_zombie());
+        let full = "7 (sh) S 1 7 7 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 2400000 200";
+        assert_eq!(parse_stat(full).map(|stat| stat.start_time), Some(123_456));
+        let own = stat(std::process::id() as i32).expect("own stat");
+        assert!(own.start_time > 0, "{own:?}");
         let zombie = parse_stat("9 (x) Z 1 9 9 0 -1 0").expect("parses");
         assert!(zombie.is_zombie());
         for bad in ["nonsense", "42 (x) S 7", "42 x S 7 42 40 0 -1"] {

@@ -163,6 +163,14 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
 /// Sends `signal` to every process group that has a member in the tree (so a job that forks
 /// after the scan is hit too), and to each member directly. The daemon's own group is never
 /// signalled as a group.
+/// Sends `signal` to every process group of `tree` (SIGSTOP and SIGCONT for pausing hands that
+/// have no cgroup freezer); returns how many members the tree had.
+pub fn signal_tree(tree: &TreeId, signal: Signal) -> usize {
+    let members = tree_members(tree);
+    signal_members(&members, signal);
+    members.len()
+}
+
 fn signal_members(members: &[i32], signal: Signal) {
     let (own_pgid, _) = own_group_and_session();
     let mut groups = BTreeSet::new();
