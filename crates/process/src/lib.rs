@@ -9,6 +9,7 @@
 //! This is the only crate that spawns processes, sends signals or reaps (clippy.toml refuses
 //! `Command::new` elsewhere). It does not capture output or know about HTTP.
 
+mod child_setup;
 pub mod command;
 pub mod env;
 pub mod pipes;
