@@ -290,9 +290,30 @@ pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
     rustix::process::kill_process_group(pgid, signal).map_err(io::Error::from)
 }
 
+/// Sends `signal` to process `pid`. Refuses 0, 1, negative pids (groups) and this process,
+/// which a stale or racy lookup could otherwise hit.
+pub fn signal_pid(pid: i32, signal: Signal) -> io::Result<()> {
+    if pid <= 1 || pid as u32 == std::process::id() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "refusing to signal this process",
+        ));
+    }
+    let pid = Pid::from_raw(pid).expect("pid checked positive above");
+    rustix::process::kill_process(pid, signal).map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signal_pid_refuses_the_kernel_init_groups_and_this_process() {
+        for pid in [-5, 0, 1, std::process::id() as i32] {
+            let err = signal_pid(pid, Signal::CONT).expect_err("refused");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "pid {pid}");
+        }
+    }
 
     #[test]
     fn signal_group_refuses_kernel_init_and_own_group() {

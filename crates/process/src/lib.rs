@@ -21,7 +21,9 @@ pub mod shell;
 mod spawner;
 pub mod tree;
 
-pub use command::{CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, spawn};
+pub use command::{
+    CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, signal_pid, spawn,
+};
 pub use env::{EnvPolicy, HandsVar};
 pub use registry::{Registered, TreeRegistry};
 pub use tree::{
