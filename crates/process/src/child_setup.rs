@@ -52,9 +52,38 @@ fn cgroup_paths(files: &[PathBuf]) -> io::Result<Vec<CString>> {
         .collect()
 }
 
-/// Makes the child hold each source descriptor at its target number, inherited across exec.
-pub(crate) fn pass_fds(command: &mut tokio::process::Command, fds: &[(i32, Arc<OwnedFd>)]) {
-    if fds.is_empty() {
+/// Marks every descriptor from 3 up close-on-exec: `close_range` (Linux 5.11+), else one
+/// `fcntl` per possible descriptor up to the soft limit (at most 65536).
+fn cloexec_from_3() -> io::Result<()> {
+    // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, only flagged; an async-signal-safe
+    // system call.
+    #[allow(unsafe_code)]
+    let result = unsafe { libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) };
+    if result == 0 {
+        return Ok(());
+    }
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(65536)
+        .min(65536) as RawFd;
+    for fd in 3..limit {
+        // SAFETY: only wrapped to name the descriptor; never closed through the wrapper.
+        let fd = ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        if let Ok(flags) = rustix::io::fcntl_getfd(&*fd) {
+            rustix::io::fcntl_setfd(&*fd, flags | rustix::io::FdFlags::CLOEXEC)?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes the child hold each source descriptor at its target number, inherited across exec;
+/// with `close_others`, every other descriptor above 2 is closed at exec.
+pub(crate) fn pass_fds(
+    command: &mut tokio::process::Command,
+    fds: &[(i32, Arc<OwnedFd>)],
+    close_others: bool,
+) {
+    if fds.is_empty() && !close_others {
         return;
     }
     let fds: Vec<(RawFd, Arc<OwnedFd>)> = fds.to_vec();
@@ -62,7 +91,7 @@ pub(crate) fn pass_fds(command: &mut tokio::process::Command, fds: &[(i32, Arc<O
     // Prepared here, before the fork: the child must not allocate.
     let mut parked: Vec<RawFd> = Vec::with_capacity(fds.len());
     // SAFETY: the closure runs in the forked child before exec. It only calls `fcntl`
-    // (F_DUPFD_CLOEXEC), `dup2` and `close` on descriptors the child owns (its copies of the
+    // (F_DUPFD_CLOEXEC, F_SETFD), `close_range`, `getrlimit`, `dup2` and `close` on descriptors the child owns (its copies of the
     // parent's), and pushes into a vector whose capacity was reserved before the fork, so it
     // never allocates. The `Arc`s it holds keep the parent's descriptors open until the spawn.
     unsafe {
@@ -73,6 +102,9 @@ pub(crate) fn pass_fds(command: &mut tokio::process::Command, fds: &[(i32, Arc<O
             for (_, source) in &fds {
                 let copy = rustix::io::fcntl_dupfd_cloexec(source, above_targets)?;
                 parked.push(ManuallyDrop::new(copy).as_raw_fd());
+            }
+            if close_others {
+                cloexec_from_3()?;
             }
             for ((target, _), copy) in fds.iter().zip(&parked) {
                 // SAFETY: `copy` is a descriptor this child just made and owns; `target` is
@@ -136,6 +168,7 @@ pub(crate) fn join_cgroups_then_switch_ids(
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
     use std::path::Path;
     use std::time::Duration;
 
@@ -202,6 +235,29 @@ mod tests {
         let (a, b) = tokio::join!(read_pipe(read_a), read_pipe(read_b));
         assert_eq!((a.as_str(), b.as_str()), ("to-a\n", "to-b\n"));
         assert!(child.child.wait().await.expect("waits").success());
+    }
+
+    #[tokio::test]
+    async fn other_descriptors_are_closed_only_when_asked() {
+        let (_read, write) = std::io::pipe().expect("pipe");
+        let leaky = std::os::fd::OwnedFd::from(write);
+        // As a daemon's jobserver pipe or listener may be: inherited by every child.
+        rustix::io::fcntl_setfd(&leaky, rustix::io::FdFlags::empty()).expect("clears cloexec");
+        let raw = leaky.as_raw_fd();
+        let (_, passed) = std::io::pipe().expect("pipe");
+        let passed = std::sync::Arc::new(std::os::fd::OwnedFd::from(passed));
+        let list = "ls /proc/self/fd | tr '\\n' ' '";
+        let plain = output_of(&sh(list)).await;
+        let closed = output_of(&sh(list).fd(9, passed).close_other_fds()).await;
+        drop(leaky);
+        let numbers = |out: &str| -> Vec<i32> {
+            out.split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        };
+        assert!(numbers(&plain).contains(&raw), "{plain}");
+        // stdio, the passed descriptor, and the one `ls` reads the directory through.
+        assert_eq!(numbers(&closed), vec![0, 1, 2, 3, 9], "{closed}");
     }
 
     #[tokio::test]

@@ -51,6 +51,8 @@ pub struct CommandSpec {
     pub cgroups: Vec<PathBuf>,
     /// No parent-death signal, and the child leads a new session: it survives the daemon.
     pub outlive_daemon: bool,
+    /// Every descriptor above 2 that is not in `fds` is closed at exec, close-on-exec or not.
+    pub close_other_fds: bool,
 }
 
 /// How [`spawn`] connects the command.
@@ -115,7 +117,15 @@ impl CommandSpec {
             fds: Vec::new(),
             cgroups: Vec::new(),
             outlive_daemon: false,
+            close_other_fds: false,
         }
+    }
+
+    /// The child keeps only stdio and the descriptors given with [`CommandSpec::fd`]: nothing
+    /// this process opened without close-on-exec (a jobserver pipe, a listener) leaks into it.
+    pub fn close_other_fds(mut self) -> Self {
+        self.close_other_fds = true;
+        self
     }
 
     /// Gives the child `fd` as descriptor `target` (3 or more), without close-on-exec. Several
@@ -194,7 +204,7 @@ impl CommandSpec {
         }
         command.env_clear();
         command.envs(self.environment());
-        crate::child_setup::pass_fds(&mut command, &self.fds);
+        crate::child_setup::pass_fds(&mut command, &self.fds, self.close_other_fds);
         if self.cgroups.is_empty() {
             if let Some(uid) = self.uid {
                 command.uid(uid);

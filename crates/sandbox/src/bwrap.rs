@@ -155,8 +155,8 @@ fn root_args() -> Vec<OsString> {
 
 impl SandboxSpec {
     /// The command that starts `inner_program inner_args` (execd, at [`WARREN_BIN`]) in this
-    /// sandbox, carrying `marker`. The caller may add descriptors of its own with
-    /// [`CommandSpec::fd`] (above 7); bwrap passes them on.
+    /// sandbox, carrying `marker`. No descriptor of this process but the ones given reaches
+    /// it; the caller may add its own with [`CommandSpec::fd`] (above 7), which bwrap passes on.
     pub fn command(
         &self,
         marker: &TreeMarker,
@@ -191,6 +191,7 @@ impl SandboxSpec {
             .fd(RUN_DIR_FD, self.run_dir.clone())
             .fd(WARREN_BIN_FD, self.warren_bin.clone())
             .join_cgroups(self.cgroup_procs.clone())
+            .close_other_fds()
             .outlive_daemon();
         if let Some(home) = &self.home {
             command = command.fd(HOME_FD, home.clone());
