@@ -57,7 +57,6 @@ fn cgroup_paths(files: &[PathBuf]) -> io::Result<Vec<CString>> {
 fn cloexec_from_3() -> io::Result<()> {
     // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, only flagged; an async-signal-safe
     // system call.
-    #[allow(unsafe_code)]
     let result = unsafe { libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) };
     if result == 0 {
         return Ok(());

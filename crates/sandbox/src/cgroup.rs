@@ -463,8 +463,14 @@ impl HandsCgroup {
     /// then thawed so the signals are delivered), repeated until empty.
     pub fn kill_all(&self) -> io::Result<()> {
         let deadline = Instant::now() + KILL_WAIT;
-        if let Some(v2) = &self.v2 {
-            write(&v2.join("cgroup.kill"), "1")?;
+        // `cgroup.kill` needs Linux 5.14; before it, v2 too is emptied by signals.
+        let kill_file = self
+            .v2
+            .as_ref()
+            .map(|v2| v2.join("cgroup.kill"))
+            .filter(|file| file.exists());
+        if let Some(file) = &kill_file {
+            write(file, "1")?;
         }
         loop {
             let pids = self.pids();
@@ -477,7 +483,7 @@ impl HandsCgroup {
                     format!("{} processes left in the hands after 5 s", pids.len()),
                 ));
             }
-            if self.v2.is_none() {
+            if kill_file.is_none() {
                 if self.freezer.is_some() {
                     let _ = self.freeze();
                 }
