@@ -7,13 +7,18 @@
 //! tree in a [`crate::TreeRegistry`] before the process exists. [`spawn`] builds the
 //! environment with [`crate::env::build_env`], appends the marker after it (so no policy can
 //! remove it), and forks on one long-lived thread of this process ([`crate::spawner`]), so the
-//! child's parent-death signal (SIGKILL) fires when this process dies and at no other time.
+//! child's parent-death signal (SIGKILL) fires when this process dies and at no other time,
+//! unless the spec says [`CommandSpec::outlive_daemon`]. A spec can also hand the child
+//! descriptors at fixed numbers ([`CommandSpec::fd`]) and have it join cgroups before exec
+//! ([`CommandSpec::join_cgroups`]); [`crate::child_setup`] does both in the child.
 //! Every child is registered with [`crate::reaper::spawn_owned`].
 
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::sync::Arc;
 
 use rustix::process::{Pid, Signal};
 
@@ -40,6 +45,14 @@ pub struct CommandSpec {
     pub gid: Option<u32>,
     /// The tree's marker, put in the environment as [`TREE_MARKER_VAR`].
     pub marker: TreeMarker,
+    /// Descriptors the child holds at fixed numbers (target, source), inherited across exec.
+    pub fds: Vec<(i32, Arc<OwnedFd>)>,
+    /// `cgroup.procs` files the child writes itself into before exec.
+    pub cgroups: Vec<PathBuf>,
+    /// No parent-death signal, and the child leads a new session: it survives the daemon.
+    pub outlive_daemon: bool,
+    /// Every descriptor above 2 that is not in `fds` is closed at exec, close-on-exec or not.
+    pub close_other_fds: bool,
 }
 
 /// How [`spawn`] connects the command.
@@ -79,6 +92,7 @@ impl Spawned {
 /// Starts `spec` connected as `connect` says. Must be called inside a tokio runtime. A program
 /// that cannot be started (missing, not executable, bad cwd) is an immediate error.
 pub fn spawn(spec: &CommandSpec, connect: Connect) -> io::Result<Spawned> {
+    crate::child_setup::validate(spec)?;
     if let Some(registry) = crate::registry::global() {
         registry.list(&spec.marker);
     }
@@ -100,7 +114,41 @@ impl CommandSpec {
             uid: None,
             gid: None,
             marker: marker.clone(),
+            fds: Vec::new(),
+            cgroups: Vec::new(),
+            outlive_daemon: false,
+            close_other_fds: false,
         }
+    }
+
+    /// The child keeps only stdio and the descriptors given with [`CommandSpec::fd`]: nothing
+    /// this process opened without close-on-exec (a jobserver pipe, a listener) leaks into it.
+    pub fn close_other_fds(mut self) -> Self {
+        self.close_other_fds = true;
+        self
+    }
+
+    /// Gives the child `fd` as descriptor `target` (3 or more), without close-on-exec. Several
+    /// may be given, each with its own target.
+    pub fn fd(mut self, target: i32, fd: Arc<OwnedFd>) -> Self {
+        self.fds.push((target, fd));
+        self
+    }
+
+    /// Has the child write itself into each `cgroup.procs` file before exec, so it and every
+    /// descendant start inside those cgroups. A failed write fails the spawn. With a uid or
+    /// gid, the ids are switched after the joins.
+    pub fn join_cgroups(mut self, procs_files: Vec<PathBuf>) -> Self {
+        self.cgroups.extend(procs_files);
+        self
+    }
+
+    /// The child gets no parent-death signal and leads a new session (on pipes, whatever
+    /// [`crate::pipes::Leader`] says), so it survives this process and its terminal. Someone
+    /// else (a later daemon, by marker or cgroup) must stop it.
+    pub fn outlive_daemon(mut self) -> Self {
+        self.outlive_daemon = true;
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
@@ -144,10 +192,11 @@ impl CommandSpec {
     }
 
     /// The tokio command for this spec. Stdio and the session or process group are the
-    /// spawner's business; the parent-death signal is set here.
+    /// spawner's business; descriptors, cgroups, ids and the parent-death signal are set here,
+    /// in that order.
     // The one place a process command is made: this crate is the spawner (clippy.toml).
     #[allow(clippy::disallowed_methods)]
-    pub(crate) fn to_tokio(&self) -> tokio::process::Command {
+    pub(crate) fn to_tokio(&self) -> io::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(&self.program);
         command.args(&self.args);
         if let Some(cwd) = &self.cwd {
@@ -155,15 +204,27 @@ impl CommandSpec {
         }
         command.env_clear();
         command.envs(self.environment());
-        if let Some(uid) = self.uid {
-            command.uid(uid);
-        }
-        if let Some(gid) = self.gid {
-            command.gid(gid);
+        crate::child_setup::pass_fds(&mut command, &self.fds, self.close_other_fds);
+        if self.cgroups.is_empty() {
+            if let Some(uid) = self.uid {
+                command.uid(uid);
+            }
+            if let Some(gid) = self.gid {
+                command.gid(gid);
+            }
+        } else {
+            crate::child_setup::join_cgroups_then_switch_ids(
+                &mut command,
+                &self.cgroups,
+                self.uid,
+                self.gid,
+            )?;
         }
         command.kill_on_drop(false);
-        crate::spawner::die_with_this_process(&mut command);
-        command
+        if !self.outlive_daemon {
+            crate::spawner::die_with_this_process(&mut command);
+        }
+        Ok(command)
     }
 }
 
@@ -239,9 +300,30 @@ pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
     rustix::process::kill_process_group(pgid, signal).map_err(io::Error::from)
 }
 
+/// Sends `signal` to process `pid`. Refuses 0, 1, negative pids (groups) and this process,
+/// which a stale or racy lookup could otherwise hit.
+pub fn signal_pid(pid: i32, signal: Signal) -> io::Result<()> {
+    if pid <= 1 || pid as u32 == std::process::id() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "refusing to signal this process",
+        ));
+    }
+    let pid = Pid::from_raw(pid).expect("pid checked positive above");
+    rustix::process::kill_process(pid, signal).map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signal_pid_refuses_the_kernel_init_groups_and_this_process() {
+        for pid in [-5, 0, 1, std::process::id() as i32] {
+            let err = signal_pid(pid, Signal::CONT).expect_err("refused");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "pid {pid}");
+        }
+    }
 
     #[test]
     fn signal_group_refuses_kernel_init_and_own_group() {

@@ -9,6 +9,7 @@
 //! This is the only crate that spawns processes, sends signals or reaps (clippy.toml refuses
 //! `Command::new` elsewhere). It does not capture output or know about HTTP.
 
+mod child_setup;
 pub mod command;
 pub mod env;
 pub mod pipes;
@@ -20,7 +21,9 @@ pub mod shell;
 mod spawner;
 pub mod tree;
 
-pub use command::{CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, spawn};
+pub use command::{
+    CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, signal_pid, spawn,
+};
 pub use env::{EnvPolicy, HandsVar};
 pub use registry::{Registered, TreeRegistry};
 pub use tree::{

@@ -91,7 +91,7 @@ impl PipedChild {
 ///
 /// A program that cannot be started (missing, not executable, bad cwd) is an immediate error.
 pub(crate) fn spawn_piped(command: &CommandSpec, options: PipeOptions) -> io::Result<PipedChild> {
-    let mut cmd = command.to_tokio();
+    let mut cmd = command.to_tokio()?;
 
     let (stdin_read, stdin_write) = match options.stdin {
         StdinMode::Pipe => {
@@ -114,7 +114,13 @@ pub(crate) fn spawn_piped(command: &CommandSpec, options: PipeOptions) -> io::Re
         }
     };
     cmd.stdout(Stdio::from(out_write));
-    match options.leader {
+    // An outliving child must leave the daemon's session, or the terminal's hangup reaches it.
+    let leader = if command.outlive_daemon {
+        Leader::Session
+    } else {
+        options.leader
+    };
+    match leader {
         Leader::ProcessGroup => {
             cmd.process_group(0);
         }

@@ -107,7 +107,7 @@ pub(crate) fn spawn_pty(command: &CommandSpec, size: PtySize) -> io::Result<PtyC
     let control = PtyControl {
         master: rustix::io::fcntl_dupfd_cloexec(pty.as_fd(), 0).map_err(io::Error::from)?,
     };
-    let pty_command = pty_process::Command::from(command.to_tokio());
+    let pty_command = pty_process::Command::from(command.to_tokio()?);
     let child = crate::spawner::on_spawner_thread(move || {
         crate::reaper::spawn_owned(|| {
             let child = pty_command.spawn(pts).map_err(pty_error)?;

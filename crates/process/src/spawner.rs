@@ -66,8 +66,8 @@ pub(crate) fn die_with_this_process(command: &mut tokio::process::Command) {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and only makes two system calls
     // (`prctl`, `getppid`), both async-signal-safe, touching no memory shared with the parent.
-    // std runs it after switching user and group ids, so the credential change cannot clear
-    // the signal.
+    // It is the last closure, run after std or `child_setup` switched user and group ids, so
+    // the credential change cannot clear the signal.
     unsafe {
         command.pre_exec(move || {
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))

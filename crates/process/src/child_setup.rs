@@ -1,0 +1,485 @@
+//! What a child does between fork and exec beyond what std offers: taking descriptors at fixed
+//! numbers ([`CommandSpec::fd`]), writing itself into cgroups ([`CommandSpec::join_cgroups`])
+//! and, when it does, switching user and group ids only after that.
+//!
+//! Everything here runs in the forked child of a multi-threaded process, so each closure only
+//! makes async-signal-safe system calls (`fcntl`, `dup2`, `open`, `write`, `close`, `setgroups`,
+//! `setgid`, `setuid`) on values prepared before the fork: no allocation, no locks. std runs
+//! `pre_exec` closures after its own id switch, and a process that is no longer root can
+//! usually not move itself between cgroups; so a spec that joins cgroups has its ids switched
+//! here, after the joins, instead of by std. The parent-death signal is armed after both
+//! (a credential change clears it).
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::command::CommandSpec;
+
+/// Checks what a spec asks of the child before anything forks: fd targets above stdio, each
+/// named once, and cgroup paths without NUL bytes.
+pub(crate) fn validate(spec: &CommandSpec) -> io::Result<()> {
+    let mut seen = Vec::new();
+    for (target, _) in &spec.fds {
+        if *target < 3 || seen.contains(target) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("descriptor target {target} is below 3 or given twice"),
+            ));
+        }
+        seen.push(*target);
+    }
+    cgroup_paths(&spec.cgroups).map(|_| ())
+}
+
+fn cgroup_paths(files: &[PathBuf]) -> io::Result<Vec<CString>> {
+    files
+        .iter()
+        .map(|file| {
+            CString::new(file.as_os_str().as_bytes()).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("cgroup path {} contains a NUL byte", file.display()),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Marks every descriptor from 3 up close-on-exec: `close_range` (Linux 5.11+), else one
+/// `fcntl` per possible descriptor up to the soft limit (at most 65536).
+fn cloexec_from_3() -> io::Result<()> {
+    // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, only flagged; an async-signal-safe
+    // system call.
+    let result = unsafe { libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) };
+    if result == 0 {
+        return Ok(());
+    }
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(65536)
+        .min(65536) as RawFd;
+    for fd in 3..limit {
+        // SAFETY: only wrapped to name the descriptor; never closed through the wrapper.
+        let fd = ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        if let Ok(flags) = rustix::io::fcntl_getfd(&*fd) {
+            rustix::io::fcntl_setfd(&*fd, flags | rustix::io::FdFlags::CLOEXEC)?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes the child hold each source descriptor at its target number, inherited across exec;
+/// with `close_others`, every other descriptor above 2 is closed at exec.
+pub(crate) fn pass_fds(
+    command: &mut tokio::process::Command,
+    fds: &[(i32, Arc<OwnedFd>)],
+    close_others: bool,
+) {
+    if fds.is_empty() && !close_others {
+        return;
+    }
+    let fds: Vec<(RawFd, Arc<OwnedFd>)> = fds.to_vec();
+    let above_targets = fds.iter().map(|(target, _)| *target).max().unwrap_or(2) + 1;
+    // Prepared here, before the fork: the child must not allocate.
+    let mut parked: Vec<RawFd> = Vec::with_capacity(fds.len());
+    // SAFETY: the closure runs in the forked child before exec. It only calls `fcntl`
+    // (F_DUPFD_CLOEXEC, F_SETFD), `close_range`, `getrlimit`, `dup2` and `close` on descriptors the child owns (its copies of the
+    // parent's), and pushes into a vector whose capacity was reserved before the fork, so it
+    // never allocates. The `Arc`s it holds keep the parent's descriptors open until the spawn.
+    unsafe {
+        command.pre_exec(move || {
+            parked.clear();
+            // First every source moves above every target (close-on-exec, so the copies vanish
+            // at exec), so no dup2 onto a target can clobber a source still to be placed.
+            for (_, source) in &fds {
+                let copy = rustix::io::fcntl_dupfd_cloexec(source, above_targets)?;
+                parked.push(ManuallyDrop::new(copy).as_raw_fd());
+            }
+            if close_others {
+                cloexec_from_3()?;
+            }
+            for ((target, _), copy) in fds.iter().zip(&parked) {
+                // SAFETY: `copy` is a descriptor this child just made and owns; `target` is
+                // only wrapped so rustix can name it and is never closed through the wrapper.
+                let copy = ManuallyDrop::new(OwnedFd::from_raw_fd(*copy));
+                let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(*target));
+                rustix::io::dup2(&*copy, &mut target)?;
+            }
+            for copy in &parked {
+                drop(OwnedFd::from_raw_fd(*copy));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes the child write itself (`0`) into every `cgroup.procs` file in `files`, then switch
+/// to `gid` and `uid` (dropping supplementary groups), as std would have.
+pub(crate) fn join_cgroups_then_switch_ids(
+    command: &mut tokio::process::Command,
+    files: &[PathBuf],
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> io::Result<()> {
+    let files = cgroup_paths(files)?;
+    // SAFETY: the closure runs in the forked child before exec and only calls `open`, `write`,
+    // `close`, `setgroups`, `setgid` and `setuid` on C strings and ids prepared before the fork.
+    // The raw id syscalls act on the calling thread, which in the child is the only thread.
+    unsafe {
+        command.pre_exec(move || {
+            for file in &files {
+                let procs = rustix::fs::open(
+                    file.as_c_str(),
+                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )?;
+                let written = rustix::io::write(&procs, b"0")?;
+                if written != 1 {
+                    return Err(io::Error::from(io::ErrorKind::WriteZero));
+                }
+            }
+            if uid.is_some() {
+                // As std: without an explicit group list, root's supplementary groups go. Not
+                // being allowed to (EPERM, not root) leaves them as they are.
+                match rustix::thread::set_thread_groups(&[]) {
+                    Ok(()) | Err(rustix::io::Errno::PERM) => {}
+                    Err(err) => return Err(err.into()),
+                }
+            }
+            if let Some(gid) = gid {
+                rustix::thread::set_thread_gid(rustix::process::Gid::from_raw(gid))?;
+            }
+            if let Some(uid) = uid {
+                rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(uid))?;
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+
+    use crate::pipes::{PipeOptions, StdinMode};
+    use crate::{CommandSpec, Connect, TreeMarker, spawn};
+
+    fn sh(script: &str) -> CommandSpec {
+        CommandSpec::new("/bin/sh", &TreeMarker::new())
+            .arg("-c")
+            .arg(script)
+    }
+
+    async fn output_of(spec: &CommandSpec) -> String {
+        let mut child = spawn(spec, Connect::Pipes(PipeOptions::default()))
+            .expect("spawns")
+            .into_pipes();
+        let mut out = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            child.stdout.read_to_string(&mut out),
+        )
+        .await
+        .expect("output ends within 20 s")
+        .expect("reads output");
+        child.child.wait().await.expect("waits");
+        out
+    }
+
+    async fn read_pipe(read: std::io::PipeReader) -> String {
+        let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read.into())
+            .expect("registers the pipe");
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(20), rx.read_to_string(&mut out))
+            .await
+            .expect("pipe reaches end of file within 20 s")
+            .expect("reads the pipe");
+        out
+    }
+
+    #[tokio::test]
+    async fn descriptors_are_inherited_at_their_targets() {
+        let (read_a, write_a) = std::io::pipe().expect("pipe");
+        let (read_b, write_b) = std::io::pipe().expect("pipe");
+        let write_a = std::sync::Arc::new(std::os::fd::OwnedFd::from(write_a));
+        let write_b = std::sync::Arc::new(std::os::fd::OwnedFd::from(write_b));
+        // One target is the number the other source has in this process: placing must not
+        // clobber a source that is still to be placed.
+        let b_raw = std::os::fd::AsRawFd::as_raw_fd(&*write_b);
+        let target_a = b_raw;
+        let target_b = b_raw + 7;
+        // bash, since dash only redirects descriptors 0 to 9.
+        let spec = CommandSpec::new("/bin/bash", &TreeMarker::new())
+            .arg("-c")
+            .arg(format!("echo to-a >&{target_a}; echo to-b >&{target_b}"))
+            .fd(target_a, write_a)
+            .fd(target_b, write_b);
+        let mut child = spawn(&spec, Connect::Pipes(PipeOptions::default()))
+            .expect("spawns")
+            .into_pipes();
+        // Only the child holds the write ends now, so the reads end when it exits.
+        drop(spec);
+        let (a, b) = tokio::join!(read_pipe(read_a), read_pipe(read_b));
+        assert_eq!((a.as_str(), b.as_str()), ("to-a\n", "to-b\n"));
+        assert!(child.child.wait().await.expect("waits").success());
+    }
+
+    #[tokio::test]
+    async fn other_descriptors_are_closed_only_when_asked() {
+        let (_read, write) = std::io::pipe().expect("pipe");
+        let leaky = std::os::fd::OwnedFd::from(write);
+        // As a daemon's jobserver pipe or listener may be: inherited by every child.
+        rustix::io::fcntl_setfd(&leaky, rustix::io::FdFlags::empty()).expect("clears cloexec");
+        let raw = leaky.as_raw_fd();
+        let (_, passed) = std::io::pipe().expect("pipe");
+        let passed = std::sync::Arc::new(std::os::fd::OwnedFd::from(passed));
+        let list = "ls /proc/self/fd | tr '\\n' ' '";
+        let plain = output_of(&sh(list)).await;
+        let closed = output_of(&sh(list).fd(9, passed).close_other_fds()).await;
+        drop(leaky);
+        let numbers = |out: &str| -> Vec<i32> {
+            out.split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        };
+        assert!(numbers(&plain).contains(&raw), "{plain}");
+        // stdio, the passed descriptor, and the one `ls` reads the directory through.
+        assert_eq!(numbers(&closed), vec![0, 1, 2, 3, 9], "{closed}");
+    }
+
+    #[tokio::test]
+    async fn targets_below_three_or_repeated_are_refused() {
+        let (_, write) = std::io::pipe().expect("pipe");
+        let fd = std::sync::Arc::new(std::os::fd::OwnedFd::from(write));
+        for spec in [
+            sh("true").fd(2, fd.clone()),
+            sh("true").fd(5, fd.clone()).fd(5, fd.clone()),
+        ] {
+            let err = spawn(&spec, Connect::Pipes(PipeOptions::default())).expect_err("refused");
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        }
+    }
+
+    /// A fresh child cgroup of this process's own, in the v2 hierarchy when one is mounted,
+    /// else in the v1 pids hierarchy; removed on drop.
+    struct TestCgroup {
+        dir: std::path::PathBuf,
+        /// How the cgroup shows in `/proc/<pid>/cgroup`.
+        line: String,
+    }
+
+    impl TestCgroup {
+        fn create(name: &str) -> TestCgroup {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+            let own = std::fs::read_to_string("/proc/self/cgroup").expect("own cgroups");
+            let mounts: Vec<Vec<&str>> = mountinfo
+                .lines()
+                .map(|l| l.split_whitespace().collect())
+                .collect();
+            let find = |fstype: &str, option: Option<&str>| {
+                mounts.iter().find_map(|fields| {
+                    let sep = fields.iter().position(|f| *f == "-")?;
+                    let matches = fields.get(sep + 1) == Some(&fstype)
+                        && option.is_none_or(|o| {
+                            fields
+                                .get(sep + 3)
+                                .is_some_and(|opts| opts.split(',').any(|x| x == o))
+                        });
+                    matches.then(|| (fields[3].to_owned(), fields[4].to_owned()))
+                })
+            };
+            let (prefix, controller, (root, mount)) = match find("cgroup2", None) {
+                Some(found) => ("0::", "", found),
+                None => (
+                    "",
+                    "pids",
+                    find("cgroup", Some("pids")).expect("a pids cgroup"),
+                ),
+            };
+            let own_path = own
+                .lines()
+                .find_map(|l| {
+                    let (_, rest) = l.split_once(':')?;
+                    let (controllers, path) = rest.split_once(':')?;
+                    let wanted = if controller.is_empty() {
+                        controllers.is_empty()
+                    } else {
+                        controllers.split(',').any(|c| c == controller)
+                    };
+                    wanted.then(|| path.to_owned())
+                })
+                .expect("own cgroup path");
+            let relative = own_path.strip_prefix(&root).unwrap_or(&own_path);
+            let parent = Path::new(&mount).join(relative.trim_start_matches('/'));
+            let dir = parent.join(format!("{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir(&dir);
+            std::fs::create_dir(&dir).expect("creates a test cgroup");
+            let cgroup_path = format!("{}/{}", own_path.trim_end_matches('/'), dir_name(&dir));
+            let line = if prefix.is_empty() {
+                format!(":{controller}:{cgroup_path}")
+            } else {
+                format!("{prefix}{cgroup_path}")
+            };
+            TestCgroup { dir, line }
+        }
+
+        fn procs(&self) -> std::path::PathBuf {
+            self.dir.join("cgroup.procs")
+        }
+    }
+
+    fn dir_name(dir: &Path) -> String {
+        dir.file_name()
+            .expect("named")
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    impl Drop for TestCgroup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_child_starts_inside_the_cgroups_it_joins() {
+        let cgroup = TestCgroup::create("warren-process-test-join");
+        let spec = sh("cat /proc/self/cgroup; id -u").join_cgroups(vec![cgroup.procs()]);
+        let out = output_of(&spec).await;
+        assert!(
+            out.lines().any(|l| l.ends_with(&cgroup.line)),
+            "{out:?} lacks {:?}",
+            cgroup.line
+        );
+    }
+
+    #[tokio::test]
+    async fn joining_then_switching_ids_works_as_root() {
+        if !rustix::process::geteuid().is_root() {
+            // Switching ids needs root; the join alone is the test above.
+            return;
+        }
+        let cgroup = TestCgroup::create("warren-process-test-join-uid");
+        let mut spec = sh("cat /proc/self/cgroup; echo \"ids $(id -u) $(id -g) $(id -G)\"")
+            .join_cgroups(vec![cgroup.procs()]);
+        spec.uid = Some(1000);
+        spec.gid = Some(1000);
+        let out = output_of(&spec).await;
+        assert!(out.lines().any(|l| l.ends_with(&cgroup.line)), "{out:?}");
+        assert!(out.contains("ids 1000 1000 1000\n"), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn a_cgroup_that_cannot_be_joined_fails_the_spawn() {
+        let spec = sh("true").join_cgroups(vec!["/nonexistent/cgroup.procs".into()]);
+        let err = spawn(&spec, Connect::Pipes(PipeOptions::default())).expect_err("fails");
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    /// Env var that turns [`an_outliving_child_leads_its_own_session`] into the helper process
+    /// of [`an_outliving_child_survives_the_death_of_its_spawner`].
+    const HELPER: &str = "WARREN_PROCESS_TEST_OUTLIVE_HELPER";
+
+    fn sleeper(outlive: bool) -> CommandSpec {
+        let spec = CommandSpec::new("/bin/sleep", &TreeMarker::new()).arg("300");
+        if outlive { spec.outlive_daemon() } else { spec }
+    }
+
+    #[tokio::test]
+    async fn an_outliving_child_leads_its_own_session() {
+        let helper = std::env::var(HELPER).ok();
+        let outlive = helper.as_deref() != Some("plain");
+        let options = PipeOptions {
+            stdin: StdinMode::Null,
+            leader: crate::pipes::Leader::ProcessGroup,
+            ..PipeOptions::default()
+        };
+        let child = spawn(&sleeper(outlive), Connect::Pipes(options))
+            .expect("spawns")
+            .into_pipes();
+        let pid = child.pid() as i32;
+        let stat = crate::procfs::stat(pid).expect("the sleeper runs");
+        if outlive {
+            // Asked for a process group only, it still leads a session of its own.
+            assert_eq!((stat.pgid, stat.sid), (pid, pid));
+        }
+        if helper.is_some() {
+            // The helper leaves the sleeper running and exits: the parent test checks on it.
+            println!("\nsleeper-pid {pid}");
+            return;
+        }
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).expect("positive pid"),
+            rustix::process::Signal::KILL,
+        );
+        let mut child = child;
+        child.child.wait().await.expect("waits");
+    }
+
+    /// Runs this test binary's [`an_outliving_child_leads_its_own_session`] as a helper process
+    /// that spawns a sleeper and exits; returns the sleeper's pid.
+    async fn sleeper_of_a_dead_helper(mode: &str) -> i32 {
+        let exe = std::env::current_exe().expect("own test binary");
+        let spec = CommandSpec::new(exe, &TreeMarker::new())
+            .args([
+                "--exact",
+                "child_setup::tests::an_outliving_child_leads_its_own_session",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HELPER, mode);
+        let out = output_of(&spec).await;
+        out.lines()
+            .find_map(|l| l.strip_prefix("sleeper-pid ")?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the helper printed no sleeper pid: {out}"))
+    }
+
+    fn alive(pid: i32) -> bool {
+        crate::procfs::stat(pid).is_some_and(|s| s.state != 'Z')
+    }
+
+    async fn wait_until(what: &str, check: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn an_outliving_child_survives_the_death_of_its_spawner() {
+        let pid = sleeper_of_a_dead_helper("outlive").await;
+        // The helper has exited (its output ended and it was waited for); give the kernel no
+        // chance to be slow with a parent-death signal either.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let survived = alive(pid);
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+        assert!(
+            survived,
+            "the outliving sleeper {pid} died with its spawner"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_plain_child_dies_with_its_spawner() {
+        let pid = sleeper_of_a_dead_helper("plain").await;
+        wait_until("the plain sleeper gets its parent-death signal", || {
+            !alive(pid)
+        })
+        .await;
+    }
+}
