@@ -1,7 +1,7 @@
-//! `warren_http::serve` over real sockets (TCP, and one Unix-socket test): a small router on 127.0.0.1:0, raw TCP clients for
-//! the requests no well-behaved client sends (half a request line, a body short of its
-//! `Content-Length`), reqwest for the rest. Timeouts are set short in the config and asserted
-//! only as "within a generous wait".
+//! `warren_http::serve` over real sockets: a small router on 127.0.0.1:0 (and one on a Unix
+//! socket), raw TCP clients for the requests no well-behaved client sends (half a request line,
+//! a body short of its `Content-Length`), reqwest for the rest. Timeouts are set short in the
+//! config and asserted only as "within a generous wait".
 
 // Tests start real programs (shells, servers, the binary under test) directly.
 #![allow(clippy::disallowed_methods)]
