@@ -106,7 +106,7 @@ impl ExecdClient {
             Some("") => return Err(invalid("expected unix:/path/to/execd.sock")),
             Some(path) => Some(PathBuf::from(path)),
             None => {
-                check_http_url(base_url).map_err(|reason| invalid(reason))?;
+                check_http_url(base_url).map_err(invalid)?;
                 None
             }
         };
