@@ -1,20 +1,26 @@
 //! A typed client of `warren execd`'s Warren routes, on `warren-protocol` types: the exec tools
-//! (`/v1/exec`), the agent's terminals (`/v1/terminals`), files (`/v1/files`) and `/ping`. The
-//! gateway (hands), `warren mcp --execd` and the tests use it; nobody builds execd bodies by
-//! hand or parses its answers by string keys.
+//! (`/v1/exec`), the agent's terminals (`/v1/terminals`), files (`/v1/files`), the hands'
+//! identity and workspace snapshots (`/v1/hands/identity`, `/v1/workspace/*`) and `/ping`, over
+//! TCP (`http://host:port`) or a Unix socket (`unix:/path`). The gateway (hands),
+//! `warren mcp --execd` and the tests use it; nobody builds execd bodies by hand or parses its
+//! answers by string keys.
 //!
 //! Every non-2xx answer becomes [`ClientError::Api`] with execd's `{code,message}`, so callers
-//! match on the machine-readable code. The OpenSandbox routes are deliberately absent: they
-//! are for third-party SDKs.
+//! match on the machine-readable code; with [`ExecdClient::with_nonce`] every request carries
+//! the hands nonce, and an execd that is another sandbox answers `HANDS_IDENTITY_MISMATCH`. The
+//! OpenSandbox routes are deliberately absent: they are for third-party SDKs.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use futures_util::{Stream, TryStreamExt};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 use warren_protocol::error::ErrorBody;
 use warren_protocol::exec::{
     ExecCommandArgs, ExecResult, SessionId, SessionList, WriteStdinArgs, WriteStdinBody,
 };
+use warren_protocol::hands::{HANDS_NONCE_HEADER, HandsIdentity, RestoreResult};
 use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, TerminalOutput};
 
 /// The header execd reads its access token from.
@@ -57,19 +63,30 @@ impl ClientError {
     }
 }
 
+/// The host name requests over a Unix socket carry (execd never resolves it).
+const UNIX_SOCKET_BASE: &str = "http://hands";
+
 /// A client of one execd. Cheap to clone.
 #[derive(Clone)]
 pub struct ExecdClient {
     http: reqwest::Client,
-    /// `http://host:port` (optionally with a path prefix), no trailing slash.
+    /// The same connection settings without the overall timeout, for snapshots and restores,
+    /// which take as long as the workspace is large.
+    streaming: reqwest::Client,
+    /// Where requests go: `http://host:port` (optionally with a path prefix) or
+    /// [`UNIX_SOCKET_BASE`], no trailing slash.
+    request_base: String,
+    /// The URL as given (trailing slash trimmed): `http://...` or `unix:/path`.
     base_url: String,
     access_token: Option<String>,
+    hands_nonce: Option<String>,
 }
 
 impl std::fmt::Debug for ExecdClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecdClient")
             .field("base_url", &self.base_url)
+            .field("hands_nonce", &self.hands_nonce)
             .field(
                 "access_token",
                 &self.access_token.as_ref().map(|_| "<redacted>"),
@@ -79,48 +96,65 @@ impl std::fmt::Debug for ExecdClient {
 }
 
 impl ExecdClient {
-    /// A client for the execd at `base_url` (`http://host:port`).
+    /// A client for the execd at `base_url`: `http://host:port`, or `unix:/path/to/execd.sock`.
     pub fn new(base_url: &str, access_token: Option<String>) -> Result<Self, ClientError> {
         let invalid = |reason: &str| ClientError::InvalidUrl {
             url: base_url.to_owned(),
             reason: reason.to_owned(),
         };
-        let parsed = reqwest::Url::parse(base_url).map_err(|e| invalid(&e.to_string()))?;
-        match parsed.scheme() {
-            "http" => {}
-            // Built without TLS on purpose (execd sits on a private network or behind a tunnel);
-            // saying so beats a confusing error on the first call.
-            "https" => {
-                return Err(invalid(
-                    "https is not supported; use http:// on a private network or an SSH tunnel",
-                ));
+        let socket = match base_url.strip_prefix("unix:") {
+            Some("") => return Err(invalid("expected unix:/path/to/execd.sock")),
+            Some(path) => Some(PathBuf::from(path)),
+            None => {
+                check_http_url(base_url).map_err(invalid)?;
+                None
             }
-            _ => return Err(invalid("expected http://host:port")),
-        }
-        if parsed.host_str().is_none() || parsed.query().is_some() {
-            return Err(invalid("expected http://host:port"));
-        }
+        };
         let base_url = base_url.trim_end_matches('/').to_owned();
-        // No call legitimately takes longer than the longest poll (300 s) plus the kill grace
-        // and drain; past that the execd is stuck and the caller should hear about it.
+        let request_base = match socket {
+            Some(_) => UNIX_SOCKET_BASE.to_owned(),
+            None => base_url.clone(),
+        };
         // execd closes a keep-alive connection idle for its header read timeout (30 s by
         // default); dropping ours well before means a request never races that close.
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(15))
+        let builder = || {
+            let builder = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .pool_idle_timeout(Duration::from_secs(15));
+            match &socket {
+                Some(path) => builder.unix_socket(path.clone()),
+                None => builder,
+            }
+        };
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            url: base_url.clone(),
+            detail: e.to_string(),
+        };
+        // No call legitimately takes longer than the longest poll (300 s) plus the kill grace
+        // and drain; past that the execd is stuck and the caller should hear about it.
+        let http = builder()
             .timeout(Duration::from_secs(360))
             .build()
-            .map_err(|e| ClientError::Unreachable {
-                url: base_url.clone(),
-                detail: e.to_string(),
-            })?;
+            .map_err(unreachable)?;
+        let streaming = builder().build().map_err(unreachable)?;
         Ok(Self {
             http,
+            streaming,
+            request_base,
             base_url,
             access_token,
+            hands_nonce: None,
         })
     }
 
+    /// Sends `X-Warren-Hands-Nonce: nonce` on every request: an execd with another nonce
+    /// answers 409 `HANDS_IDENTITY_MISMATCH` instead of serving it.
+    pub fn with_nonce(mut self, nonce: impl Into<String>) -> Self {
+        self.hands_nonce = Some(nonce.into());
+        self
+    }
+
+    /// The URL as given: `http://host:port` or `unix:/path`.
     pub fn base_url(&self) -> &str {
         &self.base_url
     }
@@ -129,6 +163,48 @@ impl ExecdClient {
     pub async fn ping(&self) -> Result<(), ClientError> {
         let request = self.request(reqwest::Method::GET, "/ping");
         self.send_empty(request).await
+    }
+
+    /// `GET /v1/hands/identity`: the execd's nonce and start time.
+    pub async fn identity(&self) -> Result<HandsIdentity, ClientError> {
+        let request = self.request(reqwest::Method::GET, "/v1/hands/identity");
+        self.send(request).await
+    }
+
+    /// `GET /v1/workspace/snapshot`: the workspace as a zstd-compressed tar, chunk by chunk as
+    /// execd packs it. A stream execd aborted (a failure midway, a cut connection) ends with an
+    /// error item, never early with success. No overall timeout.
+    pub async fn snapshot(
+        &self,
+    ) -> Result<impl Stream<Item = Result<bytes::Bytes, ClientError>> + Send + 'static, ClientError>
+    {
+        let request = self.request_on(
+            &self.streaming,
+            reqwest::Method::GET,
+            "/v1/workspace/snapshot",
+        );
+        let response = self.checked(request).await?;
+        let url = self.base_url.clone();
+        Ok(response
+            .bytes_stream()
+            .map_err(move |e| ClientError::Unreachable {
+                url: url.clone(),
+                detail: format!("snapshot stream broken: {}", error_chain(&e)),
+            }))
+    }
+
+    /// `POST /v1/workspace/restore`: unpacks `body` (a snapshot) into the execd's empty
+    /// workspace. No overall timeout.
+    pub async fn restore(&self, body: reqwest::Body) -> Result<RestoreResult, ClientError> {
+        let request = self
+            .request_on(
+                &self.streaming,
+                reqwest::Method::POST,
+                "/v1/workspace/restore",
+            )
+            .header(reqwest::header::CONTENT_TYPE, "application/zstd")
+            .body(body);
+        self.send(request).await
     }
 
     /// `POST /v1/exec`.
@@ -229,13 +305,23 @@ impl ExecdClient {
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self
-            .http
-            .request(method, format!("{}{path}", self.base_url));
-        match &self.access_token {
-            Some(token) => request.header(ACCESS_TOKEN_HEADER, token),
-            None => request,
+        self.request_on(&self.http, method, path)
+    }
+
+    fn request_on(
+        &self,
+        http: &reqwest::Client,
+        method: reqwest::Method,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        let mut request = http.request(method, format!("{}{path}", self.request_base));
+        if let Some(token) = &self.access_token {
+            request = request.header(ACCESS_TOKEN_HEADER, token);
         }
+        if let Some(nonce) = &self.hands_nonce {
+            request = request.header(HANDS_NONCE_HEADER, nonce);
+        }
+        request
     }
 
     fn unreachable(&self, error: &dyn std::error::Error) -> ClientError {
@@ -295,6 +381,26 @@ impl ExecdClient {
     }
 }
 
+/// Why `url` is not a plain `http://host[:port][/prefix]` URL, if it is not.
+fn check_http_url(url: &str) -> Result<(), &'static str> {
+    let parsed = reqwest::Url::parse(url).map_err(|_| "expected http://host:port or unix:/path")?;
+    match parsed.scheme() {
+        "http" => {}
+        // Built without TLS on purpose (execd sits on a private network or behind a tunnel);
+        // saying so beats a confusing error on the first call.
+        "https" => {
+            return Err(
+                "https is not supported; use http:// on a private network or an SSH tunnel",
+            );
+        }
+        _ => return Err("expected http://host:port"),
+    }
+    if parsed.host_str().is_none() || parsed.query().is_some() {
+        return Err("expected http://host:port");
+    }
+    Ok(())
+}
+
 /// `reqwest`'s top-level message hides the cause (`error sending request`); the chain names it
 /// (`connection refused`).
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -325,6 +431,11 @@ mod tests {
             ("https://sandbox:44772", Err("https is not supported")),
             ("ftp://sandbox", Err("expected http://host:port")),
             ("http://sandbox?x=1", Err("expected http://host:port")),
+            (
+                "unix:/run/hands/execd.sock",
+                Ok("unix:/run/hands/execd.sock"),
+            ),
+            ("unix:", Err("expected unix:/path")),
         ];
         for (url, expected) in cases {
             match (ExecdClient::new(url, None), expected) {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use warren_http::ServeConfig;
@@ -10,9 +11,15 @@ use warren_http::ServeConfig;
 /// `warren execd` flags. Every field has the default the specs give.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
-    /// Address to listen on.
+    /// Address to listen on: `HOST:PORT`, or `unix:/path/to/execd.sock` for a Unix socket
+    /// (a stale socket file there is replaced; the new one is mode 0600).
     #[arg(long, default_value = "127.0.0.1:44772")]
-    pub listen: SocketAddr,
+    pub listen: ListenAddr,
+
+    /// This hands instance's identity, reported by `GET /v1/hands/identity`; a request whose
+    /// `X-Warren-Hands-Nonce` differs is refused with 409 (default: a random one at start).
+    #[arg(long, env = "WARREN_HANDS_NONCE", hide_env_values = true)]
+    pub hands_nonce: Option<String>,
 
     /// Require this token in `X-EXECD-ACCESS-TOKEN` on every route except `GET /ping`.
     #[arg(long, env = "EXECD_ACCESS_TOKEN", hide_env_values = true)]
@@ -98,8 +105,9 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 44772)),
+            listen: ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 44772))),
             access_token: None,
+            hands_nonce: None,
             max_pty_sessions: 256,
             max_bash_sessions: 64,
             root: PathBuf::from("/"),
@@ -114,6 +122,39 @@ impl Default for Config {
             header_read_timeout_ms: ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
             body_idle_timeout_ms: ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
             max_connections: ServeConfig::DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// Where execd listens: a TCP address or a Unix-domain socket's path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = value.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("expected unix:/path/to/execd.sock".to_owned());
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        value
+            .parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|_| format!("expected HOST:PORT or unix:/path, not {value:?}"))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(addr) => write!(f, "{addr}"),
+            ListenAddr::Unix(path) => write!(f, "unix:{}", path.display()),
         }
     }
 }
@@ -137,6 +178,34 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         config: Config,
+    }
+
+    #[test]
+    fn listen_takes_host_port_or_a_unix_socket_path() {
+        let cases = [
+            (
+                "127.0.0.1:0",
+                Some(ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 0)))),
+            ),
+            (
+                "[::1]:44772",
+                Some(ListenAddr::Tcp("[::1]:44772".parse().expect("addr"))),
+            ),
+            (
+                "unix:/run/h/execd.sock",
+                Some(ListenAddr::Unix("/run/h/execd.sock".into())),
+            ),
+            ("unix:rel.sock", Some(ListenAddr::Unix("rel.sock".into()))),
+            ("unix:", None),
+            ("localhost", None),
+            ("http://127.0.0.1:1", None),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(input.parse::<ListenAddr>().ok(), expected, "{input}");
+            if let Some(parsed) = expected {
+                assert_eq!(parsed.to_string().parse::<ListenAddr>().ok(), Some(parsed));
+            }
+        }
     }
 
     #[test]

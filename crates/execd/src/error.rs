@@ -19,6 +19,8 @@ use warren_http::RequestError;
 use crate::files_api::FilesError;
 use crate::opensandbox::{CompatError, PathError};
 use crate::pty::PtyError;
+use crate::workspace::WorkspaceError;
+use warren_snapshot::SnapshotError;
 
 /// OpenSandbox's 401 body text, byte for byte.
 const OPENSANDBOX_UNAUTHORIZED: &str =
@@ -55,6 +57,11 @@ pub enum ApiError {
     Path(#[from] PathError),
     #[error(transparent)]
     Files(#[from] FilesError),
+    /// The request's `X-Warren-Hands-Nonce` names another hands instance.
+    #[error("another sandbox answered: this execd's hands nonce differs from the one asked for")]
+    HandsIdentityMismatch,
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
 }
 
 impl ApiError {
@@ -135,6 +142,25 @@ impl ApiError {
                 }
                 FilesError::Io { .. } => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
             },
+            ApiError::HandsIdentityMismatch => (S::CONFLICT, "HANDS_IDENTITY_MISMATCH"),
+            ApiError::Workspace(error) => match error {
+                WorkspaceError::Snapshot(error) => match error {
+                    SnapshotError::Unsafe { .. } => (S::BAD_REQUEST, "SNAPSHOT_UNSAFE_ENTRY"),
+                    SnapshotError::Corrupt(_) => (S::BAD_REQUEST, "SNAPSHOT_CORRUPT"),
+                    SnapshotError::TooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "SNAPSHOT_TOO_LARGE"),
+                    SnapshotError::NotEmpty => (S::CONFLICT, "WORKSPACE_NOT_EMPTY"),
+                    // Only reading a stored snapshot's files gives these; execd never does.
+                    SnapshotError::NotFound(_) => (S::NOT_FOUND, "FILE_NOT_FOUND"),
+                    SnapshotError::NotAFile(_) => (S::BAD_REQUEST, "NOT_REGULAR_FILE"),
+                    SnapshotError::Io(source)
+                        if source.kind() == std::io::ErrorKind::StorageFull =>
+                    {
+                        (S::INSUFFICIENT_STORAGE, "STORAGE_FULL")
+                    }
+                    SnapshotError::Io(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+                },
+                WorkspaceError::Task(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+            },
         }
     }
 
@@ -146,6 +172,12 @@ impl ApiError {
             | ApiError::Compat(CompatError::Internal(detail))
             | ApiError::Request(RequestError::RouteMisconfigured(detail)) => Some(detail.clone()),
             ApiError::Files(error @ FilesError::Io { source, .. })
+                if source.kind() != std::io::ErrorKind::StorageFull =>
+            {
+                Some(error.to_string())
+            }
+            ApiError::Workspace(error @ WorkspaceError::Task(_)) => Some(error.to_string()),
+            ApiError::Workspace(WorkspaceError::Snapshot(error @ SnapshotError::Io(source)))
                 if source.kind() != std::io::ErrorKind::StorageFull =>
             {
                 Some(error.to_string())

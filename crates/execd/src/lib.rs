@@ -1,7 +1,9 @@
 //! `warren execd`: the daemon that runs inside a sandbox. It serves interactive PTY sessions
 //! (REST + WebSocket), the agent exec API (`/v1/exec`, `/mcp`), the agent's terminals
-//! (`/v1/terminals`), Warren's file routes (`/v1/files`) and the OpenSandbox-compatible
-//! command, bash-session, file and metrics routes, all behind one optional access token.
+//! (`/v1/terminals`), Warren's file routes (`/v1/files`), the hands' identity and workspace
+//! snapshots (`/v1/hands/identity`, `/v1/workspace/*`) and the OpenSandbox-compatible command,
+//! bash-session, file and metrics routes, all behind one optional access token and the hands
+//! nonce check.
 //!
 //! This module only wires the parts together: each feature module owns its routes and state, and
 //! [`Execd::router`] merges them under the auth layer. Process handling lives in
@@ -12,16 +14,19 @@ pub mod config;
 pub mod error;
 pub mod exec_api;
 pub mod files_api;
+pub mod identity;
 pub mod opensandbox;
 pub mod pty;
 pub mod state;
 pub mod terminals;
+pub mod workspace;
 
 use std::sync::Arc;
 
 use axum::Router;
 
-pub use config::Config;
+pub use config::{Config, ListenAddr};
+pub use warren_http::Listener;
 
 /// One daemon's state: every feature's registry, created once and shared by its routes.
 #[derive(Clone)]
@@ -31,6 +36,8 @@ pub struct Execd {
     pub exec: exec_api::ExecState,
     pub opensandbox: opensandbox::Compat,
     pub files: files_api::FilesApi,
+    pub identity: identity::Identity,
+    pub workspace: workspace::Workspace,
     /// Cancelled when the daemon shuts down: ends the MCP sessions and their open SSE streams,
     /// which graceful shutdown would otherwise wait for forever.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
@@ -44,23 +51,33 @@ impl Execd {
             exec: exec_api::ExecState::new(&config),
             opensandbox: opensandbox::Compat::new(&config),
             files: files_api::FilesApi::new(&config.root),
+            identity: identity::Identity::new(config.hands_nonce.clone()),
+            workspace: workspace::Workspace::new(config.root.clone()),
             mcp_shutdown: tokio_util::sync::CancellationToken::new(),
             config,
         }
     }
 
     /// The complete HTTP surface, with the access-token check applied to every route except
-    /// `GET /ping`. Unknown paths and methods answer 404/405 in Warren's error shape.
+    /// `GET /ping`, and then the hands nonce check to every route. Unknown paths and methods
+    /// answer 404/405 in Warren's error shape.
     pub fn router(&self) -> Router {
         Router::new()
             .merge(pty::routes(self.pty.clone()))
             .merge(exec_api::routes(self.exec.clone()))
             .merge(terminals::routes(self.exec.clone()))
             .merge(files_api::routes(self.files.clone()))
+            .merge(identity::routes(self.identity.clone()))
+            .merge(workspace::routes(self.workspace.clone()))
             .merge(opensandbox::routes(self.opensandbox.clone()))
             .route_service("/mcp", self.mcp_service())
             .fallback(error::route_not_found)
             .method_not_allowed_fallback(error::method_not_allowed)
+            // Inside the token check, so only a client with the token learns about the nonce.
+            .layer(axum::middleware::from_fn_with_state(
+                self.identity.clone(),
+                identity::require_matching_nonce,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 self.config.access_token.clone().map(Arc::<str>::from),
                 auth::require_access_token,
@@ -71,12 +88,12 @@ impl Execd {
     /// access token any `Host` is accepted (the token defeats DNS rebinding); without one, only
     /// loopback names and the listen address.
     fn mcp_service(&self) -> warren_mcp::McpHttpService {
-        let allowed_hosts = match &self.config.access_token {
-            Some(_) => warren_mcp::AllowedHosts::Any,
-            None => warren_mcp::AllowedHosts::Only(vec![
-                self.config.listen.ip().to_string(),
-                self.config.listen.to_string(),
-            ]),
+        // A Unix socket is out of a browser's reach, so no rebinding either.
+        let allowed_hosts = match (&self.config.access_token, &self.config.listen) {
+            (Some(_), _) | (None, ListenAddr::Unix(_)) => warren_mcp::AllowedHosts::Any,
+            (None, ListenAddr::Tcp(listen)) => {
+                warren_mcp::AllowedHosts::Only(vec![listen.ip().to_string(), listen.to_string()])
+            }
         };
         warren_mcp::streamable_http_service(
             self.exec.engine().clone(),
@@ -95,11 +112,42 @@ impl Execd {
     }
 }
 
-/// Serves `execd` on `listener` (with its header and body timeouts and connection limit) until
-/// `shutdown` resolves, then tears every session down.
+/// Binds `listen`: a TCP address, or a Unix socket (a stale socket file at the path is
+/// removed first, anything else there is an error; the socket is made mode 0600). Returns the
+/// listener and where it listens as execd prints it: `http://ADDR` (the bound port, for port 0)
+/// or `unix:/path`.
+pub async fn bind(listen: &ListenAddr) -> std::io::Result<(warren_http::Listener, String)> {
+    match listen {
+        ListenAddr::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let local_addr = listener.local_addr()?;
+            Ok((listener.into(), format!("http://{local_addr}")))
+        }
+        ListenAddr::Unix(path) => {
+            use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+            match std::fs::symlink_metadata(path) {
+                Ok(metadata) if metadata.file_type().is_socket() => std::fs::remove_file(path)?,
+                Ok(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!("{} exists and is not a socket", path.display()),
+                    ));
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+            let listener = tokio::net::UnixListener::bind(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Ok((listener.into(), format!("unix:{}", path.display())))
+        }
+    }
+}
+
+/// Serves `execd` on `listener`, TCP or a Unix socket (with its header and body timeouts and
+/// connection limit) until `shutdown` resolves, then tears every session down.
 pub async fn serve(
     execd: Execd,
-    listener: tokio::net::TcpListener,
+    listener: impl Into<warren_http::Listener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = execd.router();

@@ -4,8 +4,8 @@
 //! [`request`] holds the body and path extractors ([`Json`], [`OptionalJson`], [`Path`]), whose
 //! failures are one [`RequestError`] each server turns into its `{"code","message"}` answer, and
 //! which refuse a JSON array (or any non-object) where a struct is expected. [`serve`] accepts
-//! connections with a header read timeout, a body idle timeout and a connection limit, none of
-//! which `axum::serve` has. This crate knows no routes and no feature errors: each server keeps
+//! connections, on TCP or a Unix-domain socket, with a header read timeout, a body idle timeout
+//! and a connection limit, none of which `axum::serve` has. This crate knows no routes and no feature errors: each server keeps
 //! its own error enum and the one place that picks its codes.
 
 pub mod request;
@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use warren_protocol::error::ErrorBody;
 
 pub use request::{Json, OptionalJson, Path, RequestError, from_json_slice};
-pub use serve::{ServeConfig, serve};
+pub use serve::{Listener, ServeConfig, serve};
 
 /// A response with Warren's error body `{"code": "...", "message": "..."}`.
 pub fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

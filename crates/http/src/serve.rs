@@ -13,6 +13,8 @@
 //!   connection's slot travels with its socket, so an upgraded WebSocket holds it until it
 //!   closes.
 //!
+//! The same limits hold on a TCP and a Unix-domain socket ([`Listener`]).
+//!
 //! Both timeouts are on reading requests only: responses (SSE, long polls) and upgraded
 //! WebSockets are never cut short by them. Graceful shutdown is axum's: stop accepting, let each
 //! connection finish its request in flight, wait for them (not for upgraded WebSockets, which
@@ -29,7 +31,7 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -63,6 +65,40 @@ impl Default for ServeConfig {
     }
 }
 
+/// Where [`serve`] accepts connections: a TCP port or a Unix-domain socket.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(listener: UnixListener) -> Self {
+        Listener::Unix(listener)
+    }
+}
+
+/// One accepted connection.
+enum Accepted {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Listener::Tcp(listener) => listener.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            Listener::Unix(listener) => listener.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        }
+    }
+}
+
 /// How long to wait before accepting again after an error such as running out of file
 /// descriptors, which retrying at once would only repeat.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
@@ -70,13 +106,14 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and waits for
 /// the connections' requests in flight to finish.
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     router: Router,
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     // Zero would make hyper's timer and the semaphore refuse everything; the config parsers
     // refuse zero, and this keeps a hand-built config from doing it either.
+    let listener = listener.into();
     let header_read_timeout = config.header_read_timeout.max(Duration::from_millis(1));
     let body_idle_timeout = config.body_idle_timeout.max(Duration::from_millis(1));
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
@@ -100,7 +137,7 @@ pub async fn serve(
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(stream) => stream,
                 Err(error) if is_connection_error(&error) => continue,
                 Err(error) => {
                     tracing::error!(%error, "cannot accept a connection");
@@ -111,13 +148,31 @@ pub async fn serve(
                 }
             },
         };
-        connections.spawn(serve_connection(
-            stream,
-            slot,
-            service.clone(),
-            header_read_timeout,
-            stopping.clone(),
-        ));
+        match stream {
+            Accepted::Tcp(stream) => {
+                // Event streams are many small writes; without TCP_NODELAY each one after the
+                // first waits for the client's delayed ACK (about 40 ms per round trip).
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
+                }
+                connections.spawn(serve_connection(
+                    stream,
+                    slot,
+                    service.clone(),
+                    header_read_timeout,
+                    stopping.clone(),
+                ));
+            }
+            Accepted::Unix(stream) => {
+                connections.spawn(serve_connection(
+                    stream,
+                    slot,
+                    service.clone(),
+                    header_read_timeout,
+                    stopping.clone(),
+                ));
+            }
+        }
     }
     drop(listener);
     stopping.cancel();
@@ -138,18 +193,15 @@ fn is_connection_error(error: &io::Error) -> bool {
 
 type Service = tower_http::timeout::RequestBodyTimeout<Router>;
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     slot: OwnedSemaphorePermit,
     service: Service,
     header_read_timeout: Duration,
     stopping: CancellationToken,
-) {
-    // Event streams are many small writes; without TCP_NODELAY each one after the first waits
-    // for the client's delayed ACK (about 40 ms per round trip).
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
-    }
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(SlotStream {
         stream,
         _slot: slot,
@@ -180,14 +232,14 @@ async fn serve_connection(
     }
 }
 
-/// A TCP stream holding one connection slot, which goes back when the stream is dropped:
-/// after the last response, or when an upgraded WebSocket closes.
-struct SlotStream {
-    stream: TcpStream,
+/// A connection's stream holding one connection slot, which goes back when the stream is
+/// dropped: after the last response, or when an upgraded WebSocket closes.
+struct SlotStream<S> {
+    stream: S,
     _slot: OwnedSemaphorePermit,
 }
 
-impl AsyncRead for SlotStream {
+impl<S: AsyncRead + Unpin> AsyncRead for SlotStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -197,7 +249,7 @@ impl AsyncRead for SlotStream {
     }
 }
 
-impl AsyncWrite for SlotStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for SlotStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

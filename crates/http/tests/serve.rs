@@ -1,7 +1,7 @@
-//! `warren_http::serve` over real sockets: a small router on 127.0.0.1:0, raw TCP clients for
-//! the requests no well-behaved client sends (half a request line, a body short of its
-//! `Content-Length`), reqwest for the rest. Timeouts are set short in the config and asserted
-//! only as "within a generous wait".
+//! `warren_http::serve` over real sockets: a small router on 127.0.0.1:0 (and one on a Unix
+//! socket), raw TCP clients for the requests no well-behaved client sends (half a request line,
+//! a body short of its `Content-Length`), reqwest for the rest. Timeouts are set short in the
+//! config and asserted only as "within a generous wait".
 
 // Tests start real programs (shells, servers, the binary under test) directly.
 #![allow(clippy::disallowed_methods)]
@@ -255,4 +255,51 @@ async fn graceful_shutdown_finishes_and_returns() {
         .expect("serve returns within the wait once told to stop");
     result.expect("serve task").expect("serve result");
     read_until_closed(&mut idle, "an idle connection at shutdown").await;
+}
+
+#[tokio::test]
+async fn a_unix_socket_gets_the_same_answers_and_header_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("serve.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).expect("binds the socket");
+    tokio::spawn(warren_http::serve(
+        listener,
+        router(),
+        short_timeouts(),
+        std::future::pending(),
+    ));
+    let connect = || async {
+        tokio::time::timeout(WAIT, tokio::net::UnixStream::connect(&socket))
+            .await
+            .expect("connects within the wait")
+            .expect("connects")
+    };
+    let mut client = connect().await;
+    client
+        .write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("writes");
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, client.read_to_string(&mut answer))
+        .await
+        .expect("answered within the wait")
+        .expect("reads");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("pong"), "{answer}");
+    // Half a request line is closed by the header read timeout, as on TCP.
+    let mut half = connect().await;
+    half.write_all(b"GET /pi").await.expect("writes");
+    let closed = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = half.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "half a request line not closed within {WAIT:?}"
+    );
 }

@@ -25,8 +25,8 @@ pub use tools::ExecTools;
 /// `warren mcp` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct McpArgs {
-    /// Run commands on this remote `warren execd` (e.g. http://10.0.0.5:44772) instead of on
-    /// this machine.
+    /// Run commands on this remote `warren execd` (e.g. http://10.0.0.5:44772, or
+    /// unix:/path/to/execd.sock) instead of on this machine.
     #[arg(long, value_name = "URL")]
     pub execd: Option<String>,
 

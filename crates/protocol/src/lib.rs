@@ -1,5 +1,6 @@
 //! Wire types shared by Warren's servers and clients: PTY frames, exec arguments and results,
-//! OpenSandbox-compatible bodies, gateway events and the common error body.
+//! OpenSandbox-compatible bodies, gateway events, the hands' identity and restore answers, and
+//! the common error body.
 //!
 //! This crate holds data shapes only (serde derives and small constructors); it knows nothing
 //! about HTTP, processes or storage.
@@ -7,6 +8,7 @@
 pub mod error;
 pub mod exec;
 pub mod gateway;
+pub mod hands;
 pub mod opensandbox;
 pub mod pty;
 pub mod terminal;

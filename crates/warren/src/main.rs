@@ -63,16 +63,21 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
     let shutdown = shutdown_signal();
     warren_process::reaper::start()?;
-    if config.access_token.is_none() && !config.listen.ip().is_loopback() {
-        tracing::warn!(listen = %config.listen, "listening on a non-loopback address without an access token");
+    if let warren_execd::ListenAddr::Tcp(listen) = &config.listen
+        && config.access_token.is_none()
+        && !listen.ip().is_loopback()
+    {
+        tracing::warn!(%listen, "listening on a non-loopback address without an access token");
     }
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    let local_addr = listener.local_addr()?;
-    tracing::info!(listen = %local_addr, "warren execd listening");
-    // The first stdout line names the bound address, so a parent that asked for port 0 (the
-    // gateway starting hands, tests) learns the real one.
+    let (listener, listening_on) = warren_execd::bind(&config.listen).await?;
+    tracing::info!(listen = %listening_on, "warren execd listening");
+    // The default state directory follows the port; a Unix socket has none, so it gets a
+    // private one like port 0 (pass --state-dir to let the next execd clean up).
+    let port = match &listener {
+        warren_execd::Listener::Tcp(listener) => listener.local_addr()?.port(),
+        warren_execd::Listener::Unix(_) => 0,
+    };
     let configured = config.state_dir.clone();
-    let port = local_addr.port();
     let state = tokio::task::spawn_blocking(move || {
         warren_execd::state::StateDir::claim(configured.as_deref(), port)
     })
@@ -80,7 +85,7 @@ async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
     state.start_sweeping();
     // The first stdout line names the bound address, so a parent that asked for port 0 (the
     // gateway starting hands, tests) learns the real one. Printed once leftovers are stopped.
-    println!("warren execd listening on http://{local_addr}");
+    println!("warren execd listening on {listening_on}");
     let execd = warren_execd::Execd::new(config);
     warren_execd::serve(execd, listener, shutdown).await?;
     drop(state);

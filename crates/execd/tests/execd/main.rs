@@ -1,6 +1,7 @@
 //! execd's routes against a real execd on 127.0.0.1:0 in this process, with real HTTP and
 //! WebSocket clients: PTY sessions (`pty`), and the OpenSandbox-compatible commands, bash
-//! sessions and files (`opensandbox_*`), also driven by the OpenSandbox Python SDK. One test
+//! sessions and files (`opensandbox_*`), also driven by the OpenSandbox Python SDK, and workspace
+//! snapshots with the hands' identity (`workspace`, also on Unix sockets). One test
 //! binary; `/v1/exec` has its own (`tests/exec.rs`), as it runs the daemon's reaper, which
 //! would take the exit statuses of the children other tests wait for.
 
@@ -14,3 +15,4 @@ mod opensandbox_sdk;
 mod opensandbox_support;
 mod pty;
 mod pty_support;
+mod workspace;

@@ -254,6 +254,19 @@ async fn remote_mcp_runs_commands_on_execd() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn remote_mcp_runs_commands_on_execd_over_a_unix_socket() -> anyhow::Result<()> {
+    let (dir, sockets) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let listen = format!("unix:{}", sockets.path().join("execd.sock").display());
+    let execd = ExecdChild::start_on(&listen, "unix-test-token", dir.path()).await?;
+    anyhow::ensure!(execd.url == listen, "execd printed {}", execd.url);
+    let client = stdio_client(&["--execd", &execd.url, "--token", &execd.token]).await?;
+    quick_command_returns_codex_text_and_json(&client).await?;
+    commands_run_in(&client, dir.path()).await?;
+    client.cancel().await?;
+    execd.stop().await
+}
+
+#[tokio::test]
 async fn remote_mcp_takes_the_token_from_warren_execd_token() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let execd = ExecdChild::start("env-test-token", dir.path()).await?;

@@ -29,11 +29,11 @@ pub fn execd_command(args: &[&str]) -> Command {
     command
 }
 
-/// The URL in execd's first line (`warren execd listening on http://...`).
+/// The URL in execd's first line (`warren execd listening on http://...` or `unix:/...`).
 pub fn listening_url(line: &str) -> String {
     line.trim()
         .strip_prefix("warren execd listening on ")
-        .filter(|url| url.starts_with("http://"))
+        .filter(|url| url.starts_with("http://") || url.starts_with("unix:/"))
         .unwrap_or_else(|| panic!("execd's address line, got {line:?}"))
         .to_owned()
 }
@@ -117,7 +117,12 @@ pub struct ExecdChild {
 
 impl ExecdChild {
     pub async fn start(token: &str, workdir: &Path) -> anyhow::Result<Self> {
-        let mut command = execd_command(&["--listen", "127.0.0.1:0", "--access-token", token]);
+        Self::start_on("127.0.0.1:0", token, workdir).await
+    }
+
+    /// On `listen` (`HOST:PORT` or `unix:/path`); `url` is what execd printed.
+    pub async fn start_on(listen: &str, token: &str, workdir: &Path) -> anyhow::Result<Self> {
+        let mut command = execd_command(&["--listen", listen, "--access-token", token]);
         command.arg("--root").arg(workdir).stderr(Stdio::inherit());
         let (child, url) = spawn_execd(command).await;
         Ok(Self {

@@ -1,0 +1,165 @@
+//! Workspace snapshots over HTTP: `GET /v1/workspace/snapshot` streams `warren_snapshot::pack`
+//! of `--root` as it is made, and `POST /v1/workspace/restore` streams the request body into
+//! `warren_snapshot::unpack` into an empty `--root`. Both run the sync snapshot code on a
+//! blocking thread joined to the HTTP body by a bounded channel (or `SyncIoBridge`), so memory
+//! is bounded whatever the workspace's size.
+//!
+//! A snapshot that fails midway aborts the response body: the client sees a broken stream
+//! (and `unpack` of what it got fails as corrupt), never a short archive that looks whole. The
+//! restore route has no body size limit of its own: `UnpackLimits` bounds what it writes.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::TryStreamExt;
+use tokio::sync::mpsc;
+use tokio_util::io::{StreamReader, SyncIoBridge};
+use warren_protocol::hands::RestoreResult;
+use warren_snapshot::{SnapshotError, UnpackLimits};
+
+use crate::error::ApiError;
+
+/// Bytes the packer hands to the response at once, and chunks in flight: about 1 MiB queued.
+const CHUNK_BYTES: usize = 64 * 1024;
+const CHUNKS_IN_FLIGHT: usize = 16;
+
+/// Why a snapshot or restore failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// The blocking task ended without an answer (it panicked).
+    #[error("snapshot task failed: {0}")]
+    Task(String),
+}
+
+/// The workspace routes' state: the root, and one lock so two restores never race into it.
+#[derive(Clone)]
+pub struct Workspace {
+    root: Arc<PathBuf>,
+    limits: UnpackLimits,
+    restoring: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Workspace {
+    pub fn new(root: PathBuf) -> Self {
+        Self {
+            root: Arc::new(root),
+            limits: UnpackLimits::default(),
+            restoring: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+}
+
+pub fn routes(workspace: Workspace) -> Router {
+    Router::new()
+        .route("/v1/workspace/snapshot", get(snapshot))
+        .route(
+            "/v1/workspace/restore",
+            post(restore).layer(DefaultBodyLimit::disable()),
+        )
+        .with_state(workspace)
+}
+
+async fn snapshot(State(workspace): State<Workspace>) -> Result<Response, ApiError> {
+    // A root that cannot be read is an error answer, not a broken stream.
+    let root = Arc::clone(&workspace.root);
+    drop(
+        tokio::fs::read_dir(root.as_path())
+            .await
+            .map_err(|e| WorkspaceError::Snapshot(SnapshotError::Io(e)))?,
+    );
+    let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
+    tokio::task::spawn_blocking(move || {
+        let mut writer = ChannelWriter {
+            sender: sender.clone(),
+            buffer: Vec::with_capacity(CHUNK_BYTES),
+        };
+        let packed = warren_snapshot::pack(&root, &mut writer).and_then(|stats| {
+            writer.flush()?;
+            Ok(stats)
+        });
+        match packed {
+            Ok(stats) => tracing::info!(?stats, "workspace snapshot streamed"),
+            Err(error) => {
+                tracing::warn!(%error, "workspace snapshot failed midway; aborting the body");
+                // The client may be gone already; then there is nobody to tell.
+                let _ = sender.blocking_send(Err(io::Error::other(error.to_string())));
+            }
+        }
+    });
+    let chunks = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|chunk| (chunk, receiver))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, warren_snapshot::CONTENT_TYPE)],
+        Body::from_stream(chunks),
+    )
+        .into_response())
+}
+
+/// A `Write` that sends full chunks to the response body, blocking while the channel is full
+/// (so a slow client slows the packer down instead of filling memory).
+struct ChannelWriter {
+    sender: mpsc::Sender<io::Result<Bytes>>,
+    buffer: Vec<u8>,
+}
+
+impl ChannelWriter {
+    fn send_buffer(&mut self) -> io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(
+            &mut self.buffer,
+            Vec::with_capacity(CHUNK_BYTES),
+        ));
+        self.sender
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
+    }
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = CHUNK_BYTES - self.buffer.len();
+        let n = data.len().min(room);
+        self.buffer.extend_from_slice(&data[..n]);
+        if self.buffer.len() >= CHUNK_BYTES {
+            self.send_buffer()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send_buffer()
+    }
+}
+
+async fn restore(
+    State(workspace): State<Workspace>,
+    body: Body,
+) -> Result<Json<RestoreResult>, ApiError> {
+    let _restoring = workspace.restoring.lock().await;
+    let stream = body.into_data_stream().map_err(io::Error::other);
+    let reader = SyncIoBridge::new(StreamReader::new(stream));
+    let root = Arc::clone(&workspace.root);
+    let limits = workspace.limits;
+    let unpacked =
+        tokio::task::spawn_blocking(move || warren_snapshot::unpack(reader, &root, &limits))
+            .await
+            .map_err(|e| WorkspaceError::Task(e.to_string()))?;
+    let stats = unpacked.map_err(WorkspaceError::Snapshot)?;
+    tracing::info!(?stats, "workspace restored");
+    Ok(Json(RestoreResult {
+        files: stats.n_files,
+        bytes: stats.bytes,
+    }))
+}

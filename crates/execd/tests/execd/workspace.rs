@@ -1,0 +1,372 @@
+//! Workspace snapshots and the hands' identity against real execds in this process, on
+//! 127.0.0.1:0 and on Unix sockets, through the typed client the gateway uses: a snapshot of
+//! one workspace restored into another execd's empty root gives the same files; a non-empty
+//! root, a hostile archive and a cut stream are refused with their codes and leave the root as
+//! it was; the identity route and the nonce check; `--listen unix:` replacing a stale socket.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use futures_util::TryStreamExt;
+use warren_execd::{Config, Execd, ListenAddr};
+use warren_execd_client::{ClientError, ExecdClient};
+
+/// An execd serving `root`, on `listen`, with `nonce` if given; the client of it.
+async fn start(root: &Path, listen: ListenAddr, nonce: Option<&str>) -> ExecdClient {
+    let config = Config {
+        root: root.to_path_buf(),
+        listen: listen.clone(),
+        hands_nonce: nonce.map(str::to_owned),
+        ..Config::default()
+    };
+    let (listener, listening_on) = warren_execd::bind(&listen).await.expect("binds");
+    let execd = Execd::new(config);
+    tokio::spawn(async move {
+        warren_execd::serve(execd, listener, std::future::pending())
+            .await
+            .expect("serves");
+    });
+    ExecdClient::new(&listening_on, None).expect("client")
+}
+
+fn tcp() -> ListenAddr {
+    "127.0.0.1:0".parse().expect("address")
+}
+
+fn unix(dir: &Path) -> ListenAddr {
+    ListenAddr::Unix(dir.join("execd.sock"))
+}
+
+/// `path → (kind, mode, content or link target)` of the tree beneath `root`.
+fn tree(root: &Path) -> BTreeMap<String, (char, u32, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("lists") {
+            let path = entry.expect("entry").path();
+            let relative = path
+                .strip_prefix(root)
+                .expect("beneath")
+                .display()
+                .to_string();
+            let metadata = std::fs::symlink_metadata(&path).expect("lstat");
+            let mode = metadata.mode() & 0o777;
+            let value = if metadata.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).expect("readlink");
+                ('l', 0, target.into_os_string().into_encoded_bytes())
+            } else if metadata.is_dir() {
+                stack.push(path);
+                ('d', mode, Vec::new())
+            } else {
+                ('f', mode, std::fs::read(&path).expect("reads"))
+            };
+            out.insert(relative, value);
+        }
+    }
+    out
+}
+
+/// A workspace worth restoring: nested and empty directories, an executable, a symlink, and
+/// 3 MiB that does not compress (more than a default body limit would let through).
+fn populate(root: &Path) {
+    std::fs::create_dir_all(root.join("src/nested")).expect("mkdir");
+    std::fs::create_dir(root.join("empty")).expect("mkdir");
+    std::fs::write(root.join("src/main.rs"), "fn main() {}\n").expect("writes");
+    std::fs::write(root.join("src/nested/notes café.txt"), "ünïcode").expect("writes");
+    std::fs::write(root.join("run.sh"), "#!/bin/sh\necho hi\n").expect("writes");
+    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    std::os::unix::fs::symlink("src/main.rs", root.join("main-link")).expect("symlink");
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let noise: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(root.join("noise.bin"), noise).expect("writes");
+}
+
+async fn snapshot_bytes(client: &ExecdClient) -> Vec<u8> {
+    let stream = client.snapshot().await.expect("snapshot starts");
+    let chunks: Vec<bytes::Bytes> = stream.try_collect().await.expect("snapshot completes");
+    chunks.concat()
+}
+
+fn api_code(error: &ClientError) -> (Option<u16>, Option<&str>) {
+    (error.status().map(|s| s.as_u16()), error.code())
+}
+
+fn is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).expect("lists").next().is_none()
+}
+
+#[tokio::test]
+async fn snapshot_streamed_into_restore_on_a_unix_socket_gives_identical_files() {
+    let (source, target, sockets) = (tempdir(), tempdir(), tempdir());
+    populate(source.path());
+    let from = start(source.path(), tcp(), None).await;
+    let to = start(target.path(), unix(sockets.path()), None).await;
+    // Piped chunk by chunk, as the gateway restores a stored one from disk.
+    let stream = from.snapshot().await.expect("snapshot starts");
+    let restored = to
+        .restore(reqwest::Body::wrap_stream(stream))
+        .await
+        .expect("restores");
+    assert_eq!(restored.files, 4);
+    assert_eq!(
+        restored.bytes,
+        std::fs::metadata(source.path().join("noise.bin"))
+            .expect("noise")
+            .len()
+            + 13
+            + 8
+            + 19
+    );
+    assert_eq!(tree(source.path()), tree(target.path()));
+}
+
+#[tokio::test]
+async fn snapshot_answers_zstd_and_restores_over_tcp() {
+    let (source, target) = (tempdir(), tempdir());
+    populate(source.path());
+    let from = start(source.path(), tcp(), None).await;
+    let to = start(target.path(), tcp(), None).await;
+    let archive = snapshot_bytes(&from).await;
+    assert_eq!(&archive[..4], &[0x28, 0xb5, 0x2f, 0xfd], "a zstd frame");
+    to.restore(archive.into()).await.expect("restores");
+    assert_eq!(tree(source.path()), tree(target.path()));
+}
+
+#[tokio::test]
+async fn restore_into_a_non_empty_root_is_409_and_keeps_it() {
+    let (source, target) = (tempdir(), tempdir());
+    populate(source.path());
+    std::fs::write(target.path().join("mine.txt"), "keep me").expect("writes");
+    let from = start(source.path(), tcp(), None).await;
+    let to = start(target.path(), tcp(), None).await;
+    let archive = snapshot_bytes(&from).await;
+    let error = to
+        .restore(archive.into())
+        .await
+        .expect_err("non-empty root");
+    assert_eq!(
+        api_code(&error),
+        (Some(409), Some("WORKSPACE_NOT_EMPTY")),
+        "{error}"
+    );
+    assert_eq!(tree(target.path()).len(), 1);
+}
+
+/// A tar with `dir/`, `dir/ok` and then `name` (raw header bytes, so no builder check stops
+/// a hostile name), zstd-compressed.
+fn archive_ending_with(name: &str) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, kind, data) in [
+        ("dir", tar::EntryType::Directory, &b""[..]),
+        ("dir/ok", tar::EntryType::Regular, b"fine"),
+        (name, tar::EntryType::Regular, b"escaped"),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(0o755);
+        header.set_size(data.len() as u64);
+        header.as_gnu_mut().expect("gnu").name[..path.len()].copy_from_slice(path.as_bytes());
+        header.set_cksum();
+        builder.append(&header, data).expect("appends");
+    }
+    zstd::encode_all(&builder.into_inner().expect("tar")[..], 3).expect("compresses")
+}
+
+#[tokio::test]
+async fn hostile_and_cut_archives_are_400_and_leave_the_root_empty() {
+    let outer = tempdir();
+    let root = outer.path().join("workspace");
+    std::fs::create_dir(&root).expect("mkdir");
+    let client = start(&root, tcp(), None).await;
+    let error = client
+        .restore(archive_ending_with("../x").into())
+        .await
+        .expect_err("hostile archive");
+    assert_eq!(
+        api_code(&error),
+        (Some(400), Some("SNAPSHOT_UNSAFE_ENTRY")),
+        "{error}"
+    );
+    assert!(is_empty(&root), "root touched");
+    assert!(!outer.path().join("x").exists(), "wrote outside the root");
+
+    let whole = archive_ending_with("fine-too");
+    let error = client
+        .restore(whole[..whole.len() / 2].to_vec().into())
+        .await
+        .expect_err("cut archive");
+    assert_eq!(
+        api_code(&error),
+        (Some(400), Some("SNAPSHOT_CORRUPT")),
+        "{error}"
+    );
+    assert!(is_empty(&root), "root touched");
+
+    let restored = client
+        .restore(whole.into())
+        .await
+        .expect("the whole one restores");
+    assert_eq!((restored.files, restored.bytes), (2, 4 + 7));
+}
+
+#[tokio::test]
+async fn identity_reports_the_given_nonce_and_the_start_time() {
+    let root = tempdir();
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let client = start(root.path(), tcp(), Some("nonce-1234")).await;
+    let identity = client.identity().await.expect("identity");
+    assert_eq!(identity.nonce, "nonce-1234");
+    let started_at = chrono::DateTime::parse_from_rfc3339(&identity.started_at).expect("RFC 3339");
+    assert!(
+        started_at >= before && started_at <= chrono::Utc::now(),
+        "{started_at}"
+    );
+    // Without --hands-nonce each execd makes its own.
+    let (a, b) = (
+        start(root.path(), tcp(), None)
+            .await
+            .identity()
+            .await
+            .expect("a"),
+        start(root.path(), tcp(), None)
+            .await
+            .identity()
+            .await
+            .expect("b"),
+    );
+    assert!(a.nonce.len() >= 16 && a.nonce != b.nonce, "{a:?} {b:?}");
+}
+
+#[tokio::test]
+async fn another_nonce_is_refused_with_409_on_every_route_and_the_same_one_passes() {
+    let root = tempdir();
+    let plain = start(root.path(), tcp(), Some("right")).await;
+    let wrong = plain.clone().with_nonce("wrong");
+    for (route, result) in [
+        ("ping", wrong.ping().await.err()),
+        ("identity", wrong.identity().await.err()),
+        ("files", wrong.read_file("anything").await.err()),
+    ] {
+        let error = result.unwrap_or_else(|| panic!("{route}: served with the wrong nonce"));
+        assert_eq!(
+            api_code(&error),
+            (Some(409), Some("HANDS_IDENTITY_MISMATCH")),
+            "{route}: {error}"
+        );
+        assert!(error.to_string().contains("another sandbox"), "{error}");
+    }
+    let right = plain.clone().with_nonce("right");
+    right.ping().await.expect("the right nonce passes");
+    assert_eq!(right.identity().await.expect("identity").nonce, "right");
+    plain.ping().await.expect("no nonce header passes");
+}
+
+#[tokio::test]
+async fn the_token_is_checked_before_the_nonce() {
+    let root = tempdir();
+    let config = Config {
+        root: root.path().to_path_buf(),
+        access_token: Some("token".into()),
+        hands_nonce: Some("right".into()),
+        ..Config::default()
+    };
+    let (listener, listening_on) = warren_execd::bind(&tcp()).await.expect("binds");
+    tokio::spawn(warren_execd::serve(
+        Execd::new(config),
+        listener,
+        std::future::pending(),
+    ));
+    let stranger = ExecdClient::new(&listening_on, Some("guess".into()))
+        .expect("client")
+        .with_nonce("wrong");
+    let error = stranger.identity().await.expect_err("no token");
+    assert!(matches!(error, ClientError::Unauthorized { .. }), "{error}");
+    let known = ExecdClient::new(&listening_on, Some("token".into()))
+        .expect("client")
+        .with_nonce("wrong");
+    let error = known.identity().await.expect_err("wrong nonce");
+    assert_eq!(error.code(), Some("HANDS_IDENTITY_MISMATCH"));
+}
+
+#[tokio::test]
+async fn a_unix_socket_replaces_a_stale_one_is_private_and_serves_the_client() {
+    let (root, sockets) = (tempdir(), tempdir());
+    let path = sockets.path().join("execd.sock");
+    // A socket file a killed execd left behind.
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("stale socket"));
+    let client = start(root.path(), ListenAddr::Unix(path.clone()), None).await;
+    assert_eq!(client.base_url(), format!("unix:{}", path.display()));
+    let mode = std::fs::metadata(&path).expect("socket").mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    client.ping().await.expect("ping over the socket");
+    client
+        .write_file("hello.txt", "over a socket")
+        .await
+        .expect("writes");
+    assert_eq!(
+        client.read_file("hello.txt").await.expect("reads"),
+        "over a socket"
+    );
+
+    // Anything but a socket at the path is left alone.
+    let regular = sockets.path().join("not-a-socket");
+    std::fs::write(&regular, "data").expect("writes");
+    let refused = warren_execd::bind(&ListenAddr::Unix(regular.clone())).await;
+    assert!(refused.is_err(), "bound over a regular file");
+    assert_eq!(std::fs::read_to_string(&regular).expect("reads"), "data");
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+#[tokio::test]
+async fn a_snapshot_body_aborted_midway_is_an_error_for_the_client_not_a_short_archive() {
+    // What execd's snapshot route does when packing fails midway: some bytes, then an error
+    // item, which makes the server cut the chunked body.
+    // The pause lets the head and the first chunk go out before the error.
+    async fn aborted() -> axum::body::Body {
+        let chunks = futures_util::stream::unfold(0, |step| async move {
+            match step {
+                0 => Some((
+                    Ok(bytes::Bytes::from_static(b"\x28\xb5\x2f\xfd partial")),
+                    1,
+                )),
+                1 => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    Some((Err(std::io::Error::other("pack failed")), 2))
+                }
+                _ => None,
+            }
+        });
+        axum::body::Body::from_stream(chunks)
+    }
+    let router = axum::Router::new().route("/v1/workspace/snapshot", axum::routing::get(aborted));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(warren_http::serve(
+        listener,
+        router,
+        warren_http::ServeConfig::default(),
+        std::future::pending(),
+    ));
+    let client = ExecdClient::new(&format!("http://{addr}"), None).expect("client");
+    let stream = client.snapshot().await.expect("the answer starts with 200");
+    let collected: Result<Vec<bytes::Bytes>, ClientError> = stream.try_collect().await;
+    let error = collected.expect_err("a cut body is an error");
+    assert!(
+        error.to_string().contains("snapshot stream broken"),
+        "{error}"
+    );
+}

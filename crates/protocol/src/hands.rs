@@ -1,0 +1,28 @@
+//! Wire types of the hands' own routes on execd: who this execd is (`GET /v1/hands/identity`,
+//! the nonce the gateway checks on every (re)connect, so another sandbox is never taken for
+//! this one) and what a workspace restore wrote (`POST /v1/workspace/restore`). The snapshot
+//! itself is a zstd-compressed tar, not JSON.
+
+use serde::{Deserialize, Serialize};
+
+/// The header a client sends with the nonce it expects; a different one answers 409
+/// `HANDS_IDENTITY_MISMATCH`.
+pub const HANDS_NONCE_HEADER: &str = "X-Warren-Hands-Nonce";
+
+/// `GET /v1/hands/identity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandsIdentity {
+    /// Random per hands instance (given by `--hands-nonce`, else made at start).
+    pub nonce: String,
+    /// When this execd started, RFC 3339.
+    pub started_at: String,
+}
+
+/// The answer to `POST /v1/workspace/restore`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreResult {
+    /// Regular files (hard links included) written.
+    pub files: u64,
+    /// File content bytes written.
+    pub bytes: u64,
+}
