@@ -45,7 +45,7 @@ pub use host::{
     TurnSink, select_lines,
 };
 pub use pool::WorkerPool;
-pub use session::{BrainSession, Resumed};
+pub use session::{BrainSession, HANDS_RESET_NOTICE, NOTICE_META_KEY, Resumed};
 pub use worker::Worker;
 
 /// The agent command line (`--agent "<cmd>"`), already split into a program and its arguments.

@@ -14,6 +14,10 @@ use crate::worker::{Connection, close_session};
 
 /// ACP's stop reason of a cancelled turn.
 const STOP_CANCELLED: &str = "cancelled";
+/// The `_meta` key that marks a prompt block as Warren's notice, not the person's text.
+pub const NOTICE_META_KEY: &str = "warren/notice";
+/// Its value for "the hands were reset" (hands.md "Restore").
+pub const HANDS_RESET_NOTICE: &str = "hands_reset";
 
 /// How [`crate::Worker::resume_session`] continued the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +79,7 @@ impl BrainSession {
     /// `cancelled`, `max_tokens`, `refusal`, ...). Every `session/update` of the turn has reached
     /// the sink when this returns. One turn at a time ([`BrainError::TurnInProgress`]).
     pub async fn prompt(&self, text: String) -> Result<String, BrainError> {
-        self.prompt_cancellable(text, &CancellationToken::new())
+        self.prompt_cancellable(text, None, &CancellationToken::new())
             .await
     }
 
@@ -83,9 +87,13 @@ impl BrainSession {
     /// sent and the stop reason is `cancelled`; fired later, pending permission requests are
     /// answered `cancelled`, `session/cancel` follows the prompt, and the agent's own stop reason
     /// comes back. The token is a latch, so a cancel is never lost between the check and the send.
+    ///
+    /// A `notice` (the hands were reset) goes first, as its own text block marked
+    /// `_meta: {"warren/notice": "hands_reset"}`, so an agent can tell it from the person's text.
     pub async fn prompt_cancellable(
         &self,
         text: String,
+        notice: Option<String>,
         cancel: &CancellationToken,
     ) -> Result<String, BrainError> {
         if cancel.is_cancelled() {
@@ -96,10 +104,14 @@ impl BrainSession {
             .try_lock()
             .map_err(|_| BrainError::TurnInProgress)?;
         self.conn.shared.start_turn();
-        let request = PromptRequest::new(
-            self.session_id.clone(),
-            vec![ContentBlock::Text(TextContent::new(text))],
-        );
+        let mut prompt = Vec::with_capacity(2);
+        if let Some(notice) = notice {
+            let mut meta = serde_json::Map::new();
+            meta.insert(NOTICE_META_KEY.into(), HANDS_RESET_NOTICE.into());
+            prompt.push(ContentBlock::Text(TextContent::new(notice).meta(meta)));
+        }
+        prompt.push(ContentBlock::Text(TextContent::new(text)));
+        let request = PromptRequest::new(self.session_id.clone(), prompt);
         let conn = &self.conn;
         // `send_request` queues the prompt at once: a `session/cancel` sent below always reaches
         // the agent after it, never before (where the agent would ignore it).

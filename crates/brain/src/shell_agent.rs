@@ -178,15 +178,31 @@ pub async fn serve(
         .await
 }
 
+/// The person's text: every text block except Warren's notices.
 fn prompt_text(prompt: &[ContentBlock]) -> String {
     prompt
         .iter()
         .filter_map(|block| match block {
-            ContentBlock::Text(text) => Some(text.text.as_str()),
+            ContentBlock::Text(text) if notice_of(text).is_none() => Some(text.text.as_str()),
             _ => None,
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Warren's notices in the prompt (a block with `_meta["warren/notice"]`), shown, never run.
+fn prompt_notices(prompt: &[ContentBlock]) -> Vec<&str> {
+    prompt
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text(text) if notice_of(text).is_some() => Some(text.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn notice_of(text: &TextContent) -> Option<&str> {
+    text.meta.as_ref()?.get(crate::NOTICE_META_KEY)?.as_str()
 }
 
 /// Whether `command` needs the user's permission first: `rm`, `sudo`, `git push`.
@@ -221,6 +237,9 @@ async fn run_turn(
     mut cancel: watch::Receiver<u64>,
 ) -> agent_client_protocol::Result<StopReason> {
     let session_id = request.session_id;
+    for notice in prompt_notices(&request.prompt) {
+        say(cx, &session_id, &format!("{notice}\n"));
+    }
     let command = prompt_text(&request.prompt).trim().to_owned();
     if command.is_empty() {
         say(

@@ -21,6 +21,13 @@ pub struct Config {
     #[arg(long, env = "WARREN_HANDS_NONCE", hide_env_values = true)]
     pub hands_nonce: Option<String>,
 
+    /// Read `EXECD_ACCESS_TOKEN=...` and `WARREN_HANDS_NONCE=...` lines from this inherited
+    /// descriptor (a pipe) at start and close it, instead of the environment or the command
+    /// line, which `/proc` shows to every process of the same user. Set, execd also makes
+    /// itself non-dumpable, so commands it runs cannot read its memory or descriptors.
+    #[arg(long)]
+    pub secrets_fd: Option<i32>,
+
     /// Require this token in `X-EXECD-ACCESS-TOKEN` on every route except `GET /ping`.
     #[arg(long, env = "EXECD_ACCESS_TOKEN", hide_env_values = true)]
     pub access_token: Option<String>,
@@ -108,6 +115,7 @@ impl Default for Config {
             listen: ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 44772))),
             access_token: None,
             hands_nonce: None,
+            secrets_fd: None,
             max_pty_sessions: 256,
             max_bash_sessions: 64,
             root: PathBuf::from("/"),

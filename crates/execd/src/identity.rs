@@ -22,12 +22,20 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// `nonce`, or a random one, and now as the start time.
-    pub fn new(nonce: Option<String>) -> Self {
+    /// `nonce`, or a random one, now as the start time, and the workspace `root`.
+    pub fn new(nonce: Option<String>, root: &std::path::Path) -> Self {
         let nonce = nonce.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let root = std::fs::canonicalize(root)
+            .unwrap_or_else(|_| root.to_path_buf())
+            .to_string_lossy()
+            .into_owned();
         Self {
-            inner: Arc::new(HandsIdentity { nonce, started_at }),
+            inner: Arc::new(HandsIdentity {
+                nonce,
+                started_at,
+                root,
+            }),
         }
     }
 

@@ -51,7 +51,7 @@ impl Execd {
             exec: exec_api::ExecState::new(&config),
             opensandbox: opensandbox::Compat::new(&config),
             files: files_api::FilesApi::new(&config.root),
-            identity: identity::Identity::new(config.hands_nonce.clone()),
+            identity: identity::Identity::new(config.hands_nonce.clone(), &config.root),
             workspace: workspace::Workspace::new(config.root.clone()),
             mcp_shutdown: tokio_util::sync::CancellationToken::new(),
             config,

@@ -33,16 +33,53 @@ pub struct GatewayArgs {
     /// A brain with no turn and no pending permission is stopped after this long.
     #[arg(long, env = "WARREN_BRAIN_IDLE", default_value = "2h", value_parser = parse_duration)]
     pub brain_idle: Duration,
-    /// Reserved for the hands lifecycle: idle hands will be paused after this long. Today hands
-    /// run until their session is deleted or the gateway stops.
+    /// Hands with no running turn, attached terminal or other use for this long are
+    /// snapshotted and frozen (processes stay in memory); any use resumes them.
     #[arg(long, env = "WARREN_HANDS_IDLE_PAUSE", default_value = "2m", value_parser = parse_duration)]
     pub hands_idle_pause: Duration,
-    /// Reserved for the hands lifecycle: paused hands will be archived after this long.
+    /// Hands paused this long, with a snapshot of their current files, are archived: their
+    /// processes stop and the live workspace is removed; the next use restores the snapshot.
     #[arg(long, env = "WARREN_HANDS_ARCHIVE_AFTER", default_value = "24h", value_parser = parse_duration)]
     pub hands_archive_after: Duration,
-    /// Reserved for the hands lifecycle: snapshots larger than this will not be archived.
+    /// Snapshots larger than this are never archived (the hands stay paused).
     #[arg(long, env = "WARREN_SNAPSHOT_MAX", default_value = "512MiB", value_parser = parse_size)]
     pub snapshot_max: u64,
+    /// How hands are confined: `auto` (bwrap when it works, else unconfined with a warning),
+    /// `bwrap` (refuse to start hands without it) or `none`.
+    #[arg(
+        long,
+        env = "WARREN_HANDS_ISOLATION",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub hands_isolation: crate::hands::local::IsolationMode,
+    /// The hands' network: `host` (package registries work) or `none` (loopback only).
+    #[arg(long, env = "WARREN_HANDS_NETWORK", value_enum, default_value = "host")]
+    pub hands_network: crate::hands::local::NetworkMode,
+    /// The unprivileged host uid (and gid) a sandbox runs as when the gateway runs as root.
+    #[arg(long, env = "WARREN_HANDS_UID", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub hands_uid: u32,
+    /// Memory limit of each hands sandbox (e.g. `2GiB`), where the host's cgroups allow.
+    #[arg(long, env = "WARREN_HANDS_MEMORY", value_parser = parse_size)]
+    pub hands_memory: Option<u64>,
+    /// Process limit of each hands sandbox, where the host's cgroups allow.
+    #[arg(long, env = "WARREN_HANDS_PIDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub hands_pids: Option<u64>,
+    /// Where hands run: `local` (a sandbox on this machine) or `remote` (an execd per session
+    /// at `--hands-url-template`).
+    #[arg(
+        long,
+        env = "WARREN_HANDS_PROVIDER",
+        value_enum,
+        default_value = "local"
+    )]
+    pub hands_provider: HandsProviderKind,
+    /// The execd URL of a session's remote hands; `{session}` is replaced by the session id.
+    #[arg(long, env = "WARREN_HANDS_URL_TEMPLATE")]
+    pub hands_url_template: Option<String>,
+    /// The access token of remote hands' execds.
+    #[arg(long, env = "WARREN_HANDS_TOKEN", hide_env_values = true)]
+    pub hands_token: Option<String>,
     /// A variable for the agent, `NAME=VALUE` (repeatable; comma-separated in the environment),
     /// added to the gateway's environment minus Warren's own credentials.
     #[arg(long = "agent-env", env = "WARREN_AGENT_ENV", value_delimiter = ',', value_parser = parse_assignment)]
@@ -94,6 +131,13 @@ pub struct GatewayArgs {
     pub sse_heartbeat_ms: u64,
 }
 
+/// `--hands-provider`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HandsProviderKind {
+    Local,
+    Remote,
+}
+
 /// `NAME=VALUE` with a non-empty name and no NUL byte.
 fn parse_assignment(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -122,6 +166,17 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_idle_pause", &self.hands_idle_pause)
             .field("hands_archive_after", &self.hands_archive_after)
             .field("snapshot_max", &self.snapshot_max)
+            .field("hands_isolation", &self.hands_isolation)
+            .field("hands_network", &self.hands_network)
+            .field("hands_uid", &self.hands_uid)
+            .field("hands_memory", &self.hands_memory)
+            .field("hands_pids", &self.hands_pids)
+            .field("hands_provider", &self.hands_provider)
+            .field("hands_url_template", &self.hands_url_template)
+            .field(
+                "hands_token",
+                &self.hands_token.as_ref().map(|_| "<redacted>"),
+            )
             .field(
                 "agent_env",
                 &self

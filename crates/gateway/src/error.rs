@@ -9,6 +9,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use warren_http::RequestError;
 
+use crate::hands::HandsError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     /// The request could not be read (body, JSON, path).
@@ -48,6 +50,8 @@ pub enum GatewayError {
         "the gateway's storage is full: new messages, sessions and devices are refused until space is freed"
     )]
     StorageFull,
+    #[error(transparent)]
+    Hands(#[from] HandsError),
     #[error("storage error: {0}")]
     Io(std::io::Error),
     #[error("internal error: {0}")]
@@ -55,6 +59,11 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// The machine-readable code a client sees for this error.
+    pub fn code(&self) -> &'static str {
+        self.status_and_code().1
+    }
+
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             // The gateway's codes for unreadable requests are warren-http's defaults
@@ -77,6 +86,16 @@ impl GatewayError {
             GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
             GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),
             GatewayError::BrainUnavailable(_) => (StatusCode::BAD_GATEWAY, "BRAIN_UNAVAILABLE"),
+            GatewayError::Hands(error) => match error {
+                HandsError::Unavailable(_) | HandsError::Start(_) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "HANDS_UNAVAILABLE")
+                }
+                HandsError::IdentityMismatch(_) => {
+                    (StatusCode::CONFLICT, "HANDS_IDENTITY_MISMATCH")
+                }
+                HandsError::Stopped => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
+                HandsError::Failed(_) => (StatusCode::BAD_GATEWAY, "HANDS_FAILED"),
+            },
             GatewayError::StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL"),
             GatewayError::Io(_) | GatewayError::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")
@@ -89,7 +108,8 @@ impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         let message = match &self {
-            GatewayError::StorageFull => {
+            // Fixed texts that tell the person what to do (free space, install bubblewrap).
+            GatewayError::StorageFull | GatewayError::Hands(HandsError::Unavailable(_)) => {
                 tracing::warn!(error = %self, "request refused");
                 self.to_string()
             }

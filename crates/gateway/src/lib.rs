@@ -9,8 +9,10 @@
 //! the per-session `events.jsonl` with live subscribers; [`store`] data-directory files and the
 //! storage health; [`sse`] the event stream over HTTP; [`turns`] messages, brains, permissions
 //! and cancel; [`error`] the one error-to-status mapping.
-//! Deliberately absent here: ACP itself (brain crate), snapshots, pause/archive, files and
-//! terminal routes, the web console.
+//! [`hands`] the sandbox per session and its lifecycle (start, pause, archive, restore,
+//! adoption after a restart).
+//! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
+//! sandbox's construction (sandbox crate), files and terminal routes, the web console.
 
 pub mod admission;
 pub mod api;
@@ -36,7 +38,10 @@ use warren_process::TreeRegistry;
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Devices;
-use crate::hands::{HandsProvider, LocalHands};
+use crate::config::HandsProviderKind;
+use crate::hands::local::{LocalConfig, LocalHands};
+use crate::hands::remote::RemoteHands;
+use crate::hands::{HandsProvider, Lifecycle};
 use crate::sessions::Sessions;
 use crate::store::StorageHealth;
 
@@ -85,11 +90,7 @@ impl Gateway {
         let admission = Admission::new(Limits::new(args.max_brains));
         // Every agent and hands process tree is listed here while it runs.
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
-        let provider: Arc<dyn HandsProvider> = Arc::new(
-            LocalHands::new(warren_bin.clone())
-                .registered_in(trees.clone())
-                .with_env(args.hands_env.clone()),
-        );
+        let provider = hands_provider(&args, &warren_bin).await?;
         let registry = trees.clone();
         let storage = Arc::new(StorageHealth::default());
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
@@ -127,7 +128,9 @@ impl Gateway {
             _data_lock: data_lock,
         });
         gateway.sessions.close_turns_left_open().await;
+        gateway.sessions.adopt_hands().await;
         turns::spawn_idle_sweeper(&gateway);
+        spawn_hands_sweeper(&gateway);
         sessions::spawn_storage_watch(&gateway);
         Ok(gateway)
     }
@@ -136,13 +139,78 @@ impl Gateway {
         api::router(self.clone())
     }
 
-    /// SIGTERM: ends running turns (`interrupted`), closes every brain, stops every hands and
-    /// flushes every event log.
+    /// SIGTERM: ends running turns (`interrupted`), closes every brain, snapshots and pauses
+    /// every hands (left for the next gateway to adopt) and flushes every event log.
     pub async fn shutdown(&self) {
         self.pool.shutdown().await;
         let sessions = self.sessions.all();
         futures_util::future::join_all(sessions.iter().map(sessions::shut_down_session)).await;
     }
+}
+
+/// The hands provider `--hands-provider` names.
+async fn hands_provider(
+    args: &GatewayArgs,
+    warren_bin: &std::path::Path,
+) -> Result<Arc<dyn HandsProvider>, GatewayError> {
+    match args.hands_provider {
+        HandsProviderKind::Local => {
+            let config = LocalConfig {
+                warren_bin: warren_bin.to_path_buf(),
+                run_dir: args.data.join("run").join("hands"),
+                isolation: args.hands_isolation,
+                network: args.hands_network,
+                uid: args.hands_uid,
+                memory_bytes: args.hands_memory,
+                pids: args.hands_pids,
+                env: args.hands_env.clone(),
+            };
+            std::fs::create_dir_all(&config.run_dir)?;
+            Ok(Arc::new(LocalHands::new(config).await))
+        }
+        HandsProviderKind::Remote => {
+            let template = args.hands_url_template.clone().ok_or_else(|| {
+                GatewayError::InvalidRequest(
+                    "--hands-provider remote needs --hands-url-template".into(),
+                )
+            })?;
+            let token = args.hands_token.clone().ok_or_else(|| {
+                GatewayError::InvalidRequest("--hands-provider remote needs --hands-token".into())
+            })?;
+            Ok(Arc::new(RemoteHands::new(template, token)))
+        }
+    }
+}
+
+/// Pauses idle hands and archives long-paused ones (hands.md "Lifecycle"), until the gateway
+/// goes away.
+fn spawn_hands_sweeper(gateway: &Arc<Gateway>) {
+    let weak = Arc::downgrade(gateway);
+    let lifecycle = Lifecycle {
+        idle_pause: gateway.args.hands_idle_pause,
+        archive_after: gateway.args.hands_archive_after,
+        snapshot_max: gateway.args.snapshot_max,
+    };
+    let period = (lifecycle.idle_pause.min(lifecycle.archive_after) / 4)
+        .clamp(Duration::from_millis(50), Duration::from_secs(5));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(gateway) = weak.upgrade() else {
+                return;
+            };
+            let sessions = gateway.sessions.all();
+            drop(gateway);
+            futures_util::future::join_all(
+                sessions
+                    .iter()
+                    .map(|session| session.hands.sweep(&lifecycle)),
+            )
+            .await;
+        }
+    });
 }
 
 /// Serves `gateway` on `listener` (with its header and body timeouts and connection limit) until

@@ -356,12 +356,8 @@ impl Session {
             turn: state.turn,
             last_seq: self.log.last_seq(),
             brain: state.brain.label().to_string(),
-            hands: if self.hands.is_running() {
-                "running"
-            } else {
-                "none"
-            }
-            .to_string(),
+            hands: self.hands.state().label().to_string(),
+            isolation: self.hands.isolation().label().to_string(),
         }
     }
 
@@ -381,6 +377,17 @@ impl Session {
             BrainState::Warm(worker, _) => Some(worker.pid()),
             BrainState::None | BrainState::Starting(_) => None,
         }
+    }
+
+    /// Sends the hands' lifecycle events to this session's log (in the running turn, if any).
+    pub fn wire_hands(self: &Arc<Self>) {
+        let session = Arc::downgrade(self);
+        self.hands.set_emitter(Box::new(move |body| {
+            if let Some(session) = session.upgrade() {
+                let turn = session.running_turn();
+                session.emit(turn, body);
+            }
+        }));
     }
 
     /// Appends an event that does not open or close anything (status, hands, error, update),
@@ -646,12 +653,13 @@ impl Session {
 
     /// Bringing up a brain for `turn` failed: says so in the log if the turn still runs, and
     /// gives the slot back unless a later turn already counts on it.
-    pub fn brain_start_failed(&self, turn: u64, message: String) {
+    pub fn brain_start_failed(&self, turn: u64, error: &GatewayError) {
+        let message = error.to_string();
         let mut state = self.lock();
         let running = state.running.as_ref().map(|running| running.turn);
         if running == Some(turn) {
             let error = EventBody::Error {
-                code: "BRAIN_UNAVAILABLE".into(),
+                code: error.code().into(),
                 message,
             };
             self.emit(Some(turn), error);

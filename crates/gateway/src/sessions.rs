@@ -67,7 +67,9 @@ impl Sessions {
             let session_dir = entry?.path();
             match recover_session(&session_dir, &admission, &hands_provider, &storage) {
                 Ok(Some(session)) => {
-                    by_id.insert(session.id.clone(), Arc::new(session));
+                    let session = Arc::new(session);
+                    session.wire_hands();
+                    by_id.insert(session.id.clone(), session);
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -124,7 +126,7 @@ impl Sessions {
                 created_at: store::now_rfc3339(),
                 acp_session_id: None,
             };
-            let hands = Hands::new(self.hands_provider.clone(), session_dir.join("workspace"));
+            let hands = Hands::new(self.hands_provider.clone(), &id, &session_dir);
             let session = Session::new(
                 meta,
                 session_dir.clone(),
@@ -138,7 +140,11 @@ impl Sessions {
             Ok::<_, std::io::Error>(session)
         })();
         let session = match made {
-            Ok(session) => Arc::new(session),
+            Ok(session) => {
+                let session = Arc::new(session);
+                session.wire_hands();
+                session
+            }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&session_dir);
                 if store::is_storage_full(&e) {
@@ -240,7 +246,8 @@ pub async fn create_session(
     Ok(session)
 }
 
-/// `DELETE /v1/sessions/{id}`: ends the turn, stops brain and hands, removes the data.
+/// `DELETE /v1/sessions/{id}`: ends the turn, stops brain and hands (every process in them),
+/// removes the data: workspace, snapshot, event log.
 pub async fn delete_session(
     gateway: &Arc<Gateway>,
     session: &Arc<Session>,
@@ -258,12 +265,26 @@ pub async fn delete_session(
     Ok(())
 }
 
-/// Shutdown: ends the running turn (`interrupted`), closes the brain, stops the hands and
-/// flushes the log.
+/// Shutdown: ends the running turn (`interrupted`), closes the brain, snapshots and pauses the
+/// hands and leaves them for the next gateway, and flushes the log.
 pub async fn shut_down_session(session: &Arc<Session>) {
     session.retire_for_shutdown().stop().await;
-    session.hands.stop().await;
+    session.hands.shutdown().await;
     session.log.close().await;
+}
+
+impl Sessions {
+    /// Gateway start: every session takes over the hands an earlier gateway left for it, and
+    /// hands left for sessions that are gone are stopped.
+    pub async fn adopt_hands(&self) {
+        let sessions = self.all();
+        futures_util::future::join_all(sessions.iter().map(|session| session.hands.adopt())).await;
+        let live: Vec<String> = sessions.iter().map(|session| session.id.clone()).collect();
+        let n_strays = self.hands_provider.stop_strays(&live).await;
+        if n_strays > 0 {
+            tracing::warn!(n_strays, "stopped hands whose sessions are gone");
+        }
+    }
 }
 
 /// Starts the storage watch (see the module docs). It ends with the gateway.
@@ -358,7 +379,7 @@ fn recover_session(
     })?;
     tracing::info!(session = %meta.id, last_seq = log.last_seq(), ?repair, "session recovered");
     let slot = admission.adopt_session(&meta.device_id);
-    let hands = Hands::new(hands_provider.clone(), dir.join("workspace"));
+    let hands = Hands::new(hands_provider.clone(), &meta.id, dir);
     Ok(Some(Session::new(
         meta,
         dir.to_path_buf(),

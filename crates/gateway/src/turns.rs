@@ -20,7 +20,7 @@
 //! after the prompt and the agent's own stop reason ends the turn. No cancel falls in a gap.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -54,36 +54,53 @@ async fn run_turn(
     text: String,
     cancel: CancellationToken,
 ) {
+    // A running turn keeps the hands awake; once it ends, the files it changed are snapshotted.
+    let hold = session.hands.hold();
+    run_turn_held(&gateway, &session, turn, text, cancel).await;
+    drop(hold);
+    session.hands.snapshot_if_changed().await;
+}
+
+async fn run_turn_held(
+    gateway: &Arc<Gateway>,
+    session: &Arc<Session>,
+    turn: u64,
+    text: String,
+    cancel: CancellationToken,
+) {
     // A cancel while the brain starts ends the turn at once, but the start itself runs to its
     // end: dropping it halfway could strand a worker or half-started hands, and the brain is
     // wanted by the next turn anyway.
-    let starting = ensure_brain(&gateway, &session);
+    let starting = ensure_brain(gateway, session);
     let mut starting = std::pin::pin!(starting);
     let brain = tokio::select! {
         biased;
         brain = &mut starting => brain,
         () = cancel.cancelled() => {
-            end_turn(&session, turn, "cancelled").await;
+            end_turn(session, turn, "cancelled").await;
             starting.await
         }
     };
     let brain = match brain {
         Ok(brain) => brain,
         Err(e) => {
-            session.brain_start_failed(turn, e.to_string());
-            end_turn(&session, turn, "error").await;
+            session.brain_start_failed(turn, &e);
+            end_turn(session, turn, "error").await;
             return;
         }
     };
     if cancel.is_cancelled() {
         // Cancelled while the brain started: the prompt is never sent. Checked here as well as
         // in the brain so a later turn never sees this one holding the brain's turn lock.
-        end_turn(&session, turn, "cancelled").await;
+        end_turn(session, turn, "cancelled").await;
         return;
     }
-    let result = brain.prompt_cancellable(text, &cancel).await;
+    // The reset notice (hands rebuilt or restored since the agent's last prompt) goes before
+    // the person's text, once.
+    let notice = session.hands.take_notice();
+    let result = brain.prompt_cancellable(text, notice, &cancel).await;
     match result {
-        Ok(stop_reason) => end_turn(&session, turn, &stop_reason).await,
+        Ok(stop_reason) => end_turn(session, turn, &stop_reason).await,
         Err(e) => {
             let worker_died = matches!(e, BrainError::WorkerExited { .. }) || !brain.is_alive();
             let code = if worker_died {
@@ -112,7 +129,7 @@ async fn run_turn(
                     },
                 );
             }
-            end_turn(&session, turn, "error").await;
+            end_turn(session, turn, "error").await;
         }
     }
 }
@@ -159,24 +176,10 @@ async fn ensure_brain(
                 .map_err(|e| GatewayError::BrainUnavailable(e.to_string()))?
         }
     };
-    let hands_started = Instant::now();
-    let was_running = session.hands.is_running();
     let mcp = session
         .hands
         .mcp_server(&gateway.warren_bin.to_string_lossy())
-        .await
-        .map_err(|e| GatewayError::BrainUnavailable(e.to_string()))?;
-    if !was_running {
-        let elapsed_ms = u64::try_from(hands_started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        session.emit(
-            None,
-            EventBody::Hands {
-                state: "ready".into(),
-                elapsed_ms: Some(elapsed_ms),
-                message: None,
-            },
-        );
-    }
+        .await?;
     let sink: Arc<dyn TurnSink> = Arc::new(Sink {
         session: Arc::downgrade(session),
     });

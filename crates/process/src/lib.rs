@@ -12,6 +12,7 @@
 mod child_setup;
 pub mod command;
 pub mod env;
+pub mod inherited;
 pub mod pipes;
 pub mod procfs;
 pub mod pty;

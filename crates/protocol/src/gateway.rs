@@ -53,8 +53,11 @@ pub struct SessionInfo {
     pub last_seq: u64,
     /// Brain state: `none`, `warm` (a pool worker, no ACP session yet) or `ready`.
     pub brain: String,
-    /// Hands state: `none` (not created yet) or `running`.
+    /// Hands state: `none` (not created yet), `starting`, `running`, `paused`, `archived`,
+    /// `restoring` or `lost` (hands.md).
     pub hands: String,
+    /// How the hands are confined: `bwrap`, `none` (unconfined, said loudly) or `remote`.
+    pub isolation: String,
 }
 
 /// `GET /v1/sessions` answer.
@@ -134,11 +137,26 @@ pub enum EventBody {
     FilesChanged {
         paths: Vec<String>,
     },
-    /// Sandbox lifecycle with timings (free-form details).
+    /// A sandbox lifecycle transition (hands.md): `state` is the state entered (`starting`,
+    /// `running`, `paused`, `archived`, `restoring`, `restored`, `lost`, `stopped`), with how long
+    /// the transition took and, where it applies, the other fields.
     Hands {
         state: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         elapsed_ms: Option<u64>,
+        /// `bwrap`, `none` or `remote`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isolation: Option<String>,
+        /// True when processes and shell state were reset (new hands on kept or restored files).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reset: Option<bool>,
+        /// When the snapshot the files come from (or the one just taken) was taken.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot_at: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },

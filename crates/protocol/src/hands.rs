@@ -16,6 +16,9 @@ pub struct HandsIdentity {
     pub nonce: String,
     /// When this execd started, RFC 3339.
     pub started_at: String,
+    /// The workspace as this execd sees it (its `--root`, e.g. `/workspace` in a sandbox):
+    /// paths the gateway sends are beneath it.
+    pub root: String,
 }
 
 /// The answer to `POST /v1/workspace/restore`.

@@ -60,7 +60,31 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-async fn run_execd(config: warren_execd::Config) -> anyhow::Result<()> {
+/// `--secrets-fd`: the token and nonce from the pipe the gateway passed, then non-dumpable, so
+/// neither `/proc/<execd>/environ` nor its memory or descriptors show them to the commands it
+/// runs (which share its uid inside a sandbox).
+fn read_secrets(config: &mut warren_execd::Config) -> anyhow::Result<()> {
+    let Some(fd) = config.secrets_fd else {
+        return Ok(());
+    };
+    let pipe = warren_process::inherited::take_inherited_fd(fd)?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(pipe), &mut text)?;
+    for line in text.lines().filter(|line| !line.is_empty()) {
+        match line.split_once('=') {
+            Some(("EXECD_ACCESS_TOKEN", token)) => config.access_token = Some(token.to_string()),
+            Some(("WARREN_HANDS_NONCE", nonce)) => config.hands_nonce = Some(nonce.to_string()),
+            _ => {
+                anyhow::bail!("--secrets-fd: unexpected line (expected NAME=VALUE of a known name)")
+            }
+        }
+    }
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    Ok(())
+}
+
+async fn run_execd(mut config: warren_execd::Config) -> anyhow::Result<()> {
+    read_secrets(&mut config)?;
     let shutdown = shutdown_signal();
     warren_process::reaper::start()?;
     if let warren_execd::ListenAddr::Tcp(listen) = &config.listen

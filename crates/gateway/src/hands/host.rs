@@ -1,340 +1,29 @@
-//! Hands: a session's sandbox, a `warren execd` with the session workspace as `--root`, and the
-//! [`warren_brain::Host`] that serves the agent's `fs/*` and `terminal/*` requests from it
-//! through the typed execd client: files through Warren's `/v1/files`, terminals through
-//! `/v1/terminals` (the exec engine, raw bytes, real exit codes and signal names).
+//! The [`warren_brain::Host`] of a session's hands: the agent's `fs/*` and `terminal/*`
+//! requests served by the running hands' execd through the typed client, files through
+//! Warren's `/v1/files`, terminals through `/v1/terminals` (the exec engine: raw bytes, real
+//! exit codes and signal names). Every request is a use of the hands ([`Hands::endpoint`]): it
+//! starts, thaws or restores them first.
 //!
-//! [`Hands`] starts its execd lazily on first use ([`Hands::endpoint`]) through a
-//! [`HandsProvider`]; [`LocalHands`] (the default) runs `<warren> execd --listen 127.0.0.1:0
-//! --root <workspace>` through `warren_process::spawn` in its own process group, under the
-//! hands environment policy (a clean allowlist plus `--hands-env`, never the gateway's
-//! variables), with a random access token, reads the bound address from execd's first stdout
-//! line, and kills the whole process tree on [`Hands::stop`]. Pause, archive, snapshots and
-//! bwrap are deliberately absent: they are further providers or wrappers behind the same trait.
-//!
-//! Paths: the agent sees the workspace at its real absolute path (the `cwd` of `session/new`);
-//! paths are checked to lie inside the workspace before anything is sent to execd.
+//! Paths: the agent sees the workspace at its absolute path on the gateway's disk (the `cwd`
+//! of `session/new`); a path is checked to lie inside it and then rewritten beneath the root
+//! execd sees (`/workspace` in a bwrap sandbox) before anything is sent.
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::AsyncBufReadExt;
-use tokio::sync::watch;
 use warren_brain::{
-    BoxFuture, Host, HostError, McpServerSpec, TerminalExit, TerminalOutput, TerminalSpec,
-    select_lines,
+    BoxFuture, Host, HostError, TerminalExit, TerminalOutput, TerminalSpec, select_lines,
 };
 use warren_execd_client::{ClientError, ExecdClient};
-use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
-use warren_process::{
-    CommandSpec, Connect, EnvPolicy, HandsVar, TreeGuard, TreeMarker, TreeRegistry,
-};
 use warren_protocol::terminal::TerminalCreate;
 
-/// How long a starting execd may take to print its address.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
-/// SIGTERM grace when stopping hands.
-const STOP_GRACE: Duration = Duration::from_secs(2);
+use super::Hands;
+
 /// How long one `terminal/wait_for_exit` poll waits in execd before asking again.
 const EXIT_POLL: Duration = Duration::from_secs(60);
 
-/// Where a running hands' execd answers, and the token it requires.
-#[derive(Clone, PartialEq, Eq)]
-pub struct HandsEndpoint {
-    /// `http://127.0.0.1:PORT`, no trailing slash.
-    pub url: String,
-    /// Sent as `X-EXECD-ACCESS-TOKEN`. Never logged.
-    pub token: String,
-}
-
-impl HandsEndpoint {
-    /// The typed client of this execd.
-    pub fn client(&self) -> Result<ExecdClient, HandsError> {
-        ExecdClient::new(&self.url, Some(self.token.clone()))
-            .map_err(|e| HandsError::Start(e.to_string()))
-    }
-}
-
-impl std::fmt::Debug for HandsEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandsEndpoint")
-            .field("url", &self.url)
-            .field("token", &"<redacted>")
-            .finish()
-    }
-}
-
-/// Why hands could not be started or used.
-#[derive(Debug, thiserror::Error)]
-pub enum HandsError {
-    #[error("cannot start hands: {0}")]
-    Start(String),
-    #[error("hands are stopped")]
-    Stopped,
-}
-
-/// One running sandbox.
-pub trait HandsInstance: Send + Sync {
-    fn endpoint(&self) -> &HandsEndpoint;
-    /// False once the sandbox died (the next use starts a new one).
-    fn is_alive(&self) -> bool;
-    /// Stops every process of the sandbox.
-    fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
-}
-
-/// Creates sandboxes for workspaces. Local processes today; paused, archived, bwrap'd or remote
-/// hands are further implementations.
-pub trait HandsProvider: Send + Sync + 'static {
-    fn start(
-        &self,
-        workspace: PathBuf,
-    ) -> BoxFuture<'_, Result<Box<dyn HandsInstance>, HandsError>>;
-}
-
-/// Runs `<execd_program> execd` as a local child process per sandbox.
-#[derive(Debug, Clone)]
-pub struct LocalHands {
-    execd_program: PathBuf,
-    /// Where each execd's tree is listed while it runs, if anywhere.
-    registry: Option<Arc<TreeRegistry>>,
-    /// `--hands-env`: variables the hands get besides the allowlist.
-    env: Vec<HandsVar>,
-}
-
-impl LocalHands {
-    /// `execd_program` is the `warren` binary (its `execd` subcommand is used).
-    pub fn new(execd_program: impl Into<PathBuf>) -> Self {
-        Self {
-            execd_program: execd_program.into(),
-            registry: None,
-            env: Vec::new(),
-        }
-    }
-
-    /// Lists each execd's process tree in `registry` from before it starts until it is stopped,
-    /// so a gateway restarted after a crash can stop the hands this one leaves behind.
-    pub fn registered_in(mut self, registry: Arc<TreeRegistry>) -> Self {
-        self.registry = Some(registry);
-        self
-    }
-
-    /// Gives the hands these variables besides the allowlist (`--hands-env`).
-    pub fn with_env(mut self, env: Vec<HandsVar>) -> Self {
-        self.env = env;
-        self
-    }
-
-    /// Uses the running executable (the normal case: the gateway is `warren`).
-    pub fn from_current_exe() -> std::io::Result<Self> {
-        Ok(Self::new(std::env::current_exe()?))
-    }
-}
-
-struct LocalInstance {
-    endpoint: HandsEndpoint,
-    /// Kills the sandbox's tree on `stop`, or when dropped (an error path, a session dropped by
-    /// mistake), and holds its registry entry until then.
-    tree: TreeGuard,
-    exit: watch::Receiver<Option<String>>,
-}
-
-impl HandsInstance for LocalInstance {
-    fn endpoint(&self) -> &HandsEndpoint {
-        &self.endpoint
-    }
-
-    fn is_alive(&self) -> bool {
-        self.exit.borrow().is_none()
-    }
-
-    fn stop(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            self.tree.kill().await;
-            let mut exit = self.exit.clone();
-            let _ = tokio::time::timeout(STOP_GRACE * 2, exit.wait_for(Option::is_some)).await;
-        })
-    }
-}
-
-impl HandsProvider for LocalHands {
-    fn start(
-        &self,
-        workspace: PathBuf,
-    ) -> BoxFuture<'_, Result<Box<dyn HandsInstance>, HandsError>> {
-        Box::pin(async move {
-            let instance = self.start_local(&workspace).await?;
-            Ok(Box::new(instance) as Box<dyn HandsInstance>)
-        })
-    }
-}
-
-impl LocalHands {
-    async fn start_local(&self, workspace: &Path) -> Result<LocalInstance, HandsError> {
-        let fail = |what: &str, error: &dyn std::fmt::Display| {
-            HandsError::Start(format!("{what}: {error}"))
-        };
-        tokio::fs::create_dir_all(workspace)
-            .await
-            .map_err(|e| fail("cannot create the workspace", &e))?;
-        let token = hex::encode(rand::random::<[u8; 32]>());
-        let marker = TreeMarker::new();
-        let registered = self
-            .registry
-            .as_ref()
-            .map(|registry| registry.register(&marker));
-        let spec = CommandSpec::new(&self.execd_program, &marker)
-            .arg("execd")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--root")
-            .arg(workspace)
-            .cwd(workspace)
-            .env_policy(EnvPolicy::Hands {
-                pass: self.env.clone(),
-            })
-            .env("EXECD_ACCESS_TOKEN", &token);
-        let options = PipeOptions {
-            stdin: StdinMode::Null,
-            output: OutputMode::Separate,
-            leader: Leader::ProcessGroup,
-        };
-        let spawned = warren_process::spawn(&spec, Connect::Pipes(options))
-            .map_err(|e| fail(&format!("cannot run {}", self.execd_program.display()), &e))?
-            .into_pipes();
-        let pid = spawned.pid();
-        let mut tree = TreeGuard::new(spawned.tree.clone(), STOP_GRACE, registered);
-        let mut child = spawned.child;
-        let Some(stderr) = spawned.stderr else {
-            return Err(HandsError::Start("execd stdio pipes missing".into()));
-        };
-        let (exit_tx, exit_rx) = watch::channel(None);
-        tokio::spawn(async move {
-            let status = match child.wait().await {
-                Ok(status) => status.to_string(),
-                Err(error) => format!("wait failed: {error}"),
-            };
-            tracing::debug!(pid, %status, "hands execd exited");
-            let _ = exit_tx.send(Some(status));
-        });
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::debug!(target: "warren_gateway::hands_stderr", pid, "{line}");
-            }
-        });
-        let mut stdout = tokio::io::BufReader::new(spawned.stdout).lines();
-        let first_line = tokio::time::timeout(START_TIMEOUT, stdout.next_line()).await;
-        let url = match first_line {
-            Ok(Ok(Some(line))) => line
-                .strip_prefix("warren execd listening on ")
-                .map(|url| url.trim().trim_end_matches('/').to_owned()),
-            _ => None,
-        };
-        let Some(url) = url else {
-            tree.kill().await;
-            return Err(HandsError::Start("execd did not print its address".into()));
-        };
-        // Keep draining stdout so execd never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
-        tracing::info!(pid, %url, workspace = %workspace.display(), "hands started");
-        Ok(LocalInstance {
-            endpoint: HandsEndpoint { url, token },
-            tree,
-            exit: exit_rx,
-        })
-    }
-}
-
-/// One session's hands: the sandbox (started on first use) and the agent-facing [`Host`].
-pub struct Hands {
-    provider: Arc<dyn HandsProvider>,
-    workspace: PathBuf,
-    instance: tokio::sync::Mutex<Option<Box<dyn HandsInstance>>>,
-    /// The agent's terminals, each with the client of the execd that runs it (a terminal of
-    /// hands that died is gone with them).
-    terminals: Mutex<HashMap<String, ExecdClient>>,
-    stopped: std::sync::atomic::AtomicBool,
-    n_starts: std::sync::atomic::AtomicU64,
-}
-
 impl Hands {
-    /// Hands for `workspace` (made absolute); nothing starts until first use.
-    pub fn new(provider: Arc<dyn HandsProvider>, workspace: PathBuf) -> Arc<Self> {
-        let workspace = std::path::absolute(&workspace).unwrap_or(workspace);
-        Arc::new(Self {
-            provider,
-            workspace,
-            instance: tokio::sync::Mutex::new(None),
-            terminals: Mutex::new(HashMap::new()),
-            stopped: std::sync::atomic::AtomicBool::new(false),
-            n_starts: std::sync::atomic::AtomicU64::new(0),
-        })
-    }
-
-    /// The workspace's absolute path: the `cwd` to give the agent in `session/new`.
-    pub fn workspace(&self) -> &Path {
-        &self.workspace
-    }
-
-    /// The running sandbox's endpoint, starting (or restarting a dead) sandbox first.
-    pub async fn endpoint(&self) -> Result<HandsEndpoint, HandsError> {
-        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(HandsError::Stopped);
-        }
-        let mut instance = self.instance.lock().await;
-        if let Some(running) = instance.as_ref() {
-            if running.is_alive() {
-                return Ok(running.endpoint().clone());
-            }
-            tracing::warn!(workspace = %self.workspace.display(), "hands died; starting new ones");
-            if let Some(dead) = instance.take() {
-                dead.stop().await;
-            }
-        }
-        let started = self.provider.start(self.workspace.clone()).await?;
-        self.n_starts
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let endpoint = started.endpoint().clone();
-        *instance = Some(started);
-        Ok(endpoint)
-    }
-
-    /// Warren's exec tools bound to these hands, for `session/new` (starts the hands).
-    pub async fn mcp_server(&self, warren_exe: &str) -> Result<McpServerSpec, HandsError> {
-        let endpoint = self.endpoint().await?;
-        Ok(McpServerSpec::warren_exec(
-            warren_exe,
-            &endpoint.url,
-            &endpoint.token,
-        ))
-    }
-
-    /// How many sandboxes these hands have started: more than one means earlier ones died (or
-    /// were stopped) and processes and shell state were reset.
-    pub fn n_starts(&self) -> u64 {
-        self.n_starts.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// True while a sandbox runs (without starting one).
-    pub fn is_running(&self) -> bool {
-        match self.instance.try_lock() {
-            Ok(instance) => instance.as_ref().is_some_and(|i| i.is_alive()),
-            // Someone is starting or stopping it right now.
-            Err(_) => true,
-        }
-    }
-
-    /// Stops the sandbox and every process in it; later uses fail with [`HandsError::Stopped`].
-    pub async fn stop(&self) {
-        self.stopped
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.terminals().clear();
-        if let Some(instance) = self.instance.lock().await.take() {
-            instance.stop().await;
-        }
-    }
-
     fn terminals(&self) -> std::sync::MutexGuard<'_, HashMap<String, ExecdClient>> {
         self.terminals
             .lock()
@@ -349,8 +38,9 @@ impl Hands {
     }
 
     /// Checks that `path` is absolute and inside the workspace (lexically; execd enforces the
-    /// rest without following links out) and returns it as execd expects it.
-    fn execd_path(&self, path: &Path) -> Result<String, HostError> {
+    /// rest without following links out) and returns it beneath `root`, execd's view of the
+    /// workspace.
+    fn execd_path(&self, path: &Path, root: &str) -> Result<String, HostError> {
         if !path.is_absolute() {
             return Err(HostError::Invalid(format!(
                 "path {} is not absolute",
@@ -367,24 +57,29 @@ impl Hands {
                 other => normal.push(other),
             }
         }
-        let Ok(relative) = normal.strip_prefix(&self.workspace) else {
+        let Ok(relative) = normal.strip_prefix(self.workspace()) else {
             return Err(HostError::Invalid(format!(
                 "path {} is outside the workspace {}",
                 path.display(),
-                self.workspace.display()
+                self.workspace().display()
             )));
         };
-        // execd canonicalizes its root (symlinked temp dirs, `./warren-data`); speak its terms.
-        let root =
-            std::fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
-        Ok(root.join(relative).to_string_lossy().into_owned())
+        Ok(Path::new(root)
+            .join(relative)
+            .to_string_lossy()
+            .into_owned())
     }
 
-    async fn client_for_host(&self) -> Result<ExecdClient, HostError> {
-        self.endpoint()
+    /// The running hands' client and root (a use: starts, thaws or restores them first).
+    async fn client_for_host(&self) -> Result<(ExecdClient, String), HostError> {
+        let (endpoint, root) = self
+            .endpoint_and_root()
             .await
-            .and_then(|endpoint| endpoint.client())
-            .map_err(|e| HostError::Failed(e.to_string()))
+            .map_err(|e| HostError::Failed(e.to_string()))?;
+        let client = endpoint
+            .client()
+            .map_err(|e| HostError::Failed(e.to_string()))?;
+        Ok((client, root))
     }
 
     async fn read_file(
@@ -394,8 +89,8 @@ impl Hands {
         limit: Option<u32>,
     ) -> Result<String, HostError> {
         // Hands first: they create the workspace, which path resolution needs.
-        let client = self.client_for_host().await?;
-        let execd_path = self.execd_path(&path)?;
+        let (client, root) = self.client_for_host().await?;
+        let execd_path = self.execd_path(&path, &root)?;
         let bytes = client
             .read_file(&execd_path)
             .await
@@ -407,8 +102,8 @@ impl Hands {
 
     async fn write_file(&self, path: PathBuf, content: String) -> Result<(), HostError> {
         // Hands first: they create the workspace, which path resolution needs.
-        let client = self.client_for_host().await?;
-        let execd_path = self.execd_path(&path)?;
+        let (client, root) = self.client_for_host().await?;
+        let execd_path = self.execd_path(&path, &root)?;
         client
             .write_file(&execd_path, content)
             .await
@@ -416,10 +111,10 @@ impl Hands {
     }
 
     async fn start_terminal(&self, spec: TerminalSpec) -> Result<String, HostError> {
-        let client = self.client_for_host().await?;
+        let (client, root) = self.client_for_host().await?;
         let cwd = match &spec.cwd {
-            Some(cwd) => self.execd_path(cwd)?,
-            None => self.execd_path(&self.workspace)?,
+            Some(cwd) => self.execd_path(cwd, &root)?,
+            None => root.clone(),
         };
         let create = TerminalCreate {
             command: spec.command,
@@ -454,7 +149,7 @@ impl Hands {
 }
 
 /// The one place execd's answers become the agent's errors.
-fn host_error(error: ClientError, subject: &Path) -> HostError {
+pub fn host_error(error: ClientError, subject: &Path) -> HostError {
     let subject = subject.display();
     match error {
         ClientError::Api {
@@ -564,17 +259,27 @@ mod tests {
     }
 
     #[test]
-    fn paths_outside_the_workspace_are_refused() {
-        let hands = Hands::new(
-            Arc::new(LocalHands::new("/nonexistent")),
-            PathBuf::from("/w/s1"),
-        );
-        assert_eq!(
-            hands.execd_path(Path::new("/w/s1/a.txt")).ok().as_deref(),
-            Some("/w/s1/a.txt")
-        );
-        assert!(hands.execd_path(Path::new("/w/s1/../s2/a.txt")).is_err());
-        assert!(hands.execd_path(Path::new("relative.txt")).is_err());
-        assert!(hands.execd_path(Path::new("/etc/passwd")).is_err());
+    fn paths_outside_the_workspace_are_refused_and_inside_ones_rewritten_beneath_execds_root() {
+        let provider = crate::hands::remote::RemoteHands::new("http://127.0.0.1:9/{session}", "t");
+        let hands = Hands::new(std::sync::Arc::new(provider), "s1", Path::new("/w/s1"));
+        let cases = [
+            ("/w/s1/workspace/a.txt", Some("/workspace/a.txt")),
+            ("/w/s1/workspace/sub/../b.txt", Some("/workspace/b.txt")),
+            ("/w/s1/workspace", Some("/workspace")),
+            ("/w/s1/workspace/../../s2/workspace/a.txt", None),
+            ("/w/s1/meta.json", None),
+            ("relative.txt", None),
+            ("/etc/passwd", None),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(
+                hands
+                    .execd_path(Path::new(path), "/workspace")
+                    .ok()
+                    .as_deref(),
+                expected,
+                "{path}"
+            );
+        }
     }
 }

@@ -4,6 +4,7 @@
 mod compat;
 mod exec;
 mod gateway;
+mod hands;
 mod pty;
 mod support;
 
@@ -23,6 +24,8 @@ pub enum Bench {
     Compat,
     /// Warm-brain handout, first-event latency, SSE fan-out and event-log append rate.
     Gateway,
+    /// Hands lifecycle: create, first tool call, pause/resume, snapshot/restore, archive, RSS.
+    Hands,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -31,5 +34,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Exec => exec::run().await,
         Bench::Compat => compat::run().await,
         Bench::Gateway => gateway::run().await,
+        Bench::Hands => hands::run().await,
     }
 }

@@ -1,0 +1,863 @@
+//! The local provider: each session's hands are `warren execd` on this machine, inside a
+//! bubblewrap sandbox (`warren-sandbox`: user, pid, mount, ipc, uts and optionally net
+//! namespaces, seccomp, no capabilities, an unprivileged uid, the workspace its only writable
+//! mount besides a private `/tmp`) or, where `--hands-isolation auto` finds no working bwrap,
+//! unconfined with a loud warning. Each sandbox gets its own cgroup where the host has them
+//! (freezing for pause, `--hands-memory` / `--hands-pids`, killing everything at once).
+//!
+//! Transport: execd listens on a Unix socket in the session's run directory
+//! (`<data>/run/hands/<id>/execd.sock`, bound at `/run/warren` inside), the only part of the
+//! data directory the sandbox sees. The access token and the instance's nonce reach execd
+//! through a pipe it reads and closes at start (never argv or the environment, which
+//! `/proc` would show inside), and execd makes itself non-dumpable.
+//!
+//! Hands outlive the gateway: they get no parent-death signal, lead their own session, and are
+//! described by a record (`<data>/run/hands/<id>.json`: pid and its start time, nonce, token,
+//! cgroup) that the next gateway reads to adopt them ([`HandsProvider::adopt`]). An instance
+//! whose pid is gone, or whose execd reports another nonce, is stopped and never taken for the
+//! session's hands.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::watch;
+use warren_brain::BoxFuture;
+use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
+use warren_process::{CommandSpec, Connect, EnvPolicy, HandsVar, TreeId, TreeMarker};
+use warren_sandbox::{CgroupRoots, HandsCgroup, Limits, Network, SandboxSpec};
+
+use super::{HandsEndpoint, HandsError, HandsInstance, HandsProvider, Isolation, StartSpec};
+
+/// How long a starting execd may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// SIGTERM grace when stopping unconfined hands (a sandbox's cgroup is killed at once).
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How often an adopted sandbox's pid and every sandbox's limit counters are checked.
+const WATCH_PERIOD: Duration = Duration::from_millis(250);
+/// The fd execd reads its secrets from (`--secrets-fd`); the sandbox's own fds are 3 to 7.
+const SECRETS_FD: i32 = 8;
+/// Where the `warren` binary is inside a sandbox.
+const INNER_WARREN: &str = "/opt/warren/bin/warren";
+/// The workspace and run directory inside a sandbox.
+const INNER_WORKSPACE: &str = "/workspace";
+const INNER_RUN: &str = "/run/warren";
+const SOCKET_NAME: &str = "execd.sock";
+
+/// `--hands-isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationMode {
+    /// bwrap when it is installed and works, else unconfined with a warning.
+    Auto,
+    /// bwrap or no hands (503 `HANDS_UNAVAILABLE`).
+    Bwrap,
+    /// Unconfined: only the environment allowlist holds.
+    None,
+}
+
+/// `--hands-network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetworkMode {
+    Host,
+    /// Loopback only.
+    None,
+}
+
+/// What the local provider needs.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// The `warren` binary (its `execd` subcommand runs in the hands).
+    pub warren_bin: PathBuf,
+    /// `<data>/run/hands`: records and per-session run directories.
+    pub run_dir: PathBuf,
+    pub isolation: IsolationMode,
+    pub network: NetworkMode,
+    /// The unprivileged host uid (and gid) the sandbox runs as when the gateway is root.
+    pub uid: u32,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    /// `--hands-env`.
+    pub env: Vec<HandsVar>,
+}
+
+/// The local provider (see the module docs).
+pub struct LocalHands {
+    config: LocalConfig,
+    /// How hands are confined here, decided once at start.
+    isolation: Isolation,
+    bwrap: Option<PathBuf>,
+    /// Why hands cannot start (`--hands-isolation bwrap` without a working bwrap).
+    unavailable: Option<String>,
+    cgroups: CgroupRoots,
+}
+
+/// `<data>/run/hands/<id>.json`: what the next gateway needs to adopt a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    session_id: String,
+    pid: u32,
+    /// The pid's start time (clock ticks after boot), so a reused pid is never taken for it.
+    start_time: u64,
+    nonce: String,
+    token: String,
+    isolation: String,
+    /// The cgroup name, when the sandbox has one.
+    cgroup: Option<String>,
+    marker: String,
+    root: String,
+}
+
+impl LocalHands {
+    /// Decides the isolation (probing bwrap once) and finds the cgroups. Never fails: a missing
+    /// bwrap under `--hands-isolation bwrap` makes every start answer `HANDS_UNAVAILABLE`.
+    pub async fn new(config: LocalConfig) -> LocalHands {
+        let cgroups = CgroupRoots::discover();
+        tracing::info!(cgroups = %cgroups.describe(), "hands cgroups");
+        let found = warren_sandbox::find_bwrap();
+        let probed = match &found {
+            Some(bwrap) => warren_sandbox::probe(bwrap).await,
+            None => Err("bwrap (Debian package bubblewrap) is not installed".to_string()),
+        };
+        let (isolation, bwrap, unavailable) = match (config.isolation, probed) {
+            (IsolationMode::None, _) => (Isolation::None, None, None),
+            (_, Ok(())) => (Isolation::Bwrap, found, None),
+            (IsolationMode::Bwrap, Err(why)) => {
+                tracing::error!(%why, "--hands-isolation bwrap: bwrap does not work here; hands cannot start");
+                (Isolation::Bwrap, None, Some(why))
+            }
+            (IsolationMode::Auto, Err(why)) => (Isolation::None, None, Some(why)),
+        };
+        let unavailable = match (config.isolation, unavailable) {
+            (IsolationMode::Auto, Some(why)) => {
+                tracing::warn!(
+                    %why,
+                    "HANDS RUN UNCONFINED: bwrap does not work here, so a model's commands run \
+                     as the gateway's user with the host's files in view. Install bubblewrap \
+                     (or pass --hands-isolation bwrap to refuse to run without it)."
+                );
+                None
+            }
+            (_, unavailable) => unavailable,
+        };
+        if config.isolation == IsolationMode::None {
+            tracing::warn!(
+                "HANDS RUN UNCONFINED (--hands-isolation none): a model's commands run as the \
+                 gateway's user with the host's files in view"
+            );
+        }
+        LocalHands {
+            config,
+            isolation,
+            bwrap,
+            unavailable,
+            cgroups,
+        }
+    }
+
+    fn record_path(&self, session_id: &str) -> PathBuf {
+        self.config.run_dir.join(format!("{session_id}.json"))
+    }
+
+    fn session_run_dir(&self, session_id: &str) -> PathBuf {
+        self.config.run_dir.join(session_id)
+    }
+
+    /// The host uid and gid the sandbox runs as: `--hands-uid` when the gateway is root (and
+    /// can switch), else the gateway's own, which is not root.
+    fn sandbox_ids(&self) -> Option<(u32, u32)> {
+        let root = rustix::process::geteuid().is_root();
+        (root && self.isolation == Isolation::Bwrap).then_some((self.config.uid, self.config.uid))
+    }
+
+    async fn start_local(&self, spec: &StartSpec) -> Result<LocalInstance, HandsError> {
+        if let Some(why) = &self.unavailable {
+            return Err(HandsError::Unavailable(why.clone()));
+        }
+        let fail = |what: &str, error: &dyn std::fmt::Display| {
+            HandsError::Start(format!("{what}: {error}"))
+        };
+        let ids = self.sandbox_ids();
+        let run_dir = self.session_run_dir(&spec.session_id);
+        let workspace = spec.workspace.clone();
+        let prepared = {
+            let run_dir = run_dir.clone();
+            tokio::task::spawn_blocking(move || prepare_dirs(&workspace, &run_dir, ids))
+                .await
+                .map_err(|e| fail("cannot prepare the hands", &e))?
+        };
+        prepared.map_err(|e| fail("cannot prepare the workspace", &e))?;
+        // What an earlier instance of this session left (a stale record, a cgroup) goes first.
+        self.stop_recorded(&spec.session_id).await;
+
+        let nonce = hex::encode(rand::random::<[u8; 16]>());
+        let marker = TreeMarker::new();
+        let cgroup_name = format!("{}-{}", spec.session_id, &nonce[..8]);
+        let limits = Limits {
+            memory_bytes: self.config.memory_bytes,
+            pids: self.config.pids,
+        };
+        let roots = &self.cgroups;
+        let any_hierarchy = roots.v2.is_some()
+            || roots.freezer.is_some()
+            || roots.memory.is_some()
+            || roots.pids.is_some();
+        let cgroup = if any_hierarchy {
+            match HandsCgroup::create(&self.cgroups, &cgroup_name, &limits) {
+                Ok(cgroup) => Some(cgroup),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no cgroup for the hands: pause falls back to SIGSTOP and limits are off");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let secrets = secrets_pipe(&spec.token, &nonce)
+            .map_err(|e| fail("cannot pass the hands their secrets", &e))?;
+        let (command, root) = match self.isolation {
+            Isolation::Bwrap => {
+                let bwrap = self
+                    .bwrap
+                    .clone()
+                    .ok_or_else(|| HandsError::Unavailable("bwrap not found".into()))?;
+                let sandbox = SandboxSpec {
+                    bwrap,
+                    workspace: open_path(&spec.workspace)
+                        .map_err(|e| fail("cannot open the workspace", &e))?,
+                    run_dir: open_path(&run_dir)
+                        .map_err(|e| fail("cannot open the run dir", &e))?,
+                    warren_bin: open_path(&self.config.warren_bin)
+                        .map_err(|e| fail("cannot open the warren binary", &e))?,
+                    home: None,
+                    network: match self.config.network {
+                        NetworkMode::Host => Network::Host,
+                        NetworkMode::None => Network::None,
+                    },
+                    uid: ids.map(|(uid, _)| uid),
+                    gid: ids.map(|(_, gid)| gid),
+                    seccomp: warren_sandbox::seccomp_memfd()
+                        .map_err(|e| fail("cannot build the seccomp filter", &e))?,
+                    cgroup_procs: cgroup
+                        .as_ref()
+                        .map(HandsCgroup::procs_files)
+                        .unwrap_or_default(),
+                    extra_env: self.config.env.clone(),
+                };
+                let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");
+                let args = execd_args(&socket, INNER_WORKSPACE);
+                (
+                    sandbox.command(&marker, INNER_WARREN, &args),
+                    INNER_WORKSPACE.to_string(),
+                )
+            }
+            Isolation::None | Isolation::Remote => {
+                let root = std::fs::canonicalize(&spec.workspace)
+                    .map_err(|e| fail("cannot resolve the workspace", &e))?;
+                let socket = format!("unix:{}", run_dir.join(SOCKET_NAME).display());
+                let root_text = root.to_string_lossy().into_owned();
+                let args = execd_args(&socket, &root_text);
+                let command = CommandSpec::new(&self.config.warren_bin, &marker)
+                    .args(args)
+                    .cwd(&root)
+                    .env_policy(EnvPolicy::Hands {
+                        pass: self.config.env.clone(),
+                    })
+                    .join_cgroups(
+                        cgroup
+                            .as_ref()
+                            .map(HandsCgroup::procs_files)
+                            .unwrap_or_default(),
+                    )
+                    .outlive_daemon();
+                (command, root_text)
+            }
+        };
+        let command = command.fd(SECRETS_FD, secrets);
+        let options = PipeOptions {
+            stdin: StdinMode::Null,
+            output: OutputMode::Separate,
+            leader: Leader::ProcessGroup,
+        };
+        let spawned = match warren_process::spawn(&command, Connect::Pipes(options)) {
+            Ok(spawned) => spawned.into_pipes(),
+            Err(e) => {
+                if let Some(cgroup) = cgroup {
+                    let _ = cgroup.remove();
+                }
+                return Err(fail("cannot start the hands", &e));
+            }
+        };
+        let pid = spawned.pid();
+        let tree = spawned.tree.clone();
+        let mut child = spawned.child;
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let limit_hit: Arc<Mutex<Option<String>>> = Arc::default();
+        let why_limit = limit_hit.clone();
+        tokio::spawn(async move {
+            let status = match child.wait().await {
+                Ok(status) => status.to_string(),
+                Err(error) => format!("wait failed: {error}"),
+            };
+            let why = match why_limit.lock().map(|hit| hit.clone()) {
+                Ok(Some(limit)) => limit,
+                _ => format!("the sandbox exited ({status})"),
+            };
+            tracing::debug!(pid, %why, "hands exited");
+            let _ = exit_tx.send(Some(why));
+        });
+        if let Some(stderr) = spawned.stderr {
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(target: "warren_gateway::hands_stderr", pid, "{line}");
+                }
+            });
+        }
+        let mut instance = LocalInstance {
+            endpoint: HandsEndpoint {
+                url: format!("unix:{}", run_dir.join(SOCKET_NAME).display()),
+                token: spec.token.clone(),
+                nonce: nonce.clone(),
+            },
+            root,
+            isolation: self.isolation,
+            tree,
+            cgroup: cgroup.map(Arc::new),
+            exit: exit_rx,
+            record: self.record_path(&spec.session_id),
+            run_dir,
+            watchers: Vec::new(),
+        };
+        let mut stdout = tokio::io::BufReader::new(spawned.stdout).lines();
+        let first_line = tokio::time::timeout(START_TIMEOUT, stdout.next_line()).await;
+        let listening = matches!(
+            &first_line,
+            Ok(Ok(Some(line))) if line.starts_with("warren execd listening on ")
+        );
+        if !listening {
+            let why = instance.exit.borrow().clone();
+            Box::new(instance).stop().await;
+            return Err(HandsError::Start(format!(
+                "execd did not start{}",
+                why.map(|why| format!(" ({why})")).unwrap_or_default()
+            )));
+        }
+        // Keep draining stdout so execd never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+        if let Err(e) = check_identity(&instance.endpoint).await {
+            Box::new(instance).stop().await;
+            return Err(e);
+        }
+        let start_time = warren_process::procfs::stat(pid as i32)
+            .map(|stat| stat.start_time)
+            .unwrap_or_default();
+        let record = Record {
+            session_id: spec.session_id.clone(),
+            pid,
+            start_time,
+            nonce,
+            token: spec.token.clone(),
+            isolation: self.isolation.label().to_string(),
+            cgroup: instance.cgroup.as_ref().map(|_| cgroup_name.clone()),
+            marker: marker.to_string(),
+            root: instance.root.clone(),
+        };
+        if let Err(e) = write_record(&instance.record, &record) {
+            tracing::warn!(error = %e, "cannot write the hands record; a restarted gateway will not adopt these hands");
+        }
+        instance.watch_limits(limit_hit);
+        tracing::info!(
+            pid,
+            session = %spec.session_id,
+            isolation = self.isolation.label(),
+            "hands started"
+        );
+        Ok(instance)
+    }
+
+    /// Stops whatever a record says runs for `session_id` (any instance, adopted or stale),
+    /// removes its cgroup and the record.
+    async fn stop_recorded(&self, session_id: &str) {
+        let path = self.record_path(session_id);
+        let Some(record) = read_record(&path) else {
+            return;
+        };
+        let cgroup = record
+            .cgroup
+            .as_deref()
+            .and_then(|name| HandsCgroup::open(&self.cgroups, name));
+        kill_sandbox(
+            record.pid,
+            record.start_time,
+            &record.marker,
+            cgroup.as_ref(),
+        )
+        .await;
+        if let Some(cgroup) = cgroup {
+            let _ = cgroup.remove();
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    async fn adopt_local(&self, session_id: &str) -> Result<Option<LocalInstance>, HandsError> {
+        let path = self.record_path(session_id);
+        let Some(record) = read_record(&path) else {
+            return Ok(None);
+        };
+        let cgroup = record
+            .cgroup
+            .as_deref()
+            .and_then(|name| HandsCgroup::open(&self.cgroups, name));
+        if !same_process(record.pid, record.start_time) {
+            if let Some(cgroup) = cgroup {
+                let _ = cgroup.kill_all();
+                let _ = cgroup.remove();
+            }
+            let _ = std::fs::remove_file(&path);
+            return Err(HandsError::Failed(
+                "the hands an earlier gateway left have exited".into(),
+            ));
+        }
+        let run_dir = self.session_run_dir(session_id);
+        let endpoint = HandsEndpoint {
+            url: format!("unix:{}", run_dir.join(SOCKET_NAME).display()),
+            token: record.token.clone(),
+            nonce: record.nonce.clone(),
+        };
+        let cgroup = cgroup.map(Arc::new);
+        // A frozen execd cannot answer: thaw for the check, freeze again after.
+        let was_frozen = cgroup.as_ref().is_some_and(|c| c.is_frozen());
+        if let Some(cgroup) = &cgroup {
+            let _ = cgroup.thaw();
+        } else {
+            warren_process::signal_tree(
+                &TreeId::new(record.pid as i32, Some(record.marker.clone())),
+                rustix::process::Signal::CONT,
+            );
+        }
+        if let Err(e) = check_identity(&endpoint).await {
+            tracing::error!(session = session_id, error = %e, "refusing to adopt hands: they do not prove their identity; stopping them");
+            kill_sandbox(
+                record.pid,
+                record.start_time,
+                &record.marker,
+                cgroup.as_deref(),
+            )
+            .await;
+            if let Some(cgroup) = cgroup.and_then(|c| Arc::try_unwrap(c).ok()) {
+                let _ = cgroup.remove();
+            }
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        let isolation = match record.isolation.as_str() {
+            "bwrap" => Isolation::Bwrap,
+            _ => Isolation::None,
+        };
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let pid = record.pid;
+        let start_time = record.start_time;
+        let watcher = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH_PERIOD).await;
+                if !same_process(pid, start_time) {
+                    let _ = exit_tx.send(Some("the sandbox exited".into()));
+                    return;
+                }
+            }
+        });
+        let mut instance = LocalInstance {
+            endpoint,
+            root: record.root.clone(),
+            isolation,
+            tree: TreeId::new(record.pid as i32, Some(record.marker.clone())),
+            cgroup,
+            exit: exit_rx,
+            record: path,
+            run_dir,
+            watchers: vec![watcher],
+        };
+        instance.watch_limits(Arc::default());
+        if was_frozen {
+            let _ = instance.freeze_now().await;
+        } else {
+            // The earlier gateway died without pausing them: pause now, resume on use.
+            let _ = instance.freeze_now().await;
+        }
+        tracing::info!(
+            session = session_id,
+            pid,
+            "adopted hands an earlier gateway left"
+        );
+        Ok(Some(instance))
+    }
+}
+
+/// Stops every sandbox recorded under `run_dir` (`<data>/run/hands`) and removes the records:
+/// for a process that owns a data directory and wants no hands left behind (tests, a gateway
+/// told to clean up). Blocking; kills by cgroup or by the recorded pid and marker.
+pub fn stop_left_hands_blocking(run_dir: &Path) -> usize {
+    let cgroups = CgroupRoots::discover();
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return 0;
+    };
+    let mut n_stopped = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let Some(record) = read_record(&path) else {
+            continue;
+        };
+        let cgroup = record
+            .cgroup
+            .as_deref()
+            .and_then(|name| HandsCgroup::open(&cgroups, name));
+        match cgroup {
+            Some(cgroup) => {
+                let _ = cgroup.kill_all();
+                let _ = cgroup.remove();
+            }
+            None => {
+                let tree = TreeId::new(record.pid as i32, Some(record.marker.clone()));
+                warren_process::signal_tree(&tree, rustix::process::Signal::CONT);
+                warren_process::kill_tree_blocking(&tree, STOP_GRACE);
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+        n_stopped += 1;
+    }
+    n_stopped
+}
+
+/// The execd command line in the hands; its secrets come through [`SECRETS_FD`].
+fn execd_args(listen: &str, root: &str) -> Vec<OsString> {
+    [
+        "execd",
+        "--listen",
+        listen,
+        "--root",
+        root,
+        "--secrets-fd",
+        &SECRETS_FD.to_string(),
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .collect()
+}
+
+/// A pipe holding the token and nonce (execd reads it to the end and closes it; whatever else
+/// holds the read end afterwards finds it empty).
+fn secrets_pipe(token: &str, nonce: &str) -> std::io::Result<Arc<OwnedFd>> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let secrets = format!("EXECD_ACCESS_TOKEN={token}\nWARREN_HANDS_NONCE={nonce}\n");
+    let mut file = std::fs::File::from(write);
+    std::io::Write::write_all(&mut file, secrets.as_bytes())?;
+    drop(file);
+    Ok(Arc::new(read))
+}
+
+fn open_path(path: &Path) -> std::io::Result<Arc<OwnedFd>> {
+    let fd = rustix::fs::open(
+        path,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    Ok(Arc::new(fd))
+}
+
+/// The workspace (owned by the sandbox's uid, so it can write there) and the session's run
+/// directory (the same, mode 0700, with no stale socket).
+fn prepare_dirs(workspace: &Path, run_dir: &Path, ids: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(workspace)?;
+    std::fs::create_dir_all(run_dir)?;
+    std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o700))?;
+    match std::fs::remove_file(run_dir.join(SOCKET_NAME)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if let Some((uid, gid)) = ids {
+        std::os::unix::fs::chown(workspace, Some(uid), Some(gid))?;
+        std::os::unix::fs::chown(run_dir, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
+async fn check_identity(endpoint: &HandsEndpoint) -> Result<(), HandsError> {
+    let client = endpoint.client()?;
+    match client.identity().await {
+        Ok(identity) if identity.nonce == endpoint.nonce => Ok(()),
+        Ok(identity) => Err(HandsError::IdentityMismatch(format!(
+            "expected nonce {}, the execd at {} reports {}",
+            endpoint.nonce, endpoint.url, identity.nonce
+        ))),
+        Err(e) if e.code() == Some("HANDS_IDENTITY_MISMATCH") => Err(HandsError::IdentityMismatch(
+            format!("the execd at {} is another sandbox: {e}", endpoint.url),
+        )),
+        Err(e) => Err(HandsError::Start(format!(
+            "the hands at {} do not answer: {e}",
+            endpoint.url
+        ))),
+    }
+}
+
+/// True while `pid` is the process that started at `start_time` (not a zombie).
+fn same_process(pid: u32, start_time: u64) -> bool {
+    warren_process::procfs::stat(pid as i32)
+        .is_some_and(|stat| stat.start_time == start_time && !stat.is_zombie())
+}
+
+/// Kills a sandbox: its whole cgroup when it has one, else its process tree by marker.
+async fn kill_sandbox(pid: u32, start_time: u64, marker: &str, cgroup: Option<&HandsCgroup>) {
+    if let Some(cgroup) = cgroup {
+        if let Err(e) = cgroup.kill_all() {
+            tracing::warn!(error = %e, "cannot kill the hands' cgroup");
+        }
+        return;
+    }
+    let tree = TreeId::new(pid as i32, Some(marker.to_string()));
+    if same_process(pid, start_time) || !marker.is_empty() {
+        warren_process::kill_tree(&tree, STOP_GRACE).await;
+    }
+}
+
+fn read_record(path: &Path) -> Option<Record> {
+    let bytes = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(record) => Some(record),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "unreadable hands record ignored");
+            None
+        }
+    }
+}
+
+fn write_record(path: &Path, record: &Record) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let temp = path.with_extension("json.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temp)?;
+    file.write_all(&serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
+    file.sync_all()?;
+    std::fs::rename(&temp, path)
+}
+
+/// One local sandbox, started here or adopted.
+struct LocalInstance {
+    endpoint: HandsEndpoint,
+    root: String,
+    isolation: Isolation,
+    /// The sandbox's process tree (bwrap or execd at its root, the marker below).
+    tree: TreeId,
+    cgroup: Option<Arc<HandsCgroup>>,
+    exit: watch::Receiver<Option<String>>,
+    record: PathBuf,
+    run_dir: PathBuf,
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl LocalInstance {
+    /// Kills the whole sandbox when it hits its memory or process limit: a fork bomb or a
+    /// memory hog takes down its own hands (`lost`, saying which limit), nothing else.
+    fn watch_limits(&mut self, limit_hit: Arc<Mutex<Option<String>>>) {
+        let Some(cgroup) = self.cgroup.clone() else {
+            return;
+        };
+        let baseline = cgroup.limit_hits();
+        let mut exit = self.exit.clone();
+        self.watchers.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = exit.wait_for(Option::is_some) => return,
+                    () = tokio::time::sleep(WATCH_PERIOD) => {}
+                }
+                let hits = cgroup.limit_hits();
+                let why = if hits.oom_kills > baseline.oom_kills {
+                    "the sandbox hit its memory limit (--hands-memory) and was stopped"
+                } else if hits.pids_max > baseline.pids_max {
+                    "the sandbox hit its process limit (--hands-pids) and was stopped"
+                } else {
+                    continue;
+                };
+                if let Ok(mut hit) = limit_hit.lock() {
+                    *hit = Some(why.to_string());
+                }
+                tracing::warn!(why, "hands over a limit");
+                let _ = cgroup.kill_all();
+                return;
+            }
+        }));
+    }
+
+    async fn freeze_now(&self) -> Result<(), HandsError> {
+        match &self.cgroup {
+            Some(cgroup) if cgroup.can_freeze() => {
+                let cgroup = cgroup.clone();
+                tokio::task::spawn_blocking(move || cgroup.freeze())
+                    .await
+                    .map_err(|e| HandsError::Failed(e.to_string()))?
+                    .map_err(|e| HandsError::Failed(format!("freeze: {e}")))
+            }
+            _ => {
+                warren_process::signal_tree(&self.tree, rustix::process::Signal::STOP);
+                Ok(())
+            }
+        }
+    }
+
+    async fn thaw_now(&self) -> Result<(), HandsError> {
+        match &self.cgroup {
+            Some(cgroup) if cgroup.can_freeze() => {
+                let cgroup = cgroup.clone();
+                tokio::task::spawn_blocking(move || cgroup.thaw())
+                    .await
+                    .map_err(|e| HandsError::Failed(e.to_string()))?
+                    .map_err(|e| HandsError::Failed(format!("thaw: {e}")))
+            }
+            _ => {
+                warren_process::signal_tree(&self.tree, rustix::process::Signal::CONT);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl HandsInstance for LocalInstance {
+    fn endpoint(&self) -> &HandsEndpoint {
+        &self.endpoint
+    }
+
+    fn root(&self) -> &str {
+        &self.root
+    }
+
+    fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    fn pid(&self) -> Option<u32> {
+        u32::try_from(self.tree.root_pid).ok()
+    }
+
+    fn exited(&self) -> watch::Receiver<Option<String>> {
+        self.exit.clone()
+    }
+
+    fn can_pause(&self) -> bool {
+        true
+    }
+
+    fn freeze(&self) -> BoxFuture<'_, Result<(), HandsError>> {
+        Box::pin(self.freeze_now())
+    }
+
+    fn thaw(&self) -> BoxFuture<'_, Result<(), HandsError>> {
+        Box::pin(self.thaw_now())
+    }
+
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            match &self.cgroup {
+                Some(cgroup) => {
+                    if let Err(e) = cgroup.kill_all() {
+                        tracing::warn!(error = %e, "cannot kill the hands' cgroup");
+                    }
+                }
+                None => {
+                    // Stopped processes never act on SIGTERM: wake a paused tree first.
+                    warren_process::signal_tree(&self.tree, rustix::process::Signal::CONT);
+                    warren_process::kill_tree(&self.tree, STOP_GRACE).await;
+                }
+            }
+            let mut exit = self.exit.clone();
+            let _ = tokio::time::timeout(STOP_GRACE * 2, exit.wait_for(Option::is_some)).await;
+            for watcher in &self.watchers {
+                watcher.abort();
+            }
+            if let Some(cgroup) = self.cgroup.and_then(|c| Arc::try_unwrap(c).ok())
+                && let Err(e) = cgroup.remove()
+            {
+                tracing::debug!(error = %e, "cannot remove the hands' cgroup");
+            }
+            let _ = std::fs::remove_file(&self.record);
+            let _ = std::fs::remove_file(self.run_dir.join(SOCKET_NAME));
+        })
+    }
+
+    fn detach(self: Box<Self>) {
+        for watcher in &self.watchers {
+            watcher.abort();
+        }
+        tracing::info!(pid = self.tree.root_pid, "hands left for the next gateway");
+    }
+}
+
+impl HandsProvider for LocalHands {
+    fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    fn start(&self, spec: StartSpec) -> BoxFuture<'_, Result<Box<dyn HandsInstance>, HandsError>> {
+        Box::pin(async move {
+            let instance = self.start_local(&spec).await?;
+            Ok(Box::new(instance) as Box<dyn HandsInstance>)
+        })
+    }
+
+    fn adopt(
+        &self,
+        session_id: &str,
+    ) -> BoxFuture<'_, Result<Option<Box<dyn HandsInstance>>, HandsError>> {
+        let session_id = session_id.to_string();
+        Box::pin(async move {
+            let adopted = self.adopt_local(&session_id).await?;
+            Ok(adopted.map(|instance| Box::new(instance) as Box<dyn HandsInstance>))
+        })
+    }
+
+    fn stop_strays(&self, live: &[String]) -> BoxFuture<'_, usize> {
+        let live: std::collections::HashSet<String> = live.iter().cloned().collect();
+        Box::pin(async move {
+            let Ok(entries) = std::fs::read_dir(&self.config.run_dir) else {
+                return 0;
+            };
+            let mut n_stopped = 0;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Some(session_id) = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_suffix(".json"))
+                    .map(str::to_string)
+                else {
+                    continue;
+                };
+                if live.contains(&session_id) {
+                    continue;
+                }
+                tracing::warn!(session = %session_id, "stopping hands whose session is gone");
+                self.stop_recorded(&session_id).await;
+                let _ = std::fs::remove_dir_all(self.session_run_dir(&session_id));
+                n_stopped += 1;
+            }
+            n_stopped
+        })
+    }
+
+    fn forget(&self, session_id: &str) {
+        let _ = std::fs::remove_file(self.record_path(session_id));
+        let _ = std::fs::remove_dir_all(self.session_run_dir(session_id));
+    }
+}

@@ -1,0 +1,884 @@
+//! Hands: a session's sandbox and its lifecycle (hands.md). [`Hands`] is one session's: it
+//! starts a sandbox lazily through a [`HandsProvider`] on first use ([`Hands::endpoint`]),
+//! pauses it when idle (snapshot, then freeze), archives it when paused long enough (processes
+//! stopped, live workspace removed, the snapshot kept), restores it on the next use, notices at
+//! once when it died (`lost`) and rebuilds it on the next use, leaves it paused for the next
+//! gateway at shutdown and adopts what the previous gateway left. Every transition appends a
+//! `hands` event with its `elapsed_ms`.
+//!
+//! One async lock ([`Hands::lifecycle`]) serializes the transitions; what a status read needs
+//! (the state label, the idle clock, the holds) lives in a small sync lock beside it, never
+//! held across an await. Holds ([`HandsHold`]: a running turn, an attached terminal) keep the
+//! hands awake; every use restarts the idle clock.
+//!
+//! The providers: [`local`] (a `warren execd` under bubblewrap, or unconfined where bwrap is
+//! absent and `--hands-isolation auto` allows it), [`remote`] (an execd someone else runs,
+//! reached by URL and token). [`snapshots`] keeps the session's snapshot file; [`host`] serves
+//! the agent's `fs/*` and `terminal/*` requests from the running hands.
+
+pub mod host;
+pub mod local;
+pub mod remote;
+pub mod snapshots;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use warren_brain::{BoxFuture, McpServerSpec};
+use warren_execd_client::ExecdClient;
+use warren_protocol::gateway::EventBody;
+
+pub use self::host::host_error;
+use self::snapshots::{SnapshotInfo, SnapshotStore};
+
+/// Where a running hands' execd answers, the token it requires and the nonce it must report.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HandsEndpoint {
+    /// `unix:/path/execd.sock` or `http://host:port`, no trailing slash.
+    pub url: String,
+    /// Sent as `X-EXECD-ACCESS-TOKEN`. Never logged.
+    pub token: String,
+    /// The instance's nonce, sent as `X-Warren-Hands-Nonce` on every request: execd answers
+    /// 409 `HANDS_IDENTITY_MISMATCH` when another sandbox answers at this address.
+    pub nonce: String,
+}
+
+impl HandsEndpoint {
+    /// The typed client of this execd, checking its identity on every request.
+    pub fn client(&self) -> Result<ExecdClient, HandsError> {
+        ExecdClient::new(&self.url, Some(self.token.clone()))
+            .map(|client| client.with_nonce(self.nonce.clone()))
+            .map_err(|e| HandsError::Start(e.to_string()))
+    }
+}
+
+impl std::fmt::Debug for HandsEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandsEndpoint")
+            .field("url", &self.url)
+            .field("token", &"<redacted>")
+            .field("nonce", &self.nonce)
+            .finish()
+    }
+}
+
+/// Why hands could not be started or used.
+#[derive(Debug, thiserror::Error)]
+pub enum HandsError {
+    #[error("cannot start hands: {0}")]
+    Start(String),
+    /// `--hands-isolation bwrap` and bwrap does not work here.
+    #[error("hands unavailable: {0}")]
+    Unavailable(String),
+    /// Another sandbox answered where this session's hands should be.
+    #[error("hands identity mismatch: {0}")]
+    IdentityMismatch(String),
+    #[error("hands are stopped")]
+    Stopped,
+    #[error("hands operation failed: {0}")]
+    Failed(String),
+}
+
+/// How a sandbox is confined, as the session object and `hands` events report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// bubblewrap namespaces, seccomp, no capabilities, an unprivileged uid.
+    Bwrap,
+    /// A plain child process: only the environment allowlist holds.
+    None,
+    /// Hands on another machine; their confinement is whoever runs them.
+    Remote,
+}
+
+impl Isolation {
+    pub fn label(self) -> &'static str {
+        match self {
+            Isolation::Bwrap => "bwrap",
+            Isolation::None => "none",
+            Isolation::Remote => "remote",
+        }
+    }
+}
+
+/// What a provider is asked to start.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    pub session_id: String,
+    /// The session's workspace on the gateway's disk (created by the provider if absent).
+    pub workspace: PathBuf,
+    /// The access token the new execd requires (one per session, kept across instances so the
+    /// agent's MCP server keeps working).
+    pub token: String,
+}
+
+/// One running sandbox.
+pub trait HandsInstance: Send + Sync {
+    fn endpoint(&self) -> &HandsEndpoint;
+    /// The workspace's path as execd sees it (`/workspace` inside bwrap).
+    fn root(&self) -> &str;
+    fn isolation(&self) -> Isolation;
+    /// The local process at the sandbox's root (bwrap, or an unconfined execd), if any.
+    fn pid(&self) -> Option<u32>;
+    /// `Some(why)` once the sandbox died.
+    fn exited(&self) -> watch::Receiver<Option<String>>;
+    /// Whether [`HandsInstance::freeze`] keeps the processes in memory (remote hands cannot).
+    fn can_pause(&self) -> bool;
+    fn freeze(&self) -> BoxFuture<'_, Result<(), HandsError>>;
+    fn thaw(&self) -> BoxFuture<'_, Result<(), HandsError>>;
+    /// Stops every process of the sandbox and forgets it.
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
+    /// Leaves the sandbox as it is for the next gateway (which adopts it) and lets go of it.
+    fn detach(self: Box<Self>);
+}
+
+/// Creates sandboxes for sessions, and finds those an earlier gateway left.
+pub trait HandsProvider: Send + Sync + 'static {
+    /// How this provider's hands are confined.
+    fn isolation(&self) -> Isolation;
+    fn start(&self, spec: StartSpec) -> BoxFuture<'_, Result<Box<dyn HandsInstance>, HandsError>>;
+    /// The sandbox an earlier gateway left for `session_id`, if it is alive and proves its
+    /// identity; one that does not is stopped (and logged). `Err` only for a sandbox that was
+    /// there and is gone (the session's hands are `lost`).
+    fn adopt(
+        &self,
+        session_id: &str,
+    ) -> BoxFuture<'_, Result<Option<Box<dyn HandsInstance>>, HandsError>>;
+    /// Stops sandboxes left for sessions not in `live` (deleted while no gateway ran).
+    fn stop_strays(&self, live: &[String]) -> BoxFuture<'_, usize>;
+    /// Removes what the provider keeps for the session (records, run directory).
+    fn forget(&self, session_id: &str);
+}
+
+/// The lifecycle state (the session's `hands` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandsState {
+    None,
+    Starting,
+    Running,
+    Paused,
+    Archived,
+    Restoring,
+    Lost,
+}
+
+impl HandsState {
+    pub fn label(self) -> &'static str {
+        match self {
+            HandsState::None => "none",
+            HandsState::Starting => "starting",
+            HandsState::Running => "running",
+            HandsState::Paused => "paused",
+            HandsState::Archived => "archived",
+            HandsState::Restoring => "restoring",
+            HandsState::Lost => "lost",
+        }
+    }
+}
+
+/// The lifecycle settings (`--hands-idle-pause`, `--hands-archive-after`, `--snapshot-max`).
+#[derive(Debug, Clone, Copy)]
+pub struct Lifecycle {
+    pub idle_pause: Duration,
+    pub archive_after: Duration,
+    pub snapshot_max: u64,
+}
+
+/// Appends one event to the session's log.
+pub type EmitFn = Box<dyn Fn(EventBody) + Send + Sync>;
+
+/// One `hands` event.
+#[derive(Debug, Default)]
+struct Transition {
+    elapsed_ms: Option<u64>,
+    reset: Option<bool>,
+    snapshot: Option<SnapshotInfo>,
+    error: Option<String>,
+    message: Option<String>,
+}
+
+fn ms_since(started: Instant) -> Option<u64> {
+    Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The running sandbox and what the transitions need under the lifecycle lock.
+#[derive(Default)]
+struct Live {
+    instance: Option<Box<dyn HandsInstance>>,
+    /// Bumped whenever `instance` changes, so a death watcher of an old instance says nothing.
+    generation: u64,
+}
+
+/// What status reads need, behind a sync lock.
+struct Status {
+    state: HandsState,
+    isolation: Option<Isolation>,
+    last_use: Instant,
+    paused_at: Option<Instant>,
+    n_holds: usize,
+    /// Used since the last snapshot (a tool call, a file write): the next snapshot is due.
+    changed: bool,
+    /// The snapshot taken at the last pause is of the files as they are now.
+    snapshot_current: bool,
+    /// The reset notice for the agent's next prompt.
+    notice: Option<String>,
+    stopped: bool,
+}
+
+/// One session's hands (see the module docs).
+pub struct Hands {
+    provider: Arc<dyn HandsProvider>,
+    session_id: String,
+    workspace: PathBuf,
+    snapshots: SnapshotStore,
+    token: Mutex<String>,
+    live: tokio::sync::Mutex<Live>,
+    /// Serializes snapshot writes (a pause's and a turn's).
+    snapshotting: tokio::sync::Mutex<()>,
+    status: Mutex<Status>,
+    emit: OnceLock<EmitFn>,
+    /// The agent's terminals (see [`host`]).
+    terminals: Mutex<std::collections::HashMap<String, ExecdClient>>,
+    me: Weak<Hands>,
+}
+
+/// Keeps the hands awake while held (a running turn, an attached terminal).
+pub struct HandsHold {
+    hands: Arc<Hands>,
+}
+
+impl Drop for HandsHold {
+    fn drop(&mut self) {
+        let mut status = self.hands.status();
+        status.n_holds = status.n_holds.saturating_sub(1);
+        status.last_use = Instant::now();
+    }
+}
+
+impl Hands {
+    /// Hands for the session in `session_dir` (workspace `session_dir/workspace`, snapshot
+    /// beside it); nothing starts until first use. An absent workspace beside a snapshot is an
+    /// archived session.
+    pub fn new(
+        provider: Arc<dyn HandsProvider>,
+        session_id: &str,
+        session_dir: &Path,
+    ) -> Arc<Self> {
+        let session_dir = std::path::absolute(session_dir).unwrap_or(session_dir.to_path_buf());
+        let workspace = session_dir.join("workspace");
+        let snapshots = SnapshotStore::new(&session_dir);
+        let state = if !workspace.exists() && snapshots.exists() {
+            HandsState::Archived
+        } else {
+            HandsState::None
+        };
+        Arc::new_cyclic(|me| Self {
+            provider,
+            session_id: session_id.to_string(),
+            workspace,
+            snapshots,
+            token: Mutex::new(hex::encode(rand::random::<[u8; 32]>())),
+            live: tokio::sync::Mutex::new(Live::default()),
+            snapshotting: tokio::sync::Mutex::new(()),
+            status: Mutex::new(Status {
+                state,
+                isolation: None,
+                last_use: Instant::now(),
+                paused_at: if state == HandsState::Archived {
+                    Some(Instant::now())
+                } else {
+                    None
+                },
+                n_holds: 0,
+                changed: false,
+                snapshot_current: state == HandsState::Archived,
+                notice: None,
+                stopped: false,
+            }),
+            emit: OnceLock::new(),
+            terminals: Mutex::new(std::collections::HashMap::new()),
+            me: me.clone(),
+        })
+    }
+
+    /// Where the hands' events go (the session's log); set once by the session.
+    pub fn set_emitter(&self, emit: EmitFn) {
+        let _ = self.emit.set(emit);
+    }
+
+    /// The workspace's absolute path on the gateway's disk: the `cwd` given to the agent.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    pub fn snapshots(&self) -> &SnapshotStore {
+        &self.snapshots
+    }
+
+    fn status(&self) -> MutexGuard<'_, Status> {
+        self.status
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn state(&self) -> HandsState {
+        self.status().state
+    }
+
+    /// How the hands are (or will be) confined.
+    pub fn isolation(&self) -> Isolation {
+        self.status()
+            .isolation
+            .unwrap_or_else(|| self.provider.isolation())
+    }
+
+    /// True while a sandbox runs or is paused (without starting one).
+    pub fn is_running(&self) -> bool {
+        matches!(self.state(), HandsState::Running | HandsState::Paused)
+    }
+
+    /// The pid at the root of the running sandbox (local hands only).
+    pub async fn sandbox_pid(&self) -> Option<u32> {
+        self.live.lock().await.instance.as_ref()?.pid()
+    }
+
+    /// Keeps the hands awake until the hold is dropped.
+    pub fn hold(self: &Arc<Self>) -> HandsHold {
+        let mut status = self.status();
+        status.n_holds += 1;
+        status.last_use = Instant::now();
+        HandsHold {
+            hands: self.clone(),
+        }
+    }
+
+    /// The reset notice for the agent's next prompt, once (hands.md "Restore").
+    pub fn take_notice(&self) -> Option<String> {
+        self.status().notice.take()
+    }
+
+    fn set_state(&self, state: HandsState) {
+        self.status().state = state;
+    }
+
+    fn emit_transition(&self, state: &str, transition: Transition) {
+        let isolation = Some(self.isolation().label().to_string());
+        let (snapshot_at, snapshot_bytes) = match transition.snapshot {
+            Some(info) => (Some(info.taken_at), Some(info.bytes)),
+            None => (None, None),
+        };
+        let body = EventBody::Hands {
+            state: state.to_string(),
+            elapsed_ms: transition.elapsed_ms,
+            isolation,
+            reset: transition.reset,
+            snapshot_at,
+            snapshot_bytes,
+            error: transition.error,
+            message: transition.message,
+        };
+        if let Some(emit) = self.emit.get() {
+            emit(body);
+        }
+    }
+
+    fn emit_error(&self, code: &str, message: String) {
+        if let Some(emit) = self.emit.get() {
+            emit(EventBody::Error {
+                code: code.to_string(),
+                message,
+            });
+        }
+    }
+
+    /// The running sandbox's endpoint, for a use: starts, thaws, restores or rebuilds the
+    /// sandbox first as its state needs. Every call is a use (the idle clock restarts and the
+    /// next snapshot is due).
+    pub async fn endpoint(&self) -> Result<HandsEndpoint, HandsError> {
+        let (endpoint, _root) = self.endpoint_and_root().await?;
+        Ok(endpoint)
+    }
+
+    /// [`Hands::endpoint`] and the workspace's path as execd sees it.
+    pub async fn endpoint_and_root(&self) -> Result<(HandsEndpoint, String), HandsError> {
+        let mut live = self.live.lock().await;
+        {
+            let mut status = self.status();
+            if status.stopped {
+                return Err(HandsError::Stopped);
+            }
+            status.last_use = Instant::now();
+            status.changed = true;
+            status.snapshot_current = false;
+        }
+        if let Some(instance) = live.instance.as_ref() {
+            if instance.exited().borrow().is_none() {
+                if self.state() == HandsState::Paused {
+                    let started = Instant::now();
+                    instance.thaw().await?;
+                    {
+                        let mut status = self.status();
+                        status.state = HandsState::Running;
+                        status.paused_at = None;
+                    }
+                    self.emit_transition(
+                        "running",
+                        Transition {
+                            elapsed_ms: ms_since(started),
+                            message: Some("resumed".into()),
+                            ..Transition::default()
+                        },
+                    );
+                }
+                return Ok((instance.endpoint().clone(), instance.root().to_string()));
+            }
+            let why = instance.exited().borrow().clone().unwrap_or_default();
+            if let Some(dead) = live.instance.take() {
+                dead.stop().await;
+            }
+            self.mark_lost(&why);
+        }
+        self.bring_up(&mut live).await
+    }
+
+    /// Starts a sandbox for the current state: fresh on the workspace (`none`), rebuilt on the
+    /// workspace (`lost`), or restored from the snapshot (`archived`, or `lost` with the
+    /// workspace gone).
+    async fn bring_up(&self, live: &mut Live) -> Result<(HandsEndpoint, String), HandsError> {
+        let previous = self.state();
+        let workspace_gone = !self.workspace.exists();
+        let restore = workspace_gone && self.snapshots.exists();
+        let started = Instant::now();
+        self.set_state(if restore {
+            HandsState::Restoring
+        } else {
+            HandsState::Starting
+        });
+        self.emit_transition(
+            if restore { "restoring" } else { "starting" },
+            Transition::default(),
+        );
+        let result = if restore {
+            self.start_restored(live).await
+        } else {
+            self.start_instance(live).await.map(|()| None)
+        };
+        let restored_from = match result {
+            Ok(restored_from) => restored_from,
+            Err(e) => {
+                self.set_state(previous);
+                self.emit_transition(
+                    previous.label(),
+                    Transition {
+                        elapsed_ms: ms_since(started),
+                        error: Some(e.to_string()),
+                        ..Transition::default()
+                    },
+                );
+                return Err(e);
+            }
+        };
+        let reset = previous == HandsState::Lost || restore;
+        if reset {
+            let notice = match &restored_from {
+                Some(info) => format!(
+                    "Note: this session's sandbox was restored. Files are as of {}; running \
+                     processes and shell state were reset.",
+                    info.taken_at
+                ),
+                None => "Note: this session's sandbox was restarted. Files are as they were; \
+                         running processes and shell state were reset."
+                    .to_string(),
+            };
+            self.status().notice = Some(notice);
+        }
+        self.set_state(HandsState::Running);
+        let state = if restore { "restored" } else { "running" };
+        self.emit_transition(
+            state,
+            Transition {
+                elapsed_ms: ms_since(started),
+                reset: reset.then_some(true),
+                snapshot: restored_from,
+                ..Transition::default()
+            },
+        );
+        let instance = live
+            .instance
+            .as_ref()
+            .ok_or_else(|| HandsError::Failed("the sandbox went away while starting".into()))?;
+        Ok((instance.endpoint().clone(), instance.root().to_string()))
+    }
+
+    /// Starts a provider instance on the workspace and watches it for death.
+    async fn start_instance(&self, live: &mut Live) -> Result<(), HandsError> {
+        let spec = StartSpec {
+            session_id: self.session_id.clone(),
+            workspace: self.workspace.clone(),
+            token: self.token().clone(),
+        };
+        let instance = self.provider.start(spec).await?;
+        self.install(live, instance);
+        Ok(())
+    }
+
+    fn token(&self) -> MutexGuard<'_, String> {
+        self.token
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn install(&self, live: &mut Live, instance: Box<dyn HandsInstance>) {
+        live.generation += 1;
+        let generation = live.generation;
+        *self.token() = instance.endpoint().token.clone();
+        self.status().isolation = Some(instance.isolation());
+        let mut exited = instance.exited();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let why = match exited.wait_for(Option::is_some).await {
+                Ok(why) => why.clone().unwrap_or_default(),
+                Err(_) => return,
+            };
+            let Some(hands) = me.upgrade() else {
+                return;
+            };
+            hands.died(generation, &why).await;
+        });
+        live.instance = Some(instance);
+    }
+
+    /// The death watcher: the instance of `generation` died on its own.
+    async fn died(&self, generation: u64, why: &str) {
+        let mut live = self.live.lock().await;
+        if live.generation != generation || live.instance.is_none() {
+            return;
+        }
+        if let Some(dead) = live.instance.take() {
+            dead.stop().await;
+        }
+        self.mark_lost(why);
+    }
+
+    fn mark_lost(&self, why: &str) {
+        {
+            let mut status = self.status();
+            if status.stopped {
+                return;
+            }
+            status.state = HandsState::Lost;
+            status.paused_at = None;
+        }
+        tracing::warn!(session = %self.session_id, why, "hands lost");
+        self.emit_transition(
+            "lost",
+            Transition {
+                error: Some(if why.is_empty() {
+                    "the sandbox exited".to_string()
+                } else {
+                    why.to_string()
+                }),
+                ..Transition::default()
+            },
+        );
+    }
+
+    /// Fresh hands with the snapshot restored into them: tried twice; after two failures the
+    /// session goes on with an empty workspace and an `error` event.
+    async fn start_restored(&self, live: &mut Live) -> Result<Option<SnapshotInfo>, HandsError> {
+        let info = self.snapshots.info().await;
+        let mut last_error = String::new();
+        for attempt in 1..=2 {
+            self.clear_workspace().await?;
+            self.start_instance(live).await?;
+            match self.restore_into(live).await {
+                Ok(()) => return Ok(info),
+                Err(e) => {
+                    tracing::warn!(session = %self.session_id, attempt, error = %e, "restore failed");
+                    last_error = e.to_string();
+                    if let Some(instance) = live.instance.take() {
+                        live.generation += 1;
+                        instance.stop().await;
+                    }
+                }
+            }
+        }
+        self.clear_workspace().await?;
+        self.start_instance(live).await?;
+        self.emit_error(
+            "RESTORE_FAILED",
+            format!("the workspace could not be restored ({last_error}); it starts empty"),
+        );
+        Ok(None)
+    }
+
+    async fn restore_into(&self, live: &Live) -> Result<(), HandsError> {
+        let instance = live
+            .instance
+            .as_ref()
+            .ok_or_else(|| HandsError::Failed("no sandbox to restore into".into()))?;
+        let client = instance.endpoint().client()?;
+        let body = self
+            .snapshots
+            .body()
+            .await
+            .map_err(|e| HandsError::Failed(format!("cannot read the snapshot: {e}")))?;
+        client
+            .restore(body)
+            .await
+            .map_err(|e| HandsError::Failed(format!("restore: {e}")))?;
+        Ok(())
+    }
+
+    /// An empty workspace directory (what a restore needs).
+    async fn clear_workspace(&self) -> Result<(), HandsError> {
+        let workspace = self.workspace.clone();
+        tokio::task::spawn_blocking(move || {
+            match std::fs::remove_dir_all(&workspace) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            std::fs::create_dir_all(&workspace)
+        })
+        .await
+        .map_err(|e| HandsError::Failed(e.to_string()))?
+        .map_err(|e| HandsError::Failed(format!("cannot empty the workspace: {e}")))
+    }
+
+    /// Warren's exec tools bound to these hands, for `session/new` (starts the hands).
+    pub async fn mcp_server(&self, warren_exe: &str) -> Result<McpServerSpec, HandsError> {
+        let endpoint = self.endpoint().await?;
+        Ok(McpServerSpec::warren_exec(
+            warren_exe,
+            &endpoint.url,
+            &endpoint.token,
+        ))
+    }
+
+    /// Takes a snapshot of the running hands into the session's snapshot file (replacing the
+    /// previous one only once complete). `None` when no hands run. A failure (a full disk)
+    /// leaves the previous snapshot intact and appends an `error` event.
+    pub async fn snapshot(&self) -> Option<SnapshotInfo> {
+        let _writing = self.snapshotting.lock().await;
+        let client = {
+            let live = self.live.lock().await;
+            let instance = live.instance.as_ref()?;
+            if self.state() != HandsState::Running {
+                return None;
+            }
+            instance.endpoint().client().ok()?
+        };
+        self.status().changed = false;
+        self.write_snapshot(&client).await
+    }
+
+    async fn write_snapshot(&self, client: &ExecdClient) -> Option<SnapshotInfo> {
+        let stream = match client.snapshot().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                self.snapshot_failed(&e.to_string());
+                return None;
+            }
+        };
+        match self.snapshots.write(stream).await {
+            Ok(info) => Some(info),
+            Err(e) => {
+                self.snapshot_failed(&e.to_string());
+                None
+            }
+        }
+    }
+
+    fn snapshot_failed(&self, why: &str) {
+        self.status().changed = true;
+        tracing::warn!(session = %self.session_id, why, "snapshot failed");
+        self.emit_error(
+            "SNAPSHOT_FAILED",
+            format!(
+                "the workspace snapshot could not be written ({why}); the previous one is kept"
+            ),
+        );
+    }
+
+    /// A snapshot after a turn or file change, if the hands were used since the last one.
+    pub async fn snapshot_if_changed(&self) -> Option<SnapshotInfo> {
+        if !self.status().changed {
+            return None;
+        }
+        self.snapshot().await
+    }
+
+    /// The idle sweeper's step: pauses idle running hands, archives long-paused ones.
+    pub async fn sweep(&self, lifecycle: &Lifecycle) {
+        let (state, idle_for, paused_for, n_holds, snapshot_current) = {
+            let status = self.status();
+            (
+                status.state,
+                status.last_use.elapsed(),
+                status.paused_at.map(|at| at.elapsed()),
+                status.n_holds,
+                status.snapshot_current,
+            )
+        };
+        match state {
+            HandsState::Running if n_holds == 0 && idle_for >= lifecycle.idle_pause => {
+                self.pause(Some(lifecycle.idle_pause)).await;
+            }
+            HandsState::Paused
+                if paused_for.is_some_and(|paused| paused >= lifecycle.archive_after)
+                    && snapshot_current =>
+            {
+                self.archive(lifecycle.snapshot_max).await;
+            }
+            _ => {}
+        }
+    }
+
+    /// Snapshot, then freeze (hands.md "Idle → pause"). `idle` re-checks that no use came in
+    /// meanwhile; `None` pauses regardless (shutdown).
+    pub async fn pause(&self, idle: Option<Duration>) {
+        let _writing = self.snapshotting.lock().await;
+        let live = self.live.lock().await;
+        let Some(instance) = live.instance.as_ref() else {
+            return;
+        };
+        {
+            let status = self.status();
+            if status.state != HandsState::Running || status.stopped {
+                return;
+            }
+            if let Some(idle) = idle
+                && (status.n_holds > 0 || status.last_use.elapsed() < idle)
+            {
+                return;
+            }
+        }
+        if !instance.can_pause() {
+            return;
+        }
+        let started = Instant::now();
+        let snapshot = match instance.endpoint().client() {
+            Ok(client) => self.write_snapshot(&client).await,
+            Err(_) => None,
+        };
+        if let Err(e) = instance.freeze().await {
+            tracing::warn!(session = %self.session_id, error = %e, "cannot freeze hands");
+            self.emit_error(
+                "PAUSE_FAILED",
+                format!("the hands could not be paused: {e}"),
+            );
+            return;
+        }
+        {
+            let mut status = self.status();
+            status.state = HandsState::Paused;
+            status.paused_at = Some(Instant::now());
+            status.snapshot_current = snapshot.is_some();
+            if snapshot.is_some() {
+                status.changed = false;
+            }
+        }
+        self.emit_transition(
+            "paused",
+            Transition {
+                elapsed_ms: ms_since(started),
+                snapshot,
+                ..Transition::default()
+            },
+        );
+    }
+
+    /// Paused → archived: processes stopped, live workspace removed, the snapshot kept. Never
+    /// when the snapshot is larger than `snapshot_max` or older than the last change.
+    pub async fn archive(&self, snapshot_max: u64) {
+        let mut live = self.live.lock().await;
+        if self.state() != HandsState::Paused || !self.status().snapshot_current {
+            return;
+        }
+        let Some(info) = self.snapshots.info().await else {
+            return;
+        };
+        if info.bytes > snapshot_max {
+            return;
+        }
+        let started = Instant::now();
+        if let Some(instance) = live.instance.take() {
+            live.generation += 1;
+            instance.stop().await;
+        }
+        self.terminals_clear();
+        let workspace = self.workspace.clone();
+        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(workspace)).await;
+        if let Ok(Err(e)) = removed {
+            tracing::warn!(session = %self.session_id, error = %e, "cannot remove the archived workspace");
+        }
+        self.set_state(HandsState::Archived);
+        self.emit_transition(
+            "archived",
+            Transition {
+                elapsed_ms: ms_since(started),
+                snapshot: Some(info),
+                ..Transition::default()
+            },
+        );
+    }
+
+    /// Gateway start: takes over the sandbox an earlier gateway left, if any (paused, or
+    /// running if it was never frozen); a sandbox that was left and died since makes the
+    /// hands `lost`.
+    pub async fn adopt(&self) {
+        let mut live = self.live.lock().await;
+        match self.provider.adopt(&self.session_id).await {
+            Ok(Some(instance)) => {
+                self.install(&mut live, instance);
+                let mut status = self.status();
+                status.state = HandsState::Paused;
+                status.paused_at = Some(Instant::now());
+                status.snapshot_current = self.snapshots.exists();
+                drop(status);
+                self.emit_transition(
+                    "paused",
+                    Transition {
+                        message: Some("adopted after a gateway restart".into()),
+                        ..Transition::default()
+                    },
+                );
+            }
+            Ok(None) => {}
+            Err(e) => self.mark_lost(&e.to_string()),
+        }
+    }
+
+    /// Gateway shutdown: snapshot and freeze running hands, then leave them for the next
+    /// gateway.
+    pub async fn shutdown(&self) {
+        self.pause(None).await;
+        let mut live = self.live.lock().await;
+        if let Some(instance) = live.instance.take() {
+            live.generation += 1;
+            instance.detach();
+        }
+    }
+
+    /// Stops the sandbox and every process in it and forgets it (session delete); later uses
+    /// fail with [`HandsError::Stopped`].
+    pub async fn stop(&self) {
+        self.status().stopped = true;
+        self.terminals_clear();
+        let mut live = self.live.lock().await;
+        if let Some(instance) = live.instance.take() {
+            live.generation += 1;
+            instance.stop().await;
+        }
+        self.provider.forget(&self.session_id);
+    }
+
+    fn terminals_clear(&self) {
+        self.terminals
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
+    }
+}
