@@ -1,14 +1,22 @@
-//! What a child does between fork and exec beyond what std offers: taking descriptors at fixed
+//! What a child does between fork and exec beyond what std offers: staging bind mounts in a
+//! mount namespace of its own ([`CommandSpec::stage_binds`]), taking descriptors at fixed
 //! numbers ([`CommandSpec::fd`]), writing itself into cgroups ([`CommandSpec::join_cgroups`])
-//! and, when it does, switching user and group ids only after that.
+//! and, when it stages or joins, switching user and group ids only after that.
 //!
 //! Everything here runs in the forked child of a multi-threaded process, so each closure only
-//! makes async-signal-safe system calls (`fcntl`, `dup2`, `open`, `write`, `close`, `setgroups`,
-//! `setgid`, `setuid`) on values prepared before the fork: no allocation, no locks. std runs
-//! `pre_exec` closures after its own id switch, and a process that is no longer root can
-//! usually not move itself between cgroups; so a spec that joins cgroups has its ids switched
-//! here, after the joins, instead of by std. The parent-death signal is armed after both
-//! (a credential change clears it).
+//! makes async-signal-safe system calls (`fcntl`, `dup2`, `open`, `write`, `close`, `mkdir`,
+//! `open_tree`, `unshare`, `mount`, `move_mount`, `setgroups`, `setgid`, `setuid`) on values
+//! prepared before the fork: no allocation, no locks. std runs `pre_exec` closures after its
+//! own id switch, and a process that is no longer root can neither mount nor usually move
+//! itself between cgroups; so a spec that stages or joins has its ids switched here, after
+//! that, instead of by std. The parent-death signal is armed after all of it (a credential
+//! change clears it).
+//!
+//! Staging clones each source's mount tree (`open_tree(OPEN_TREE_CLONE)`) while the child is
+//! still in the daemon's mount namespace, because the kernel binds a path only from the
+//! caller's own namespace and the sources' mounts stay in the daemon's; then it unshares the
+//! mount namespace, makes every mount private, mounts the tmpfs and moves each detached clone
+//! onto its mount point (`move_mount`).
 
 #![allow(unsafe_code)]
 
@@ -20,7 +28,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::command::CommandSpec;
+use crate::command::{CommandSpec, StageKind, StagedBinds};
 
 /// Checks what a spec asks of the child before anything forks: fd targets above stdio, each
 /// named once, and cgroup paths without NUL bytes.
@@ -35,7 +43,138 @@ pub(crate) fn validate(spec: &CommandSpec) -> io::Result<()> {
         }
         seen.push(*target);
     }
+    if let Some(staged) = &spec.staged_binds {
+        staging_plan(staged)?;
+    }
     cgroup_paths(&spec.cgroups).map(|_| ())
+}
+
+/// What the child of a [`CommandSpec::stage_binds`] spec needs, every path a C string.
+struct StagingPlan {
+    dir: CString,
+    binds: Vec<(Arc<OwnedFd>, CString, StageKind)>,
+}
+
+fn staging_plan(staged: &StagedBinds) -> io::Result<StagingPlan> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+    if !staged.dir.is_absolute() {
+        return Err(invalid(format!(
+            "staging directory {} is not absolute",
+            staged.dir.display()
+        )));
+    }
+    let dir = CString::new(staged.dir.as_os_str().as_bytes()).map_err(|_| {
+        invalid(format!(
+            "staging directory {} contains a NUL byte",
+            staged.dir.display()
+        ))
+    })?;
+    let mut names: Vec<&str> = Vec::new();
+    let mut binds = Vec::with_capacity(staged.binds.len());
+    for bind in &staged.binds {
+        let name = bind.name.as_str();
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.contains(['/', '\0'])
+            || names.contains(&name)
+        {
+            return Err(invalid(format!(
+                "staged bind name {name:?} is not one path component, or is given twice"
+            )));
+        }
+        names.push(name);
+        let target = staged.dir.join(name);
+        let target = CString::new(target.as_os_str().as_bytes()).map_err(|_| {
+            invalid(format!(
+                "staged bind {} contains a NUL byte",
+                target.display()
+            ))
+        })?;
+        binds.push((bind.source.clone(), target, bind.kind));
+    }
+    Ok(StagingPlan { dir, binds })
+}
+
+/// Makes the child mount a tmpfs on `staged.dir` in a mount namespace of its own and bind each
+/// source at `dir/<name>` ([`CommandSpec::stage_binds`]). Registered before every other
+/// `pre_exec` step, while the sources still hold their numbers and the child is still root.
+pub(crate) fn stage_binds(
+    command: &mut tokio::process::Command,
+    staged: &StagedBinds,
+) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::mount::{
+        MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, mount, mount_change,
+        move_mount, open_tree,
+    };
+
+    let plan = staging_plan(staged)?;
+    // Reserved before the fork: the child pushes one clone per bind and must not allocate.
+    let mut clones: Vec<OwnedFd> = Vec::with_capacity(plan.binds.len());
+    // SAFETY: the closure runs in the forked child before exec, where this is the only
+    // thread. It only calls `open_tree`, `unshare(CLONE_NEWNS)`, `mount`, `mkdir`, `open`,
+    // `close` and `move_mount` on C strings and descriptors prepared before the fork (the
+    // `Arc`s keep the sources open until the spawn), and pushes into a vector whose capacity
+    // was reserved before the fork, so it never allocates. `unshare_unsafe`'s hazard is
+    // `CLONE_FILES` (descriptors other threads still use); only `CLONE_NEWNS` is unshared.
+    unsafe {
+        command.pre_exec(move || {
+            clones.clear();
+            for (source, _, _) in &plan.binds {
+                let clone = open_tree(
+                    source,
+                    c"",
+                    OpenTreeFlags::OPEN_TREE_CLONE
+                        | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                        | OpenTreeFlags::AT_EMPTY_PATH
+                        | OpenTreeFlags::AT_RECURSIVE,
+                )?;
+                clones.push(clone);
+            }
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+            // Nothing mounted from here on propagates into the daemon's namespace.
+            mount_change(
+                c"/",
+                MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+            )?;
+            mount(
+                c"tmpfs",
+                plan.dir.as_c_str(),
+                c"tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV,
+                c"mode=0755",
+            )?;
+            for ((_, target, kind), clone) in plan.binds.iter().zip(&clones) {
+                match kind {
+                    StageKind::Dir => {
+                        rustix::fs::mkdir(target.as_c_str(), Mode::from_raw_mode(0o755))?
+                    }
+                    StageKind::File => drop(rustix::fs::open(
+                        target.as_c_str(),
+                        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o644),
+                    )?),
+                }
+                move_mount(
+                    clone,
+                    c"",
+                    rustix::fs::CWD,
+                    target.as_c_str(),
+                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                )?;
+            }
+            // The clones came out of the daemon's peer groups: nothing mounted on the host
+            // later reaches the command through them.
+            mount_change(
+                plan.dir.as_c_str(),
+                MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+            )?;
+            clones.clear();
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 fn cgroup_paths(files: &[PathBuf]) -> io::Result<Vec<CString>> {
@@ -386,6 +525,101 @@ mod tests {
         let spec = sh("true").join_cgroups(vec!["/nonexistent/cgroup.procs".into()]);
         let err = spawn(&spec, Connect::Pipes(PipeOptions::default())).expect_err("fails");
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    fn open_path(path: &Path) -> std::sync::Arc<std::os::fd::OwnedFd> {
+        let fd = rustix::fs::open(
+            path,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("opens O_PATH");
+        std::sync::Arc::new(fd)
+    }
+
+    fn stage(source: &Path, name: &str, kind: crate::StageKind) -> crate::StageBind {
+        crate::StageBind {
+            source: open_path(source),
+            name: name.to_owned(),
+            kind,
+        }
+    }
+
+    #[tokio::test]
+    async fn staged_binds_reach_a_switched_user_through_an_unsearchable_parent() {
+        if !rustix::process::geteuid().is_root() {
+            // Mounting needs root; the refusals below run as anyone.
+            return;
+        }
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = tempfile::tempdir().expect("temp dir");
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod 0700");
+        let dir = root.path().join("dir");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::os::unix::fs::chown(&dir, Some(1000), Some(1000)).expect("chown");
+        let file = root.path().join("file");
+        std::fs::write(&file, "staged file\n").expect("writes");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+
+        // The temp dir's own name under the host /tmp, which the staging tmpfs hides.
+        let host = dir_name(root.path());
+        let before = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let mut spec = sh(&format!(
+            "id -u; cat /tmp/f; echo made > /tmp/d/made && echo wrote; \
+             test -e /tmp/{host} && echo host-tmp-visible; ls -A /tmp"
+        ))
+        .stage_binds(
+            "/tmp",
+            vec![
+                stage(&dir, "d", crate::StageKind::Dir),
+                stage(&file, "f", crate::StageKind::File),
+            ],
+        );
+        spec.uid = Some(1000);
+        spec.gid = Some(1000);
+        let out = output_of(&spec).await;
+        assert_eq!(out, "1000\nstaged file\nwrote\nd\nf\n");
+        let made = std::fs::metadata(dir.join("made")).expect("the write landed on the host");
+        assert_eq!((made.uid(), made.gid()), (1000, 1000));
+        let after = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert_eq!(before, after, "the daemon's mount namespace changed");
+    }
+
+    #[tokio::test]
+    async fn a_staging_that_cannot_be_mounted_fails_the_spawn() {
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let root = tempfile::tempdir().expect("temp dir");
+        let spec = sh("true").stage_binds(
+            "/nonexistent-warren-staging",
+            vec![stage(root.path(), "d", crate::StageKind::Dir)],
+        );
+        let err = spawn(&spec, Connect::Pipes(PipeOptions::default())).expect_err("fails");
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+        // A file's clone does not fit the directory made for a `Dir` bind.
+        let file = root.path().join("file");
+        std::fs::write(&file, "").expect("writes");
+        let spec = sh("true").stage_binds("/tmp", vec![stage(&file, "d", crate::StageKind::Dir)]);
+        spawn(&spec, Connect::Pipes(PipeOptions::default())).expect_err("fails");
+    }
+
+    #[tokio::test]
+    async fn staged_bind_names_must_be_single_unique_components() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let bind = |name: &str| stage(root.path(), name, crate::StageKind::Dir);
+        for (dir, binds) in [
+            ("/tmp", vec![bind("")]),
+            ("/tmp", vec![bind("..")]),
+            ("/tmp", vec![bind("a/b")]),
+            ("/tmp", vec![bind("a"), bind("a")]),
+            ("tmp", vec![bind("a")]),
+        ] {
+            let spec = sh("true").stage_binds(dir, binds);
+            let err = spawn(&spec, Connect::Pipes(PipeOptions::default())).expect_err("refused");
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+        }
     }
 
     /// Env var that turns [`an_outliving_child_leads_its_own_session`] into the helper process

@@ -10,7 +10,9 @@
 //! child's parent-death signal (SIGKILL) fires when this process dies and at no other time,
 //! unless the spec says [`CommandSpec::outlive_daemon`]. A spec can also hand the child
 //! descriptors at fixed numbers ([`CommandSpec::fd`]) and have it join cgroups before exec
-//! ([`CommandSpec::join_cgroups`]); [`crate::child_setup`] does both in the child.
+//! ([`CommandSpec::join_cgroups`]), and, as root, mount directories and files it was given as
+//! descriptors into a staging tmpfs of a mount namespace of its own before its ids switch
+//! ([`CommandSpec::stage_binds`]); [`crate::child_setup`] does all three in the child.
 //! Every child is registered with [`crate::reaper::spawn_owned`].
 
 use std::ffi::OsString;
@@ -53,6 +55,35 @@ pub struct CommandSpec {
     pub outlive_daemon: bool,
     /// Every descriptor above 2 that is not in `fds` is closed at exec, close-on-exec or not.
     pub close_other_fds: bool,
+    /// Sources the child mounts into a staging tmpfs of its own mount namespace, as the
+    /// daemon's user, before its ids switch ([`CommandSpec::stage_binds`]).
+    pub staged_binds: Option<StagedBinds>,
+}
+
+/// What [`CommandSpec::stage_binds`] mounts: a fresh tmpfs at `dir` holding one bind mount per
+/// entry of `binds`, at `dir/<name>`.
+#[derive(Debug, Clone)]
+pub struct StagedBinds {
+    /// An existing directory the tmpfs is mounted on (hidden in the child's namespace only).
+    pub dir: PathBuf,
+    pub binds: Vec<StageBind>,
+}
+
+/// One bind mount of [`StagedBinds`]: `source` (any descriptor of it, `O_PATH` will do)
+/// mounted at `<dir>/<name>`.
+#[derive(Debug, Clone)]
+pub struct StageBind {
+    pub source: Arc<OwnedFd>,
+    /// One path component: no `/`, not empty, `.` or `..`; unique within the staging.
+    pub name: String,
+    pub kind: StageKind,
+}
+
+/// What a [`StageBind`]'s source is, so the mount point made for it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageKind {
+    Dir,
+    File,
 }
 
 /// How [`spawn`] connects the command.
@@ -118,7 +149,23 @@ impl CommandSpec {
             cgroups: Vec::new(),
             outlive_daemon: false,
             close_other_fds: false,
+            staged_binds: None,
         }
+    }
+
+    /// Has the child, before anything else it does before exec and before its ids switch,
+    /// enter a mount namespace of its own (every mount in it private, so nothing propagates
+    /// back), mount a fresh tmpfs (mode 0755) on `dir` and bind-mount each source at
+    /// `dir/<name>` (recursively, as the source's own mount flags have it). So a program that
+    /// runs as another user (bwrap as the hands' uid) reaches the sources by a path it can
+    /// search, wherever they are on the host. Needs `CAP_SYS_ADMIN` (a root daemon); any
+    /// failure fails the spawn. This process's mount namespace is untouched.
+    pub fn stage_binds(mut self, dir: impl Into<PathBuf>, binds: Vec<StageBind>) -> Self {
+        self.staged_binds = Some(StagedBinds {
+            dir: dir.into(),
+            binds,
+        });
+        self
     }
 
     /// The child keeps only stdio and the descriptors given with [`CommandSpec::fd`]: nothing
@@ -192,8 +239,8 @@ impl CommandSpec {
     }
 
     /// The tokio command for this spec. Stdio and the session or process group are the
-    /// spawner's business; descriptors, cgroups, ids and the parent-death signal are set here,
-    /// in that order.
+    /// spawner's business; staged binds, descriptors, cgroups, ids and the parent-death signal
+    /// are set here, in that order.
     // The one place a process command is made: this crate is the spawner (clippy.toml).
     #[allow(clippy::disallowed_methods)]
     pub(crate) fn to_tokio(&self) -> io::Result<tokio::process::Command> {
@@ -204,8 +251,12 @@ impl CommandSpec {
         }
         command.env_clear();
         command.envs(self.environment());
+        // Before the descriptors are placed: a dup2 onto a target may replace a staging source.
+        if let Some(staged) = &self.staged_binds {
+            crate::child_setup::stage_binds(&mut command, staged)?;
+        }
         crate::child_setup::pass_fds(&mut command, &self.fds, self.close_other_fds);
-        if self.cgroups.is_empty() {
+        if self.cgroups.is_empty() && self.staged_binds.is_none() {
             if let Some(uid) = self.uid {
                 command.uid(uid);
             }

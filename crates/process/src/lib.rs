@@ -23,7 +23,8 @@ mod spawner;
 pub mod tree;
 
 pub use command::{
-    CommandSpec, Connect, OwnedChild, Spawned, exit_code, signal_group, signal_pid, spawn,
+    CommandSpec, Connect, OwnedChild, Spawned, StageBind, StageKind, StagedBinds, exit_code,
+    signal_group, signal_pid, spawn,
 };
 pub use env::{EnvPolicy, HandsVar};
 pub use registry::{Registered, TreeRegistry};

@@ -7,9 +7,19 @@
 //! the session workspace at `/workspace`, the run directory at `/run/warren` and the `warren`
 //! binary at `/opt/warren/bin/warren`, then the root is remounted read-only. Nothing else of
 //! the host is mounted. The session's directories come in as descriptors the caller opened,
-//! at fixed numbers, and bwrap closes them once mounted, so none reaches a command. bwrap
-//! resolves them by path (`/proc/self/fd/N`), so their parent directories must be searchable
-//! by the hands' uid.
+//! so none of their host paths matters to the sandbox:
+//!
+//! - When the ids switch (a root daemon: [`SandboxSpec::uid`] or [`SandboxSpec::gid`] set),
+//!   the child, still root, mounts them into a staging tmpfs on [`STAGING_DIR`] in a mount
+//!   namespace of its own ([`CommandSpec::stage_binds`]), and bwrap binds them from there
+//!   (`--bind /tmp/workspace /workspace`...). bwrap opens its sources as the hands' uid, so a
+//!   descriptor alone (`--bind-fd`, which bwrap 0.8 resolves back to its host path) would fail
+//!   wherever an ancestor is not searchable by that uid (a data directory under `/root`, a
+//!   0700 temp dir). The staging namespace is bwrap's alone and the daemon's gains no mount;
+//!   bwrap's own `/tmp` covers the staging tmpfs, so nothing of it shows inside.
+//! - Otherwise (a daemon that is not root, which cannot unshare a mount namespace) they are
+//!   passed at fixed numbers as `--bind-fd`/`--ro-bind-fd`: bwrap runs as the daemon's user,
+//!   who reaches its own paths. bwrap closes them once mounted, so none reaches a command.
 //!
 //! bwrap runs as the hands' host uid (an unprivileged user namespace maps it to itself), with
 //! the hands' clean environment, in cgroups it joins before exec, and outlives the daemon that
@@ -26,7 +36,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use warren_process::pipes::{OutputMode, PipeOptions, StdinMode};
-use warren_process::{CommandSpec, Connect, EnvPolicy, HandsVar, TreeMarker};
+use warren_process::{CommandSpec, Connect, EnvPolicy, HandsVar, StageBind, StageKind, TreeMarker};
 
 /// Where the session workspace is mounted inside; the sandbox's working directory.
 pub const WORKSPACE: &str = "/workspace";
@@ -36,6 +46,9 @@ pub const RUN_DIR: &str = "/run/warren";
 pub const WARREN_BIN: &str = "/opt/warren/bin/warren";
 /// The agent's home inside.
 pub const HOME: &str = "/home/agent";
+/// Where a sandbox that switches ids stages its sources, in the bwrap child's own mount
+/// namespace; inside the sandbox `/tmp` is bwrap's own tmpfs over it.
+pub const STAGING_DIR: &str = "/tmp";
 
 const SECCOMP_FD: i32 = 3;
 const WORKSPACE_FD: i32 = 4;
@@ -62,7 +75,7 @@ pub enum Network {
 }
 
 /// Everything one hands' sandbox is made of. The descriptors are the caller's; each
-/// [`SandboxSpec::command`] passes them at fixed numbers.
+/// [`SandboxSpec::command`] stages them or passes them at fixed numbers.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     /// The bwrap executable.
@@ -157,6 +170,8 @@ impl SandboxSpec {
     /// The command that starts `inner_program inner_args` (execd, at [`WARREN_BIN`]) in this
     /// sandbox, carrying `marker`. No descriptor of this process but the ones given reaches
     /// it; the caller may add its own with [`CommandSpec::fd`] (above 7), which bwrap passes on.
+    /// With a uid or gid the sources are staged ([`CommandSpec::stage_binds`], which needs
+    /// root), else passed as descriptors (see the module docs).
     pub fn command(
         &self,
         marker: &TreeMarker,
@@ -165,15 +180,25 @@ impl SandboxSpec {
     ) -> CommandSpec {
         let mut args = isolation_args(self.network);
         args.extend(root_args());
-        let mut bind_fd = |option: &str, fd: i32, dest: &str| {
-            args.extend([option.into(), fd.to_string().into(), dest.into()]);
-        };
-        if self.home.is_some() {
-            bind_fd("--bind-fd", HOME_FD, HOME);
+        let sources = self.sources();
+        let staged = self.uid.is_some() || self.gid.is_some();
+        for source in &sources {
+            let option = if source.read_only {
+                "--ro-bind"
+            } else {
+                "--bind"
+            };
+            if staged {
+                let staged_path = Path::new(STAGING_DIR).join(source.name);
+                args.extend([option.into(), staged_path.into(), source.dest.into()]);
+            } else {
+                args.extend([
+                    format!("{option}-fd").into(),
+                    source.fd_number.to_string().into(),
+                    source.dest.into(),
+                ]);
+            }
         }
-        bind_fd("--bind-fd", RUN_DIR_FD, RUN_DIR);
-        bind_fd("--ro-bind-fd", WARREN_BIN_FD, WARREN_BIN);
-        bind_fd("--bind-fd", WORKSPACE_FD, WORKSPACE);
         if self.home.is_none() {
             args.extend(["--dir", HOME].map(OsString::from));
         }
@@ -187,14 +212,23 @@ impl SandboxSpec {
                 pass: self.extra_env.clone(),
             })
             .fd(SECCOMP_FD, own_offset(&self.seccomp))
-            .fd(WORKSPACE_FD, self.workspace.clone())
-            .fd(RUN_DIR_FD, self.run_dir.clone())
-            .fd(WARREN_BIN_FD, self.warren_bin.clone())
             .join_cgroups(self.cgroup_procs.clone())
             .close_other_fds()
             .outlive_daemon();
-        if let Some(home) = &self.home {
-            command = command.fd(HOME_FD, home.clone());
+        if staged {
+            let binds = sources
+                .into_iter()
+                .map(|source| StageBind {
+                    source: source.fd,
+                    name: source.name.to_owned(),
+                    kind: source.kind,
+                })
+                .collect();
+            command = command.stage_binds(STAGING_DIR, binds);
+        } else {
+            for source in sources {
+                command = command.fd(source.fd_number, source.fd);
+            }
         }
         for (name, value) in INSIDE_DEFAULTS {
             if !self.extra_env.iter().any(|var| var.name == *name) {
@@ -204,6 +238,63 @@ impl SandboxSpec {
         command.uid = self.uid;
         command.gid = self.gid;
         command
+    }
+}
+
+/// One host source of a sandbox: bound at `dest`, passed as descriptor `fd_number` or staged
+/// as `name`.
+struct Source {
+    fd: Arc<OwnedFd>,
+    fd_number: i32,
+    name: &'static str,
+    kind: StageKind,
+    dest: &'static str,
+    read_only: bool,
+}
+
+impl SandboxSpec {
+    /// The sources in the order bwrap mounts them: the home first (under the `/home` tmpfs),
+    /// the workspace last.
+    fn sources(&self) -> Vec<Source> {
+        let source = |fd: &Arc<OwnedFd>, fd_number, name, kind, dest, read_only| Source {
+            fd: fd.clone(),
+            fd_number,
+            name,
+            kind,
+            dest,
+            read_only,
+        };
+        let mut sources = Vec::with_capacity(4);
+        if let Some(home) = &self.home {
+            sources.push(source(home, HOME_FD, "home", StageKind::Dir, HOME, false));
+        }
+        sources.extend([
+            source(
+                &self.run_dir,
+                RUN_DIR_FD,
+                "run",
+                StageKind::Dir,
+                RUN_DIR,
+                false,
+            ),
+            source(
+                &self.warren_bin,
+                WARREN_BIN_FD,
+                "warren",
+                StageKind::File,
+                WARREN_BIN,
+                true,
+            ),
+            source(
+                &self.workspace,
+                WORKSPACE_FD,
+                "workspace",
+                StageKind::Dir,
+                WORKSPACE,
+                false,
+            ),
+        ]);
+        sources
     }
 }
 
@@ -300,4 +391,100 @@ pub fn find_bwrap() -> Option<PathBuf> {
         .map(|dir| dir.join("bwrap"))
         .chain([PathBuf::from("/usr/bin/bwrap")])
         .find(|candidate| candidate.is_absolute() && executable(candidate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(ids: Option<u32>) -> SandboxSpec {
+        let dir = || {
+            Arc::new(
+                rustix::fs::open(
+                    "/",
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .expect("opens /"),
+            )
+        };
+        SandboxSpec {
+            bwrap: "/usr/bin/bwrap".into(),
+            workspace: dir(),
+            run_dir: dir(),
+            warren_bin: dir(),
+            home: Some(dir()),
+            network: Network::None,
+            uid: ids,
+            gid: ids,
+            seccomp: seccomp_memfd().expect("seccomp memfd"),
+            cgroup_procs: Vec::new(),
+            extra_env: Vec::new(),
+        }
+    }
+
+    fn binds(command: &CommandSpec) -> Vec<String> {
+        let args: Vec<String> = command
+            .args
+            .iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect();
+        args.windows(3)
+            .filter(|w| w[0].starts_with("--bind") || w[0].starts_with("--ro-bind"))
+            .filter(|w| !["/usr", "/etc", "/bin", "/sbin"].contains(&w[2].as_str()))
+            .filter(|w| !w[2].starts_with("/lib"))
+            .map(|w| w.join(" "))
+            .collect()
+    }
+
+    #[test]
+    fn switching_ids_stages_the_sources_and_passes_no_descriptor_of_them() {
+        let command = spec(Some(1000)).command(&TreeMarker::new(), WARREN_BIN, &[]);
+        assert_eq!(
+            binds(&command),
+            [
+                "--bind /tmp/home /home/agent",
+                "--bind /tmp/run /run/warren",
+                "--ro-bind /tmp/warren /opt/warren/bin/warren",
+                "--bind /tmp/workspace /workspace",
+            ]
+        );
+        let targets: Vec<i32> = command.fds.iter().map(|(target, _)| *target).collect();
+        assert_eq!(targets, [SECCOMP_FD]);
+        let staged = command.staged_binds.expect("staged");
+        assert_eq!(staged.dir, Path::new(STAGING_DIR));
+        let names: Vec<(&str, StageKind)> = staged
+            .binds
+            .iter()
+            .map(|bind| (bind.name.as_str(), bind.kind))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("home", StageKind::Dir),
+                ("run", StageKind::Dir),
+                ("warren", StageKind::File),
+                ("workspace", StageKind::Dir),
+            ]
+        );
+        assert_eq!((command.uid, command.gid), (Some(1000), Some(1000)));
+    }
+
+    #[test]
+    fn keeping_ids_passes_the_sources_as_descriptors() {
+        let command = spec(None).command(&TreeMarker::new(), WARREN_BIN, &[]);
+        assert_eq!(
+            binds(&command),
+            [
+                "--bind-fd 7 /home/agent",
+                "--bind-fd 5 /run/warren",
+                "--ro-bind-fd 6 /opt/warren/bin/warren",
+                "--bind-fd 4 /workspace",
+            ]
+        );
+        let mut targets: Vec<i32> = command.fds.iter().map(|(target, _)| *target).collect();
+        targets.sort();
+        assert_eq!(targets, [3, 4, 5, 6, 7]);
+        assert!(command.staged_binds.is_none());
+    }
 }

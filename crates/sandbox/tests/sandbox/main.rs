@@ -5,4 +5,5 @@
 
 mod cgroups;
 mod isolation;
+mod staging;
 mod support;

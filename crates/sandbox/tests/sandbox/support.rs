@@ -58,9 +58,10 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new() -> Fixture {
+        // 0700 and owned by the daemon's user, as a gateway's data directory may be: the hands
+        // uid cannot search it, and the sandbox still reaches the session's directories.
         let root = tempfile::tempdir().expect("temp dir");
-        // bwrap resolves the bound directories by path as the hands uid.
-        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755))
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))
             .expect("chmod");
         let workspace = root.path().join("sessions/s1/workspace");
         let run_dir = root.path().join("sessions/s1/run");
