@@ -159,4 +159,10 @@ impl BrainSession {
         close_session(&self.conn, self.session_id.clone()).await;
         self.conn.kill().await;
     }
+
+    /// Kills the agent's whole process tree now, while a turn may still hold this session (its
+    /// prompt then fails with the worker's exit).
+    pub async fn kill(&self) {
+        self.conn.kill().await;
+    }
 }

@@ -133,12 +133,14 @@ impl RetiredBrain {
     }
 }
 
-/// Stops a started brain that never became a session's (see [`RetiredBrain::stop`]).
+/// Stops a brain: closes its ACP session when nothing else holds it, else (a turn still runs,
+/// e.g. waiting on hands that are being paused) kills the agent outright, so it never outlives
+/// its session.
 pub async fn stop_brain_session(brain: Arc<BrainSession>) {
     brain.cancel().await;
     match Arc::try_unwrap(brain) {
         Ok(brain) => brain.close().await,
-        Err(shared) => drop(shared),
+        Err(shared) => shared.kill().await,
     }
 }
 

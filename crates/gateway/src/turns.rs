@@ -58,6 +58,8 @@ async fn run_turn(
     let hold = session.hands.hold();
     run_turn_held(&gateway, &session, turn, text, cancel).await;
     drop(hold);
+    // The snapshot must not keep the gateway alive (a shutdown waits for nothing here).
+    drop(gateway);
     session.hands.snapshot_if_changed().await;
 }
 

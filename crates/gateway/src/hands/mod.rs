@@ -865,7 +865,11 @@ impl Hands {
     /// Stops the sandbox and every process in it and forgets it (session delete); later uses
     /// fail with [`HandsError::Stopped`].
     pub async fn stop(&self) {
-        self.status().stopped = true;
+        {
+            let mut status = self.status();
+            status.stopped = true;
+            status.state = HandsState::None;
+        }
         self.terminals_clear();
         let mut live = self.live.lock().await;
         if let Some(instance) = live.instance.take() {

@@ -10,18 +10,49 @@ use std::time::Duration;
 use warren_brain::{
     AgentCommand, BoxFuture, Host, HostError, PermissionOutcome, TerminalSpec, TurnSink, Worker,
 };
-use warren_gateway::hands::{Hands, LocalHands};
-use warren_test_support::{alive, eventually, processes_mentioning, within};
+use warren_gateway::hands::local::{IsolationMode, LocalConfig, LocalHands, NetworkMode};
+use warren_gateway::hands::{Hands, HandsProvider};
+use warren_test_support::{alive, eventually, within};
 
 use crate::helpers::{test_agent_bin, warren_bin};
 
-fn new_hands() -> (Arc<Hands>, tempfile::TempDir) {
+/// The local provider as `warren serve` makes it (bwrap where it works), with its run
+/// directory in `data`.
+pub async fn local_provider(data: &std::path::Path) -> Arc<dyn HandsProvider> {
+    let config = LocalConfig {
+        warren_bin: warren_bin(),
+        run_dir: data.join("run").join("hands"),
+        isolation: IsolationMode::Auto,
+        network: NetworkMode::Host,
+        uid: 1000,
+        memory_bytes: None,
+        pids: None,
+        env: Vec::new(),
+    };
+    std::fs::create_dir_all(&config.run_dir).expect("run dir");
+    Arc::new(LocalHands::new(config).await)
+}
+
+/// One session's hands in a fresh data directory; the guard stops whatever the hands left
+/// running when the test ends, passed or not.
+async fn new_hands() -> (Arc<Hands>, HandsCleanup) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let hands = Hands::new(
-        Arc::new(LocalHands::new(warren_bin())),
-        dir.path().join("workspace"),
-    );
-    (hands, dir)
+    let provider = local_provider(dir.path()).await;
+    let session_dir = dir.path().join("sessions").join("s1");
+    std::fs::create_dir_all(session_dir.join("workspace")).expect("workspace");
+    let hands = Hands::new(provider, "s1", &session_dir);
+    (hands, HandsCleanup(dir))
+}
+
+/// Stops every sandbox recorded in the data directory on drop.
+pub struct HandsCleanup(pub tempfile::TempDir);
+
+impl Drop for HandsCleanup {
+    fn drop(&mut self) {
+        warren_gateway::hands::local::stop_left_hands_blocking(
+            &self.0.path().join("run").join("hands"),
+        );
+    }
 }
 
 fn bash(script: &str) -> TerminalSpec {
@@ -36,32 +67,23 @@ fn bash(script: &str) -> TerminalSpec {
 
 #[tokio::test]
 async fn hands_start_on_first_use_require_their_token_and_stop_completely() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     assert!(!hands.is_running(), "creating hands starts nothing");
     let endpoint = within("hands start", hands.endpoint())
         .await
         .expect("hands start");
     assert!(hands.is_running());
     assert!(hands.workspace().is_dir(), "the workspace is created");
-    let http = reqwest::Client::new();
-    let info = format!("{}/files/info", endpoint.url);
-    let without = http
-        .get(&info)
-        .query(&[("path", "/")])
-        .send()
+    let without_token = warren_execd_client::ExecdClient::new(&endpoint.url, None)
+        .expect("client")
+        .list_terminals()
         .await
-        .expect("request");
-    assert_eq!(
-        without.status(),
-        401,
-        "execd refuses requests without the token"
-    );
-    let ping = http
-        .get(format!("{}/ping", endpoint.url))
-        .send()
-        .await
-        .expect("ping");
-    assert!(ping.status().is_success());
+        .expect_err("execd refuses requests without the token");
+    assert_eq!(without_token.status().map(|s| s.as_u16()), Some(401));
+    let client = endpoint.client().expect("client");
+    client.ping().await.expect("ping with token and nonce");
+    let identity = client.identity().await.expect("identity");
+    assert_eq!(identity.nonce, endpoint.nonce);
     assert_eq!(
         hands.endpoint().await.expect("same hands"),
         endpoint,
@@ -70,13 +92,7 @@ async fn hands_start_on_first_use_require_their_token_and_stop_completely() {
 
     within("hands stop", hands.stop()).await;
     assert!(!hands.is_running());
-    assert!(
-        http.get(format!("{}/ping", endpoint.url))
-            .send()
-            .await
-            .is_err(),
-        "execd is gone after stop"
-    );
+    assert!(client.ping().await.is_err(), "execd is gone after stop");
     assert!(
         hands.endpoint().await.is_err(),
         "stopped hands stay stopped"
@@ -85,7 +101,7 @@ async fn hands_start_on_first_use_require_their_token_and_stop_completely() {
 
 #[tokio::test]
 async fn agent_file_writes_and_reads_go_through_execd() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     let path = hands.workspace().join("src/notes.txt");
     within(
         "write",
@@ -121,7 +137,7 @@ async fn agent_file_writes_and_reads_go_through_execd() {
 
 #[tokio::test]
 async fn terminals_run_in_the_workspace_and_report_output_and_exit_code() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     let id = within(
         "create",
         hands.create_terminal(bash("pwd; echo err >&2; exit 3")),
@@ -133,10 +149,10 @@ async fn terminals_run_in_the_workspace_and_report_output_and_exit_code() {
         .expect("exit");
     assert_eq!(exit.exit_code, Some(3));
     let output = hands.terminal_output(id.clone()).await.expect("output");
-    let workspace = std::fs::canonicalize(hands.workspace()).expect("canonical workspace");
+    let (_, root) = hands.endpoint_and_root().await.expect("root");
     assert!(
-        output.output.contains(&workspace.display().to_string()),
-        "{:?}",
+        output.output.starts_with(&format!("{root}\n")),
+        "the command runs in the workspace as execd sees it ({root}): {:?}",
         output.output
     );
     assert!(output.output.contains("err\n"), "{:?}", output.output);
@@ -151,7 +167,7 @@ async fn terminals_run_in_the_workspace_and_report_output_and_exit_code() {
 
 #[tokio::test]
 async fn killing_a_terminal_ends_its_command() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     let id = within("create", hands.create_terminal(bash("echo up; sleep 60")))
         .await
         .expect("terminal");
@@ -240,7 +256,7 @@ async fn session_in_hands(
 
 #[tokio::test]
 async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     let agent = AgentCommand::shell_agent(warren_bin().display().to_string());
     let (session, sink) = session_in_hands(&agent, &hands).await;
     let stop_reason = within(
@@ -261,7 +277,7 @@ async fn the_built_in_shell_agent_runs_a_message_in_the_hands() {
 
 #[tokio::test]
 async fn stopping_hands_kills_background_and_setsid_processes_they_started() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     let script = "sleep 300 & echo bg=$!; setsid sleep 301 & echo sid=$!";
     let id = within("create", hands.create_terminal(bash(script)))
         .await
@@ -270,28 +286,29 @@ async fn stopping_hands_kills_background_and_setsid_processes_they_started() {
         .await
         .expect("exit");
     let output = hands.terminal_output(id).await.expect("output").output;
-    let pids: Vec<u32> = output
-        .lines()
-        .filter_map(|line| {
-            line.split_once('=')
-                .and_then(|(_, pid)| pid.trim().parse().ok())
-        })
-        .collect();
-    assert_eq!(pids.len(), 2, "{output:?}");
-    assert!(
-        pids.iter().all(|pid| alive(*pid)),
-        "the background processes outlive their command"
-    );
+    assert_eq!(output.lines().count(), 2, "{output:?}");
+    // The sleepers as the host sees them: below the sandbox's root, by name.
+    let root = hands.sandbox_pid().await.expect("a local sandbox");
+    let sleepers: Vec<u32> =
+        warren_process::tree_members(&warren_process::TreeId::new(root as i32, None))
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| cmd.starts_with("sleep\0300") || cmd.starts_with("sleep\0301"))
+            })
+            .map(|pid| pid as u32)
+            .collect();
+    assert_eq!(sleepers.len(), 2, "both sleepers outlive their command");
     within("hands stop", hands.stop()).await;
     eventually("every process of the hands is gone", || {
-        !pids.iter().any(|pid| alive(*pid))
+        !sleepers.iter().any(|pid| alive(*pid)) && !alive(root)
     })
     .await;
 }
 
 #[tokio::test]
 async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
-    let (hands, _dir) = new_hands();
+    let (hands, _dir) = new_hands().await;
     let agent = AgentCommand {
         env: Vec::new(),
         program: test_agent_bin().display().to_string(),
@@ -317,47 +334,36 @@ async fn the_mcp_server_given_in_session_new_runs_exec_tools_in_the_hands() {
 }
 
 #[tokio::test]
-async fn hands_that_died_are_started_again_on_next_use() {
-    let (hands, _dir) = new_hands();
-    let first = within("hands start", hands.endpoint())
+async fn hands_that_died_are_noticed_at_once_and_rebuilt_on_next_use() {
+    let (hands, _dir) = new_hands().await;
+    within("hands start", hands.endpoint())
         .await
         .expect("start");
-    assert_eq!(hands.n_starts(), 1);
-    let workspace = hands.workspace().display().to_string();
-    let execd = processes_mentioning(&workspace);
-    assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
+    let pid = hands
+        .sandbox_pid()
+        .await
+        .expect("a local sandbox has a pid");
     let killed = std::process::Command::new("kill")
-        .args(["-9", &execd[0].to_string()])
+        .args(["-9", &pid.to_string()])
         .status()
-        .expect("kill -9 the execd this test started");
+        .expect("kill -9 the sandbox this test started");
     assert!(killed.success());
-    eventually("the dead hands are noticed", || !hands.is_running()).await;
+    eventually("the dead hands are noticed", || {
+        hands.state() == warren_gateway::hands::HandsState::Lost
+    })
+    .await;
     let path = hands.workspace().join("after.txt");
     within(
-        "write after restart",
+        "write after the rebuild",
         hands.write_text_file(path.clone(), "again".into()),
     )
     .await
     .expect("write through new hands");
-    assert_eq!(hands.n_starts(), 2);
-    assert_ne!(
-        hands.endpoint().await.expect("endpoint"),
-        first,
-        "a new execd with a new token"
+    assert_ne!(hands.sandbox_pid().await, Some(pid), "new hands");
+    assert!(
+        hands.take_notice().is_some_and(|n| n.contains("reset")),
+        "the agent's next prompt says processes were reset"
     );
     assert_eq!(std::fs::read_to_string(path).expect("written"), "again");
     hands.stop().await;
-}
-
-#[tokio::test]
-async fn dropping_hands_without_stop_still_kills_the_sandbox() {
-    let (hands, _dir) = new_hands();
-    within("hands start", hands.endpoint())
-        .await
-        .expect("start");
-    let workspace = hands.workspace().display().to_string();
-    let execd = processes_mentioning(&workspace);
-    assert_eq!(execd.len(), 1, "one execd for the workspace: {execd:?}");
-    drop(hands);
-    eventually("the execd of dropped hands is gone", || !alive(execd[0])).await;
 }

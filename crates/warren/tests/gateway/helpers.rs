@@ -9,6 +9,33 @@ use serde_json::Value;
 use warren_gateway::{Gateway, GatewayArgs};
 pub use warren_test_support::WAIT;
 
+/// Stops every hands sandbox recorded in `data` (by cgroup or recorded pid).
+pub fn stop_left_hands(data: &Path) {
+    warren_gateway::hands::local::stop_left_hands_blocking(&data.join("run").join("hands"));
+}
+
+/// The live processes of a session's hands: the sandbox's root, from the record the gateway
+/// keeps for the next gateway, and everything below it. Empty when no hands run.
+pub fn hands_processes(data: &Path, session: &str) -> Vec<u32> {
+    let record = data
+        .join("run")
+        .join("hands")
+        .join(format!("{session}.json"));
+    let Ok(text) = std::fs::read_to_string(record) else {
+        return Vec::new();
+    };
+    let record: Value = serde_json::from_str(&text).expect("the hands record parses");
+    let Some(pid) = record["pid"].as_u64() else {
+        return Vec::new();
+    };
+    let tree = warren_process::TreeId::new(pid as i32, None);
+    warren_process::tree_members(&tree)
+        .into_iter()
+        .filter_map(|pid| u32::try_from(pid).ok())
+        .filter(|pid| warren_test_support::alive(*pid))
+        .collect()
+}
+
 pub struct TestGateway {
     pub url: String,
     pub gateway: Arc<Gateway>,
@@ -38,6 +65,15 @@ pub fn args_with_shell_agent(data: PathBuf) -> GatewayArgs {
     args.agent = Some(format!("{} shell-agent", warren.display()));
     args.warm_workers = 1;
     args
+}
+
+impl Drop for TestGateway {
+    /// A test that failed before stopping its gateway leaves no sandbox behind.
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            stop_left_hands(&self.data);
+        }
+    }
 }
 
 impl TestGateway {
@@ -72,9 +108,18 @@ impl TestGateway {
         }
     }
 
-    /// Stops the server the way SIGTERM does and waits for it. Returns the temp data dir so a
-    /// test can inspect it afterwards.
-    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+    /// Stops the server the way SIGTERM does and waits for it, then stops the hands it left
+    /// paused for a next gateway. Returns the temp data dir so a test can inspect it afterwards.
+    pub async fn stop(self) -> Option<tempfile::TempDir> {
+        let data = self.data.clone();
+        let dir = self.stop_leaving_hands().await;
+        stop_left_hands(&data);
+        dir
+    }
+
+    /// Stops the server the way SIGTERM does, leaving its hands paused for the next gateway on
+    /// the same data directory (whose test must stop them, e.g. with [`TestGateway::stop`]).
+    pub async fn stop_leaving_hands(mut self) -> Option<tempfile::TempDir> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

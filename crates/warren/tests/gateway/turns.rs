@@ -6,10 +6,11 @@
 
 use serde_json::Value;
 
-use warren_test_support::{alive, processes_mentioning};
+use warren_test_support::alive;
 
 use crate::helpers::{
-    Received, TestGateway, WAIT, args_with_shell_agent, first_of, stop_reason, text_of,
+    Received, TestGateway, WAIT, args_with_shell_agent, first_of, hands_processes, stop_reason,
+    text_of,
 };
 
 #[tokio::test]
@@ -40,9 +41,19 @@ async fn echo_hi_streams_user_message_turn_start_updates_and_turn_end() {
             .position(found)
             .unwrap_or_else(|| panic!("{what} among {kinds:?}"))
     };
-    let hands = position("a hands event", &|e| e.event == "hands");
-    assert_eq!(seen[hands].data["state"], "ready");
+    let starting = position("hands starting", &|e| {
+        e.event == "hands" && e.data["state"] == "starting"
+    });
+    let hands = position("hands running", &|e| {
+        e.event == "hands" && e.data["state"] == "running"
+    });
+    assert!(starting < hands, "{kinds:?}");
     assert!(seen[hands].data["elapsed_ms"].is_u64(), "{:?}", seen[hands]);
+    assert!(
+        seen[hands].data["isolation"].is_string(),
+        "{:?}",
+        seen[hands]
+    );
     let ready = position("brain ready", &|e| {
         e.event == "status" && e.data["brain"] == "ready"
     });
@@ -273,9 +284,8 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
     let gw = TestGateway::start(args_with_shell_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
     chat.start_working("sleep 60").await;
-    let session_dir = gw.data.join("sessions").join(&chat.session);
-    let needle = session_dir.to_string_lossy().to_string();
-    assert!(!processes_mentioning(&needle).is_empty(), "the hands run");
+    let hands = hands_processes(&gw.data, &chat.session);
+    assert!(!hands.is_empty(), "the hands run");
 
     let deleted = gw
         .delete(&chat.token, &format!("/sessions/{}", chat.session))
@@ -289,15 +299,25 @@ async fn deleting_a_session_mid_turn_stops_its_brain_and_hands() {
         .is_some()
     {}
     assert!(
-        processes_mentioning(&needle).is_empty(),
-        "the hands stopped with the session"
+        !hands.iter().any(|pid| alive(*pid)),
+        "every process of the hands stopped with the session"
     );
+    let session_dir = gw.data.join("sessions").join(&chat.session);
     assert!(!session_dir.exists());
+    assert!(
+        !gw.data
+            .join("run")
+            .join("hands")
+            .join(&chat.session)
+            .exists(),
+        "the hands' run directory is removed"
+    );
     gw.stop().await;
 }
 
 #[tokio::test]
-async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_hands() {
+async fn shutting_down_mid_turn_ends_the_turn_interrupted_stops_the_brain_and_leaves_the_hands_paused()
+ {
     let gw = TestGateway::start(args_with_shell_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
     chat.start_working("sleep 60").await;
@@ -310,17 +330,14 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
     let brain_pid = session.brain_pid().expect("a ready brain runs the turn");
     drop(session);
     let events_path = chat.workspace().with_file_name("events.jsonl");
-    let needle = chat
-        .workspace()
-        .parent()
-        .expect("session dir")
-        .to_string_lossy()
-        .to_string();
-    assert!(!processes_mentioning(&needle).is_empty(), "the hands run");
+    let hands = hands_processes(&gw.data, &chat.session);
+    assert!(!hands.is_empty(), "the hands run");
+    let data = gw.data.clone();
     drop(chat);
 
-    // What SIGTERM does: the running turn is closed before the brain and hands stop.
-    let data_dir = gw.stop().await;
+    // What SIGTERM does: the running turn is closed before the brain stops; the hands are
+    // snapshotted and paused for the next gateway.
+    let data_dir = gw.stop_leaving_hands().await;
     let stored = std::fs::read_to_string(&events_path).expect("the event log stays");
     let ends: Vec<Value> = stored
         .lines()
@@ -331,13 +348,24 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_and_stops_brain_and_ha
     assert_eq!(ends[0]["stop_reason"], "interrupted");
     assert_eq!(ends[0]["turn"], 1);
     let deadline = std::time::Instant::now() + WAIT;
-    while alive(brain_pid) || !processes_mentioning(&needle).is_empty() {
+    while alive(brain_pid) {
         assert!(
             std::time::Instant::now() < deadline,
-            "the agent (pid {brain_pid}) and the hands stop with the gateway"
+            "the agent (pid {brain_pid}) stops with the gateway"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    assert!(
+        hands.iter().all(|pid| alive(*pid)),
+        "the hands are left for the next gateway"
+    );
+    let snapshot = std::fs::read_dir(data.join("sessions"))
+        .expect("sessions")
+        .flatten()
+        .any(|entry| entry.path().join("snapshot.tar.zst").is_file());
+    assert!(snapshot, "the hands were snapshotted before the pause");
+    crate::helpers::stop_left_hands(&data);
+    assert!(!hands.iter().any(|pid| alive(*pid)));
     drop(data_dir);
 }
 
