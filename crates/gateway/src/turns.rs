@@ -30,6 +30,7 @@ use warren_protocol::gateway::EventBody;
 
 use crate::Gateway;
 use crate::error::GatewayError;
+use crate::hands::HandsState;
 use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
 
 /// `POST /v1/sessions/{id}/messages`: starts turn n+1 and returns its number at once; the turn
@@ -96,6 +97,15 @@ async fn run_turn_held(
         // in the brain so a later turn never sees this one holding the brain's turn lock.
         end_turn(session, turn, "cancelled").await;
         return;
+    }
+    // Hands that are lost or archived come back before the prompt, so the reset notice (files
+    // as of a snapshot, processes reset) reaches the agent with this turn's text, not the next.
+    if matches!(
+        session.hands.state(),
+        HandsState::Lost | HandsState::Archived
+    ) && let Err(e) = session.hands.endpoint().await
+    {
+        tracing::warn!(session = %session.id, error = %e, "hands did not come back before the prompt");
     }
     // The reset notice (hands rebuilt or restored since the agent's last prompt) goes before
     // the person's text, once.
