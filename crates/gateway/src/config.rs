@@ -59,6 +59,9 @@ pub struct GatewayArgs {
     /// The unprivileged host uid (and gid) a sandbox runs as when the gateway runs as root.
     #[arg(long, env = "WARREN_HANDS_UID", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub hands_uid: u32,
+    /// The bwrap program (default: `bwrap` on PATH). Hidden: for packagers and tests.
+    #[arg(long, env = "WARREN_HANDS_BWRAP", hide = true)]
+    pub hands_bwrap: Option<PathBuf>,
     /// Memory limit of each hands sandbox (e.g. `2GiB`), where the host's cgroups allow.
     #[arg(long, env = "WARREN_HANDS_MEMORY", value_parser = parse_size)]
     pub hands_memory: Option<u64>,
@@ -169,6 +172,7 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_isolation", &self.hands_isolation)
             .field("hands_network", &self.hands_network)
             .field("hands_uid", &self.hands_uid)
+            .field("hands_bwrap", &self.hands_bwrap)
             .field("hands_memory", &self.hands_memory)
             .field("hands_pids", &self.hands_pids)
             .field("hands_provider", &self.hands_provider)

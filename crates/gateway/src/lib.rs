@@ -159,6 +159,7 @@ async fn hands_provider(
                 warren_bin: warren_bin.to_path_buf(),
                 run_dir: args.data.join("run").join("hands"),
                 isolation: args.hands_isolation,
+                bwrap: args.hands_bwrap.clone(),
                 network: args.hands_network,
                 uid: args.hands_uid,
                 memory_bytes: args.hands_memory,

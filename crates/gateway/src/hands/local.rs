@@ -75,6 +75,8 @@ pub struct LocalConfig {
     /// `<data>/run/hands`: records and per-session run directories.
     pub run_dir: PathBuf,
     pub isolation: IsolationMode,
+    /// The bwrap program; `None` looks for `bwrap` on PATH.
+    pub bwrap: Option<PathBuf>,
     pub network: NetworkMode,
     /// The unprivileged host uid (and gid) the sandbox runs as when the gateway is root.
     pub uid: u32,
@@ -117,7 +119,7 @@ impl LocalHands {
     pub async fn new(config: LocalConfig) -> LocalHands {
         let cgroups = CgroupRoots::discover();
         tracing::info!(cgroups = %cgroups.describe(), "hands cgroups");
-        let found = warren_sandbox::find_bwrap();
+        let found = config.bwrap.clone().or_else(warren_sandbox::find_bwrap);
         let probed = match &found {
             Some(bwrap) => warren_sandbox::probe(bwrap).await,
             None => Err("bwrap (Debian package bubblewrap) is not installed".to_string()),

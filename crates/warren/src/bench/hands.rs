@@ -88,6 +88,7 @@ async fn bench(data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
         warren_bin,
         run_dir: data.join("run").join("hands"),
         isolation: IsolationMode::Auto,
+        bwrap: None,
         network: NetworkMode::Host,
         uid: 1000,
         memory_bytes: None,

@@ -23,6 +23,7 @@ pub async fn local_provider(data: &std::path::Path) -> Arc<dyn HandsProvider> {
         warren_bin: warren_bin(),
         run_dir: data.join("run").join("hands"),
         isolation: IsolationMode::Auto,
+        bwrap: None,
         network: NetworkMode::Host,
         uid: 1000,
         memory_bytes: None,

@@ -436,3 +436,60 @@ async fn deleting_a_session_removes_its_workspace_snapshot_and_run_directory() {
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn with_isolation_bwrap_and_no_working_bwrap_a_message_ends_with_hands_unavailable() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.hands_isolation = warren_gateway::hands::local::IsolationMode::Bwrap;
+        args.hands_bwrap = Some("/nonexistent/bwrap".into());
+        args
+    })
+    .await;
+    let mut chat = gw.conversation("phone-nobwrap").await;
+    assert_eq!(chat.info().await["isolation"], "bwrap");
+    let seen = chat.turn("echo never").await;
+    let error = seen
+        .iter()
+        .find(|e| e.event == "error")
+        .expect("an error event");
+    assert_eq!(error.data["code"], "HANDS_UNAVAILABLE", "{:?}", error.data);
+    assert!(
+        error.data["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("bwrap")),
+        "the message says what is missing: {:?}",
+        error.data
+    );
+    assert_eq!(seen.last().expect("turn_end").data["stop_reason"], "error");
+    assert!(!text_of(&seen).contains("never"), "nothing ran unconfined");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn with_isolation_auto_and_no_working_bwrap_hands_run_unconfined_and_say_so_everywhere() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.hands_bwrap = Some("/nonexistent/bwrap".into());
+        args
+    })
+    .await;
+    let mut chat = gw.conversation("phone-noiso").await;
+    assert_eq!(chat.info().await["isolation"], "none");
+    let seen = chat.turn("env | cut -d= -f1 | sort | tr '\\n' ' '").await;
+    let hands: Vec<&Received> = seen.iter().filter(|e| e.event == "hands").collect();
+    assert!(!hands.is_empty());
+    assert!(
+        hands.iter().all(|e| e.data["isolation"] == "none"),
+        "{hands:?}"
+    );
+    let names = text_of(&seen);
+    for secret in ["WARREN_APP_KEY", "WARREN_ADMIN_TOKEN", "CARGO_PKG_NAME"] {
+        assert!(
+            !names.contains(secret),
+            "the environment allowlist holds unconfined too: {names}"
+        );
+    }
+    assert!(names.contains("PATH"), "{names}");
+    gw.stop().await;
+}

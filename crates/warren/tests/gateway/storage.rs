@@ -359,3 +359,47 @@ async fn a_failed_append_is_held_unpublished_and_written_in_order_once_space_ret
         "the held event kept its place and seq"
     );
 }
+
+#[tokio::test]
+async fn a_snapshot_that_does_not_fit_on_the_disk_keeps_the_previous_one_and_says_why() {
+    let disk = SmallDisk::mount("24m");
+    let gw = TestGateway::start_in(args_with_shell_agent(disk.path().join("data"))).await;
+    let mut chat = gw.conversation("phone-snapfull").await;
+    chat.turn("echo small > a.txt").await;
+    let snapshot = chat.workspace().with_file_name("snapshot.tar.zst");
+    warren_test_support::eventually("the snapshot after a turn that used tools", || {
+        snapshot.is_file()
+    })
+    .await;
+    let before = std::fs::read(&snapshot).expect("the first snapshot");
+
+    // 14 MB that do not compress, on a 24 MB disk: the workspace fits, its snapshot does not.
+    chat.turn("head -c 14000000 /dev/urandom > big.bin").await;
+    let seen = chat
+        .until("the failed snapshot reported", |e| {
+            e.event == "error" && e.data["code"] == "SNAPSHOT_FAILED"
+        })
+        .await;
+    let error = &seen.last().expect("error event").data;
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("previous one is kept")),
+        "{error}"
+    );
+    assert_eq!(
+        std::fs::read(&snapshot).expect("the snapshot is still there"),
+        before,
+        "the previous snapshot is intact"
+    );
+    assert!(
+        !snapshot.with_extension("zst.tmp").exists(),
+        "the partial snapshot is removed"
+    );
+    let entries = warren_snapshot::list(std::io::BufReader::new(
+        std::fs::File::open(&snapshot).expect("open"),
+    ))
+    .expect("the kept snapshot reads");
+    assert!(entries.iter().any(|e| e.path == "a.txt"), "{entries:?}");
+    gw.stop().await;
+}
