@@ -195,6 +195,30 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     let device = Device::register(&first_url).await;
     let session = device.create_session(&first_url).await;
     let mut stream = EventStream::new(device.events(&first_url, &session).await);
+    // A dev server in the hands, which must survive the gateway's death.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let server = format!(
+        "setsid nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & echo started"
+    );
+    assert_eq!(
+        device.post_message(&first_url, &session, &server).await.status(),
+        202
+    );
+    stream
+        .until("the dev server started", |e| e.event == "turn_end")
+        .await;
+    let dev_server = format!("http://127.0.0.1:{port}/");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    warren_test_support::eventually_async("the dev server answers", || async {
+        http.get(&dev_server).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
     // A duration no other test uses, so the command can be found among the machine's processes.
     let duration = "61.25";
     let accepted = device
@@ -266,10 +290,9 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     );
     let end = replay
         .iter()
-        .find(|e| e.event == "turn_end")
+        .find(|e| e.event == "turn_end" && e.data["turn"] == 2)
         .expect("the open turn was closed");
     assert_eq!(end.data["stop_reason"], "interrupted");
-    assert_eq!(end.data["turn"], 1);
     assert_eq!(
         end.id,
         Some(n_before + 1),
@@ -287,7 +310,7 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         .await;
     assert_eq!(accepted.status(), 202);
     let body: Value = accepted.json().await.expect("body");
-    assert_eq!(body["turn"], 2);
+    assert_eq!(body["turn"], 3);
     let seen = stream
         .until("turn_end of the turn after restart", |e| {
             e.event == "turn_end"
@@ -303,14 +326,24 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         output.contains("back again"),
         "the session works after recovery"
     );
+    let status = http
+        .get(&dev_server)
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(
+        status.ok(),
+        Some(200),
+        "the dev server started before the kill -9 still answers"
+    );
 
-    // SIGTERM: the gateway stops its brains and hands and exits.
+    // SIGTERM: the gateway stops its brains, pauses its hands (left for the next one) and exits.
     second.terminate().await;
     let leftovers = processes_mentioning(&data.to_string_lossy());
     kill_processes_mentioning(&data.to_string_lossy());
     assert!(
         leftovers.is_empty(),
-        "hands and agents stopped with the gateway: {leftovers:?}"
+        "agents stopped with the gateway: {leftovers:?}"
     );
 }
 
