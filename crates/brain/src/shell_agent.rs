@@ -238,7 +238,7 @@ async fn run_turn(
 ) -> agent_client_protocol::Result<StopReason> {
     let session_id = request.session_id;
     for notice in prompt_notices(&request.prompt) {
-        say(cx, &session_id, &format!("{notice}\n"));
+        say(cx, &session_id, format!("{notice}\n"));
     }
     let command = prompt_text(&request.prompt).trim().to_owned();
     if command.is_empty() {

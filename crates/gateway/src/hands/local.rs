@@ -333,6 +333,7 @@ impl LocalHands {
             record: self.record_path(&spec.session_id),
             run_dir,
             watchers: Vec::new(),
+            frozen: Default::default(),
         };
         let mut stdout = tokio::io::BufReader::new(spawned.stdout).lines();
         let first_line = tokio::time::timeout(START_TIMEOUT, stdout.next_line()).await;
@@ -482,13 +483,12 @@ impl LocalHands {
             record: path,
             run_dir,
             watchers: vec![watcher],
+            frozen: Default::default(),
         };
         instance.watch_limits(Arc::default());
-        if was_frozen {
-            let _ = instance.freeze_now().await;
-        } else {
-            // The earlier gateway died without pausing them: pause now, resume on use.
-            let _ = instance.freeze_now().await;
+        // Paused hands stay paused; hands a killed gateway left running stay running.
+        if was_frozen && let Err(e) = instance.freeze_now().await {
+            tracing::warn!(session = session_id, error = %e, "cannot freeze adopted hands again");
         }
         tracing::info!(
             session = session_id,
@@ -668,6 +668,8 @@ struct LocalInstance {
     record: PathBuf,
     run_dir: PathBuf,
     watchers: Vec<tokio::task::JoinHandle<()>>,
+    /// Set by a freeze, cleared by a thaw.
+    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl LocalInstance {
@@ -704,6 +706,7 @@ impl LocalInstance {
     }
 
     async fn freeze_now(&self) -> Result<(), HandsError> {
+        self.set_frozen(true);
         match &self.cgroup {
             Some(cgroup) if cgroup.can_freeze() => {
                 let cgroup = cgroup.clone();
@@ -719,7 +722,13 @@ impl LocalInstance {
         }
     }
 
+    fn set_frozen(&self, frozen: bool) {
+        self.frozen
+            .store(frozen, std::sync::atomic::Ordering::SeqCst);
+    }
+
     async fn thaw_now(&self) -> Result<(), HandsError> {
+        self.set_frozen(false);
         match &self.cgroup {
             Some(cgroup) if cgroup.can_freeze() => {
                 let cgroup = cgroup.clone();
@@ -759,6 +768,10 @@ impl HandsInstance for LocalInstance {
 
     fn can_pause(&self) -> bool {
         true
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.frozen.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn freeze(&self) -> BoxFuture<'_, Result<(), HandsError>> {

@@ -125,6 +125,8 @@ pub trait HandsInstance: Send + Sync {
     fn exited(&self) -> watch::Receiver<Option<String>>;
     /// Whether [`HandsInstance::freeze`] keeps the processes in memory (remote hands cannot).
     fn can_pause(&self) -> bool;
+    /// Whether the sandbox is frozen right now (an adopted one may or may not be).
+    fn is_frozen(&self) -> bool;
     fn freeze(&self) -> BoxFuture<'_, Result<(), HandsError>>;
     fn thaw(&self) -> BoxFuture<'_, Result<(), HandsError>>;
     /// Stops every process of the sandbox and forgets it.
@@ -832,14 +834,23 @@ impl Hands {
         let mut live = self.live.lock().await;
         match self.provider.adopt(&self.session_id).await {
             Ok(Some(instance)) => {
+                // Hands a gateway paused at SIGTERM were snapshotted then: they stay paused and
+                // may be archived. Hands a killed gateway left running stay running; the idle
+                // sweeper snapshots and pauses them like any other.
+                let frozen = instance.is_frozen();
                 self.install(&mut live, instance);
                 let mut status = self.status();
-                status.state = HandsState::Paused;
-                status.paused_at = Some(Instant::now());
-                status.snapshot_current = self.snapshots.exists();
+                status.state = if frozen {
+                    HandsState::Paused
+                } else {
+                    HandsState::Running
+                };
+                status.paused_at = frozen.then(Instant::now);
+                status.snapshot_current = frozen && self.snapshots.exists();
+                status.changed = !frozen;
                 drop(status);
                 self.emit_transition(
-                    "paused",
+                    if frozen { "paused" } else { "running" },
                     Transition {
                         message: Some("adopted after a gateway restart".into()),
                         ..Transition::default()

@@ -128,6 +128,10 @@ impl HandsInstance for RemoteInstance {
         false
     }
 
+    fn is_frozen(&self) -> bool {
+        false
+    }
+
     fn freeze(&self) -> BoxFuture<'_, Result<(), HandsError>> {
         Box::pin(async { Ok(()) })
     }

@@ -294,8 +294,9 @@ async fn stopping_hands_kills_background_and_setsid_processes_they_started() {
         warren_process::tree_members(&warren_process::TreeId::new(root as i32, None))
             .into_iter()
             .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|cmd| cmd.starts_with("sleep\0300") || cmd.starts_with("sleep\0301"))
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|cmd| {
+                    cmd.starts_with("sleep\u{0}300") || cmd.starts_with("sleep\u{0}301")
+                })
             })
             .map(|pid| pid as u32)
             .collect();

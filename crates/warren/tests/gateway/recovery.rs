@@ -204,7 +204,10 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         "setsid nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & echo started"
     );
     assert_eq!(
-        device.post_message(&first_url, &session, &server).await.status(),
+        device
+            .post_message(&first_url, &session, &server)
+            .await
+            .status(),
         202
     );
     stream
@@ -216,7 +219,10 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         .build()
         .expect("client");
     warren_test_support::eventually_async("the dev server answers", || async {
-        http.get(&dev_server).send().await.is_ok_and(|r| r.status() == 200)
+        http.get(&dev_server)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
     })
     .await;
     // A duration no other test uses, so the command can be found among the machine's processes.
