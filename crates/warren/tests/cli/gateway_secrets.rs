@@ -31,6 +31,15 @@ fn environ_of(pid: u32) -> Vec<String> {
 
 /// Live processes whose environment carries one of `markers` and whose command line contains
 /// `needle`.
+/// Stops the hands the gateway leaves paused at SIGTERM, when the test ends.
+struct LeftHands(std::path::PathBuf);
+
+impl Drop for LeftHands {
+    fn drop(&mut self) {
+        warren_gateway::hands::local::stop_left_hands_blocking(&self.0);
+    }
+}
+
 fn processes_with_marker(markers: &[String], needle: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -174,8 +183,31 @@ async fn no_secret_of_the_gateway_reaches_a_hands_command_the_event_log_or_the_l
             );
         }
     }
-    let hands = processes_with_marker(&markers, "execd");
-    assert!(!hands.is_empty(), "the hands' execd is listed");
+    // The hands' sandbox (bwrap, execd and what it runs), found from the record the gateway
+    // keeps for its successor.
+    let hands_dir = data.path().join("warren/run/hands");
+    let hands: Vec<u32> = std::fs::read_dir(&hands_dir)
+        .expect("hands records")
+        .flatten()
+        .filter(|entry| entry.path().extension().is_some_and(|e| e == "json"))
+        .filter_map(|entry| {
+            let record: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(entry.path()).ok()?).ok()?;
+            record["pid"].as_u64()
+        })
+        .flat_map(|pid| {
+            warren_process::tree_members(&warren_process::TreeId::new(pid as i32, None))
+        })
+        .map(|pid| pid as u32)
+        .collect();
+    let _left = LeftHands(hands_dir);
+    assert!(
+        hands.iter().any(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("execd"))
+        }),
+        "the hands' execd runs: {hands:?}"
+    );
     for pid in &hands {
         let env = environ_of(*pid);
         for value in [APP_KEY, ADMIN_TOKEN, MODEL_KEY, ORDINARY] {
