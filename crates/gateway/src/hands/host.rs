@@ -64,6 +64,9 @@ impl Hands {
                 self.workspace().display()
             )));
         };
+        if relative.as_os_str().is_empty() {
+            return Ok(root.to_string());
+        }
         Ok(Path::new(root)
             .join(relative)
             .to_string_lossy()
