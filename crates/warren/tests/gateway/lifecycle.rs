@@ -493,3 +493,67 @@ async fn with_isolation_auto_and_no_working_bwrap_hands_run_unconfined_and_say_s
     assert!(names.contains("PATH"), "{names}");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn paused_hands_thaw_cleanly_when_one_of_their_processes_was_killed_while_frozen() {
+    let gw = TestGateway::start(|data| {
+        quick_lifecycle(data, Duration::from_millis(400), Duration::from_secs(3600))
+    })
+    .await;
+    let mut chat = gw.conversation("phone-thaw1").await;
+    chat.turn("setsid sleep 5151 >/dev/null 2>&1 & echo started")
+        .await;
+    chat.until("paused", |e| {
+        e.event == "hands" && e.data["state"] == "paused"
+    })
+    .await;
+    let sleeper = hands_processes(&gw.data, &chat.session)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.starts_with(b"sleep\x005151"))
+        })
+        .expect("the sleeper, as the host sees it");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &sleeper.to_string()])
+        .status()
+        .expect("kill -9 the frozen sleeper");
+    assert!(killed.success());
+    eventually("a frozen process still dies of SIGKILL", || !alive(sleeper)).await;
+    let seen = chat
+        .turn("pgrep -f '[s]leep 5151' || echo sleeper-gone")
+        .await;
+    assert!(hands_event(&seen, "running").is_some(), "resumed: {seen:?}");
+    assert!(hands_event(&seen, "lost").is_none(), "{seen:?}");
+    assert!(text_of(&seen).contains("sleeper-gone"), "{seen:?}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn hands_killed_while_paused_are_noticed_lost_and_rebuilt_on_next_use() {
+    let gw = TestGateway::start(|data| {
+        quick_lifecycle(data, Duration::from_millis(400), Duration::from_secs(3600))
+    })
+    .await;
+    let mut chat = gw.conversation("phone-thaw2").await;
+    chat.turn("echo kept > kept.txt").await;
+    chat.until("paused", |e| {
+        e.event == "hands" && e.data["state"] == "paused"
+    })
+    .await;
+    let root = hands_processes(&gw.data, &chat.session)[0];
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &root.to_string()])
+        .status()
+        .expect("kill -9 the paused sandbox");
+    assert!(killed.success());
+    chat.until("lost", |e| e.event == "hands" && e.data["state"] == "lost")
+        .await;
+    let seen = chat.turn("cat kept.txt").await;
+    assert_eq!(
+        hands_event(&seen, "running").expect("new hands").data["reset"],
+        true
+    );
+    assert!(text_of(&seen).contains("kept\n"));
+    gw.stop().await;
+}
