@@ -716,4 +716,40 @@ mod tests {
         })
         .await;
     }
+
+    #[tokio::test]
+    async fn a_child_gets_default_signal_dispositions_even_when_the_daemon_ignores_sigint() {
+        // SAFETY: `signal` with constant arguments; ignoring SIGINT and SIGQUIT in the test
+        // process is what a daemon started with `&` from a script inherits. Nothing in these
+        // tests sends either signal to the test process.
+        unsafe {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        }
+        let spec = CommandSpec::new("/bin/cat", &TreeMarker::new()).arg("/proc/self/status");
+        let options = PipeOptions {
+            stdin: StdinMode::Null,
+            ..PipeOptions::default()
+        };
+        let child = spawn(&spec, Connect::Pipes(options))
+            .expect("spawns")
+            .into_pipes();
+        let mut status = String::new();
+        let mut stdout = child.stdout;
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut status)
+            .await
+            .expect("reads");
+        let mut child = child.child;
+        child.wait().await.expect("waits");
+        let ignored = status
+            .lines()
+            .find_map(|line| line.strip_prefix("SigIgn:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .expect("SigIgn in /proc/self/status");
+        assert_eq!(
+            ignored & (1 << (libc::SIGINT - 1) | 1 << (libc::SIGQUIT - 1)),
+            0,
+            "SIGINT and SIGQUIT are back to default in the child: {ignored:#x}"
+        );
+    }
 }

@@ -272,6 +272,7 @@ impl CommandSpec {
             )?;
         }
         command.kill_on_drop(false);
+        crate::spawner::default_signal_dispositions(&mut command);
         if !self.outlive_daemon {
             crate::spawner::die_with_this_process(&mut command);
         }

@@ -60,6 +60,26 @@ fn sender() -> io::Result<mpsc::Sender<Job>> {
     Ok(tx)
 }
 
+/// Gives the command every signal's default disposition. A daemon started in the background of
+/// a non-interactive shell (`warren execd &`, `nohup`) inherits SIGINT, SIGQUIT or SIGHUP as
+/// ignored, and exec keeps ignored signals ignored: without this, Ctrl-C would never reach a
+/// command it runs. (std already resets the signal mask.)
+pub(crate) fn default_signal_dispositions(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and only calls `signal`, which
+    // is async-signal-safe, with constant arguments; it touches no memory shared with the
+    // parent. SIGKILL and SIGSTOP cannot be changed and are skipped.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in 1..32 {
+                if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                    libc::signal(signal, libc::SIG_DFL);
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Makes the command's process get SIGKILL when this process dies. Needs the fork to happen on
 /// the spawner thread, which every spawn in this crate does.
 pub(crate) fn die_with_this_process(command: &mut tokio::process::Command) {
