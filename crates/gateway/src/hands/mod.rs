@@ -457,9 +457,13 @@ impl Hands {
         } else {
             HandsState::Starting
         });
+        // The transition begins: nothing has elapsed yet (the closing event says how long).
         self.emit_transition(
             if restore { "restoring" } else { "starting" },
-            Transition::default(),
+            Transition {
+                elapsed_ms: Some(0),
+                ..Transition::default()
+            },
         );
         let result = if restore {
             self.start_restored(live).await
@@ -576,6 +580,8 @@ impl Hands {
         self.emit_transition(
             "lost",
             Transition {
+                // Noticed the moment the sandbox's exit was seen.
+                elapsed_ms: Some(0),
                 error: Some(if why.is_empty() {
                     "the sandbox exited".to_string()
                 } else {
@@ -832,6 +838,7 @@ impl Hands {
     /// hands `lost`.
     pub async fn adopt(&self) {
         let mut live = self.live.lock().await;
+        let started = Instant::now();
         match self.provider.adopt(&self.session_id).await {
             Ok(Some(instance)) => {
                 // Hands a gateway paused at SIGTERM were snapshotted then: they stay paused and
@@ -852,6 +859,7 @@ impl Hands {
                 self.emit_transition(
                     if frozen { "paused" } else { "running" },
                     Transition {
+                        elapsed_ms: ms_since(started),
                         message: Some("adopted after a gateway restart".into()),
                         ..Transition::default()
                     },

@@ -557,3 +557,67 @@ async fn hands_killed_while_paused_are_noticed_lost_and_rebuilt_on_next_use() {
     assert!(text_of(&seen).contains("kept\n"));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn paused_hands_whose_snapshot_is_over_snapshot_max_are_never_archived() {
+    let gw = TestGateway::start(|data| {
+        let mut args =
+            quick_lifecycle(data, Duration::from_millis(300), Duration::from_millis(300));
+        args.snapshot_max = 64;
+        args
+    })
+    .await;
+    let mut chat = gw.conversation("phone-toobig").await;
+    chat.turn("head -c 100000 /dev/urandom > big.bin").await;
+    let paused = chat
+        .until("paused", |e| {
+            e.event == "hands" && e.data["state"] == "paused"
+        })
+        .await;
+    assert!(
+        paused.last().expect("paused").data["snapshot_bytes"]
+            .as_u64()
+            .is_some_and(|n| n > 64)
+    );
+    // Several sweeps past --hands-archive-after: still paused, the workspace still there.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(chat.info().await["hands"], "paused");
+    assert!(chat.workspace().join("big.bin").is_file());
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_snapshot_that_cannot_be_restored_twice_gives_an_empty_workspace_an_error_and_the_session_goes_on()
+ {
+    let gw = TestGateway::start(|data| {
+        quick_lifecycle(data, Duration::from_millis(300), Duration::from_millis(300))
+    })
+    .await;
+    let mut chat = gw.conversation("phone-badsnap").await;
+    chat.turn("echo lost-to-corruption > a.txt").await;
+    chat.until("archived", |e| {
+        e.event == "hands" && e.data["state"] == "archived"
+    })
+    .await;
+    let snapshot = chat.workspace().with_file_name("snapshot.tar.zst");
+    std::fs::write(&snapshot, b"this is not a zstd tar").expect("corrupt the snapshot");
+
+    let seen = chat.turn("ls -A; echo listed").await;
+    let error = seen
+        .iter()
+        .find(|e| e.event == "error")
+        .expect("an error event");
+    assert_eq!(error.data["code"], "RESTORE_FAILED", "{:?}", error.data);
+    assert!(hands_event(&seen, "restored").is_some(), "{seen:?}");
+    let text = text_of(&seen);
+    assert!(
+        text.contains("listed") && !text.contains("a.txt"),
+        "an empty workspace: {text:?}"
+    );
+    assert_eq!(
+        seen.last().expect("turn_end").data["stop_reason"],
+        "end_turn"
+    );
+    assert_eq!(chat.info().await["hands"], "running");
+    gw.stop().await;
+}
