@@ -523,6 +523,11 @@ pub fn stop_left_hands_blocking(run_dir: &Path) -> usize {
         match cgroup {
             Some(cgroup) => {
                 let _ = cgroup.kill_all();
+                // cgroup.kill is asynchronous: wait (bounded) until the kernel emptied it.
+                let deadline = std::time::Instant::now() + STOP_GRACE;
+                while !cgroup.is_empty() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 let _ = cgroup.remove();
             }
             None => {
@@ -798,6 +803,13 @@ impl HandsInstance for LocalInstance {
             }
             let mut exit = self.exit.clone();
             let _ = tokio::time::timeout(STOP_GRACE * 2, exit.wait_for(Option::is_some)).await;
+            // cgroup.kill is asynchronous: stopped means every process is gone, not signalled.
+            if let Some(cgroup) = &self.cgroup {
+                let deadline = tokio::time::Instant::now() + STOP_GRACE;
+                while !cgroup.is_empty() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
             for watcher in &self.watchers {
                 watcher.abort();
             }

@@ -365,7 +365,10 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_stops_the_brain_and_le
         .any(|entry| entry.path().join("snapshot.tar.zst").is_file());
     assert!(snapshot, "the hands were snapshotted before the pause");
     crate::helpers::stop_left_hands(&data);
-    assert!(!hands.iter().any(|pid| alive(*pid)));
+    warren_test_support::eventually("the left hands are stopped", || {
+        !hands.iter().any(|pid| alive(*pid))
+    })
+    .await;
     drop(data_dir);
 }
 
