@@ -37,6 +37,8 @@ use super::{HandsEndpoint, HandsError, HandsInstance, HandsProvider, Isolation, 
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// SIGTERM grace when stopping unconfined hands (a sandbox's cgroup is killed at once).
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long a killed sandbox's cgroup may take to empty before it is removed.
+const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(10);
 /// How often an adopted sandbox's pid and every sandbox's limit counters are checked.
 const WATCH_PERIOD: Duration = Duration::from_millis(250);
 /// The fd execd reads its secrets from (`--secrets-fd`); the sandbox's own fds are 3 to 7.
@@ -288,7 +290,7 @@ impl LocalHands {
             Ok(spawned) => spawned.into_pipes(),
             Err(e) => {
                 if let Some(cgroup) = cgroup {
-                    let _ = cgroup.remove();
+                    remove_cgroup(cgroup).await;
                 }
                 return Err(fail("cannot start the hands", &e));
             }
@@ -401,7 +403,7 @@ impl LocalHands {
         )
         .await;
         if let Some(cgroup) = cgroup {
-            let _ = cgroup.remove();
+            remove_cgroup(cgroup).await;
         }
         let _ = std::fs::remove_file(&path);
     }
@@ -417,8 +419,7 @@ impl LocalHands {
             .and_then(|name| HandsCgroup::open(&self.cgroups, name));
         if !same_process(record.pid, record.start_time) {
             if let Some(cgroup) = cgroup {
-                let _ = cgroup.kill_all();
-                let _ = cgroup.remove();
+                remove_cgroup(cgroup).await;
             }
             let _ = std::fs::remove_file(&path);
             return Err(HandsError::Failed(
@@ -452,7 +453,7 @@ impl LocalHands {
             )
             .await;
             if let Some(cgroup) = cgroup.and_then(|c| Arc::try_unwrap(c).ok()) {
-                let _ = cgroup.remove();
+                remove_cgroup(cgroup).await;
             }
             let _ = std::fs::remove_file(&path);
             return Err(e);
@@ -521,15 +522,7 @@ pub fn stop_left_hands_blocking(run_dir: &Path) -> usize {
             .as_deref()
             .and_then(|name| HandsCgroup::open(&cgroups, name));
         match cgroup {
-            Some(cgroup) => {
-                let _ = cgroup.kill_all();
-                // cgroup.kill is asynchronous: wait (bounded) until the kernel emptied it.
-                let deadline = std::time::Instant::now() + STOP_GRACE;
-                while !cgroup.is_empty() && std::time::Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                let _ = cgroup.remove();
-            }
+            Some(cgroup) => remove_cgroup_blocking(cgroup),
             None => {
                 let tree = TreeId::new(record.pid as i32, Some(record.marker.clone()));
                 warren_process::signal_tree(&tree, rustix::process::Signal::CONT);
@@ -540,6 +533,24 @@ pub fn stop_left_hands_blocking(run_dir: &Path) -> usize {
         n_stopped += 1;
     }
     n_stopped
+}
+
+/// Kills what is left in `cgroup`, waits (bounded) until the kernel emptied it (`cgroup.kill`
+/// is asynchronous) and removes it, so no empty cgroup is left behind.
+fn remove_cgroup_blocking(cgroup: HandsCgroup) {
+    let _ = cgroup.kill_all();
+    // Exits take longer on a loaded machine; the wait ends as soon as the cgroup is empty.
+    let deadline = std::time::Instant::now() + CGROUP_EMPTY_WAIT;
+    while !cgroup.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if let Err(e) = cgroup.remove() {
+        tracing::warn!(error = %e, "cannot remove a hands cgroup");
+    }
+}
+
+async fn remove_cgroup(cgroup: HandsCgroup) {
+    let _ = tokio::task::spawn_blocking(move || remove_cgroup_blocking(cgroup)).await;
 }
 
 /// The execd command line in the hands; its secrets come through [`SECRETS_FD`].
@@ -810,16 +821,20 @@ impl HandsInstance for LocalInstance {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
-            for watcher in &self.watchers {
+            let this = *self;
+            // The limit watcher holds the cgroup too: wait for it to go, so the cgroup can be
+            // removed rather than left behind empty.
+            for watcher in this.watchers {
                 watcher.abort();
+                let _ = watcher.await;
             }
-            if let Some(cgroup) = self.cgroup.and_then(|c| Arc::try_unwrap(c).ok())
-                && let Err(e) = cgroup.remove()
-            {
-                tracing::debug!(error = %e, "cannot remove the hands' cgroup");
+            match this.cgroup.map(Arc::try_unwrap) {
+                Some(Ok(cgroup)) => remove_cgroup(cgroup).await,
+                Some(Err(_)) => tracing::warn!("the hands' cgroup is still in use; left in place"),
+                None => {}
             }
-            let _ = std::fs::remove_file(&self.record);
-            let _ = std::fs::remove_file(self.run_dir.join(SOCKET_NAME));
+            let _ = std::fs::remove_file(&this.record);
+            let _ = std::fs::remove_file(this.run_dir.join(SOCKET_NAME));
         })
     }
 

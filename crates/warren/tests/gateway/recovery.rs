@@ -368,6 +368,8 @@ fn pids_in(path: &Path) -> Vec<u32> {
 async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
+    // The message below starts hands, which outlive both gateways on purpose.
+    let _cleanup = LeftHands(data.clone());
     let jobs = dir.path().join("agent-jobs");
     // Each agent leaves a background job that ignores its stdin closing (as a third-party
     // agent might) and notes its pid, then becomes the shell agent.
