@@ -79,12 +79,19 @@ impl CgroupRoots {
 }
 
 /// Whether a child of the v2 cgroup `dir` has `cgroup.freeze` (kernel 5.2+). The root cgroup
-/// itself has none, so a probe child is made and removed.
+/// itself has none, so a probe child is made and removed. Its name is unique per call: several
+/// gateways (or discoveries) in one process probe at once, and a clash must not read as "no
+/// freezer", which would also hide existing hands cgroups from [`HandsCgroup::open`].
+/// How long [`remove_cgroup_dir`] retries a busy cgroup.
+const RMDIR_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn v2_child_can_freeze(dir: &Path) -> bool {
+    static N_PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if dir.join("cgroup.freeze").is_file() {
         return true;
     }
-    let probe = dir.join(format!("warren-probe-{}", std::process::id()));
+    let n = N_PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!("warren-probe-{}-{n}", std::process::id()));
     if std::fs::create_dir(&probe).is_err() {
         return false;
     }
@@ -527,7 +534,7 @@ impl HandsCgroup {
     fn rmdir_all(&self) -> io::Result<()> {
         let mut first_error = None;
         for dir in self.dirs() {
-            if let Err(err) = std::fs::remove_dir(dir)
+            if let Err(err) = remove_cgroup_dir(dir)
                 && err.kind() != io::ErrorKind::NotFound
             {
                 first_error.get_or_insert(io::Error::new(
@@ -537,6 +544,20 @@ impl HandsCgroup {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// `rmdir` of a cgroup whose last process just exited can fail with EBUSY while the kernel
+/// still releases it (v2 answers so for a short while after `cgroup.kill`): retried, bounded.
+fn remove_cgroup_dir(dir: &Path) -> io::Result<()> {
+    let deadline = Instant::now() + RMDIR_WAIT;
+    loop {
+        match std::fs::remove_dir(dir) {
+            Err(err) if err.raw_os_error() == Some(16) && Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
     }
 }
 

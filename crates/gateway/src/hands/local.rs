@@ -220,67 +220,18 @@ impl LocalHands {
         } else {
             None
         };
-        let secrets = secrets_pipe(&spec.token, &nonce)
-            .map_err(|e| fail("cannot pass the hands their secrets", &e))?;
-        let (command, root) = match self.isolation {
-            Isolation::Bwrap => {
-                let bwrap = self
-                    .bwrap
-                    .clone()
-                    .ok_or_else(|| HandsError::Unavailable("bwrap not found".into()))?;
-                let sandbox = SandboxSpec {
-                    bwrap,
-                    workspace: open_path(&spec.workspace)
-                        .map_err(|e| fail("cannot open the workspace", &e))?,
-                    run_dir: open_path(&run_dir)
-                        .map_err(|e| fail("cannot open the run dir", &e))?,
-                    warren_bin: open_path(&self.config.warren_bin)
-                        .map_err(|e| fail("cannot open the warren binary", &e))?,
-                    home: None,
-                    network: match self.config.network {
-                        NetworkMode::Host => Network::Host,
-                        NetworkMode::None => Network::None,
-                    },
-                    uid: ids.map(|(uid, _)| uid),
-                    gid: ids.map(|(_, gid)| gid),
-                    seccomp: warren_sandbox::seccomp_memfd()
-                        .map_err(|e| fail("cannot build the seccomp filter", &e))?,
-                    cgroup_procs: cgroup
-                        .as_ref()
-                        .map(HandsCgroup::procs_files)
-                        .unwrap_or_default(),
-                    extra_env: self.config.env.clone(),
-                };
-                let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");
-                let args = execd_args(&socket, INNER_WORKSPACE);
-                (
-                    sandbox.command(&marker, INNER_WARREN, &args),
-                    INNER_WORKSPACE.to_string(),
-                )
-            }
-            Isolation::None | Isolation::Remote => {
-                let root = std::fs::canonicalize(&spec.workspace)
-                    .map_err(|e| fail("cannot resolve the workspace", &e))?;
-                let socket = format!("unix:{}", run_dir.join(SOCKET_NAME).display());
-                let root_text = root.to_string_lossy().into_owned();
-                let args = execd_args(&socket, &root_text);
-                let command = CommandSpec::new(&self.config.warren_bin, &marker)
-                    .args(args)
-                    .cwd(&root)
-                    .env_policy(EnvPolicy::Hands {
-                        pass: self.config.env.clone(),
-                    })
-                    .join_cgroups(
-                        cgroup
-                            .as_ref()
-                            .map(HandsCgroup::procs_files)
-                            .unwrap_or_default(),
-                    )
-                    .outlive_daemon();
-                (command, root_text)
+        // Whatever fails from here to the spawn must not leave the new cgroup behind.
+        let built = self.build_command(spec, &run_dir, ids, &marker, &nonce, cgroup.as_ref());
+        let command = match built {
+            Ok(command) => command,
+            Err(e) => {
+                if let Some(cgroup) = cgroup {
+                    remove_cgroup(cgroup).await;
+                }
+                return Err(e);
             }
         };
-        let command = command.fd(SECRETS_FD, secrets);
+        let (command, root) = command;
         let options = PipeOptions {
             stdin: StdinMode::Null,
             output: OutputMode::Separate,
@@ -382,6 +333,74 @@ impl LocalHands {
             "hands started"
         );
         Ok(instance)
+    }
+
+    /// The command that starts the sandbox (bwrap, or execd unconfined) and execd's view of the
+    /// workspace.
+    fn build_command(
+        &self,
+        spec: &StartSpec,
+        run_dir: &Path,
+        ids: Option<(u32, u32)>,
+        marker: &TreeMarker,
+        nonce: &str,
+        cgroup: Option<&HandsCgroup>,
+    ) -> Result<(CommandSpec, String), HandsError> {
+        let fail = |what: &str, error: &dyn std::fmt::Display| {
+            HandsError::Start(format!("{what}: {error}"))
+        };
+        let secrets = secrets_pipe(&spec.token, nonce)
+            .map_err(|e| fail("cannot pass the hands their secrets", &e))?;
+        let (command, root) = match self.isolation {
+            Isolation::Bwrap => {
+                let bwrap = self
+                    .bwrap
+                    .clone()
+                    .ok_or_else(|| HandsError::Unavailable("bwrap not found".into()))?;
+                let sandbox = SandboxSpec {
+                    bwrap,
+                    workspace: open_path(&spec.workspace)
+                        .map_err(|e| fail("cannot open the workspace", &e))?,
+                    run_dir: open_path(run_dir).map_err(|e| fail("cannot open the run dir", &e))?,
+                    warren_bin: open_path(&self.config.warren_bin)
+                        .map_err(|e| fail("cannot open the warren binary", &e))?,
+                    home: None,
+                    network: match self.config.network {
+                        NetworkMode::Host => Network::Host,
+                        NetworkMode::None => Network::None,
+                    },
+                    uid: ids.map(|(uid, _)| uid),
+                    gid: ids.map(|(_, gid)| gid),
+                    seccomp: warren_sandbox::seccomp_memfd()
+                        .map_err(|e| fail("cannot build the seccomp filter", &e))?,
+                    cgroup_procs: cgroup.map(HandsCgroup::procs_files).unwrap_or_default(),
+                    extra_env: self.config.env.clone(),
+                };
+                let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");
+                let args = execd_args(&socket, INNER_WORKSPACE);
+                (
+                    sandbox.command(marker, INNER_WARREN, &args),
+                    INNER_WORKSPACE.to_string(),
+                )
+            }
+            Isolation::None | Isolation::Remote => {
+                let root = std::fs::canonicalize(&spec.workspace)
+                    .map_err(|e| fail("cannot resolve the workspace", &e))?;
+                let socket = format!("unix:{}", run_dir.join(SOCKET_NAME).display());
+                let root_text = root.to_string_lossy().into_owned();
+                let args = execd_args(&socket, &root_text);
+                let command = CommandSpec::new(&self.config.warren_bin, marker)
+                    .args(args)
+                    .cwd(&root)
+                    .env_policy(EnvPolicy::Hands {
+                        pass: self.config.env.clone(),
+                    })
+                    .join_cgroups(cgroup.map(HandsCgroup::procs_files).unwrap_or_default())
+                    .outlive_daemon();
+                (command, root_text)
+            }
+        };
+        Ok((command.fd(SECRETS_FD, secrets), root))
     }
 
     /// Stops whatever a record says runs for `session_id` (any instance, adopted or stale),

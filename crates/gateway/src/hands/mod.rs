@@ -875,6 +875,8 @@ impl Hands {
     pub async fn shutdown(&self) {
         self.pause(None).await;
         let mut live = self.live.lock().await;
+        // From here on no use may start new hands: the next gateway owns this session's.
+        self.status().stopped = true;
         if let Some(instance) = live.instance.take() {
             live.generation += 1;
             instance.detach();

@@ -25,6 +25,31 @@ fn this_host_offers_freezing_and_both_limits() {
     );
 }
 
+#[test]
+fn discoveries_running_at_once_in_one_process_all_find_the_same_hierarchies() {
+    let expected = CgroupRoots::discover().describe();
+    let found: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..16)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..20)
+                        .map(|_| CgroupRoots::discover().describe())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|handle| handle.join().expect("discovery thread"))
+            .collect()
+    });
+    assert!(
+        found.iter().all(|described| *described == expected),
+        "a concurrent probe never hides a hierarchy: {:?}",
+        found.iter().find(|described| **described != expected)
+    );
+}
+
 #[tokio::test]
 async fn freezing_stops_a_ticker_and_thawing_resumes_the_same_process() {
     let fixture = Fixture::new();
