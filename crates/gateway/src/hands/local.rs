@@ -88,6 +88,24 @@ pub struct LocalConfig {
     pub env: Vec<HandsVar>,
 }
 
+impl LocalConfig {
+    /// The flags' defaults: `--hands-isolation auto`, `--hands-network host`, `--hands-uid
+    /// 1000`, no limits, no `--hands-env`.
+    pub fn with_defaults(warren_bin: PathBuf, run_dir: PathBuf) -> LocalConfig {
+        LocalConfig {
+            warren_bin,
+            run_dir,
+            isolation: IsolationMode::Auto,
+            bwrap: None,
+            network: NetworkMode::Host,
+            uid: 1000,
+            memory_bytes: None,
+            pids: None,
+            env: Vec::new(),
+        }
+    }
+}
+
 /// The local provider (see the module docs).
 pub struct LocalHands {
     config: LocalConfig,
@@ -407,24 +425,8 @@ impl LocalHands {
     /// removes its cgroup and the record.
     async fn stop_recorded(&self, session_id: &str) {
         let path = self.record_path(session_id);
-        let Some(record) = read_record(&path) else {
-            return;
-        };
-        let cgroup = record
-            .cgroup
-            .as_deref()
-            .and_then(|name| HandsCgroup::open(&self.cgroups, name));
-        kill_sandbox(
-            record.pid,
-            record.start_time,
-            &record.marker,
-            cgroup.as_ref(),
-        )
-        .await;
-        if let Some(cgroup) = cgroup {
-            remove_cgroup(cgroup).await;
-        }
-        let _ = std::fs::remove_file(&path);
+        let cgroups = self.cgroups.clone();
+        let _ = tokio::task::spawn_blocking(move || stop_record_blocking(&cgroups, &path)).await;
     }
 
     async fn adopt_local(&self, session_id: &str) -> Result<Option<LocalInstance>, HandsError> {
@@ -437,10 +439,9 @@ impl LocalHands {
             .as_deref()
             .and_then(|name| HandsCgroup::open(&self.cgroups, name));
         if !same_process(record.pid, record.start_time) {
-            if let Some(cgroup) = cgroup {
-                remove_cgroup(cgroup).await;
-            }
-            let _ = std::fs::remove_file(&path);
+            // What is left of it (its cgroup, a job that outlived the root) goes with the record.
+            drop(cgroup);
+            self.stop_recorded(session_id).await;
             return Err(HandsError::Failed(
                 "the hands an earlier gateway left have exited".into(),
             ));
@@ -464,17 +465,8 @@ impl LocalHands {
         }
         if let Err(e) = check_identity(&endpoint).await {
             tracing::error!(session = session_id, error = %e, "refusing to adopt hands: they do not prove their identity; stopping them");
-            kill_sandbox(
-                record.pid,
-                record.start_time,
-                &record.marker,
-                cgroup.as_deref(),
-            )
-            .await;
-            if let Some(cgroup) = cgroup.and_then(|c| Arc::try_unwrap(c).ok()) {
-                remove_cgroup(cgroup).await;
-            }
-            let _ = std::fs::remove_file(&path);
+            drop(cgroup);
+            self.stop_recorded(session_id).await;
             return Err(e);
         }
         let isolation = match record.isolation.as_str() {
@@ -533,25 +525,40 @@ pub fn stop_left_hands_blocking(run_dir: &Path) -> usize {
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
         }
-        let Some(record) = read_record(&path) else {
-            continue;
-        };
-        let cgroup = record
-            .cgroup
-            .as_deref()
-            .and_then(|name| HandsCgroup::open(&cgroups, name));
-        match cgroup {
-            Some(cgroup) => remove_cgroup_blocking(cgroup),
-            None => {
-                let tree = TreeId::new(record.pid as i32, Some(record.marker.clone()));
-                warren_process::signal_tree(&tree, rustix::process::Signal::CONT);
-                warren_process::kill_tree_blocking(&tree, STOP_GRACE);
-            }
+        if stop_record_blocking(&cgroups, &path) {
+            n_stopped += 1;
         }
-        let _ = std::fs::remove_file(&path);
-        n_stopped += 1;
     }
     n_stopped
+}
+
+/// Stops the sandbox the record at `path` describes and removes the record: its whole cgroup
+/// when it has one, else its process tree by marker (rooted at the recorded pid only while that
+/// pid is still the process that started then). False when there was no readable record.
+fn stop_record_blocking(cgroups: &CgroupRoots, path: &Path) -> bool {
+    let Some(record) = read_record(path) else {
+        return false;
+    };
+    let cgroup = record
+        .cgroup
+        .as_deref()
+        .and_then(|name| HandsCgroup::open(cgroups, name));
+    match cgroup {
+        Some(cgroup) => remove_cgroup_blocking(cgroup),
+        None => {
+            let root = if same_process(record.pid, record.start_time) {
+                record.pid as i32
+            } else {
+                0
+            };
+            let tree = TreeId::new(root, Some(record.marker.clone()));
+            // Stopped processes never act on SIGTERM: wake a paused tree first.
+            warren_process::signal_tree(&tree, rustix::process::Signal::CONT);
+            warren_process::kill_tree_blocking(&tree, STOP_GRACE);
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    true
 }
 
 /// Kills what is left in `cgroup`, waits (bounded) until the kernel emptied it (`cgroup.kill`
@@ -649,20 +656,6 @@ async fn check_identity(endpoint: &HandsEndpoint) -> Result<(), HandsError> {
 fn same_process(pid: u32, start_time: u64) -> bool {
     warren_process::procfs::stat(pid as i32)
         .is_some_and(|stat| stat.start_time == start_time && !stat.is_zombie())
-}
-
-/// Kills a sandbox: its whole cgroup when it has one, else its process tree by marker.
-async fn kill_sandbox(pid: u32, start_time: u64, marker: &str, cgroup: Option<&HandsCgroup>) {
-    if let Some(cgroup) = cgroup {
-        if let Err(e) = cgroup.kill_all() {
-            tracing::warn!(error = %e, "cannot kill the hands' cgroup");
-        }
-        return;
-    }
-    let tree = TreeId::new(pid as i32, Some(marker.to_string()));
-    if same_process(pid, start_time) || !marker.is_empty() {
-        warren_process::kill_tree(&tree, STOP_GRACE).await;
-    }
 }
 
 fn read_record(path: &Path) -> Option<Record> {
