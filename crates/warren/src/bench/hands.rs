@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use warren_brain::{Host, TerminalSpec};
-use warren_gateway::hands::local::{IsolationMode, LocalConfig, LocalHands, NetworkMode};
+use warren_gateway::hands::local::{LocalConfig, LocalHands};
 use warren_gateway::hands::{Hands, HandsProvider};
 
 const N_CREATES: usize = 10;
@@ -84,17 +84,7 @@ async fn run_in(hands: &Arc<Hands>, script: &str) -> anyhow::Result<String> {
 
 async fn bench(data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
     let warren_bin = std::env::current_exe()?;
-    let config = LocalConfig {
-        warren_bin,
-        run_dir: data.join("run").join("hands"),
-        isolation: IsolationMode::Auto,
-        bwrap: None,
-        network: NetworkMode::Host,
-        uid: 1000,
-        memory_bytes: None,
-        pids: None,
-        env: Vec::new(),
-    };
+    let config = LocalConfig::with_defaults(warren_bin, data.join("run").join("hands"));
     std::fs::create_dir_all(&config.run_dir)?;
     let provider: Arc<dyn HandsProvider> = Arc::new(LocalHands::new(config).await);
     let isolation = provider.isolation().label().to_string();

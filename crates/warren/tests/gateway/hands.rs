@@ -10,7 +10,7 @@ use std::time::Duration;
 use warren_brain::{
     AgentCommand, BoxFuture, Host, HostError, PermissionOutcome, TerminalSpec, TurnSink, Worker,
 };
-use warren_gateway::hands::local::{IsolationMode, LocalConfig, LocalHands, NetworkMode};
+use warren_gateway::hands::local::{LocalConfig, LocalHands};
 use warren_gateway::hands::{Hands, HandsProvider};
 use warren_test_support::{alive, eventually, within};
 
@@ -19,17 +19,7 @@ use crate::helpers::{test_agent_bin, warren_bin};
 /// The local provider as `warren serve` makes it (bwrap where it works), with its run
 /// directory in `data`.
 pub async fn local_provider(data: &std::path::Path) -> Arc<dyn HandsProvider> {
-    let config = LocalConfig {
-        warren_bin: warren_bin(),
-        run_dir: data.join("run").join("hands"),
-        isolation: IsolationMode::Auto,
-        bwrap: None,
-        network: NetworkMode::Host,
-        uid: 1000,
-        memory_bytes: None,
-        pids: None,
-        env: Vec::new(),
-    };
+    let config = LocalConfig::with_defaults(warren_bin(), data.join("run").join("hands"));
     std::fs::create_dir_all(&config.run_dir).expect("run dir");
     Arc::new(LocalHands::new(config).await)
 }
@@ -50,9 +40,7 @@ pub struct HandsCleanup(pub tempfile::TempDir);
 
 impl Drop for HandsCleanup {
     fn drop(&mut self) {
-        warren_gateway::hands::local::stop_left_hands_blocking(
-            &self.0.path().join("run").join("hands"),
-        );
+        crate::helpers::stop_left_hands(self.0.path());
     }
 }
 

@@ -14,6 +14,16 @@ pub fn stop_left_hands(data: &Path) {
     warren_gateway::hands::local::stop_left_hands_blocking(&data.join("run").join("hands"));
 }
 
+/// Stops the hands left in a data directory when dropped: for tests whose gateways leave their
+/// hands for a next one, so nothing outlives the test, passed or not.
+pub struct LeftHands(pub PathBuf);
+
+impl Drop for LeftHands {
+    fn drop(&mut self) {
+        stop_left_hands(&self.0);
+    }
+}
+
 /// The live processes of a session's hands: the sandbox's root, from the record the gateway
 /// keeps for the next gateway, and everything below it. Empty when no hands run.
 pub fn hands_processes(data: &Path, session: &str) -> Vec<u32> {

@@ -10,9 +10,7 @@ use serde_json::Value;
 use warren_gateway::GatewayArgs;
 use warren_test_support::{alive, eventually};
 
-use crate::helpers::{
-    EventStream, Received, TestGateway, args_with_shell_agent, hands_processes, stop_left_hands,
-};
+use crate::helpers::{EventStream, Received, TestGateway, args_with_shell_agent, hands_processes};
 
 /// What the agent said (its message chunks), in order.
 fn text_of(events: &[Received]) -> String {
@@ -336,7 +334,6 @@ async fn after_a_sigterm_restart_the_next_gateway_adopts_the_paused_hands_and_a_
     assert_eq!(http_status(&url).await, Some(200), "and from outside");
     assert_eq!(hands_processes(&data, &device.session)[0], processes[0]);
     second.stop().await;
-    stop_left_hands(&data);
 }
 
 #[tokio::test]

@@ -171,15 +171,6 @@ impl Device {
     }
 }
 
-/// Stops the hands left in a data directory when the test ends, passed or not.
-struct LeftHands(std::path::PathBuf);
-
-impl Drop for LeftHands {
-    fn drop(&mut self) {
-        crate::helpers::stop_left_hands(&self.0);
-    }
-}
-
 fn kill_processes_mentioning(needle: &str) {
     for pid in processes_mentioning(needle) {
         let tree = warren_process::TreeId::new(pid as i32, None);
@@ -236,7 +227,7 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
         .await;
     let hands = crate::helpers::hands_processes(&data, &session);
     assert!(!hands.is_empty(), "the hands run");
-    let _cleanup = LeftHands(data.clone());
+    let _cleanup = crate::helpers::LeftHands(data.clone());
     // The tool call is announced before the hands start the command: wait for it to appear.
     let deadline = tokio::time::Instant::now() + WAIT;
     while processes_mentioning(duration).is_empty() {
@@ -369,7 +360,7 @@ async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     // The message below starts hands, which outlive both gateways on purpose.
-    let _cleanup = LeftHands(data.clone());
+    let _cleanup = crate::helpers::LeftHands(data.clone());
     let jobs = dir.path().join("agent-jobs");
     // Each agent leaves a background job that ignores its stdin closing (as a third-party
     // agent might) and notes its pid, then becomes the shell agent.
