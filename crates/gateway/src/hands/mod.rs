@@ -219,10 +219,9 @@ struct Status {
     last_use: Instant,
     paused_at: Option<Instant>,
     n_holds: usize,
-    /// Used since the last snapshot (a tool call, a file write): the next snapshot is due.
+    /// Used since the last good snapshot (a tool call, a file write), or the last snapshot
+    /// failed: the next one is due, and until it is taken the stored one is not current.
     changed: bool,
-    /// The snapshot taken at the last pause is of the files as they are now.
-    snapshot_current: bool,
     /// The reset notice for the agent's next prompt.
     notice: Option<String>,
     stopped: bool,
@@ -294,7 +293,6 @@ impl Hands {
                 },
                 n_holds: 0,
                 changed: false,
-                snapshot_current: state == HandsState::Archived,
                 notice: None,
                 stopped: false,
             }),
@@ -412,7 +410,6 @@ impl Hands {
             }
             status.last_use = Instant::now();
             status.changed = true;
-            status.snapshot_current = false;
         }
         if let Some(instance) = live.instance.as_ref() {
             if instance.exited().borrow().is_none() {
@@ -720,14 +717,14 @@ impl Hands {
 
     /// The idle sweeper's step: pauses idle running hands, archives long-paused ones.
     pub async fn sweep(&self, lifecycle: &Lifecycle) {
-        let (state, idle_for, paused_for, n_holds, snapshot_current) = {
+        let (state, idle_for, paused_for, n_holds, changed) = {
             let status = self.status();
             (
                 status.state,
                 status.last_use.elapsed(),
                 status.paused_at.map(|at| at.elapsed()),
                 status.n_holds,
-                status.snapshot_current,
+                status.changed,
             )
         };
         match state {
@@ -736,7 +733,8 @@ impl Hands {
             }
             HandsState::Paused
                 if paused_for.is_some_and(|paused| paused >= lifecycle.archive_after)
-                    && snapshot_current =>
+                    && !changed
+                    && self.snapshots.exists() =>
             {
                 self.archive(lifecycle.snapshot_max).await;
             }
@@ -783,7 +781,6 @@ impl Hands {
             let mut status = self.status();
             status.state = HandsState::Paused;
             status.paused_at = Some(Instant::now());
-            status.snapshot_current = snapshot.is_some();
             if snapshot.is_some() {
                 status.changed = false;
             }
@@ -802,7 +799,8 @@ impl Hands {
     /// when the snapshot is larger than `snapshot_max` or older than the last change.
     pub async fn archive(&self, snapshot_max: u64) {
         let mut live = self.live.lock().await;
-        if self.state() != HandsState::Paused || !self.status().snapshot_current {
+        // Only files as the stored snapshot has them may be removed.
+        if self.state() != HandsState::Paused || self.status().changed || !self.snapshots.exists() {
             return;
         }
         let Some(info) = self.snapshots.info().await else {
@@ -853,7 +851,6 @@ impl Hands {
                     HandsState::Running
                 };
                 status.paused_at = frozen.then(Instant::now);
-                status.snapshot_current = frozen && self.snapshots.exists();
                 status.changed = !frozen;
                 drop(status);
                 self.emit_transition(
