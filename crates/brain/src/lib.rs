@@ -46,7 +46,7 @@ pub use host::{
 };
 pub use pool::WorkerPool;
 pub use session::{BrainSession, HANDS_RESET_NOTICE, NOTICE_META_KEY, Resumed};
-pub use worker::Worker;
+pub use worker::{AgentIo, RemoteStop, Worker};
 
 /// The agent command line (`--agent "<cmd>"`), already split into a program and its arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -84,6 +84,15 @@ impl WorkerPool {
         }
     }
 
+    /// A worker of another command line (the pool's agent with one session's settings),
+    /// listed in the pool's registry like the pool's own; never warm.
+    pub async fn spawn(&self, command: &AgentCommand) -> Result<Worker, BrainError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(BrainError::PoolClosed);
+        }
+        Worker::spawn_registered(command, self.registry.as_ref()).await
+    }
+
     /// Waits until `n` workers are ready (tests and benchmarks), or `timeout` passes.
     pub async fn wait_ready(&self, n: usize, timeout: std::time::Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;

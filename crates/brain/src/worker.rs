@@ -6,6 +6,7 @@
 //! in the agent's order and before the `session/prompt` response.
 
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -25,12 +26,15 @@ use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{
     Agent, ByteStreams, Client, ErrorCode, JsonRpcRequest, JsonRpcResponse,
 };
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
 use warren_process::{CommandSpec, Connect, EnvPolicy, TreeGuard, TreeMarker, TreeRegistry};
 
-use crate::host::{Host, HostError, PermissionOutcome, TerminalExit, TerminalSpec, TurnSink};
+use crate::host::{
+    BoxFuture, Host, HostError, PermissionOutcome, TerminalExit, TerminalSpec, TurnSink,
+};
 use crate::session::{BrainSession, Resumed};
 use crate::{AgentCommand, BrainError, McpServerSpec};
 
@@ -46,6 +50,61 @@ const STDERR_DRAIN_WAIT: Duration = Duration::from_millis(500);
 const STDERR_LINE_MAX_CHARS: usize = 300;
 /// After the connection breaks, how long to wait for the process's exit status.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(3);
+
+/// The byte streams of an agent that runs elsewhere (see [`Worker::connect`]).
+pub struct AgentIo {
+    pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
+    pub stdout: Pin<Box<dyn AsyncRead + Send>>,
+    pub stderr: Pin<Box<dyn AsyncRead + Send>>,
+    /// Resolves with a description of how the agent ended.
+    pub exited: BoxFuture<'static, String>,
+    /// The agent's pid where it runs (0 when unknown), for logs.
+    pub pid: u32,
+}
+
+/// Ends an agent that runs elsewhere; run at most once, by [`Worker`]'s kill or its drop.
+pub struct RemoteStop(Option<Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>>);
+
+impl RemoteStop {
+    pub fn new(stop: impl FnOnce() -> BoxFuture<'static, ()> + Send + 'static) -> RemoteStop {
+        RemoteStop(Some(Box::new(stop)))
+    }
+
+    async fn run(mut self) {
+        if let Some(stop) = self.0.take() {
+            stop().await;
+        }
+    }
+}
+
+impl Drop for RemoteStop {
+    fn drop(&mut self) {
+        // Dropped without `run` (a worker dropped without kill): the stop still happens.
+        if let Some(stop) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(stop());
+        }
+    }
+}
+
+/// How a worker's agent is stopped.
+enum Stopper {
+    /// A local process tree: SIGTERM, grace, SIGKILL.
+    Tree(TreeGuard),
+    Remote(RemoteStop),
+}
+
+impl Stopper {
+    async fn stop(self) {
+        match self {
+            Stopper::Tree(mut tree) => {
+                tree.kill().await;
+            }
+            Stopper::Remote(stop) => stop.run().await,
+        }
+    }
+}
 
 /// A spawned, `initialize`d agent process, not yet bound to a session. Serves one session only.
 pub struct Worker {
@@ -173,11 +232,11 @@ pub(crate) struct Connection {
     exit: watch::Receiver<Option<String>>,
     /// Dropping or firing this ends the ACP connection task (closes the agent's stdin).
     stop_connection: Mutex<Option<oneshot::Sender<()>>>,
-    /// The agent's process tree (and its registry entry): killed by [`Connection::kill`], or
-    /// on drop. After the agent exited, its (dead) pid still roots the tree: it has no
-    /// descendants any more, and survivors (an MCP server, a background job) are found by the
-    /// marker variable.
-    tree: Mutex<Option<TreeGuard>>,
+    /// How the agent is stopped: for a local process its tree (and registry entry), killed by
+    /// [`Connection::kill`] or on drop. After the agent exited, its (dead) pid still roots the
+    /// tree: it has no descendants any more, and survivors (an MCP server, a background job)
+    /// are found by the marker variable.
+    tree: Mutex<Option<Stopper>>,
 }
 
 impl Connection {
@@ -271,10 +330,10 @@ impl Connection {
     pub(crate) async fn kill(&self) {
         self.end_connection();
         let guard = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(mut guard) = guard else {
+        let Some(stopper) = guard else {
             return;
         };
-        guard.kill().await;
+        stopper.stop().await;
         let _ = tokio::time::timeout(EXIT_STATUS_WAIT, self.wait_exit()).await;
     }
 
@@ -340,8 +399,37 @@ impl Worker {
                 source: std::io::Error::other("stdio pipes missing"),
             });
         };
-        let stdout = spawned.stdout;
+        let exited = Box::pin(async move {
+            match child.wait().await {
+                Ok(status) => status.to_string(),
+                Err(error) => format!("wait failed: {error}"),
+            }
+        });
+        let io = AgentIo {
+            stdin: Box::pin(stdin),
+            stdout: Box::pin(spawned.stdout),
+            stderr: Box::pin(stderr),
+            exited,
+            pid,
+        };
+        Self::start(io, Stopper::Tree(tree)).await
+    }
 
+    /// A worker for an agent that runs elsewhere (inside a sandbox), reached through `io`:
+    /// `initialize` is sent as for a local process, and `stop` ends the agent when the worker
+    /// is killed or dropped.
+    pub async fn connect(io: AgentIo, stop: RemoteStop) -> Result<Self, BrainError> {
+        Self::start(io, Stopper::Remote(stop)).await
+    }
+
+    async fn start(io: AgentIo, stopper: Stopper) -> Result<Self, BrainError> {
+        let AgentIo {
+            stdin,
+            stdout,
+            stderr,
+            exited,
+            pid,
+        } = io;
         let (exit_tx, exit_rx) = watch::channel(None);
         // The agent's last stderr line usually says why it died ("API key not set"): it goes
         // into the exit status the gateway reports.
@@ -361,10 +449,7 @@ impl Worker {
             }
         });
         tokio::spawn(async move {
-            let mut status = match child.wait().await {
-                Ok(status) => status.to_string(),
-                Err(error) => format!("wait failed: {error}"),
-            };
+            let mut status = exited.await;
             // Bounded: a grandchild may keep the agent's stderr open.
             let _ = tokio::time::timeout(STDERR_DRAIN_WAIT, stderr_reader).await;
             let last = last_stderr_line
@@ -404,8 +489,7 @@ impl Worker {
             }
         });
         let Ok(cx) = cx_rx.await else {
-            let mut tree = tree;
-            tree.kill().await;
+            stopper.stop().await;
             return Err(BrainError::WorkerExited {
                 status: "the ACP connection failed to start".into(),
             });
@@ -418,7 +502,7 @@ impl Worker {
             pid,
             exit: exit_rx,
             stop_connection: Mutex::new(Some(stop_tx)),
-            tree: Mutex::new(Some(tree)),
+            tree: Mutex::new(Some(stopper)),
         };
         let initialize = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(

@@ -1,6 +1,7 @@
 //! A typed client of `warren execd`'s Warren routes, on `warren-protocol` types: the exec tools
 //! (`/v1/exec`), the agent's terminals (`/v1/terminals`), files (`/v1/files`), the hands'
-//! identity and workspace snapshots (`/v1/hands/identity`, `/v1/workspace/*`) and `/ping`, over
+//! identity and workspace snapshots (`/v1/hands/identity`, `/v1/workspace/*`), the PTY sessions
+//! (`/pty`, in [`pty`]) and `/ping`, over
 //! TCP (`http://host:port`) or a Unix socket (`unix:/path`). The gateway (hands),
 //! `warren mcp --execd` and the tests use it; nobody builds execd bodies by hand or parses its
 //! answers by string keys.
@@ -9,6 +10,8 @@
 //! match on the machine-readable code; with [`ExecdClient::with_nonce`] every request carries
 //! the hands nonce, and an execd that is another sandbox answers `HANDS_IDENTITY_MISMATCH`. The
 //! OpenSandbox routes are deliberately absent: they are for third-party SDKs.
+
+mod pty;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +25,8 @@ use warren_protocol::exec::{
 };
 use warren_protocol::hands::{HANDS_NONCE_HEADER, HandsIdentity, RestoreResult};
 use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, TerminalOutput};
+
+pub use pty::PtySocket;
 
 /// The header execd reads its access token from.
 pub const ACCESS_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";

@@ -28,6 +28,12 @@ pub struct Config {
     #[arg(long)]
     pub secrets_fd: Option<i32>,
 
+    /// `ADDR=unix:/path`: forward connections to the TCP address `ADDR` to the Unix socket
+    /// (repeatable): how an agent in a sandbox without a network reaches the gateway's model
+    /// proxy.
+    #[arg(long)]
+    pub forward: Vec<crate::forward::Forward>,
+
     /// Require this token in `X-EXECD-ACCESS-TOKEN` on every route except `GET /ping`.
     #[arg(long, env = "EXECD_ACCESS_TOKEN", hide_env_values = true)]
     pub access_token: Option<String>,
@@ -116,6 +122,7 @@ impl Default for Config {
             access_token: None,
             hands_nonce: None,
             secrets_fd: None,
+            forward: Vec::new(),
             max_pty_sessions: 256,
             max_bash_sessions: 64,
             root: PathBuf::from("/"),

@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod exec_api;
 pub mod files_api;
+pub mod forward;
 pub mod identity;
 pub mod opensandbox;
 pub mod pty;

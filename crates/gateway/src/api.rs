@@ -39,6 +39,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/sessions/{id}/events", get(events))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .merge(crate::model_proxy::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(gateway)

@@ -21,9 +21,18 @@ pub struct GatewayArgs {
     /// Bearer token for the admin routes; they are off when absent.
     #[arg(long, env = "WARREN_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// The ACP agent command line (default: the built-in `warren shell-agent`).
+    /// The agent: a preset (`claude`, `codex`, `gemini`, `shell`) or an ACP agent command line
+    /// (default: `shell`, the built-in `warren shell-agent`).
     #[arg(long, env = "WARREN_AGENT")]
     pub agent: Option<String>,
+    /// The program of the `claude`, `codex` or `gemini` preset at this path, instead of the
+    /// one found on PATH (the preset's variables and config stay).
+    #[arg(long, env = "WARREN_AGENT_PROGRAM")]
+    pub agent_program: Option<PathBuf>,
+    /// Where the agent runs: `hands` (inside the session's sandbox) or `host`. Default: `hands`
+    /// for every agent but the built-in shell agent.
+    #[arg(long, env = "WARREN_BRAIN_PLACEMENT", value_enum)]
+    pub brain_placement: Option<BrainPlacement>,
     /// Agent workers started and initialized ahead of time.
     #[arg(long, env = "WARREN_WARM_WORKERS", default_value_t = 2)]
     pub warm_workers: usize,
@@ -132,6 +141,27 @@ pub struct GatewayArgs {
         hide = true
     )]
     pub sse_heartbeat_ms: u64,
+    #[command(flatten)]
+    pub model: crate::model_proxy::ModelArgs,
+}
+
+/// `--brain-placement`: where the agent process runs (agents.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BrainPlacement {
+    /// Inside the session's hands sandbox, with its own home; its model calls go through the
+    /// model proxy.
+    Hands,
+    /// On the gateway's host, as a child of the gateway (for agents trusted with the host).
+    Host,
+}
+
+impl BrainPlacement {
+    pub fn label(self) -> &'static str {
+        match self {
+            BrainPlacement::Hands => "hands",
+            BrainPlacement::Host => "host",
+        }
+    }
 }
 
 /// `--hands-provider`.
@@ -163,6 +193,8 @@ impl std::fmt::Debug for GatewayArgs {
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
             .field("agent", &self.agent)
+            .field("brain_placement", &self.brain_placement)
+            .field("agent_program", &self.agent_program)
             .field("warm_workers", &self.warm_workers)
             .field("max_brains", &self.max_brains)
             .field("brain_idle", &self.brain_idle)
@@ -197,6 +229,7 @@ impl std::fmt::Debug for GatewayArgs {
                     .map(|var| &var.name)
                     .collect::<Vec<_>>(),
             )
+            .field("model", &self.model)
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
             .field("header_read_timeout_ms", &self.header_read_timeout_ms)

@@ -15,12 +15,15 @@
 //! sandbox's construction (sandbox crate), files and terminal routes, the web console.
 
 pub mod admission;
+pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod error;
 pub mod event_log;
 pub mod hands;
+pub mod model_proxy;
+pub mod model_socket;
 pub mod session;
 pub mod sessions;
 pub mod sse;
@@ -33,12 +36,12 @@ use std::time::{Duration, Instant};
 
 pub use config::GatewayArgs;
 pub use error::GatewayError;
-use warren_brain::{AgentCommand, WorkerPool};
+use warren_brain::WorkerPool;
 use warren_process::TreeRegistry;
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Devices;
-use crate::config::HandsProviderKind;
+use crate::config::{BrainPlacement, HandsProviderKind};
 use crate::hands::local::{LocalConfig, LocalHands};
 use crate::hands::remote::RemoteHands;
 use crate::hands::{HandsProvider, Lifecycle};
@@ -55,6 +58,12 @@ pub struct Gateway {
     pub devices: Devices,
     pub sessions: Sessions,
     pub pool: Arc<WorkerPool>,
+    /// The agent every session runs (`--agent`) and where it runs.
+    pub agent: agents::Agent,
+    /// The model proxy: the real model keys and the sessions' `wm_` tokens.
+    pub model: Arc<model_proxy::ModelProxy>,
+    /// The proxy's per-session sockets for hands without a network.
+    pub model_sockets: model_socket::ModelSockets,
     /// The `warren` binary that runs hands, the MCP server and the built-in agent.
     pub warren_bin: PathBuf,
     pub started: Instant,
@@ -73,25 +82,27 @@ impl Gateway {
             Some(path) => path.clone(),
             None => std::env::current_exe()?,
         };
-        let agent = match &args.agent {
-            Some(command_line) => AgentCommand::parse(command_line)
-                .map_err(|e| GatewayError::InvalidRequest(format!("--agent: {e}")))?,
-            None => AgentCommand::shell_agent(warren_bin.to_string_lossy()),
-        };
-        let agent = AgentCommand {
-            env: args.agent_env.clone(),
-            ..agent
-        };
+        let agent = agents::Agent::resolve(
+            args.agent.as_deref(),
+            args.agent_program.as_deref(),
+            args.brain_placement,
+            &warren_bin,
+            &args.agent_env,
+        )
+        .map_err(GatewayError::InvalidRequest)?;
         let app_key = args
             .app_key
             .clone()
             .unwrap_or_else(|| auth::new_secret("wk_"));
+        let model = model_proxy::ModelProxy::from_args(&args.model)
+            .map_err(|e| GatewayError::InvalidRequest(format!("model proxy: {e}")))?;
         let data = args.data.clone();
         let admission = Admission::new(Limits::new(args.max_brains));
         // Every agent and hands process tree is listed here while it runs.
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
-        let provider = hands_provider(&args, &warren_bin).await?;
+        let provider = hands_provider(&args, &warren_bin, &agent).await?;
         let registry = trees.clone();
+        let placement = agent.placement;
         let storage = Arc::new(StorageHealth::default());
         let (devices, sessions) = tokio::task::spawn_blocking(move || {
             // Agents and hands a gateway killed with SIGKILL left running (and whatever they
@@ -111,18 +122,27 @@ impl Gateway {
             }
             Ok::<_, std::io::Error>((
                 Devices::load(&data)?,
-                Sessions::load(&data, admission, provider, storage)?,
+                Sessions::load(&data, admission, provider, placement, storage)?,
             ))
         })
         .await
         .map_err(|e| GatewayError::Internal(e.to_string()))??;
-        let pool = WorkerPool::with_registry(agent, args.warm_workers, Some(trees));
+        // Warm workers are agents on the host that need nothing of a session; the others start
+        // per session (in its hands, or with its model token).
+        let n_warm = match (agent.placement, agent.needs_session_env()) {
+            (BrainPlacement::Host, false) => args.warm_workers,
+            _ => 0,
+        };
+        let pool = WorkerPool::with_registry(agent.command.clone(), n_warm, Some(trees));
         let gateway = Arc::new(Gateway {
             args,
             app_key,
             devices,
             sessions,
             pool,
+            agent,
+            model: Arc::new(model),
+            model_sockets: model_socket::ModelSockets::default(),
             warren_bin,
             started: Instant::now(),
             _data_lock: data_lock,
@@ -135,6 +155,23 @@ impl Gateway {
         Ok(gateway)
     }
 
+    /// The model proxy's origin as a session's agent reaches it: this gateway's port on
+    /// loopback (an agent on the host, or hands sharing the host's network), or the port the
+    /// hands forward to the session's model socket (an agent in hands without a network).
+    pub fn model_origin(&self, in_hands: bool) -> String {
+        if in_hands
+            && self.args.hands_network == hands::local::NetworkMode::None
+            && self.args.hands_provider == HandsProviderKind::Local
+        {
+            return format!("http://127.0.0.1:{}", model_socket::FORWARD_PORT);
+        }
+        let port = self.args.listen.port();
+        match self.args.listen.ip() {
+            ip if ip.is_unspecified() || ip.is_loopback() => format!("http://127.0.0.1:{port}"),
+            ip => format!("http://{}", std::net::SocketAddr::new(ip, port)),
+        }
+    }
+
     pub fn router(self: &Arc<Self>) -> axum::Router {
         api::router(self.clone())
     }
@@ -143,6 +180,7 @@ impl Gateway {
     /// every hands (left for the next gateway to adopt) and flushes every event log.
     pub async fn shutdown(&self) {
         self.pool.shutdown().await;
+        self.model_sockets.stop_all();
         let sessions = self.sessions.all();
         futures_util::future::join_all(sessions.iter().map(sessions::shut_down_session)).await;
     }
@@ -152,6 +190,7 @@ impl Gateway {
 async fn hands_provider(
     args: &GatewayArgs,
     warren_bin: &std::path::Path,
+    agent: &agents::Agent,
 ) -> Result<Arc<dyn HandsProvider>, GatewayError> {
     match args.hands_provider {
         HandsProviderKind::Local => {
@@ -165,6 +204,10 @@ async fn hands_provider(
                 memory_bytes: args.hands_memory,
                 pids: args.hands_pids,
                 env: args.hands_env.clone(),
+                agent_prefix: match agent.placement {
+                    BrainPlacement::Hands => agent.install_prefix().map(|p| p.to_path_buf()),
+                    BrainPlacement::Host => None,
+                },
             };
             std::fs::create_dir_all(&config.run_dir)?;
             Ok(Arc::new(LocalHands::new(config).await))
@@ -251,6 +294,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let local_addr = listener.local_addr()?;
+    // The real port (`--listen` may say 0): agents reach the model proxy there.
+    let mut args = args;
+    args.listen = local_addr;
     let gateway = Gateway::open(args).await?;
     let url = format!("http://{local_addr}");
     tracing::info!(%url, data = %gateway.args.data.display(), "warren gateway listening");

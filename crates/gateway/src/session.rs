@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use warren_brain::{BrainSession, Worker};
-use warren_protocol::gateway::{EventBody, SessionInfo};
+use warren_protocol::gateway::{EventBody, ModelUsage, SessionInfo, UsageTotals};
 
 use crate::admission::{Admission, BrainSlot, SessionSlot};
 use crate::error::GatewayError;
@@ -69,6 +69,8 @@ pub struct SessionState {
     session_slot: Option<SessionSlot>,
     /// The turns the event log has opened and not closed.
     open_turns: OpenTurns,
+    /// Model tokens used through the model proxy, all turns together.
+    usage: UsageTotals,
 }
 
 /// The turn in progress.
@@ -78,6 +80,8 @@ struct RunningTurn {
     cancel: CancellationToken,
     /// Unanswered permission requests, by request id.
     pending_permissions: HashMap<String, PendingPermission>,
+    /// Model tokens this turn used.
+    usage: UsageTotals,
 }
 
 /// An unanswered `permission_request`.
@@ -161,6 +165,8 @@ pub enum BrainStart {
 pub struct OpenTurns {
     by_turn: BTreeMap<u64, BTreeSet<String>>,
     last_turn: u64,
+    /// The `usage` events seen, summed: the session's totals at start.
+    usage: UsageTotals,
 }
 
 impl OpenTurns {
@@ -192,8 +198,14 @@ impl OpenTurns {
                     requests.remove(request_id);
                 }
             }
+            EventBody::Usage(usage) => self.usage.add(usage),
             _ => {}
         }
+    }
+
+    /// The sum of the `usage` events seen.
+    pub fn usage(&self) -> UsageTotals {
+        self.usage
     }
 
     /// The newest turn number seen.
@@ -239,6 +251,7 @@ impl Mark {
                 turn,
                 EventBody::TurnEnd {
                     stop_reason: String::new(),
+                    usage: None,
                 },
             ),
             Mark::Asks(turn, request_id) => (
@@ -300,6 +313,7 @@ impl Session {
                 last_active: Instant::now(),
                 deleted: false,
                 session_slot: Some(session_slot),
+                usage: open_turns.usage(),
                 open_turns,
             }),
         }
@@ -360,6 +374,27 @@ impl Session {
             brain: state.brain.label().to_string(),
             hands: self.hands.state().label().to_string(),
             isolation: self.hands.isolation().label().to_string(),
+            brain_placement: self.hands.brain_placement().label().to_string(),
+            usage: state.usage,
+        }
+    }
+
+    /// The model tokens the session used so far (what `--model-budget-tokens` counts).
+    pub fn usage_totals(&self) -> UsageTotals {
+        self.lock().usage
+    }
+
+    /// One model request through the model proxy: a `usage` event (in the running turn, if
+    /// any), counted in the turn's and the session's totals.
+    pub fn record_usage(&self, usage: ModelUsage) {
+        let mut state = self.lock();
+        let turn = state.running.as_ref().map(|running| running.turn);
+        state.usage.add(&usage);
+        if let Some(running) = state.running.as_mut() {
+            running.usage.add(&usage);
+        }
+        if let Err(e) = self.log.append(turn, EventBody::Usage(usage)) {
+            tracing::debug!(session = %self.id, error = %e, "usage event not stored");
         }
     }
 
@@ -464,6 +499,7 @@ impl Session {
             // stays in `open_turns` and is closed `interrupted` once the storage recovers.
             let end = EventBody::TurnEnd {
                 stop_reason: "error".into(),
+                usage: None,
             };
             let _ = self.record(&mut state, Some(turn), end);
             if reserved_now {
@@ -476,6 +512,7 @@ impl Session {
             turn,
             cancel: cancel.clone(),
             pending_permissions: HashMap::new(),
+            usage: UsageTotals::default(),
         });
         state.last_active = Instant::now();
         Ok((turn, cancel))
@@ -508,6 +545,7 @@ impl Session {
         }
         let end = EventBody::TurnEnd {
             stop_reason: stop_reason.to_string(),
+            usage: (running.usage.requests > 0).then_some(running.usage),
         };
         if let Err(e) = self.record(state, Some(running.turn), end) {
             tracing::warn!(session = %self.id, turn = running.turn, error = %e, "turn_end not stored yet");
@@ -750,6 +788,7 @@ impl Session {
             }
             let end = EventBody::TurnEnd {
                 stop_reason: "interrupted".into(),
+                usage: None,
             };
             self.record(&mut state, Some(*turn), end)?;
         }
@@ -780,6 +819,7 @@ mod tests {
             Some(turn),
             EventBody::TurnEnd {
                 stop_reason: "end_turn".into(),
+                usage: None,
             },
         )
     }

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use crate::Gateway;
 use crate::admission::{Admission, BrainSlot};
+use crate::config::BrainPlacement;
 use crate::error::GatewayError;
 use crate::event_log::EventLog;
 use crate::hands::{Hands, HandsProvider};
@@ -46,6 +47,8 @@ const STORAGE_MESSAGE: &str =
 pub struct Sessions {
     dir: PathBuf,
     hands_provider: Arc<dyn HandsProvider>,
+    /// Where every session's agent runs (`--brain-placement`).
+    placement: BrainPlacement,
     admission: Arc<Admission>,
     storage: Arc<StorageHealth>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
@@ -58,6 +61,7 @@ impl Sessions {
         data_dir: &Path,
         admission: Arc<Admission>,
         hands_provider: Arc<dyn HandsProvider>,
+        placement: BrainPlacement,
         storage: Arc<StorageHealth>,
     ) -> std::io::Result<Sessions> {
         let dir = data_dir.join("sessions");
@@ -65,7 +69,14 @@ impl Sessions {
         let mut by_id = HashMap::new();
         for entry in std::fs::read_dir(&dir)? {
             let session_dir = entry?.path();
-            match recover_session(&session_dir, &admission, &hands_provider, &storage) {
+            let recovered = recover_session(
+                &session_dir,
+                &admission,
+                &hands_provider,
+                placement,
+                &storage,
+            );
+            match recovered {
                 Ok(Some(session)) => {
                     let session = Arc::new(session);
                     session.wire_hands();
@@ -80,6 +91,7 @@ impl Sessions {
         Ok(Sessions {
             dir,
             hands_provider,
+            placement,
             admission,
             storage,
             by_id: Mutex::new(by_id),
@@ -126,7 +138,12 @@ impl Sessions {
                 created_at: store::now_rfc3339(),
                 acp_session_id: None,
             };
-            let hands = Hands::new(self.hands_provider.clone(), &id, &session_dir);
+            let hands = Hands::new(
+                self.hands_provider.clone(),
+                &id,
+                &session_dir,
+                self.placement,
+            );
             let session = Session::new(
                 meta,
                 session_dir.clone(),
@@ -164,6 +181,12 @@ impl Sessions {
             .filter(|s| s.device_id == device_id)
             .cloned()
             .ok_or(GatewayError::SessionNotFound)
+    }
+
+    /// The session `id`, whoever owns it (for credentials bound to one session, such as the
+    /// model proxy's tokens).
+    pub fn by_id(&self, id: &str) -> Option<Arc<Session>> {
+        self.map().get(id).cloned()
     }
 
     pub fn list(&self, device_id: &str) -> Vec<Arc<Session>> {
@@ -252,6 +275,9 @@ pub async fn delete_session(
     gateway: &Arc<Gateway>,
     session: &Arc<Session>,
 ) -> Result<(), GatewayError> {
+    // The session's model token and socket go first: nothing it left running can use them.
+    gateway.model.revoke(&session.id);
+    gateway.model_sockets.stop(&session.id);
     session.retire_for_delete().stop().await;
     session.hands.stop().await;
     gateway.sessions.map().remove(&session.id);
@@ -362,6 +388,7 @@ fn recover_session(
     dir: &Path,
     admission: &Arc<Admission>,
     hands_provider: &Arc<dyn HandsProvider>,
+    placement: BrainPlacement,
     storage: &Arc<StorageHealth>,
 ) -> std::io::Result<Option<Session>> {
     let meta_path = dir.join("meta.json");
@@ -379,7 +406,7 @@ fn recover_session(
     })?;
     tracing::info!(session = %meta.id, last_seq = log.last_seq(), ?repair, "session recovered");
     let slot = admission.adopt_session(&meta.device_id);
-    let hands = Hands::new(hands_provider.clone(), &meta.id, dir);
+    let hands = Hands::new(hands_provider.clone(), &meta.id, dir, placement);
     Ok(Some(Session::new(
         meta,
         dir.to_path_buf(),

@@ -25,12 +25,19 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use warren_brain::{BoxFuture, BrainError, BrainSession, PermissionOutcome, Resumed, TurnSink};
+use warren_brain::{
+    BoxFuture, BrainError, BrainSession, McpServerSpec, PermissionOutcome, Resumed, TurnSink,
+    Worker,
+};
 use warren_protocol::gateway::EventBody;
 
 use crate::Gateway;
+use crate::agents::{ModelAccess, Preset};
+use crate::config::{BrainPlacement, HandsProviderKind};
 use crate::error::GatewayError;
-use crate::hands::HandsState;
+use crate::hands::agent::spawn_in_hands;
+use crate::hands::local::NetworkMode;
+use crate::hands::{HandsState, Isolation};
 use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
 
 /// `POST /v1/sessions/{id}/messages`: starts turn n+1 and returns its number at once; the turn
@@ -100,10 +107,15 @@ async fn run_turn_held(
     }
     // Hands that are lost or archived come back before the prompt, so the reset notice (files
     // as of a snapshot, processes reset) reaches the agent with this turn's text, not the next.
-    if matches!(
-        session.hands.state(),
-        HandsState::Lost | HandsState::Archived
-    ) && let Err(e) = session.hands.endpoint().await
+    // A brain inside paused hands is frozen with them: they are resumed first.
+    let brain_frozen = gateway.agent.placement == BrainPlacement::Hands
+        && session.hands.state() == HandsState::Paused;
+    if (brain_frozen
+        || matches!(
+            session.hands.state(),
+            HandsState::Lost | HandsState::Archived
+        ))
+        && let Err(e) = session.hands.endpoint().await
     {
         tracing::warn!(session = %session.id, error = %e, "hands did not come back before the prompt");
     }
@@ -181,22 +193,39 @@ async fn ensure_brain(
                     message: None,
                 },
             );
-            gateway
-                .pool
-                .take()
-                .await
-                .map_err(|e| GatewayError::BrainUnavailable(e.to_string()))?
+            start_worker(gateway, session).await?
         }
     };
-    let mcp = session
-        .hands
-        .mcp_server(&gateway.warren_bin.to_string_lossy())
-        .await?;
     let sink: Arc<dyn TurnSink> = Arc::new(Sink {
         session: Arc::downgrade(session),
     });
     let host = session.hands.clone();
-    let cwd = session.workspace();
+    host.set_empty_missing_reads(gateway.agent.preset == Preset::Gemini);
+    let (cwd, mcp) = match gateway.agent.placement {
+        BrainPlacement::Host => {
+            let mcp = session
+                .hands
+                .mcp_server(&gateway.warren_bin.to_string_lossy())
+                .await?;
+            (session.workspace(), mcp)
+        }
+        // Inside, the exec tools run on an engine of their own, beside the agent: no token of
+        // the hands' execd enters the sandbox.
+        BrainPlacement::Hands => {
+            let (_endpoint, root) = session.hands.endpoint_and_root().await?;
+            let inner_warren = match session.hands.isolation() {
+                Isolation::Bwrap => warren_sandbox::WARREN_BIN.to_owned(),
+                _ => gateway.warren_bin.to_string_lossy().into_owned(),
+            };
+            let mcp = McpServerSpec {
+                name: "warren".into(),
+                command: inner_warren,
+                args: vec!["mcp".into()],
+                env: Vec::new(),
+            };
+            (std::path::PathBuf::from(root), mcp)
+        }
+    };
     let brain = match acp_session_id {
         None => worker.new_session(cwd, vec![mcp], host, sink).await,
         Some(id) => match worker.resume_session(id, cwd, vec![mcp], host, sink).await {
@@ -236,6 +265,73 @@ async fn ensure_brain(
         },
     );
     Ok(brain)
+}
+
+/// A new agent process for `session`: from the warm pool when the agent needs nothing of the
+/// session; else started for it, on the host with its model token, or inside its hands.
+async fn start_worker(
+    gateway: &Arc<Gateway>,
+    session: &Arc<Session>,
+) -> Result<Worker, GatewayError> {
+    let agent = &gateway.agent;
+    let unavailable = |e: BrainError| GatewayError::BrainUnavailable(e.to_string());
+    let origin = gateway.model_origin(agent.placement == BrainPlacement::Hands);
+    let token = gateway.model.token(&session.id);
+    match agent.placement {
+        BrainPlacement::Host if !agent.needs_session_env() => {
+            gateway.pool.take().await.map_err(unavailable)
+        }
+        BrainPlacement::Host => {
+            // A home of the session's own, so its state never mixes with the host user's.
+            let home = session.dir.join("agent-home");
+            std::fs::create_dir_all(&home).map_err(GatewayError::Io)?;
+            let home = home.to_string_lossy().into_owned();
+            let access = ModelAccess {
+                proxy_origin: &origin,
+                token: &token,
+                as_root: rustix::process::geteuid().is_root(),
+                home: &home,
+            };
+            let command = agent.session_command(false, &access);
+            gateway.pool.spawn(&command).await.map_err(unavailable)
+        }
+        BrainPlacement::Hands => {
+            let endpoint = session.hands.endpoint().await?;
+            if gateway.args.hands_network == NetworkMode::None
+                && gateway.args.hands_provider == HandsProviderKind::Local
+            {
+                let run_dir = gateway
+                    .args
+                    .data
+                    .join("run")
+                    .join("hands")
+                    .join(&session.id);
+                gateway
+                    .model_sockets
+                    .serve(gateway, &session.id, &run_dir)?;
+            }
+            let confined = session.hands.isolation() == Isolation::Bwrap;
+            let home = match confined {
+                true => warren_sandbox::HOME.to_owned(),
+                false => session
+                    .dir
+                    .join("agent-home")
+                    .to_string_lossy()
+                    .into_owned(),
+            };
+            let access = ModelAccess {
+                proxy_origin: &origin,
+                token: &token,
+                // In a sandbox the agent runs as the hands' unprivileged uid.
+                as_root: !confined && rustix::process::geteuid().is_root(),
+                home: &home,
+            };
+            let command = agent.session_command(confined, &access);
+            spawn_in_hands(&endpoint, &command)
+                .await
+                .map_err(unavailable)
+        }
+    }
 }
 
 /// `POST /v1/sessions/{id}/cancel`: fires the running turn's token (see the module docs); 409

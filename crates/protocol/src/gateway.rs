@@ -58,6 +58,56 @@ pub struct SessionInfo {
     pub hands: String,
     /// How the hands are confined: `bwrap`, `none` (unconfined, said loudly) or `remote`.
     pub isolation: String,
+    /// Where the agent process runs: `hands` (inside the sandbox) or `host`.
+    pub brain_placement: String,
+    /// Model tokens the session's agent used through the model proxy, all turns together.
+    pub usage: UsageTotals,
+}
+
+/// One model request through the gateway's model proxy, as the provider reported it in its
+/// streamed answer (agents.md); the `usage` event.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelUsage {
+    /// `anthropic`, `openai` or `gemini`.
+    pub provider: String,
+    /// The model the request named (or the answer reported).
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    /// Milliseconds from the request to the first byte of the answer's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms_to_first_token: Option<u64>,
+    pub ms_total: u64,
+    /// The upstream's HTTP status (or the proxy's own, e.g. 429 over budget).
+    pub status: u16,
+}
+
+/// Token totals over model requests: a turn's (`turn_end.usage`) or a session's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageTotals {
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+}
+
+impl UsageTotals {
+    /// Adds one request's counts.
+    pub fn add(&mut self, usage: &ModelUsage) {
+        self.requests += 1;
+        self.input_tokens += usage.input_tokens;
+        self.output_tokens += usage.output_tokens;
+        self.cache_read_tokens += usage.cache_read_tokens;
+        self.cache_write_tokens += usage.cache_write_tokens;
+    }
+
+    /// The tokens a budget counts: everything read and written, cached or not.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+    }
 }
 
 /// `GET /v1/sessions` answer.
@@ -123,7 +173,12 @@ pub enum EventBody {
     /// `stop_reason` is ACP's (`end_turn`, `cancelled`, ...) or `interrupted` / `error`.
     TurnEnd {
         stop_reason: String,
+        /// The model tokens the turn used through the model proxy (absent when none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<UsageTotals>,
     },
+    /// One model request through the model proxy.
+    Usage(ModelUsage),
     /// Brain or hands state change (`starting`, `ready`, `idle`, `paused`, `archived`,
     /// `restored`, `reset`).
     Status {
@@ -182,6 +237,7 @@ impl EventBody {
             EventBody::PermissionRequest { .. } => "permission_request",
             EventBody::PermissionResolved { .. } => "permission_resolved",
             EventBody::TurnEnd { .. } => "turn_end",
+            EventBody::Usage(_) => "usage",
             EventBody::Status { .. } => "status",
             EventBody::FilesChanged { .. } => "files_changed",
             EventBody::Hands { .. } => "hands",
@@ -203,6 +259,7 @@ mod tests {
             turn: Some(1),
             body: EventBody::TurnEnd {
                 stop_reason: "end_turn".into(),
+                usage: None,
             },
         };
         let json = serde_json::to_value(&event).expect("event serializes");
@@ -226,6 +283,7 @@ mod tests {
                 after: 1,
                 next_seq: 5,
             },
+            EventBody::Usage(ModelUsage::default()),
         ];
         for body in bodies {
             let json = serde_json::to_value(&body).expect("body serializes");

@@ -36,6 +36,10 @@ pub struct CreatePtyRequest {
     pub cwd: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// **Warren**: variables added to the shell's environment (after the daemon's own minus
+    /// Warren's credentials). Names are non-empty, without `=` or NUL; values without NUL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `POST /pty` answer (201).

@@ -46,6 +46,8 @@ pub const RUN_DIR: &str = "/run/warren";
 pub const WARREN_BIN: &str = "/opt/warren/bin/warren";
 /// The agent's home inside.
 pub const HOME: &str = "/home/agent";
+/// Where the agent's install prefix is mounted inside, read-only (agents.md).
+pub const AGENT_PREFIX: &str = "/opt/warren/agent";
 /// Where a sandbox that switches ids stages its sources, in the bwrap child's own mount
 /// namespace; inside the sandbox `/tmp` is bwrap's own tmpfs over it.
 pub const STAGING_DIR: &str = "/tmp";
@@ -55,6 +57,7 @@ const WORKSPACE_FD: i32 = 4;
 const RUN_DIR_FD: i32 = 5;
 const WARREN_BIN_FD: i32 = 6;
 const HOME_FD: i32 = 7;
+const AGENT_PREFIX_FD: i32 = 8;
 
 /// The variables the sandbox gets unless `--hands-env` sets them; `TERM` comes from the
 /// daemon (hands allowlist) when it has one.
@@ -89,6 +92,9 @@ pub struct SandboxSpec {
     pub warren_bin: Arc<OwnedFd>,
     /// The agent's home, bound at [`HOME`]; `None`: an empty directory on a tmpfs `/home`.
     pub home: Option<Arc<OwnedFd>>,
+    /// The directory the agent program is installed in, bound read-only at [`AGENT_PREFIX`]
+    /// (whose `node_modules/.bin` and `bin` lead the sandbox's `PATH`).
+    pub agent_prefix: Option<Arc<OwnedFd>>,
     pub network: Network,
     /// Host user id bwrap runs as (from a root daemon); `None` keeps ours.
     pub uid: Option<u32>,
@@ -169,7 +175,7 @@ fn root_args() -> Vec<OsString> {
 impl SandboxSpec {
     /// The command that starts `inner_program inner_args` (execd, at [`WARREN_BIN`]) in this
     /// sandbox, carrying `marker`. No descriptor of this process but the ones given reaches
-    /// it; the caller may add its own with [`CommandSpec::fd`] (above 7), which bwrap passes on.
+    /// it; the caller may add its own with [`CommandSpec::fd`] (above 8), which bwrap passes on.
     /// With a uid or gid the sources are staged ([`CommandSpec::stage_binds`], which needs
     /// root), else passed as descriptors (see the module docs).
     pub fn command(
@@ -232,6 +238,12 @@ impl SandboxSpec {
         }
         for (name, value) in INSIDE_DEFAULTS {
             if !self.extra_env.iter().any(|var| var.name == *name) {
+                let value = match (*name, &self.agent_prefix) {
+                    ("PATH", Some(_)) => {
+                        format!("{AGENT_PREFIX}/node_modules/.bin:{AGENT_PREFIX}/bin:{value}")
+                    }
+                    _ => (*value).to_string(),
+                };
                 command = command.env(name, value);
             }
         }
@@ -264,9 +276,19 @@ impl SandboxSpec {
             dest,
             read_only,
         };
-        let mut sources = Vec::with_capacity(4);
+        let mut sources = Vec::with_capacity(5);
         if let Some(home) = &self.home {
             sources.push(source(home, HOME_FD, "home", StageKind::Dir, HOME, false));
+        }
+        if let Some(prefix) = &self.agent_prefix {
+            sources.push(source(
+                prefix,
+                AGENT_PREFIX_FD,
+                "agent",
+                StageKind::Dir,
+                AGENT_PREFIX,
+                true,
+            ));
         }
         sources.extend([
             source(
@@ -414,6 +436,7 @@ mod tests {
             run_dir: dir(),
             warren_bin: dir(),
             home: Some(dir()),
+            agent_prefix: Some(dir()),
             network: Network::None,
             uid: ids,
             gid: ids,
@@ -444,6 +467,7 @@ mod tests {
             binds(&command),
             [
                 "--bind /tmp/home /home/agent",
+                "--ro-bind /tmp/agent /opt/warren/agent",
                 "--bind /tmp/run /run/warren",
                 "--ro-bind /tmp/warren /opt/warren/bin/warren",
                 "--bind /tmp/workspace /workspace",
@@ -462,6 +486,7 @@ mod tests {
             names,
             [
                 ("home", StageKind::Dir),
+                ("agent", StageKind::Dir),
                 ("run", StageKind::Dir),
                 ("warren", StageKind::File),
                 ("workspace", StageKind::Dir),
@@ -477,6 +502,7 @@ mod tests {
             binds(&command),
             [
                 "--bind-fd 7 /home/agent",
+                "--ro-bind-fd 8 /opt/warren/agent",
                 "--bind-fd 5 /run/warren",
                 "--ro-bind-fd 6 /opt/warren/bin/warren",
                 "--bind-fd 4 /workspace",
@@ -484,7 +510,23 @@ mod tests {
         );
         let mut targets: Vec<i32> = command.fds.iter().map(|(target, _)| *target).collect();
         targets.sort();
-        assert_eq!(targets, [3, 4, 5, 6, 7]);
+        assert_eq!(targets, [3, 4, 5, 6, 7, 8]);
         assert!(command.staged_binds.is_none());
+    }
+
+    #[test]
+    fn an_agent_prefix_leads_the_path_inside() {
+        let command = spec(None).command(&TreeMarker::new(), WARREN_BIN, &[]);
+        let path = command
+            .env
+            .iter()
+            .find(|(name, _)| name == "PATH")
+            .map(|(_, value)| value.to_string_lossy().into_owned());
+        assert_eq!(
+            path.as_deref(),
+            Some(
+                "/opt/warren/agent/node_modules/.bin:/opt/warren/agent/bin:/usr/local/bin:/usr/bin:/bin"
+            )
+        );
     }
 }

@@ -12,6 +12,9 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod seccomp;
 
-pub use bwrap::{Network, SandboxSpec, find_bwrap, probe, seccomp_memfd};
+pub use bwrap::{
+    AGENT_PREFIX, HOME, Network, SandboxSpec, WARREN_BIN, WORKSPACE, find_bwrap, probe,
+    seccomp_memfd,
+};
 pub use cgroup::{CgroupRoots, HandsCgroup, LimitHits, Limits};
 pub use seccomp::{DENIED, SeccompError, filter_bpf};

@@ -107,6 +107,9 @@ async fn run_execd(mut config: warren_execd::Config) -> anyhow::Result<()> {
     })
     .await??;
     state.start_sweeping();
+    for forward in config.forward.clone() {
+        warren_execd::forward::start(forward).await?;
+    }
     // The first stdout line names the bound address, so a parent that asked for port 0 (the
     // gateway starting hands, tests) learns the real one. Printed once leftovers are stopped.
     println!("warren execd listening on {listening_on}");

@@ -134,6 +134,13 @@ impl PtySessions {
         if self.sessions().len() >= self.inner.max_sessions {
             return Err(PtyError::TooManySessions(self.inner.max_sessions));
         }
+        for (name, value) in request.env.iter().flatten() {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return Err(PtyError::InvalidBody(format!(
+                    "env: {name:?} is not a valid variable name, or its value holds a NUL byte"
+                )));
+            }
+        }
         let cwd = match request.cwd.as_deref() {
             None | Some("") => self.inner.default_cwd.clone(),
             Some(dir) => self.inner.default_cwd.join(Path::new(dir)),
@@ -147,12 +154,14 @@ impl PtySessions {
             return Err(PtyError::TooManySessions(self.inner.max_sessions));
         }
         let command = request.command.filter(|c| !c.is_empty());
+        let env: Vec<(String, String)> = request.env.unwrap_or_default().into_iter().collect();
         sessions.insert(
             id.clone(),
             Arc::new(Session::new(
                 id.clone(),
                 cwd,
                 command,
+                env,
                 self.inner.timings.takeover_timeout,
             )),
         );

@@ -133,6 +133,8 @@ pub struct Session {
     pub id: String,
     cwd: PathBuf,
     command: Option<String>,
+    /// `POST /pty`'s `env`, added to every shell this session starts.
+    env: Vec<(String, String)>,
     state: Mutex<State>,
     /// Bumped after every output chunk and every exit; viewers wait on it.
     progress: watch::Sender<u64>,
@@ -189,12 +191,14 @@ impl Session {
         id: String,
         cwd: PathBuf,
         command: Option<String>,
+        env: Vec<(String, String)>,
         takeover_timeout: Duration,
     ) -> Self {
         Self {
             id,
             cwd,
             command,
+            env,
             state: Mutex::new(State {
                 ring: ReplayRing::new(RING_CAPACITY),
                 shell: None,
@@ -452,6 +456,10 @@ impl Session {
         if let Some(script) = &self.command {
             command = command.arg("-c").arg(script);
         }
+        let command = self
+            .env
+            .iter()
+            .fold(command, |command, (name, value)| command.env(name, value));
         command.cwd(self.cwd.clone())
     }
 

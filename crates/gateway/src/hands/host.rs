@@ -4,9 +4,11 @@
 //! exit codes and signal names). Every request is a use of the hands ([`Hands::endpoint`]): it
 //! starts, thaws or restores them first.
 //!
-//! Paths: the agent sees the workspace at its absolute path on the gateway's disk (the `cwd`
-//! of `session/new`); a path is checked to lie inside it and then rewritten beneath the root
-//! execd sees (`/workspace` in a bwrap sandbox) before anything is sent.
+//! Paths: an agent on the host sees the workspace at its absolute path on the gateway's disk,
+//! an agent in the hands where execd does (`/workspace` in a bwrap sandbox): the `cwd` of
+//! `session/new`. A path is checked to lie inside it and then rewritten beneath the root
+//! execd sees before anything is sent. With [`Hands::set_empty_missing_reads`] (Gemini), a
+//! read of a missing file answers empty content instead of an error.
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -57,7 +59,12 @@ impl Hands {
                 other => normal.push(other),
             }
         }
-        let Ok(relative) = normal.strip_prefix(self.workspace()) else {
+        // The agent on the host sees the workspace at its path on the gateway's disk; an agent
+        // inside the hands sees it where execd does.
+        let relative = normal
+            .strip_prefix(self.workspace())
+            .or_else(|_| normal.strip_prefix(root));
+        let Ok(relative) = relative else {
             return Err(HostError::Invalid(format!(
                 "path {} is outside the workspace {}",
                 path.display(),
@@ -94,10 +101,14 @@ impl Hands {
         // Hands first: they create the workspace, which path resolution needs.
         let (client, root) = self.client_for_host().await?;
         let execd_path = self.execd_path(&path, &root)?;
-        let bytes = client
-            .read_file(&execd_path)
-            .await
-            .map_err(|e| host_error(e, &path))?;
+        let bytes = match client.read_file(&execd_path).await {
+            Ok(bytes) => bytes,
+            Err(e) => match host_error(e, &path) {
+                // Gemini reads a file before it creates it and fails the write on an error.
+                HostError::NotFound(_) if self.empty_missing_reads() => return Ok(String::new()),
+                error => return Err(error),
+            },
+        };
         let text = String::from_utf8(bytes.to_vec())
             .map_err(|_| HostError::Invalid(format!("{} is not UTF-8 text", path.display())))?;
         Ok(select_lines(&text, line, limit))
@@ -264,7 +275,12 @@ mod tests {
     #[test]
     fn paths_outside_the_workspace_are_refused_and_inside_ones_rewritten_beneath_execds_root() {
         let provider = crate::hands::remote::RemoteHands::new("http://127.0.0.1:9/{session}", "t");
-        let hands = Hands::new(std::sync::Arc::new(provider), "s1", Path::new("/w/s1"));
+        let hands = Hands::new(
+            std::sync::Arc::new(provider),
+            "s1",
+            Path::new("/w/s1"),
+            crate::hands::BrainPlacement::Host,
+        );
         let cases = [
             ("/w/s1/workspace/a.txt", Some("/workspace/a.txt")),
             ("/w/s1/workspace/sub/../b.txt", Some("/workspace/b.txt")),

@@ -41,8 +41,8 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(10);
 /// How often an adopted sandbox's pid and every sandbox's limit counters are checked.
 const WATCH_PERIOD: Duration = Duration::from_millis(250);
-/// The fd execd reads its secrets from (`--secrets-fd`); the sandbox's own fds are 3 to 7.
-const SECRETS_FD: i32 = 8;
+/// The fd execd reads its secrets from (`--secrets-fd`); the sandbox's own fds are 3 to 8.
+const SECRETS_FD: i32 = 9;
 /// Where the `warren` binary is inside a sandbox.
 const INNER_WARREN: &str = "/opt/warren/bin/warren";
 /// The workspace and run directory inside a sandbox.
@@ -86,6 +86,9 @@ pub struct LocalConfig {
     pub pids: Option<u64>,
     /// `--hands-env`.
     pub env: Vec<HandsVar>,
+    /// The directory the agent that runs in the hands is installed in (bound read-only at
+    /// `/opt/warren/agent`), when it is not under `/usr`.
+    pub agent_prefix: Option<PathBuf>,
 }
 
 impl LocalConfig {
@@ -102,6 +105,7 @@ impl LocalConfig {
             memory_bytes: None,
             pids: None,
             env: Vec::new(),
+            agent_prefix: None,
         }
     }
 }
@@ -207,9 +211,12 @@ impl LocalHands {
         let workspace = spec.workspace.clone();
         let prepared = {
             let run_dir = run_dir.clone();
-            tokio::task::spawn_blocking(move || prepare_dirs(&workspace, &run_dir, ids))
-                .await
-                .map_err(|e| fail("cannot prepare the hands", &e))?
+            let agent_home = spec.agent_home.clone();
+            tokio::task::spawn_blocking(move || {
+                prepare_dirs(&workspace, agent_home.as_deref(), &run_dir, ids)
+            })
+            .await
+            .map_err(|e| fail("cannot prepare the hands", &e))?
         };
         prepared.map_err(|e| fail("cannot prepare the workspace", &e))?;
         // What an earlier instance of this session left (a stale record, a cgroup) goes first.
@@ -382,7 +389,19 @@ impl LocalHands {
                     run_dir: open_path(run_dir).map_err(|e| fail("cannot open the run dir", &e))?,
                     warren_bin: open_path(&self.config.warren_bin)
                         .map_err(|e| fail("cannot open the warren binary", &e))?,
-                    home: None,
+                    home: match &spec.agent_home {
+                        Some(home) => Some(
+                            open_path(home).map_err(|e| fail("cannot open the agent home", &e))?,
+                        ),
+                        None => None,
+                    },
+                    agent_prefix: match &self.config.agent_prefix {
+                        Some(prefix) => Some(
+                            open_path(prefix)
+                                .map_err(|e| fail("cannot open the agent's install prefix", &e))?,
+                        ),
+                        None => None,
+                    },
                     network: match self.config.network {
                         NetworkMode::Host => Network::Host,
                         NetworkMode::None => Network::None,
@@ -395,7 +414,19 @@ impl LocalHands {
                     extra_env: self.config.env.clone(),
                 };
                 let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");
-                let args = execd_args(&socket, INNER_WORKSPACE);
+                let mut args = execd_args(&socket, INNER_WORKSPACE);
+                if self.config.network == NetworkMode::None {
+                    // The agent's way to the model proxy (crate::model_socket).
+                    args.extend([
+                        "--forward".into(),
+                        format!(
+                            "127.0.0.1:{}=unix:{INNER_RUN}/{}",
+                            crate::model_socket::FORWARD_PORT,
+                            crate::model_socket::SOCKET_NAME
+                        )
+                        .into(),
+                    ]);
+                }
                 (
                     sandbox.command(marker, INNER_WARREN, &args),
                     INNER_WORKSPACE.to_string(),
@@ -407,12 +438,16 @@ impl LocalHands {
                 let socket = format!("unix:{}", run_dir.join(SOCKET_NAME).display());
                 let root_text = root.to_string_lossy().into_owned();
                 let args = execd_args(&socket, &root_text);
-                let command = CommandSpec::new(&self.config.warren_bin, marker)
+                let mut command = CommandSpec::new(&self.config.warren_bin, marker)
                     .args(args)
                     .cwd(&root)
                     .env_policy(EnvPolicy::Hands {
                         pass: self.config.env.clone(),
-                    })
+                    });
+                if let Some(home) = &spec.agent_home {
+                    command = command.env("HOME", home);
+                }
+                let command = command
                     .join_cgroups(cgroup.map(HandsCgroup::procs_files).unwrap_or_default())
                     .outlive_daemon();
                 (command, root_text)
@@ -615,11 +650,23 @@ fn open_path(path: &Path) -> std::io::Result<Arc<OwnedFd>> {
     Ok(Arc::new(fd))
 }
 
-/// The workspace (owned by the sandbox's uid, so it can write there) and the session's run
-/// directory (the same, mode 0700, with no stale socket).
-fn prepare_dirs(workspace: &Path, run_dir: &Path, ids: Option<(u32, u32)>) -> std::io::Result<()> {
+/// The workspace and the agent's home (owned by the sandbox's uid, so it can write there) and
+/// the session's run directory (the same, mode 0700, with no stale socket).
+fn prepare_dirs(
+    workspace: &Path,
+    agent_home: Option<&Path>,
+    run_dir: &Path,
+    ids: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(workspace)?;
+    if let Some(home) = agent_home {
+        std::fs::create_dir_all(home)?;
+        std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))?;
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::chown(home, Some(uid), Some(gid))?;
+        }
+    }
     std::fs::create_dir_all(run_dir)?;
     std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o700))?;
     match std::fs::remove_file(run_dir.join(SOCKET_NAME)) {

@@ -16,6 +16,7 @@
 //! reached by URL and token). [`snapshots`] keeps the session's snapshot file; [`host`] serves
 //! the agent's `fs/*` and `terminal/*` requests from the running hands.
 
+pub mod agent;
 pub mod host;
 pub mod local;
 pub mod remote;
@@ -32,6 +33,7 @@ use warren_protocol::gateway::EventBody;
 
 pub use self::host::host_error;
 use self::snapshots::{SnapshotInfo, SnapshotStore};
+pub use crate::config::BrainPlacement;
 
 /// Where a running hands' execd answers, the token it requires and the nonce it must report.
 #[derive(Clone, PartialEq, Eq)]
@@ -111,6 +113,9 @@ pub struct StartSpec {
     /// The access token the new execd requires (one per session, kept across instances so the
     /// agent's MCP server keeps working).
     pub token: String,
+    /// The agent's home on the gateway's disk (`sessions/<id>/agent-home`), mounted at
+    /// `/home/agent` when the brain runs in the hands; `None`: an empty home.
+    pub agent_home: Option<PathBuf>,
 }
 
 /// One running sandbox.
@@ -232,6 +237,12 @@ pub struct Hands {
     provider: Arc<dyn HandsProvider>,
     session_id: String,
     workspace: PathBuf,
+    /// Where the session's agent runs; with [`BrainPlacement::Hands`] its home is
+    /// `agent_home`, mounted at `/home/agent`.
+    placement: BrainPlacement,
+    agent_home: Option<PathBuf>,
+    /// `fs/read_text_file` of a missing file answers empty content (see [`host`]).
+    empty_missing_reads: std::sync::atomic::AtomicBool,
     snapshots: SnapshotStore,
     token: Mutex<String>,
     live: tokio::sync::Mutex<Live>,
@@ -265,9 +276,12 @@ impl Hands {
         provider: Arc<dyn HandsProvider>,
         session_id: &str,
         session_dir: &Path,
+        placement: BrainPlacement,
     ) -> Arc<Self> {
         let session_dir = std::path::absolute(session_dir).unwrap_or(session_dir.to_path_buf());
         let workspace = session_dir.join("workspace");
+        let agent_home =
+            (placement == BrainPlacement::Hands).then(|| session_dir.join("agent-home"));
         let snapshots = SnapshotStore::new(&session_dir);
         let state = if !workspace.exists() && snapshots.exists() {
             HandsState::Archived
@@ -278,6 +292,9 @@ impl Hands {
             provider,
             session_id: session_id.to_string(),
             workspace,
+            placement,
+            agent_home,
+            empty_missing_reads: std::sync::atomic::AtomicBool::new(false),
             snapshots,
             token: Mutex::new(hex::encode(rand::random::<[u8; 32]>())),
             live: tokio::sync::Mutex::new(Live::default()),
@@ -314,6 +331,22 @@ impl Hands {
 
     pub fn snapshots(&self) -> &SnapshotStore {
         &self.snapshots
+    }
+
+    /// Where the session's agent runs.
+    pub fn brain_placement(&self) -> BrainPlacement {
+        self.placement
+    }
+
+    /// Whether the agent's reads of missing files get empty content (Gemini needs it).
+    pub fn set_empty_missing_reads(&self, empty: bool) {
+        self.empty_missing_reads
+            .store(empty, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn empty_missing_reads(&self) -> bool {
+        self.empty_missing_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn status(&self) -> MutexGuard<'_, Status> {
@@ -520,6 +553,7 @@ impl Hands {
             session_id: self.session_id.clone(),
             workspace: self.workspace.clone(),
             token: self.token().clone(),
+            agent_home: self.agent_home.clone(),
         };
         let instance = self.provider.start(spec).await?;
         self.install(live, instance);

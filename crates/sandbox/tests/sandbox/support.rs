@@ -90,6 +90,7 @@ impl Fixture {
             run_dir: open_path(&self.run_dir),
             warren_bin: open_path(Path::new("/usr/bin/env")),
             home: None,
+            agent_prefix: None,
             network,
             uid: is_root().then_some(HANDS_UID),
             gid: is_root().then_some(HANDS_UID),

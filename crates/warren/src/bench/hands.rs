@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use warren_brain::{Host, TerminalSpec};
 use warren_gateway::hands::local::{LocalConfig, LocalHands};
-use warren_gateway::hands::{Hands, HandsProvider};
+use warren_gateway::hands::{BrainPlacement, Hands, HandsProvider};
 
 const N_CREATES: usize = 10;
 const N_PAUSES: usize = 10;
@@ -98,13 +98,23 @@ async fn bench(data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
     for n in 0..N_CREATES {
         let dir = session_dir(n);
         std::fs::create_dir_all(dir.join("workspace"))?;
-        let hands = Hands::new(provider.clone(), &format!("bench-{n}"), &dir);
+        let hands = Hands::new(
+            provider.clone(),
+            &format!("bench-{n}"),
+            &dir,
+            BrainPlacement::Host,
+        );
         let started = Instant::now();
         hands.endpoint().await.context("create hands")?;
         creates.push(started.elapsed());
         hands.stop().await;
 
-        let hands = Hands::new(provider.clone(), &format!("bench-{n}b"), &dir);
+        let hands = Hands::new(
+            provider.clone(),
+            &format!("bench-{n}b"),
+            &dir,
+            BrainPlacement::Host,
+        );
         let started = Instant::now();
         run_in(&hands, "true").await?;
         first_calls.push(started.elapsed());
@@ -136,7 +146,7 @@ async fn bench(data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
     // Pause and resume with 50 processes.
     let dir = session_dir(100);
     std::fs::create_dir_all(dir.join("workspace"))?;
-    let hands = Hands::new(provider.clone(), "bench-pause", &dir);
+    let hands = Hands::new(provider.clone(), "bench-pause", &dir, BrainPlacement::Host);
     run_in(
         &hands,
         &format!("for i in $(seq {N_PROCESSES}); do setsid sleep 100000 >/dev/null 2>&1 & done; echo started"),
@@ -179,7 +189,12 @@ async fn bench(data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
     let dir = session_dir(200);
     let workspace = dir.join("workspace");
     fill_workspace(&workspace)?;
-    let hands = Hands::new(provider.clone(), "bench-snapshot", &dir);
+    let hands = Hands::new(
+        provider.clone(),
+        "bench-snapshot",
+        &dir,
+        BrainPlacement::Host,
+    );
     hands.endpoint().await.context("start")?;
     let total_mib = (N_FILES * FILE_BYTES) as f64 / (1024.0 * 1024.0);
     let started = Instant::now();
@@ -236,7 +251,7 @@ async fn bench(data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
         dir.join("workspace").join("notes.txt"),
         "a few bytes\n".repeat(300),
     )?;
-    let hands = Hands::new(provider.clone(), "bench-small", &dir);
+    let hands = Hands::new(provider.clone(), "bench-small", &dir, BrainPlacement::Host);
     hands.endpoint().await.context("start")?;
     let started = Instant::now();
     hands.pause(None).await;

@@ -11,7 +11,7 @@ use warren_brain::{
     AgentCommand, BoxFuture, Host, HostError, PermissionOutcome, TerminalSpec, TurnSink, Worker,
 };
 use warren_gateway::hands::local::{LocalConfig, LocalHands};
-use warren_gateway::hands::{Hands, HandsProvider};
+use warren_gateway::hands::{BrainPlacement, Hands, HandsProvider};
 use warren_test_support::{alive, eventually, within};
 
 use crate::helpers::{test_agent_bin, warren_bin};
@@ -31,7 +31,7 @@ async fn new_hands() -> (Arc<Hands>, HandsCleanup) {
     let provider = local_provider(dir.path()).await;
     let session_dir = dir.path().join("sessions").join("s1");
     std::fs::create_dir_all(session_dir.join("workspace")).expect("workspace");
-    let hands = Hands::new(provider, "s1", &session_dir);
+    let hands = Hands::new(provider, "s1", &session_dir, BrainPlacement::Host);
     (hands, HandsCleanup(dir))
 }
 

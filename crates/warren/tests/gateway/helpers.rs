@@ -94,13 +94,15 @@ impl TestGateway {
         gateway
     }
 
-    pub async fn start_in(args: GatewayArgs) -> TestGateway {
+    pub async fn start_in(mut args: GatewayArgs) -> TestGateway {
         let data = args.data.clone();
         let app_key = args.app_key.clone().expect("tests pass an app key");
-        let gateway = Gateway::open(args).await.expect("gateway opens");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
+        // As `warren gateway` does: agents reach the model proxy at the real port.
+        args.listen = listener.local_addr().expect("local addr");
+        let gateway = Gateway::open(args).await.expect("gateway opens");
         let url = format!("http://{}", listener.local_addr().expect("local addr"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(warren_gateway::serve(gateway.clone(), listener, async {
