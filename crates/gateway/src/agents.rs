@@ -142,11 +142,11 @@ impl Agent {
             (BrainPlacement::Host, _) => (None, command.program.clone()),
             // The shell agent is the warren binary, which every sandbox has.
             (BrainPlacement::Hands, Preset::Shell) => (None, warren_sandbox::WARREN_BIN.to_owned()),
-            (BrainPlacement::Hands, _) => {
-                let program = resolve_program(&command.program)
-                    .ok_or_else(|| format!("--agent: cannot find {:?}", command.program))?;
-                inside_view(&program)
-            }
+            // A command line whose program is missing fails when a brain starts, saying so.
+            (BrainPlacement::Hands, _) => match resolve_program(&command.program) {
+                Some(program) => inside_view(&program),
+                None => (None, command.program.clone()),
+            },
         };
         Ok(Agent {
             preset,

@@ -198,6 +198,29 @@ async fn stdin_is_forwarded_from_binary_and_json_frames() {
     holder.wait_output("json-16").await;
 }
 
+/// Warren's `env` on `POST /pty`: the shell gets the variables (how the gateway starts an agent
+/// inside the hands with its model settings); a bad name or a NUL is 400 and makes nothing.
+#[tokio::test]
+async fn create_env_reaches_the_shell_and_bad_entries_are_400() {
+    let daemon = start().await;
+    let id = daemon
+        .create(json!({"command": "echo \"value=$AGENT_SETTING\"", "env": {"AGENT_SETTING": "from-env"}}))
+        .await;
+    let mut holder = daemon.connect(&id, "pty=0").await;
+    holder.wait_output("value=from-env").await;
+    for env in [
+        json!({"": "x"}),
+        json!({"A=B": "x"}),
+        json!({"A": "x\u{0}y"}),
+        json!(["A"]),
+    ] {
+        let body = json!({"env": env}).to_string();
+        let (status, answer) = daemon.post_raw("/pty", &body).await;
+        assert_eq!(status, 400, "env {env} answered {answer}");
+        assert_eq!(answer["code"], "INVALID_REQUEST_BODY", "env {env}");
+    }
+}
+
 #[tokio::test]
 async fn ping_gets_pong() {
     let daemon = start().await;

@@ -64,6 +64,8 @@ pub fn args_without_agent(data: PathBuf) -> GatewayArgs {
     args.admin_token = Some("test-admin-token".into());
     args.warm_workers = 0;
     args.agent = Some("/nonexistent/agent".into());
+    // The agents of these tests run beside the gateway; tests of agents in the hands say so.
+    args.brain_placement = Some(warren_gateway::config::BrainPlacement::Host);
     args
 }
 

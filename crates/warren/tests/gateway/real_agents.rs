@@ -14,6 +14,8 @@ use std::process::{Child, Command, Stdio};
 use serde_json::{Value, json};
 use warren_test_support::{python, repo_root};
 
+use warren_gateway::hands::local::NetworkMode;
+
 use crate::helpers::{Received, TestGateway, args_with_shell_agent, first_of, stop_reason};
 
 /// The real key the gateway holds: it must reach the fake upstream and nothing else.
@@ -108,6 +110,15 @@ impl Drop for FakeModel {
 /// A gateway running `preset` (its program from the pinned install) in bwrap hands, with the
 /// real key in a key file and the fake server as the provider's upstream.
 async fn gateway_with(preset: &str, program: &str, fake: &FakeModel) -> TestGateway {
+    gateway_on(preset, program, fake, NetworkMode::Host).await
+}
+
+async fn gateway_on(
+    preset: &str,
+    program: &str,
+    fake: &FakeModel,
+    network: NetworkMode,
+) -> TestGateway {
     let program = agents_bin().join(program);
     let upstream = format!("{}={}", provider_of(preset), fake.origin());
     TestGateway::start(|data| {
@@ -121,8 +132,10 @@ async fn gateway_with(preset: &str, program: &str, fake: &FakeModel) -> TestGate
         let mut args = args_with_shell_agent(data);
         args.agent = Some(preset.to_owned());
         args.agent_program = Some(program);
+        args.brain_placement = None;
         args.warm_workers = 0;
         args.hands_isolation = warren_gateway::hands::local::IsolationMode::Bwrap;
+        args.hands_network = network;
         args.model.model_key_file = Some(key_file);
         args.model.model_upstream =
             vec![warren_gateway::model_proxy::parse_upstream(&upstream).expect("upstream")];
@@ -342,4 +355,52 @@ async fn codex_runs_in_the_hands_through_the_model_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_runs_in_the_hands_through_the_model_proxy() {
     a_real_agent_runs_in_the_hands("gemini", "gemini", PROBE_NO_SUBSTITUTION).await;
+}
+
+/// Without a network the agent still reaches the proxy: the hands' execd forwards a loopback
+/// port of the sandbox to the session's model socket. The sandbox reaches nothing else (the
+/// fake model's own port is on the host's loopback, which the sandbox does not share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_network_the_agent_reaches_the_model_through_the_forwarded_socket() {
+    let probe = format!(
+        "echo MARKER-$((6*7)); curl -s -m 2 http://127.0.0.1:{{port}}/ >/dev/null 2>&1 && echo REACHED-HOST || echo NO-HOST-NETWORK"
+    );
+    let fake = FakeModel::start(json!([{"shell": "placeholder"}, {"text": "finished"}]));
+    let probe = probe.replace("{port}", &fake.port.to_string());
+    let script = json!([{"shell": probe}, {"text": "finished"}]);
+    let reset = reqwest::Client::new()
+        .post(format!("{}/_fake/script", fake.origin()))
+        .body(script.to_string())
+        .send()
+        .await
+        .expect("script replaced");
+    assert!(reset.status().is_success());
+    let gw = gateway_on("claude", "claude-agent-acp", &fake, NetworkMode::None).await;
+    let mut chat = gw.conversation("phone-no-network").await;
+    let (events, _) = run_turn_allowing(&mut chat, "probe without a network").await;
+    assert_eq!(stop_reason(&events), "end_turn", "{events:#?}");
+    let bodies = fake.main_bodies();
+    let after_tool = bodies
+        .iter()
+        .find(|body| body.contains("MARKER-42"))
+        .unwrap_or_else(|| panic!("the tool output reached the model: {bodies:#?}"));
+    assert!(after_tool.contains("NO-HOST-NETWORK"), "{after_tool}");
+    assert!(events.iter().any(|e| e.event == "usage"));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_preset_whose_program_is_missing_says_how_to_install_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut args = args_with_shell_agent(dir.path().to_path_buf());
+    args.agent = Some("gemini".into());
+    args.agent_program = Some(dir.path().join("no-such-gemini"));
+    let error = match warren_gateway::Gateway::open(args).await {
+        Ok(_) => panic!("a gateway without its agent's program refuses to start"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        error.contains("npm install -g @google/gemini-cli"),
+        "{error}"
+    );
 }

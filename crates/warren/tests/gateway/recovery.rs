@@ -378,6 +378,8 @@ async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
             "recovery-key",
             "--warm-workers",
             "2",
+            "--brain-placement",
+            "host",
             "--agent",
             &agent,
         ]
