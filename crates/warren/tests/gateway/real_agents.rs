@@ -362,9 +362,11 @@ async fn gemini_runs_in_the_hands_through_the_model_proxy() {
 /// fake model's own port is on the host's loopback, which the sandbox does not share).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_network_the_agent_reaches_the_model_through_the_forwarded_socket() {
-    let probe = format!(
-        "echo MARKER-$((6*7)); curl -s -m 2 http://127.0.0.1:{{port}}/ >/dev/null 2>&1 && echo REACHED-HOST || echo NO-HOST-NETWORK"
-    );
+    // bash's /dev/tcp: the host's loopback port of the fake model is not reachable, the
+    // forwarded port of the sandbox is.
+    let probe = "echo MARKER-$((6*7)); \
+        (echo > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo REACHED-HOST || echo NO-HOST-NETWORK; \
+        (echo > /dev/tcp/127.0.0.1/4180) 2>/dev/null && echo FORWARD-OPEN";
     let fake = FakeModel::start(json!([{"shell": "placeholder"}, {"text": "finished"}]));
     let probe = probe.replace("{port}", &fake.port.to_string());
     let script = json!([{"shell": probe}, {"text": "finished"}]);
@@ -385,6 +387,7 @@ async fn without_a_network_the_agent_reaches_the_model_through_the_forwarded_soc
         .find(|body| body.contains("MARKER-42"))
         .unwrap_or_else(|| panic!("the tool output reached the model: {bodies:#?}"));
     assert!(after_tool.contains("NO-HOST-NETWORK"), "{after_tool}");
+    assert!(after_tool.contains("FORWARD-OPEN"), "{after_tool}");
     assert!(events.iter().any(|e| e.event == "usage"));
     gw.stop().await;
 }
