@@ -68,6 +68,24 @@ impl ClientError {
     }
 }
 
+/// Which tree of the hands a snapshot is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tree {
+    /// `--root`.
+    Workspace,
+    /// The agent's home (`--home`).
+    Home,
+}
+
+impl Tree {
+    fn name(self) -> &'static str {
+        match self {
+            Tree::Workspace => "workspace",
+            Tree::Home => "home",
+        }
+    }
+}
+
 /// The host name requests over a Unix socket carry (execd never resolves it).
 const UNIX_SOCKET_BASE: &str = "http://hands";
 
@@ -183,11 +201,22 @@ impl ExecdClient {
         &self,
     ) -> Result<impl Stream<Item = Result<bytes::Bytes, ClientError>> + Send + 'static, ClientError>
     {
-        let request = self.request_on(
-            &self.streaming,
-            reqwest::Method::GET,
-            "/v1/workspace/snapshot",
-        );
+        self.snapshot_of(Tree::Workspace).await
+    }
+
+    /// [`ExecdClient::snapshot`] of `tree` (`?tree=home`: the agent's home).
+    pub async fn snapshot_of(
+        &self,
+        tree: Tree,
+    ) -> Result<impl Stream<Item = Result<bytes::Bytes, ClientError>> + Send + 'static, ClientError>
+    {
+        let request = self
+            .request_on(
+                &self.streaming,
+                reqwest::Method::GET,
+                "/v1/workspace/snapshot",
+            )
+            .query(&[("tree", tree.name())]);
         let response = self.checked(request).await?;
         let url = self.base_url.clone();
         Ok(response
@@ -201,12 +230,22 @@ impl ExecdClient {
     /// `POST /v1/workspace/restore`: unpacks `body` (a snapshot) into the execd's empty
     /// workspace. No overall timeout.
     pub async fn restore(&self, body: reqwest::Body) -> Result<RestoreResult, ClientError> {
+        self.restore_to(Tree::Workspace, body).await
+    }
+
+    /// [`ExecdClient::restore`] into `tree`, which must be empty.
+    pub async fn restore_to(
+        &self,
+        tree: Tree,
+        body: reqwest::Body,
+    ) -> Result<RestoreResult, ClientError> {
         let request = self
             .request_on(
                 &self.streaming,
                 reqwest::Method::POST,
                 "/v1/workspace/restore",
             )
+            .query(&[("tree", tree.name())])
             .header(reqwest::header::CONTENT_TYPE, "application/zstd")
             .body(body);
         self.send(request).await

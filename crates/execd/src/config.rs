@@ -50,6 +50,11 @@ pub struct Config {
     #[arg(long, default_value = "/")]
     pub root: PathBuf,
 
+    /// The agent's home: `GET /v1/workspace/snapshot?tree=home` and the matching restore work
+    /// on it (the gateway keeps it as the session's second snapshot).
+    #[arg(long)]
+    pub home: Option<PathBuf>,
+
     /// Where execd lists the process trees it runs, so the next execd on this directory stops
     /// what a killed one left (default: `<tmp>/warren-execd-<uid>/<port>`; a private one for
     /// port 0).
@@ -123,6 +128,7 @@ impl Default for Config {
             hands_nonce: None,
             secrets_fd: None,
             forward: Vec::new(),
+            home: None,
             max_pty_sessions: 256,
             max_bash_sessions: 64,
             root: PathBuf::from("/"),

@@ -160,6 +160,7 @@ impl ApiError {
                     SnapshotError::Io(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
                 },
                 WorkspaceError::Task(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+                WorkspaceError::UnknownTree(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
             },
         }
     }

@@ -53,7 +53,7 @@ impl Execd {
             opensandbox: opensandbox::Compat::new(&config),
             files: files_api::FilesApi::new(&config.root),
             identity: identity::Identity::new(config.hands_nonce.clone(), &config.root),
-            workspace: workspace::Workspace::new(config.root.clone()),
+            workspace: workspace::Workspace::new(config.root.clone(), config.home.clone()),
             mcp_shutdown: tokio_util::sync::CancellationToken::new(),
             config,
         }

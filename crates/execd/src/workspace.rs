@@ -1,6 +1,7 @@
 //! Workspace snapshots over HTTP: `GET /v1/workspace/snapshot` streams `warren_snapshot::pack`
 //! of `--root` as it is made, and `POST /v1/workspace/restore` streams the request body into
-//! `warren_snapshot::unpack` into an empty `--root`. Both run the sync snapshot code on a
+//! `warren_snapshot::unpack` into an empty `--root`. With `?tree=home` both work on the agent's
+//! home (`--home`) instead, which the gateway keeps as a second snapshot of the session. Both run the sync snapshot code on a
 //! blocking thread joined to the HTTP body by a bounded channel (or `SyncIoBridge`), so memory
 //! is bounded whatever the workspace's size.
 //!
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -38,22 +39,44 @@ pub enum WorkspaceError {
     /// The blocking task ended without an answer (it panicked).
     #[error("snapshot task failed: {0}")]
     Task(String),
+    /// `?tree=` names no tree this execd has (`workspace`, or `home` with `--home`).
+    #[error("no tree {0:?} here: `workspace`, or `home` when execd runs with --home")]
+    UnknownTree(String),
+}
+
+/// `?tree=workspace|home` (default `workspace`).
+#[derive(Debug, serde::Deserialize)]
+pub struct TreeQuery {
+    #[serde(default)]
+    tree: Option<String>,
 }
 
 /// The workspace routes' state: the root, and one lock so two restores never race into it.
 #[derive(Clone)]
 pub struct Workspace {
     root: Arc<PathBuf>,
+    /// The agent's home (`--home`), the other tree a snapshot may be of.
+    home: Option<Arc<PathBuf>>,
     limits: UnpackLimits,
     restoring: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Workspace {
-    pub fn new(root: PathBuf) -> Self {
+    pub fn new(root: PathBuf, home: Option<PathBuf>) -> Self {
         Self {
             root: Arc::new(root),
+            home: home.map(Arc::new),
             limits: UnpackLimits::default(),
             restoring: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// The directory `?tree=` names.
+    fn tree(&self, query: &TreeQuery) -> Result<Arc<PathBuf>, WorkspaceError> {
+        match (query.tree.as_deref(), &self.home) {
+            (None | Some("workspace"), _) => Ok(Arc::clone(&self.root)),
+            (Some("home"), Some(home)) => Ok(Arc::clone(home)),
+            (Some(other), _) => Err(WorkspaceError::UnknownTree(other.to_owned())),
         }
     }
 }
@@ -68,9 +91,12 @@ pub fn routes(workspace: Workspace) -> Router {
         .with_state(workspace)
 }
 
-async fn snapshot(State(workspace): State<Workspace>) -> Result<Response, ApiError> {
+async fn snapshot(
+    State(workspace): State<Workspace>,
+    Query(query): Query<TreeQuery>,
+) -> Result<Response, ApiError> {
     // A root that cannot be read is an error answer, not a broken stream.
-    let root = Arc::clone(&workspace.root);
+    let root = workspace.tree(&query)?;
     drop(
         tokio::fs::read_dir(root.as_path())
             .await
@@ -145,12 +171,13 @@ impl Write for ChannelWriter {
 
 async fn restore(
     State(workspace): State<Workspace>,
+    Query(query): Query<TreeQuery>,
     body: Body,
 ) -> Result<Json<RestoreResult>, ApiError> {
+    let root = workspace.tree(&query)?;
     let _restoring = workspace.restoring.lock().await;
     let stream = body.into_data_stream().map_err(io::Error::other);
     let reader = SyncIoBridge::new(StreamReader::new(stream));
-    let root = Arc::clone(&workspace.root);
     let limits = workspace.limits;
     let unpacked =
         tokio::task::spawn_blocking(move || warren_snapshot::unpack(reader, &root, &limits))

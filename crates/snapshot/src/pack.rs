@@ -5,7 +5,9 @@
 //! way. Regular files, directories (empty ones too), symlinks (stored as links, never followed)
 //! and hard links within the tree (the first path carries the data, later ones are tar hard
 //! links) are stored with their permission bits and mtime; owners are not. FIFOs, sockets,
-//! devices, and whatever cannot be opened or listed are skipped and counted. A file that changes
+//! devices, symlinks that [`crate::unpack`] would refuse (absolute, or climbing out of the
+//! root: a Python venv's `bin/python`, Codex's helper links) and whatever cannot be opened or
+//! listed are skipped and counted, so every archive `pack` makes can be restored. A file that changes
 //! size while it is read is stored with exactly the size its header declares (cut or padded
 //! with zeros), so the archive is never corrupt.
 
@@ -26,7 +28,8 @@ pub struct PackStats {
     pub n_dirs: u64,
     /// Symlinks and hard links.
     pub n_links: u64,
-    /// FIFOs, sockets, devices, and files or directories that could not be read.
+    /// FIFOs, sockets, devices, symlinks out of the tree, and files or directories that could
+    /// not be read.
     pub n_skipped: u64,
     /// File content bytes stored (before compression).
     pub bytes: u64,
@@ -127,6 +130,13 @@ impl<W: Write> Packer<W> {
             self.stats.n_skipped += 1;
             return Ok(());
         };
+        if target.as_os_str().is_empty()
+            || target.is_absolute()
+            || !crate::path::link_stays_inside(relative, &target)
+        {
+            self.stats.n_skipped += 1;
+            return Ok(());
+        }
         let mut header = header(EntryType::Symlink, metadata);
         self.builder.append_link(&mut header, relative, &target)?;
         self.stats.n_links += 1;

@@ -410,6 +410,36 @@ fn pack_skips_fifos_and_sockets_and_stores_link_loops_as_links() {
     assert!(restored.path().join("empty").is_dir());
 }
 
+/// A live tree may hold links `unpack` refuses (a venv's `bin/python -> /usr/bin/python3`,
+/// `../../outside`): `pack` skips them and counts them, so the archive restores whole.
+#[test]
+fn pack_skips_links_out_of_the_tree_so_every_archive_restores() {
+    let source = tempfile::tempdir().expect("tempdir");
+    let root = source.path();
+    std::fs::create_dir_all(root.join("venv/bin")).expect("mkdir");
+    std::os::unix::fs::symlink("/usr/bin/python3", root.join("venv/bin/python")).expect("abs");
+    std::os::unix::fs::symlink("../../../outside", root.join("venv/bin/up")).expect("up");
+    std::os::unix::fs::symlink("../lib", root.join("venv/bin/lib")).expect("inside");
+    std::fs::write(root.join("venv/pyvenv.cfg"), "home = /usr/bin\n").expect("writes");
+
+    let mut archive = Vec::new();
+    let stats = pack(root, &mut archive).expect("packs");
+    assert_eq!((stats.n_links, stats.n_skipped), (1, 2), "{stats:?}");
+    let restored = tempfile::tempdir().expect("tempdir");
+    unpack(
+        Cursor::new(&archive),
+        restored.path(),
+        &UnpackLimits::default(),
+    )
+    .expect("an archive pack made always unpacks");
+    assert_eq!(
+        std::fs::read_link(restored.path().join("venv/bin/lib")).expect("kept"),
+        Path::new("../lib")
+    );
+    assert!(!restored.path().join("venv/bin/python").exists());
+    assert!(restored.path().join("venv/pyvenv.cfg").is_file());
+}
+
 #[test]
 fn pack_output_is_deterministic_and_sorted() {
     let source = tempfile::tempdir().expect("tempdir");

@@ -10,17 +10,23 @@ use std::path::Path;
 
 use futures_util::TryStreamExt;
 use warren_execd::{Config, Execd, ListenAddr};
+use warren_execd_client::Tree;
 use warren_execd_client::{ClientError, ExecdClient};
 
 /// An execd serving `root`, on `listen`, with `nonce` if given; the client of it.
 async fn start(root: &Path, listen: ListenAddr, nonce: Option<&str>) -> ExecdClient {
-    let config = Config {
+    serve(Config {
         root: root.to_path_buf(),
-        listen: listen.clone(),
+        listen,
         hands_nonce: nonce.map(str::to_owned),
         ..Config::default()
-    };
-    let (listener, listening_on) = warren_execd::bind(&listen).await.expect("binds");
+    })
+    .await
+}
+
+/// An execd with `config`; the client of it.
+async fn serve(config: Config) -> ExecdClient {
+    let (listener, listening_on) = warren_execd::bind(&config.listen).await.expect("binds");
     let execd = Execd::new(config);
     tokio::spawn(async move {
         warren_execd::serve(execd, listener, std::future::pending())
@@ -139,6 +145,70 @@ async fn snapshot_answers_zstd_and_restores_over_tcp() {
     assert_eq!(&archive[..4], &[0x28, 0xb5, 0x2f, 0xfd], "a zstd frame");
     to.restore(archive.into()).await.expect("restores");
     assert_eq!(tree(source.path()), tree(target.path()));
+}
+
+/// `?tree=home`: the agent's home (`--home`) is snapshotted and restored on its own, beside
+/// the workspace; an execd without `--home`, or an unknown tree, answers 400.
+#[tokio::test]
+async fn the_agent_home_is_a_second_tree_and_an_unknown_tree_is_400() {
+    let (workspace, home, target_home) = (tempdir(), tempdir(), tempdir());
+    std::fs::write(workspace.path().join("w.txt"), "workspace").expect("writes");
+    std::fs::create_dir_all(home.path().join(".agent/sessions")).expect("mkdir");
+    std::fs::write(home.path().join(".agent/sessions/s1.jsonl"), "{}\n").expect("writes");
+    let start_with_home = |root: &Path, home: &Path| {
+        serve(Config {
+            root: root.to_path_buf(),
+            home: Some(home.to_path_buf()),
+            listen: tcp(),
+            ..Config::default()
+        })
+    };
+    let from = start_with_home(workspace.path(), home.path()).await;
+    let stream = from
+        .snapshot_of(Tree::Home)
+        .await
+        .expect("home snapshot starts");
+    let chunks: Vec<bytes::Bytes> = stream.try_collect().await.expect("completes");
+    let archive = chunks.concat();
+    let entries = warren_snapshot::list(std::io::Cursor::new(&archive)).expect("lists");
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert!(paths.contains(&".agent/sessions/s1.jsonl"), "{paths:?}");
+    assert!(
+        !paths.contains(&"w.txt"),
+        "the home, not the workspace: {paths:?}"
+    );
+
+    let other_workspace = tempdir();
+    let to = start_with_home(other_workspace.path(), target_home.path()).await;
+    to.restore_to(Tree::Home, archive.clone().into())
+        .await
+        .expect("restores the home");
+    assert_eq!(tree(home.path()), tree(target_home.path()));
+    assert!(
+        is_empty(other_workspace.path()),
+        "the workspace is untouched"
+    );
+
+    // Without --home there is no home tree; a name nobody knows is refused too.
+    let plain = start(tempdir().path(), tcp(), None).await;
+    let refused = match plain.snapshot_of(Tree::Home).await {
+        Ok(_) => panic!("no home without --home"),
+        Err(error) => error,
+    };
+    assert_eq!(
+        api_code(&refused),
+        (Some(400), Some("INVALID_REQUEST_BODY"))
+    );
+    let http = reqwest::Client::new();
+    let answer = http
+        .get(format!(
+            "{}/v1/workspace/snapshot?tree=etc",
+            from.base_url()
+        ))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(answer.status(), 400);
 }
 
 #[tokio::test]

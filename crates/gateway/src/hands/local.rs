@@ -415,6 +415,9 @@ impl LocalHands {
                 };
                 let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");
                 let mut args = execd_args(&socket, INNER_WORKSPACE);
+                if spec.agent_home.is_some() {
+                    args.extend(["--home".into(), warren_sandbox::HOME.into()]);
+                }
                 if self.config.network == NetworkMode::None {
                     // The agent's way to the model proxy (crate::model_socket).
                     args.extend([
@@ -437,7 +440,10 @@ impl LocalHands {
                     .map_err(|e| fail("cannot resolve the workspace", &e))?;
                 let socket = format!("unix:{}", run_dir.join(SOCKET_NAME).display());
                 let root_text = root.to_string_lossy().into_owned();
-                let args = execd_args(&socket, &root_text);
+                let mut args = execd_args(&socket, &root_text);
+                if let Some(home) = &spec.agent_home {
+                    args.extend(["--home".into(), home.clone().into_os_string()]);
+                }
                 let mut command = CommandSpec::new(&self.config.warren_bin, marker)
                     .args(args)
                     .cwd(&root)

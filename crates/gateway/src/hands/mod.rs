@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use warren_brain::{BoxFuture, McpServerSpec};
-use warren_execd_client::ExecdClient;
+use warren_execd_client::{ExecdClient, Tree};
 use warren_protocol::gateway::EventBody;
 
 pub use self::host::host_error;
@@ -241,6 +241,9 @@ pub struct Hands {
     /// `agent_home`, mounted at `/home/agent`.
     placement: BrainPlacement,
     agent_home: Option<PathBuf>,
+    /// The agent home's snapshot (`agent-home.tar.zst`), taken and restored with the
+    /// workspace's when the brain runs in the hands.
+    home_snapshots: Option<SnapshotStore>,
     /// `fs/read_text_file` of a missing file answers empty content (see [`host`]).
     empty_missing_reads: std::sync::atomic::AtomicBool,
     snapshots: SnapshotStore,
@@ -293,6 +296,9 @@ impl Hands {
             session_id: session_id.to_string(),
             workspace,
             placement,
+            home_snapshots: agent_home
+                .as_ref()
+                .map(|_| SnapshotStore::named(&session_dir, "agent-home")),
             agent_home,
             empty_missing_reads: std::sync::atomic::AtomicBool::new(false),
             snapshots,
@@ -667,19 +673,39 @@ impl Hands {
             .restore(body)
             .await
             .map_err(|e| HandsError::Failed(format!("restore: {e}")))?;
+        if let Some(home) = self.home_snapshot_store().filter(|home| home.exists()) {
+            let body = home
+                .body()
+                .await
+                .map_err(|e| HandsError::Failed(format!("cannot read the home snapshot: {e}")))?;
+            client
+                .restore_to(Tree::Home, body)
+                .await
+                .map_err(|e| HandsError::Failed(format!("restore of the agent's home: {e}")))?;
+        }
         Ok(())
     }
 
     /// An empty workspace directory (what a restore needs).
     async fn clear_workspace(&self) -> Result<(), HandsError> {
-        let workspace = self.workspace.clone();
+        let mut trees = vec![self.workspace.clone()];
+        // The home is emptied only when there is a snapshot of it to restore.
+        if let (Some(home), Some(_)) = (
+            &self.agent_home,
+            self.home_snapshot_store().filter(|home| home.exists()),
+        ) {
+            trees.push(home.clone());
+        }
         tokio::task::spawn_blocking(move || {
-            match std::fs::remove_dir_all(&workspace) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
+            for tree in &trees {
+                match std::fs::remove_dir_all(tree) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+                std::fs::create_dir_all(tree)?;
             }
-            std::fs::create_dir_all(&workspace)
+            Ok(())
         })
         .await
         .map_err(|e| HandsError::Failed(e.to_string()))?
@@ -721,12 +747,31 @@ impl Hands {
                 return None;
             }
         };
-        match self.snapshots.write(stream).await {
-            Ok(info) => Some(info),
+        let info = match self.snapshots.write(stream).await {
+            Ok(info) => info,
             Err(e) => {
                 self.snapshot_failed(&e.to_string());
-                None
+                return None;
             }
+        };
+        if let Some(home) = self.home_snapshot_store() {
+            let written = match client.snapshot_of(Tree::Home).await {
+                Ok(stream) => home.write(stream).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = written {
+                self.snapshot_failed(&format!("the agent's home: {e}"));
+                return None;
+            }
+        }
+        Some(info)
+    }
+
+    /// The agent home's snapshot store, when the agent lives in these (local) hands.
+    fn home_snapshot_store(&self) -> Option<&SnapshotStore> {
+        match self.isolation() {
+            Isolation::Remote => None,
+            Isolation::Bwrap | Isolation::None => self.home_snapshots.as_ref(),
         }
     }
 
@@ -853,6 +898,16 @@ impl Hands {
         let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(workspace)).await;
         if let Ok(Err(e)) = removed {
             tracing::warn!(session = %self.session_id, error = %e, "cannot remove the archived workspace");
+        }
+        // The agent's home goes too once its snapshot holds it: the session is its files.
+        if let (Some(home), Some(_)) = (
+            self.agent_home.clone(),
+            self.home_snapshot_store().filter(|home| home.exists()),
+        ) {
+            let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(home)).await;
+            if let Ok(Err(e)) = removed {
+                tracing::warn!(session = %self.session_id, error = %e, "cannot remove the archived agent home");
+            }
         }
         self.set_state(HandsState::Archived);
         self.emit_transition(

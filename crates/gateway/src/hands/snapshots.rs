@@ -37,8 +37,14 @@ pub struct SnapshotStore {
 }
 
 impl SnapshotStore {
+    /// The workspace's snapshot, `snapshot.tar.zst`.
     pub fn new(session_dir: &Path) -> SnapshotStore {
-        let name = format!("snapshot.{}", warren_snapshot::EXTENSION);
+        Self::named(session_dir, "snapshot")
+    }
+
+    /// Another snapshot of the session, `<stem>.tar.zst` (the agent's home: `agent-home`).
+    pub fn named(session_dir: &Path, stem: &str) -> SnapshotStore {
+        let name = format!("{stem}.{}", warren_snapshot::EXTENSION);
         SnapshotStore {
             path: session_dir.join(&name),
             temp: session_dir.join(format!("{name}.tmp")),

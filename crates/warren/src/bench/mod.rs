@@ -1,6 +1,7 @@
 //! `warren bench <what>`: benchmarks that print one table measured in one run. Targets live
 //! here, never in timed unit tests. Each benchmark is its own module.
 
+mod agents;
 mod compat;
 mod exec;
 mod gateway;
@@ -26,6 +27,8 @@ pub enum Bench {
     Gateway,
     /// Hands lifecycle: create, first tool call, pause/resume, snapshot/restore, archive, RSS.
     Hands,
+    /// Model proxy overhead (TTFT, total, 32 streams) and brain start in the hands / warm.
+    Agents,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -35,5 +38,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Compat => compat::run().await,
         Bench::Gateway => gateway::run().await,
         Bench::Hands => hands::run().await,
+        Bench::Agents => agents::run().await,
     }
 }

@@ -330,6 +330,16 @@ async fn a_real_agent_runs_in_the_hands(preset: &str, program: &str, probe: &str
         session.hands.state(),
         warren_gateway::hands::HandsState::Archived
     );
+    // The agent's home is part of the snapshot: archived with the workspace, then restored.
+    let session_dir = gw.data.join("sessions").join(&chat.session);
+    assert!(
+        !session_dir.join("agent-home").exists(),
+        "the archived home is removed"
+    );
+    assert!(
+        session_dir.join("agent-home.tar.zst").is_file(),
+        "its snapshot is kept"
+    );
     let before = fake.main_bodies().len();
     let (events, _) = run_turn_allowing(&mut chat, "what did we do before?").await;
     assert_eq!(stop_reason(&events), "end_turn", "{events:#?}");
@@ -337,7 +347,12 @@ async fn a_real_agent_runs_in_the_hands(preset: &str, program: &str, probe: &str
     let resumed = later[before..]
         .iter()
         .find(|body| body.contains("please run the probe"))
-        .unwrap_or_else(|| panic!("the turn after the restore carries the earlier conversation"));
+        .unwrap_or_else(|| {
+            let errors: Vec<&Received> = events.iter().filter(|e| e.event == "error").collect();
+            panic!(
+                "the turn after the restore carries the earlier conversation; errors: {errors:#?}"
+            )
+        });
     assert!(resumed.contains("MARKER-42"));
     gw.stop().await;
 }
