@@ -35,7 +35,7 @@ use crate::Gateway;
 use crate::agents::{ModelAccess, Preset};
 use crate::config::{BrainPlacement, HandsProviderKind};
 use crate::error::GatewayError;
-use crate::hands::agent::spawn_in_hands;
+use crate::hands::agent::{spawn_in_hands, stop_earlier_agent};
 use crate::hands::local::NetworkMode;
 use crate::hands::{HandsState, Isolation};
 use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
@@ -327,9 +327,14 @@ async fn start_worker(
                 home: &home,
             };
             let command = agent.session_command(confined, &access);
-            spawn_in_hands(&endpoint, &command)
+            if let Some(earlier) = session.hands.earlier_agent_pty().await {
+                stop_earlier_agent(&endpoint, &earlier).await;
+            }
+            let (worker, pty_id) = spawn_in_hands(&endpoint, &command)
                 .await
-                .map_err(unavailable)
+                .map_err(unavailable)?;
+            session.hands.set_agent_pty(&pty_id).await;
+            Ok(worker)
         }
     }
 }

@@ -28,10 +28,11 @@ const PIPE_BUFFER: usize = 256 * 1024;
 const STDIN_FRAME_MAX: usize = 32 * 1024;
 
 /// Starts `command` inside the hands at `endpoint` (cwd: the workspace) and connects ACP to it.
+/// Returns the worker and the id of the agent's PTY session.
 pub async fn spawn_in_hands(
     endpoint: &HandsEndpoint,
     command: &AgentCommand,
-) -> Result<Worker, BrainError> {
+) -> Result<(Worker, String), BrainError> {
     let failed = |what: &str, error: &dyn std::fmt::Display| BrainError::Spawn {
         program: command.program.clone(),
         source: std::io::Error::other(format!("{what}: {error}")),
@@ -49,6 +50,7 @@ pub async fn spawn_in_hands(
         .await
         .map_err(|e| failed("the hands refused the agent", &e))?;
     let id = created.session_id;
+    let pty_id = id.clone();
     let socket = match client.connect_pty(&id, "pty=0").await {
         Ok(socket) => socket,
         Err(e) => {
@@ -147,7 +149,21 @@ pub async fn spawn_in_hands(
             }
         })
     });
-    Worker::connect(io, stop).await
+    Ok((Worker::connect(io, stop).await?, pty_id))
+}
+
+/// Stops an earlier agent of the session that may still run in its hands (left by a gateway
+/// that died, or frozen when its brain was stopped): deleting its PTY session kills it and
+/// everything it started; one that is gone already is fine.
+pub async fn stop_earlier_agent(endpoint: &HandsEndpoint, pty_id: &str) {
+    let Ok(client) = endpoint.client() else {
+        return;
+    };
+    match tokio::time::timeout(STOP_TIMEOUT, client.delete_pty(pty_id)).await {
+        Ok(Ok(())) => tracing::info!(pty_id, "stopped an earlier agent left in the hands"),
+        Ok(Err(_)) => {}
+        Err(_) => tracing::warn!(pty_id, "the hands did not stop an earlier agent in time"),
+    }
 }
 
 /// `exec program args…`, each word quoted for the POSIX shell execd runs it with.

@@ -244,6 +244,10 @@ pub struct Hands {
     /// The agent home's snapshot (`agent-home.tar.zst`), taken and restored with the
     /// workspace's when the brain runs in the hands.
     home_snapshots: Option<SnapshotStore>,
+    /// The PTY session of the agent last started in these hands (also in the session's
+    /// `agent-pty` file, for the next gateway), stopped before another one starts.
+    agent_pty: Mutex<Option<String>>,
+    agent_pty_file: PathBuf,
     /// `fs/read_text_file` of a missing file answers empty content (see [`host`]).
     empty_missing_reads: std::sync::atomic::AtomicBool,
     snapshots: SnapshotStore,
@@ -300,6 +304,8 @@ impl Hands {
                 .as_ref()
                 .map(|_| SnapshotStore::named(&session_dir, "agent-home")),
             agent_home,
+            agent_pty: Mutex::new(None),
+            agent_pty_file: session_dir.join("agent-pty"),
             empty_missing_reads: std::sync::atomic::AtomicBool::new(false),
             snapshots,
             token: Mutex::new(hex::encode(rand::random::<[u8; 32]>())),
@@ -342,6 +348,35 @@ impl Hands {
     /// Where the session's agent runs.
     pub fn brain_placement(&self) -> BrainPlacement {
         self.placement
+    }
+
+    /// The PTY session id of the agent last started in these hands, if any (from memory, or
+    /// the file an earlier gateway wrote).
+    pub async fn earlier_agent_pty(&self) -> Option<String> {
+        let known = self
+            .agent_pty
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        match known {
+            Some(id) => Some(id),
+            None => tokio::fs::read_to_string(&self.agent_pty_file)
+                .await
+                .ok()
+                .map(|id| id.trim().to_owned())
+                .filter(|id| !id.is_empty()),
+        }
+    }
+
+    /// Records the PTY session id of the agent just started in these hands.
+    pub async fn set_agent_pty(&self, id: &str) {
+        *self
+            .agent_pty
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.to_owned());
+        if let Err(e) = tokio::fs::write(&self.agent_pty_file, id).await {
+            tracing::warn!(session = %self.session_id, error = %e, "cannot record the agent's pty session");
+        }
     }
 
     /// Whether the agent's reads of missing files get empty content (Gemini needs it).

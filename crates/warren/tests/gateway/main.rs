@@ -6,6 +6,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod auth;
+mod brain_in_hands;
 mod cancel;
 mod hands;
 mod helpers;
