@@ -29,6 +29,7 @@ pub mod sessions;
 pub mod sse;
 pub mod store;
 pub mod turns;
+pub mod warm;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub struct Gateway {
     pub agent: agents::Agent,
     /// The model proxy: the real model keys and the sessions' `wm_` tokens.
     pub model: Arc<model_proxy::ModelProxy>,
+    /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
+    pub warm: warm::WarmSandboxes,
     /// The proxy's per-session sockets for hands without a network.
     pub model_sockets: model_socket::ModelSockets,
     /// The `warren` binary that runs hands, the MCP server and the built-in agent.
@@ -134,6 +137,10 @@ impl Gateway {
             _ => 0,
         };
         let pool = WorkerPool::with_registry(agent.command.clone(), n_warm, Some(trees));
+        let n_warm_sandboxes = match (agent.placement, args.hands_provider) {
+            (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
+            _ => 0,
+        };
         let gateway = Arc::new(Gateway {
             args,
             app_key,
@@ -143,6 +150,7 @@ impl Gateway {
             agent,
             model: Arc::new(model),
             model_sockets: model_socket::ModelSockets::default(),
+            warm: warm::WarmSandboxes::new(n_warm_sandboxes),
             warren_bin,
             started: Instant::now(),
             _data_lock: data_lock,
@@ -151,6 +159,7 @@ impl Gateway {
         gateway.sessions.adopt_hands().await;
         turns::spawn_idle_sweeper(&gateway);
         spawn_hands_sweeper(&gateway);
+        gateway.warm.refill(&gateway);
         sessions::spawn_storage_watch(&gateway);
         Ok(gateway)
     }
@@ -179,6 +188,7 @@ impl Gateway {
     /// SIGTERM: ends running turns (`interrupted`), closes every brain, snapshots and pauses
     /// every hands (left for the next gateway to adopt) and flushes every event log.
     pub async fn shutdown(&self) {
+        self.warm.shutdown().await;
         self.pool.shutdown().await;
         self.model_sockets.stop_all();
         let sessions = self.sessions.all();

@@ -69,6 +69,13 @@ impl Sessions {
         let mut by_id = HashMap::new();
         for entry in std::fs::read_dir(&dir)? {
             let session_dir = entry?.path();
+            // A warm sandbox's directory (no `meta.json`: no session took it) is removed;
+            // its hands are stopped as strays once the gateway runs.
+            if session_dir.is_dir() && !session_dir.join("meta.json").exists() {
+                tracing::info!(dir = %session_dir.display(), "removing a warm sandbox no session took");
+                let _ = std::fs::remove_dir_all(&session_dir);
+                continue;
+            }
             let recovered = recover_session(
                 &session_dir,
                 &admission,
@@ -120,9 +127,14 @@ impl Sessions {
         device_id: &str,
         title: Option<String>,
         want_brain: bool,
+        warm: Option<(String, Arc<Hands>)>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
         let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
-        let id = uuid::Uuid::new_v4().to_string();
+        // A warm sandbox was made under its session's id, in its session's directory.
+        let (id, warm_hands) = match warm {
+            Some((id, hands)) => (id, Some(hands)),
+            None => (uuid::Uuid::new_v4().to_string(), None),
+        };
         let session_dir = self.dir.join(&id);
         let made = (|| {
             std::fs::create_dir_all(session_dir.join("workspace"))?;
@@ -138,12 +150,9 @@ impl Sessions {
                 created_at: store::now_rfc3339(),
                 acp_session_id: None,
             };
-            let hands = Hands::new(
-                self.hands_provider.clone(),
-                &id,
-                &session_dir,
-                self.placement,
-            );
+            let hands = warm_hands
+                .clone()
+                .unwrap_or_else(|| self.new_hands(&id, &session_dir));
             let session = Session::new(
                 meta,
                 session_dir.clone(),
@@ -172,6 +181,17 @@ impl Sessions {
         };
         self.map().insert(id, session.clone());
         Ok((session, brain_slot))
+    }
+
+    /// `data/sessions`: each session's directory is `<id>` in it.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Hands (not started) for the session `id` in `dir`, with this gateway's provider and
+    /// brain placement.
+    pub fn new_hands(&self, id: &str, dir: &Path) -> Arc<Hands> {
+        Hands::new(self.hands_provider.clone(), id, dir, self.placement)
     }
 
     /// The session `id` if `device_id` owns it; a foreign session is reported missing.
@@ -242,18 +262,48 @@ pub async fn create_session(
     gateway.sessions.storage.check()?;
     // Only a worker that is already warm is taken here; starting one would make creation slow,
     // and the first message starts one anyway.
-    let warm_available = gateway.pool.n_ready() > 0;
+    // With the brain in the hands, a warm sandbox is taken whole: its hands and agent become
+    // the session's.
+    let warm = gateway.warm.take(gateway);
+    let warm_available = warm.is_some() || gateway.pool.n_ready() > 0;
+    let warm_parts = warm
+        .as_ref()
+        .map(|warm| (warm.id.clone(), warm.hands.clone()));
     // Creation fsyncs the new files: keep it off the async workers.
     let creating = gateway.clone();
     let owner = device_id.to_string();
-    let (session, brain_slot) = tokio::task::spawn_blocking(move || {
+    let created = tokio::task::spawn_blocking(move || {
         creating
             .sessions
-            .create_blocking(&owner, title, warm_available)
+            .create_blocking(&owner, title, warm_available, warm_parts)
     })
     .await
-    .map_err(|e| GatewayError::Internal(e.to_string()))??;
-    tracing::info!(session = %session.id, %device_id, "session created");
+    .map_err(|e| GatewayError::Internal(e.to_string()));
+    let (session, brain_slot) = match created.and_then(|created| created) {
+        Ok(created) => created,
+        Err(e) => {
+            if let Some(warm) = warm {
+                // Refused (a quota, a full disk): the sandbox is nobody's, so it goes.
+                crate::warm::discard(warm).await;
+            }
+            return Err(e);
+        }
+    };
+    tracing::info!(session = %session.id, %device_id, warm = warm.is_some(), "session created");
+    if let Some(warm) = warm {
+        match brain_slot {
+            Some(slot) => {
+                if let Some(unwanted) = session.adopt_warm_worker(warm.worker, slot) {
+                    tokio::spawn(unwanted.kill());
+                }
+            }
+            // No brain slot free: the hands stay, the agent goes; the first message starts one.
+            None => {
+                tokio::spawn(warm.worker.kill());
+            }
+        }
+        return Ok(session);
+    }
     if let Some(slot) = brain_slot {
         match gateway.pool.take().await {
             Ok(worker) => {

@@ -37,7 +37,7 @@ use crate::config::{BrainPlacement, HandsProviderKind};
 use crate::error::GatewayError;
 use crate::hands::agent::{spawn_in_hands, stop_earlier_agent};
 use crate::hands::local::NetworkMode;
-use crate::hands::{HandsState, Isolation};
+use crate::hands::{Hands, HandsState, Isolation};
 use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
 
 /// `POST /v1/sessions/{id}/messages`: starts turn n+1 and returns its number at once; the turn
@@ -296,47 +296,55 @@ async fn start_worker(
             gateway.pool.spawn(&command).await.map_err(unavailable)
         }
         BrainPlacement::Hands => {
-            let endpoint = session.hands.endpoint().await?;
-            if gateway.args.hands_network == NetworkMode::None
-                && gateway.args.hands_provider == HandsProviderKind::Local
-            {
-                let run_dir = gateway
-                    .args
-                    .data
-                    .join("run")
-                    .join("hands")
-                    .join(&session.id);
-                gateway
-                    .model_sockets
-                    .serve(gateway, &session.id, &run_dir)?;
-            }
-            let confined = session.hands.isolation() == Isolation::Bwrap;
-            let home = match confined {
-                true => warren_sandbox::HOME.to_owned(),
-                false => session
-                    .dir
-                    .join("agent-home")
-                    .to_string_lossy()
-                    .into_owned(),
-            };
-            let access = ModelAccess {
-                proxy_origin: &origin,
-                token: &token,
-                // In a sandbox the agent runs as the hands' unprivileged uid.
-                as_root: !confined && rustix::process::geteuid().is_root(),
-                home: &home,
-            };
-            let command = agent.session_command(confined, &access);
-            if let Some(earlier) = session.hands.earlier_agent_pty().await {
-                stop_earlier_agent(&endpoint, &earlier).await;
-            }
-            let (worker, pty_id) = spawn_in_hands(&endpoint, &command)
-                .await
-                .map_err(unavailable)?;
-            session.hands.set_agent_pty(&pty_id).await;
-            Ok(worker)
+            start_in_hands(gateway, &session.id, &session.hands, &session.dir).await
         }
     }
+}
+
+/// The session's agent started inside its hands (starting them first): with the session's model
+/// token and the proxy's address as the hands reach it, after stopping an agent an earlier
+/// brain or gateway left there. Also how a warm sandbox gets its agent ([`crate::warm`]).
+pub async fn start_in_hands(
+    gateway: &Arc<Gateway>,
+    session_id: &str,
+    hands: &Hands,
+    session_dir: &std::path::Path,
+) -> Result<Worker, GatewayError> {
+    let agent = &gateway.agent;
+    let unavailable = |e: BrainError| GatewayError::BrainUnavailable(e.to_string());
+    let origin = gateway.model_origin(true);
+    let token = gateway.model.token(session_id);
+    let endpoint = hands.endpoint().await?;
+    if gateway.args.hands_network == NetworkMode::None
+        && gateway.args.hands_provider == HandsProviderKind::Local
+    {
+        let run_dir = gateway.args.data.join("run").join("hands").join(session_id);
+        gateway.model_sockets.serve(gateway, session_id, &run_dir)?;
+    }
+    let confined = hands.isolation() == Isolation::Bwrap;
+    let home = match confined {
+        true => warren_sandbox::HOME.to_owned(),
+        false => session_dir
+            .join("agent-home")
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let access = ModelAccess {
+        proxy_origin: &origin,
+        token: &token,
+        // In a sandbox the agent runs as the hands' unprivileged uid.
+        as_root: !confined && rustix::process::geteuid().is_root(),
+        home: &home,
+    };
+    let command = agent.session_command(confined, &access);
+    if let Some(earlier) = hands.earlier_agent_pty().await {
+        stop_earlier_agent(&endpoint, &earlier).await;
+    }
+    let (worker, pty_id) = spawn_in_hands(&endpoint, &command)
+        .await
+        .map_err(unavailable)?;
+    hands.set_agent_pty(&pty_id).await;
+    Ok(worker)
 }
 
 /// `POST /v1/sessions/{id}/cancel`: fires the running turn's token (see the module docs); 409

@@ -10,7 +10,7 @@ use warren_gateway::config::BrainPlacement;
 use warren_gateway::hands::local::IsolationMode;
 
 use crate::helpers::{
-    LeftHands, TestGateway, args_with_shell_agent, hands_processes, stop_reason, text_of,
+    LeftHands, TestGateway, WAIT, args_with_shell_agent, hands_processes, stop_reason, text_of,
 };
 
 fn in_the_hands(data: std::path::PathBuf) -> GatewayArgs {
@@ -92,4 +92,62 @@ async fn a_restarted_gateway_stops_the_agent_its_predecessor_left_in_the_hands()
         "the left agent was stopped: {left:?} {now:?}"
     );
     second.stop().await;
+}
+
+/// Warm sandboxes: a new session takes a running sandbox with its agent initialized inside;
+/// the pool refills, and at shutdown the sandboxes nobody took are stopped and removed.
+#[tokio::test]
+async fn a_new_session_takes_a_warm_sandbox_whole_and_the_pool_refills() {
+    let gw = TestGateway::start(|data| {
+        let mut args = in_the_hands(data);
+        args.warm_workers = 1;
+        args
+    })
+    .await;
+    assert!(gw.gateway.warm.wait_ready(1, WAIT).await, "a warm sandbox");
+    let mut chat = gw.conversation("phone-warm-sandbox").await;
+    let info = chat.info().await;
+    assert_eq!(
+        (info["hands"].as_str(), info["brain"].as_str()),
+        (Some("running"), Some("warm")),
+        "the session took the sandbox and its agent: {info}"
+    );
+    assert_eq!(agents_in_hands(&gw.data, &chat.session).len(), 1);
+    let seen = chat.turn("echo \"at=$(pwd)\"").await;
+    assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
+    assert!(text_of(&seen).contains("at=/workspace"));
+    assert!(
+        seen.iter().all(|e| e.event != "hands"),
+        "no hands started for the first message: {seen:#?}"
+    );
+    assert!(
+        gw.gateway.warm.wait_ready(1, WAIT).await,
+        "the pool refilled"
+    );
+    let sessions = gw.data.join("sessions");
+    let session = chat.session.clone();
+    drop(chat);
+    let _kept = gw.stop().await;
+    let left: Vec<String> = std::fs::read_dir(&sessions)
+        .expect("sessions dir")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, [session], "the untaken sandbox was removed");
+}
+
+/// A warm sandbox's directory a killed gateway left (no `meta.json`) is no session: the next
+/// gateway removes it.
+#[tokio::test]
+async fn a_warm_sandbox_left_by_a_killed_gateway_is_removed_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let left = dir
+        .path()
+        .join("sessions")
+        .join("0b6c2a4e-left-by-a-killed-gateway");
+    std::fs::create_dir_all(left.join("workspace")).expect("a left sandbox dir");
+    let gw = TestGateway::start_in(in_the_hands(dir.path().to_path_buf())).await;
+    assert!(!left.exists(), "removed at start");
+    assert!(gw.gateway.sessions.all().is_empty());
+    gw.stop().await;
 }
