@@ -32,7 +32,7 @@ pub async fn run() -> anyhow::Result<()> {
     let data = std::env::temp_dir().join(format!("warren-bench-agents-{}", std::process::id()));
     std::fs::create_dir_all(&data)?;
     let result = bench(&data).await;
-    for name in ["proxy", "hands", "warm"] {
+    for name in ["proxy", "hands", "warm-hands", "warm"] {
         let run_dir = data.join(name).join("run").join("hands");
         warren_gateway::hands::local::stop_left_hands_blocking(&run_dir);
     }
@@ -69,14 +69,26 @@ async fn bench(data: &Path) -> anyhow::Result<Vec<Row>> {
     rows.push(
         brain_start_row(
             hands_args,
-            "first message → `brain: ready`, shell agent cold in bwrap hands",
+            "new session (create; first message → `brain: ready`), shell agent cold in bwrap hands",
+            "—",
+        )
+        .await,
+    );
+    let mut warm_hands = base_args(data.join("warm-hands"), BrainPlacement::Hands, 2);
+    warm_hands.hands_isolation = IsolationMode::Bwrap;
+    rows.push(
+        brain_start_row(
+            warm_hands,
+            "new session (create; first message → `brain: ready`), shell agent in a warm bwrap sandbox",
+            "handout < 50 ms",
         )
         .await,
     );
     rows.push(
         brain_start_row(
             base_args(data.join("warm"), BrainPlacement::Host, 2),
-            "first message → `brain: ready`, shell agent on the host, 2 warm workers",
+            "new session (create; first message → `brain: ready`), shell agent on the host, 2 warm workers",
+            "handout < 50 ms",
         )
         .await,
     );
@@ -258,16 +270,19 @@ async fn concurrent(
 }
 
 /// The row for `brain_starts`, or why it could not be measured.
-async fn brain_start_row(args: GatewayArgs, what: &str) -> Row {
+async fn brain_start_row(args: GatewayArgs, what: &str, target: &'static str) -> Row {
     let outcome = tokio::time::timeout(Duration::from_secs(180), brain_starts(args)).await;
     let result = match outcome {
-        Ok(Ok(mut samples)) => {
-            samples.sort();
+        Ok(Ok((mut created, mut ready))) => {
+            created.sort();
+            ready.sort();
             format!(
-                "p50 {} / max {} ({} sessions)",
-                ms(percentile(&samples, 0.5)),
-                ms(samples[samples.len() - 1]),
-                samples.len()
+                "create p50 {} / max {}; ready p50 {} / max {} ({} sessions)",
+                ms(percentile(&created, 0.5)),
+                ms(created[created.len() - 1]),
+                ms(percentile(&ready, 0.5)),
+                ms(ready[ready.len() - 1]),
+                ready.len()
             )
         }
         Ok(Err(e)) => format!("not measured: {e:#}"),
@@ -276,26 +291,32 @@ async fn brain_start_row(args: GatewayArgs, what: &str) -> Row {
     Row {
         measurement: what.into(),
         result,
-        target: "—",
+        target,
     }
 }
 
-/// For `N_BRAIN_STARTS` new sessions: `POST …/messages` `echo hi` → `status` `brain: ready`.
-async fn brain_starts(args: GatewayArgs) -> anyhow::Result<Vec<Duration>> {
+/// For `N_BRAIN_STARTS` new sessions: how long `POST /v1/sessions` took (a warm sandbox or
+/// worker is handed out there), and `POST …/messages` `echo hi` → `status` `brain: ready`.
+async fn brain_starts(args: GatewayArgs) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let warm = args.warm_workers;
     let gateway = BenchGateway::start(args).await?;
     let outcome = async {
         let token = gateway.register("bench-device-01").await?;
-        let mut samples = Vec::new();
+        let (mut created, mut samples) = (Vec::new(), Vec::new());
         for _ in 0..N_BRAIN_STARTS {
             if warm > 0 {
-                let pool = &gateway.gateway.pool;
-                anyhow::ensure!(
-                    pool.wait_ready(warm, Duration::from_secs(30)).await,
-                    "the warm pool did not fill within 30 s"
-                );
+                let (pool, sandboxes) = (&gateway.gateway.pool, &gateway.gateway.warm);
+                let filled = match gateway.gateway.agent.placement {
+                    BrainPlacement::Host => pool.wait_ready(warm, Duration::from_secs(30)).await,
+                    BrainPlacement::Hands => {
+                        sandboxes.wait_ready(warm, Duration::from_secs(30)).await
+                    }
+                };
+                anyhow::ensure!(filled, "the warm pool did not fill within 30 s");
             }
+            let creating = Instant::now();
             let id = gateway.create_session(&token).await?;
+            created.push(creating.elapsed());
             let events = gateway.events(&token, &id).await?;
             let started = Instant::now();
             gateway
@@ -317,7 +338,7 @@ async fn brain_starts(args: GatewayArgs) -> anyhow::Result<Vec<Duration>> {
             .await?
             .error_for_status()?;
         }
-        Ok(samples)
+        Ok((created, samples))
     }
     .await;
     gateway.stop().await;
