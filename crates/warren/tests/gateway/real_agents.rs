@@ -110,7 +110,7 @@ impl Drop for FakeModel {
 /// A gateway running `preset` (its program from the pinned install) in bwrap hands, with the
 /// real key in a key file and the fake server as the provider's upstream.
 async fn gateway_with(preset: &str, program: &str, fake: &FakeModel) -> TestGateway {
-    gateway_on(preset, program, fake, NetworkMode::Host).await
+    gateway_on(preset, program, fake, NetworkMode::Host, None).await
 }
 
 async fn gateway_on(
@@ -118,6 +118,7 @@ async fn gateway_on(
     program: &str,
     fake: &FakeModel,
     network: NetworkMode,
+    budget: Option<u64>,
 ) -> TestGateway {
     let program = agents_bin().join(program);
     let upstream = format!("{}={}", provider_of(preset), fake.origin());
@@ -137,6 +138,7 @@ async fn gateway_on(
         args.hands_isolation = warren_gateway::hands::local::IsolationMode::Bwrap;
         args.hands_network = network;
         args.model.model_key_file = Some(key_file);
+        args.model.model_budget_tokens = budget;
         args.model.model_upstream =
             vec![warren_gateway::model_proxy::parse_upstream(&upstream).expect("upstream")];
         args
@@ -392,7 +394,7 @@ async fn without_a_network_the_agent_reaches_the_model_through_the_forwarded_soc
         .await
         .expect("script replaced");
     assert!(reset.status().is_success());
-    let gw = gateway_on("claude", "claude-agent-acp", &fake, NetworkMode::None).await;
+    let gw = gateway_on("claude", "claude-agent-acp", &fake, NetworkMode::None, None).await;
     let mut chat = gw.conversation("phone-no-network").await;
     let (events, _) = run_turn_allowing(&mut chat, "probe without a network").await;
     assert_eq!(stop_reason(&events), "end_turn", "{events:#?}");
@@ -421,4 +423,76 @@ async fn a_preset_whose_program_is_missing_says_how_to_install_it() {
         error.contains("npm install -g @google/gemini-cli"),
         "{error}"
     );
+}
+
+/// `--model-budget-tokens`: the first model call (the fake's step 0 counts 100 + 20 + 7 + 3 =
+/// 130 tokens) uses the budget up; the agent's next call gets the API's 429 without reaching
+/// the fake server, and an `error` event says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_budget_stops_the_next_model_call() {
+    let fake = FakeModel::start(json!([{"shell": "echo MARKER-$((6*7))"}, {"text": "finished"}]));
+    let gw = gateway_on(
+        "claude",
+        "claude-agent-acp",
+        &fake,
+        NetworkMode::Host,
+        Some(130),
+    )
+    .await;
+    let mut chat = gw.conversation("phone-budget").await;
+    chat.accept("run it").await;
+    // Claude asks before running its command; the answer leads to the second model call.
+    let asked = chat
+        .until("the permission question", |e| {
+            e.event == "permission_request"
+        })
+        .await;
+    let question = asked.last().expect("a question");
+    let options = question.data["options"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let allow = options
+        .iter()
+        .find(|o| o["kind"] == "allow_once")
+        .expect("an allow option");
+    let answered = chat
+        .answer_permission(
+            question.data["request_id"].as_str().expect("request id"),
+            allow["optionId"].as_str().expect("option id"),
+        )
+        .await;
+    assert_eq!(answered.status(), 204);
+    let seen = chat
+        .until("the budget error", |e| {
+            e.event == "error" && e.data["code"] == "MODEL_BUDGET_EXCEEDED"
+        })
+        .await;
+    let error = seen.last().expect("the error event");
+    assert!(
+        error.data["message"].as_str().unwrap_or("").contains("130"),
+        "{error:?}"
+    );
+    assert_eq!(
+        fake.main_bodies().len(),
+        1,
+        "the over-budget call never reached upstream"
+    );
+    let refused = match seen
+        .iter()
+        .find(|e| e.event == "usage" && e.data["status"] == 429)
+    {
+        Some(refused) => refused.clone(),
+        None => chat
+            .until("the refused call's usage event", |e| {
+                e.event == "usage" && e.data["status"] == 429
+            })
+            .await
+            .pop()
+            .expect("a usage event with status 429"),
+    };
+    assert_eq!(refused.data["input_tokens"], 0);
+    // Claude retries a 429 with backoff; the person stops the turn.
+    let _ = chat.cancel().await;
+    gw.stop().await;
 }
