@@ -328,6 +328,7 @@ pub async fn delete_session(
     // The session's model token and socket go first: nothing it left running can use them.
     gateway.model.revoke(&session.id);
     gateway.model_sockets.stop(&session.id);
+    session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;
     gateway.sessions.map().remove(&session.id);
@@ -344,6 +345,7 @@ pub async fn delete_session(
 /// Shutdown: ends the running turn (`interrupted`), closes the brain, snapshots and pauses the
 /// hands and leaves them for the next gateway, and flushes the log.
 pub async fn shut_down_session(session: &Arc<Session>) {
+    session.hands.wake_for_brain_stop().await;
     session.retire_for_shutdown().stop().await;
     session.hands.shutdown().await;
     session.log.close().await;

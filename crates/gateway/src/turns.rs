@@ -376,6 +376,13 @@ pub fn spawn_idle_sweeper(gateway: &Arc<Gateway>) {
                 return;
             };
             for session in gateway.sessions.all() {
+                // An agent inside paused hands is frozen with them and costs no CPU; it stops
+                // when they are archived.
+                if session.hands.brain_placement() == BrainPlacement::Hands
+                    && session.hands.state() == HandsState::Paused
+                {
+                    continue;
+                }
                 let Some(idle_brain) = session.take_idle_brain(gateway.args.brain_idle) else {
                     continue;
                 };

@@ -379,6 +379,18 @@ impl Hands {
         }
     }
 
+    /// Before the agent inside these hands is stopped or closed: paused hands are resumed, so
+    /// the agent can answer `session/close` and its PTY session can be deleted (a frozen one
+    /// answers nothing). No-op for an agent on the host.
+    pub async fn wake_for_brain_stop(&self) {
+        if self.placement == BrainPlacement::Hands
+            && self.state() == HandsState::Paused
+            && let Err(e) = self.endpoint().await
+        {
+            tracing::debug!(session = %self.session_id, error = %e, "cannot resume the hands to stop their agent");
+        }
+    }
+
     /// Whether the agent's reads of missing files get empty content (Gemini needs it).
     pub fn set_empty_missing_reads(&self, empty: bool) {
         self.empty_missing_reads

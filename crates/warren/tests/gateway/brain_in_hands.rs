@@ -151,3 +151,27 @@ async fn a_warm_sandbox_left_by_a_killed_gateway_is_removed_at_start() {
     assert!(gw.gateway.sessions.all().is_empty());
     gw.stop().await;
 }
+
+/// Deleting a session whose hands (and agent) are paused: the hands are resumed so the agent
+/// is closed, then everything in them is stopped.
+#[tokio::test]
+async fn deleting_a_session_with_its_agent_frozen_stops_everything() {
+    let gw = TestGateway::start(in_the_hands).await;
+    let mut chat = gw.conversation("phone-delete-paused").await;
+    assert_eq!(stop_reason(&chat.turn("echo one").await), "end_turn");
+    let processes = hands_processes(&gw.data, &chat.session);
+    assert!(!agents_in_hands(&gw.data, &chat.session).is_empty());
+    let session = gw.gateway.sessions.by_id(&chat.session).expect("session");
+    session.hands.pause(None).await;
+    let deleted = gw
+        .delete(&chat.token, &format!("/sessions/{}", chat.session))
+        .await;
+    assert_eq!(deleted.status(), 204);
+    warren_test_support::eventually("every process of the hands is gone", || {
+        processes
+            .iter()
+            .all(|pid| !warren_test_support::alive(*pid))
+    })
+    .await;
+    gw.stop().await;
+}
