@@ -27,8 +27,8 @@ use crate::Gateway;
 use crate::session::Session;
 
 /// Headers that belong to one connection, not to the request or answer (RFC 9110 §7.6.1),
-/// and `host`, which reqwest sets for the upstream.
-const HOP_BY_HOP: [&str; 8] = [
+/// the proxy credentials of one hop, and `host`, which reqwest sets for the upstream.
+const HOP_BY_HOP: [&str; 10] = [
     "connection",
     "keep-alive",
     "te",
@@ -37,6 +37,8 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
     "host",
     "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
 ];
 
 pub async fn forward(gateway: &Gateway, request: Request) -> Response {
