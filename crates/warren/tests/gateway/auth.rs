@@ -4,7 +4,7 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::helpers::{TestGateway, args_without_agent};
+use crate::helpers::{LogBuffer, TestGateway, args_without_agent};
 
 #[tokio::test]
 async fn registering_a_bound_device_without_its_token_is_409() {
@@ -149,23 +149,6 @@ async fn admin_routes_are_absent_without_an_admin_token() {
     let response = gw.get("anything", "/admin/devices").await;
     assert_eq!(response.status(), 404);
     gw.stop().await;
-}
-
-/// Collects everything the gateway logs, at every level.
-#[derive(Clone, Default)]
-struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test]

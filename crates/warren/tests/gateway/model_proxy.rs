@@ -14,7 +14,9 @@ use tokio::sync::Notify;
 use warren_gateway::GatewayArgs;
 use warren_gateway::model_proxy::parse_upstream;
 
-use crate::helpers::{EventStream, Received, TestGateway, WAIT, args_without_agent, warren_bin};
+use crate::helpers::{
+    EventStream, LogBuffer, Received, TestGateway, WAIT, args_without_agent, warren_bin,
+};
 
 const ANTHROPIC_KEY: &str = "sk-ant-REAL-0123456789";
 const OPENAI_KEY: &str = "sk-proj-REAL-9876543210";
@@ -915,23 +917,6 @@ async fn over_budget_model_calls_get_429_and_an_error_event_without_reaching_ups
     assert_eq!(counted.status(), 200);
     assert_eq!(upstream.seen().len(), 2);
     s.gw.stop().await;
-}
-
-/// A `tracing` writer into memory.
-#[derive(Clone, Default)]
-struct LogBuffer(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test]
