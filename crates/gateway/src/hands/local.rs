@@ -313,6 +313,25 @@ impl LocalHands {
             watchers: Vec::new(),
             frozen: Default::default(),
         };
+        // Recorded at once, before execd is up: a gateway killed while the sandbox starts leaves
+        // a record, so the next one stops (or adopts) it rather than never learning of it.
+        let start_time = warren_process::procfs::stat(pid as i32)
+            .map(|stat| stat.start_time)
+            .unwrap_or_default();
+        let record = Record {
+            session_id: spec.session_id.clone(),
+            pid,
+            start_time,
+            nonce,
+            token: spec.token.clone(),
+            isolation: self.isolation.label().to_string(),
+            cgroup: instance.cgroup.as_ref().map(|_| cgroup_name.clone()),
+            marker: marker.to_string(),
+            root: instance.root.clone(),
+        };
+        if let Err(e) = write_record(&instance.record, &record) {
+            tracing::warn!(error = %e, "cannot write the hands record; a restarted gateway will not adopt these hands");
+        }
         let mut stdout = tokio::io::BufReader::new(spawned.stdout).lines();
         let first_line = tokio::time::timeout(START_TIMEOUT, stdout.next_line()).await;
         let listening = matches!(
@@ -332,23 +351,6 @@ impl LocalHands {
         if let Err(e) = check_identity(&instance.endpoint).await {
             Box::new(instance).stop().await;
             return Err(e);
-        }
-        let start_time = warren_process::procfs::stat(pid as i32)
-            .map(|stat| stat.start_time)
-            .unwrap_or_default();
-        let record = Record {
-            session_id: spec.session_id.clone(),
-            pid,
-            start_time,
-            nonce,
-            token: spec.token.clone(),
-            isolation: self.isolation.label().to_string(),
-            cgroup: instance.cgroup.as_ref().map(|_| cgroup_name.clone()),
-            marker: marker.to_string(),
-            root: instance.root.clone(),
-        };
-        if let Err(e) = write_record(&instance.record, &record) {
-            tracing::warn!(error = %e, "cannot write the hands record; a restarted gateway will not adopt these hands");
         }
         instance.watch_limits(limit_hit);
         tracing::info!(
