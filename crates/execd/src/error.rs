@@ -62,6 +62,8 @@ pub enum ApiError {
     HandsIdentityMismatch,
     #[error(transparent)]
     Workspace(#[from] WorkspaceError),
+    #[error(transparent)]
+    Proxy(#[from] crate::proxy::ProxyError),
 }
 
 impl ApiError {
@@ -161,6 +163,12 @@ impl ApiError {
                 },
                 WorkspaceError::Task(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
                 WorkspaceError::UnknownTree(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
+            },
+            ApiError::Proxy(error) => match error {
+                crate::proxy::ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_PORT"),
+                crate::proxy::ProxyError::Unreachable { .. } => {
+                    (S::BAD_GATEWAY, "UPSTREAM_UNREACHABLE")
+                }
             },
         }
     }

@@ -17,6 +17,7 @@ pub mod files_api;
 pub mod forward;
 pub mod identity;
 pub mod opensandbox;
+pub mod proxy;
 pub mod pty;
 pub mod state;
 pub mod terminals;
@@ -70,6 +71,7 @@ impl Execd {
             .merge(files_api::routes(self.files.clone()))
             .merge(identity::routes(self.identity.clone()))
             .merge(workspace::routes(self.workspace.clone()))
+            .merge(proxy::routes(proxy::Proxy::default()))
             .merge(opensandbox::routes(self.opensandbox.clone()))
             .route_service("/mcp", self.mcp_service())
             .fallback(error::route_not_found)

@@ -169,7 +169,6 @@ pub fn routes(state: Compat) -> Router {
         .route("/directories/list", get(list_directory))
         .route("/code", any(not_supported))
         .route("/code/{*rest}", any(not_supported))
-        .route("/proxy/{*rest}", any(not_supported))
         .route("/v1/isolated/{*rest}", any(not_supported))
         .with_state(state)
 }

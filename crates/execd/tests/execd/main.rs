@@ -13,6 +13,7 @@ mod opensandbox_commands;
 mod opensandbox_files;
 mod opensandbox_sdk;
 mod opensandbox_support;
+mod proxy;
 mod pty;
 mod pty_support;
 mod workspace;

@@ -616,12 +616,7 @@ async fn ping_metrics_and_unsupported_routes() {
         "a later sample follows: {text}"
     );
 
-    for path in [
-        "/code",
-        "/code/contexts",
-        "/proxy/8080/x",
-        "/v1/isolated/sessions",
-    ] {
+    for path in ["/code", "/code/contexts", "/v1/isolated/sessions"] {
         let (status, code, _) = error_body(server.get(path).await).await;
         assert_eq!((status, code.as_str()), (501, "NOT_SUPPORTED"), "{path}");
     }

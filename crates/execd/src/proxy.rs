@@ -1,0 +1,268 @@
+//! `/proxy/{port}/{path}` (OpenSandbox's route): a reverse proxy to `127.0.0.1:{port}` beside
+//! execd, so a web app the agent started in the hands can be reached through execd's one
+//! address (the gateway's previews use it). HTTP/1.1 with both bodies streamed, and WebSocket
+//! (any `Upgrade`): the upgrade goes upstream, and once both sides switched protocols the bytes
+//! are copied both ways.
+//!
+//! Built on hyper's client and `hyper::upgrade`, not hand-written HTTP. Hop-by-hop headers are
+//! dropped (an upgrade keeps `Connection: upgrade` and `Upgrade`), and so are execd's own
+//! credentials (`X-EXECD-ACCESS-TOKEN`, the hands nonce): the app never sees them. `Host` is
+//! the upstream's (`127.0.0.1:{port}`, what dev servers accept); the client's goes in
+//! `X-Forwarded-Host`, with `X-Forwarded-Proto` and `X-Forwarded-Prefix: /proxy/{port}`.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use crate::error::ApiError;
+
+/// Headers of one connection (RFC 9110 §7.6.1), never forwarded as they are.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Why a proxied request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0:?} is not a port (1 to 65535)")]
+    InvalidPort(String),
+    /// Nothing answers at the port (refused, reset, or not HTTP).
+    #[error("nothing answers at 127.0.0.1:{port}: {detail}")]
+    Unreachable { port: u16, detail: String },
+}
+
+/// The proxy's state: one pooled HTTP client.
+#[derive(Clone)]
+pub struct Proxy {
+    client: Client<HttpConnector, Body>,
+}
+
+impl Default for Proxy {
+    fn default() -> Self {
+        Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+}
+
+pub fn routes(proxy: Proxy) -> Router {
+    Router::new()
+        .route("/proxy/{port}", any(forward_root))
+        .route("/proxy/{port}/", any(forward_root))
+        .route("/proxy/{port}/{*rest}", any(forward_path))
+        .with_state(proxy)
+}
+
+async fn forward_root(
+    axum::extract::State(proxy): axum::extract::State<Proxy>,
+    Path(port): Path<String>,
+    request: Request,
+) -> Response {
+    forward(&proxy, &port, "", request).await
+}
+
+async fn forward_path(
+    axum::extract::State(proxy): axum::extract::State<Proxy>,
+    Path((port, rest)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    forward(&proxy, &port, &rest, request).await
+}
+
+async fn forward(proxy: &Proxy, port: &str, rest: &str, request: Request) -> Response {
+    match forward_checked(proxy, port, rest, request).await {
+        Ok(response) => response,
+        Err(error) => ApiError::from(error).into_response(),
+    }
+}
+
+async fn forward_checked(
+    proxy: &Proxy,
+    port_text: &str,
+    rest: &str,
+    mut request: Request,
+) -> Result<Response, ProxyError> {
+    let port = match port_text.parse::<u16>() {
+        Ok(port) if port > 0 => port,
+        _ => return Err(ProxyError::InvalidPort(port_text.to_owned())),
+    };
+    let upgrade = wants_upgrade(request.headers());
+    let path_and_query = match request.uri().query() {
+        Some(query) => format!("/{rest}?{query}"),
+        None => format!("/{rest}"),
+    };
+    let uri: Uri = format!("http://127.0.0.1:{port}{path_and_query}")
+        .parse()
+        .map_err(|_| ProxyError::InvalidPort(port_text.to_owned()))?;
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    let (mut parts, body) = request.into_parts();
+    let forwarded_host = parts.headers.get(header::HOST).cloned();
+    let mut headers = upstream_headers(&parts.headers, upgrade);
+    headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("an address is a header value"),
+    );
+    if let Some(host) = forwarded_host {
+        headers.insert(HeaderName::from_static("x-forwarded-host"), host);
+    }
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+    if let Ok(prefix) = HeaderValue::from_str(&format!("/proxy/{port}")) {
+        headers.insert(HeaderName::from_static("x-forwarded-prefix"), prefix);
+    }
+    parts.uri = uri;
+    parts.headers = headers;
+    parts.version = axum::http::Version::HTTP_11;
+    let upstream_request = Request::from_parts(parts, body);
+    let mut answer =
+        proxy
+            .client
+            .request(upstream_request)
+            .await
+            .map_err(|e| ProxyError::Unreachable {
+                port,
+                detail: error_chain(&e),
+            })?;
+    if answer.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut answer);
+        tokio::spawn(async move {
+            match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                Ok((client, upstream)) => {
+                    let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+                Err(e) => tracing::debug!(port, error = %e, "a proxied upgrade failed"),
+            }
+        });
+        let (mut parts, _) = answer.into_parts();
+        // The 101 keeps `Connection: upgrade` and `Upgrade` for the client.
+        parts.headers = upstream_headers(&parts.headers, true);
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = answer.into_parts();
+    parts.headers = upstream_headers(&parts.headers, false);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// Whether the request asks to switch protocols (`Connection: upgrade` and an `Upgrade`).
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade && headers.contains_key(header::UPGRADE)
+}
+
+/// `headers` without hop-by-hop ones (those `Connection` names too), execd's credentials and
+/// `Host`; with `upgrade`, `Connection: upgrade` and `Upgrade` stay.
+fn upstream_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
+    let named_by_connection: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|token| token.trim().to_ascii_lowercase())
+        .filter(|token| token != "upgrade" && token != "keep-alive" && token != "close")
+        .collect();
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let lower = name.as_str();
+        let credential = lower.eq_ignore_ascii_case(crate::auth::ACCESS_TOKEN_HEADER)
+            || lower.eq_ignore_ascii_case(warren_protocol::hands::HANDS_NONCE_HEADER);
+        let hop = HOP_BY_HOP.contains(&lower) || named_by_connection.iter().any(|n| n == lower);
+        if credential || hop || name == header::HOST {
+            continue;
+        }
+        kept.append(name.clone(), value.clone());
+    }
+    if upgrade {
+        if let Some(value) = headers.get(header::UPGRADE) {
+            kept.insert(header::UPGRADE, value.clone());
+        }
+        kept.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    kept
+}
+
+/// The error and its causes, for the 502 message ("connection refused" is in the chain).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_execd_credentials_stay_behind() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("transfer-encoding", "chunked"),
+            ("x-execd-access-token", "t"),
+            ("x-warren-hands-nonce", "n"),
+            ("host", "hands"),
+            ("cookie", "a=b"),
+            ("accept", "text/html"),
+        ] {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_static(value),
+            );
+        }
+        let kept = upstream_headers(&headers, false);
+        let mut names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["accept", "cookie"]);
+    }
+
+    #[test]
+    fn an_upgrade_keeps_connection_and_upgrade() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert("sec-websocket-key", HeaderValue::from_static("k"));
+        assert!(wants_upgrade(&headers));
+        let kept = upstream_headers(&headers, true);
+        assert_eq!(
+            kept.get(header::UPGRADE).map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            kept.get(header::CONNECTION).map(|v| v.as_bytes()),
+            Some(&b"upgrade"[..])
+        );
+        assert!(kept.contains_key("sec-websocket-key"));
+        headers.remove(header::UPGRADE);
+        assert!(!wants_upgrade(&headers), "no Upgrade header, no upgrade");
+    }
+}
