@@ -37,12 +37,65 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             post(answer_permission),
         )
         .route("/v1/sessions/{id}/events", get(events))
+        .route(
+            "/v1/sessions/{id}/previews",
+            post(create_preview).get(list_previews),
+        )
+        .route(
+            "/v1/sessions/{id}/previews/{port}",
+            axum::routing::delete(delete_preview),
+        )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .merge(crate::model_proxy::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
+        // Before every route: a preview origin's requests never reach the API.
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            crate::previews::route,
+        ))
         .with_state(gateway)
+}
+
+/// `POST /v1/sessions/{id}/previews {"port"}` body.
+#[derive(serde::Deserialize)]
+struct CreatePreview {
+    port: i64,
+}
+
+async fn create_preview(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+    Json(body): Json<CreatePreview>,
+) -> Result<Response, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    let port = crate::previews::parse_port(body.port)?;
+    let preview = gateway.previews.create(&session.id, port);
+    Ok((StatusCode::CREATED, axum::Json(preview)).into_response())
+}
+
+async fn list_previews(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Vec<crate::previews::PreviewInfo>>, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    Ok(axum::Json(gateway.previews.list(&session.id)))
+}
+
+async fn delete_preview(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path((id, port)): Path<(String, i64)>,
+) -> Result<StatusCode, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    let port = crate::previews::parse_port(port)?;
+    match gateway.previews.revoke(&session.id, port) {
+        true => Ok(StatusCode::NO_CONTENT),
+        false => Err(GatewayError::PreviewNotFound),
+    }
 }
 
 /// The bearer token of a request: `Authorization: Bearer T`, else `?access_token=T` (browsers

@@ -141,6 +141,14 @@ pub struct GatewayArgs {
         hide = true
     )]
     pub sse_heartbeat_ms: u64,
+    /// Where previews are served: a URL with `{token}` in its host (e.g.
+    /// `https://{token}.preview.example.com`, with wildcard DNS). Default:
+    /// `http://p-{token}.localhost:<listen port>` (browsers resolve `*.localhost` to loopback).
+    #[arg(long, env = "WARREN_PREVIEW_BASE_URL")]
+    pub preview_base_url: Option<String>,
+    /// How long a preview URL works.
+    #[arg(long, env = "WARREN_PREVIEW_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub preview_ttl: Duration,
     #[command(flatten)]
     pub model: crate::model_proxy::ModelArgs,
 }
@@ -229,6 +237,8 @@ impl std::fmt::Debug for GatewayArgs {
                     .map(|var| &var.name)
                     .collect::<Vec<_>>(),
             )
+            .field("preview_base_url", &self.preview_base_url)
+            .field("preview_ttl", &self.preview_ttl)
             .field("model", &self.model)
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)

@@ -40,6 +40,8 @@ pub enum GatewayError {
     NoTurnRunning,
     #[error("no pending permission request with this id")]
     PermissionNotFound,
+    #[error("the session has no preview of this port")]
+    PreviewNotFound,
     #[error("{0}")]
     QuotaExceeded(String),
     #[error("{0}")]
@@ -83,6 +85,7 @@ impl GatewayError {
             GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),
             GatewayError::NoTurnRunning => (StatusCode::CONFLICT, "NO_TURN_RUNNING"),
             GatewayError::PermissionNotFound => (StatusCode::NOT_FOUND, "PERMISSION_NOT_FOUND"),
+            GatewayError::PreviewNotFound => (StatusCode::NOT_FOUND, "PREVIEW_NOT_FOUND"),
             GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
             GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),
             GatewayError::BrainUnavailable(_) => (StatusCode::BAD_GATEWAY, "BRAIN_UNAVAILABLE"),

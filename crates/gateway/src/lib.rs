@@ -11,6 +11,8 @@
 //! and cancel; [`error`] the one error-to-status mapping.
 //! [`hands`] the sandbox per session and its lifecycle (start, pause, archive, restore,
 //! adoption after a restart).
+//! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
+//! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
 //! sandbox's construction (sandbox crate), files and terminal routes, the web console.
 
@@ -24,6 +26,7 @@ pub mod event_log;
 pub mod hands;
 pub mod model_proxy;
 pub mod model_socket;
+pub mod previews;
 pub mod session;
 pub mod sessions;
 pub mod sse;
@@ -63,6 +66,8 @@ pub struct Gateway {
     pub agent: agents::Agent,
     /// The model proxy: the real model keys and the sessions' `wm_` tokens.
     pub model: Arc<model_proxy::ModelProxy>,
+    /// The sessions' previews (a port of the hands on an origin of its own).
+    pub previews: previews::Previews,
     /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
     pub warm: warm::WarmSandboxes,
     /// The proxy's per-session sockets for hands without a network.
@@ -99,6 +104,12 @@ impl Gateway {
             .unwrap_or_else(|| auth::new_secret("wk_"));
         let model = model_proxy::ModelProxy::from_args(&args.model)
             .map_err(|e| GatewayError::InvalidRequest(format!("model proxy: {e}")))?;
+        let previews = previews::Previews::new(
+            args.preview_base_url.as_deref(),
+            args.listen.port(),
+            args.preview_ttl,
+        )
+        .map_err(GatewayError::InvalidRequest)?;
         let data = args.data.clone();
         let admission = Admission::new(Limits::new(args.max_brains));
         // Every agent and hands process tree is listed here while it runs.
@@ -151,6 +162,7 @@ impl Gateway {
             model: Arc::new(model),
             model_sockets: model_socket::ModelSockets::default(),
             warm: warm::WarmSandboxes::new(n_warm_sandboxes),
+            previews,
             warren_bin,
             started: Instant::now(),
             _data_lock: data_lock,

@@ -328,6 +328,7 @@ pub async fn delete_session(
     // The session's model token and socket go first: nothing it left running can use them.
     gateway.model.revoke(&session.id);
     gateway.model_sockets.stop(&session.id);
+    gateway.previews.revoke_session(&session.id);
     session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;

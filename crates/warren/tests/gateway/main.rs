@@ -13,6 +13,7 @@ mod helpers;
 mod http_edge;
 mod lifecycle;
 mod model_proxy;
+mod previews;
 mod python_agent;
 mod real_agents;
 mod recovery;

@@ -1,0 +1,447 @@
+//! Previews (files-terminals-previews.md "Previews"): a port the agent opened in the hands,
+//! served on an origin of its own so agent-written pages never share the console's. A preview
+//! is a random token (lowercase `[a-z0-9]`, 32 characters, a DNS label) bound to one session
+//! and port, expiring after `--preview-ttl` and revoked with `DELETE` or the session.
+//!
+//! Its URL is `--preview-base-url` with `{token}` filled in (default
+//! `http://p-{token}.localhost:<gateway port>`: browsers resolve `*.localhost` to loopback).
+//! [`route`] runs before the API: a request whose `Host` names a preview never reaches a
+//! route, and a device token presented there is refused. It is forwarded to the hands' execd
+//! `/proxy/{port}/{path}` (over its Unix socket or TCP) with hyper's client connection, which
+//! also carries WebSocket upgrades: once both sides switched protocols the bytes are copied
+//! both ways. Each request is a use of the hands (paused ones resume).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+
+use crate::Gateway;
+use crate::error::GatewayError;
+
+/// Token length: 32 characters of `[a-z0-9]`, about 165 bits.
+const TOKEN_LEN: usize = 32;
+
+/// Headers of one connection, not forwarded (an upgrade keeps `Connection` and `Upgrade`).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// One preview as the routes answer it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PreviewInfo {
+    pub port: u16,
+    pub url: String,
+    /// RFC 3339.
+    pub expires_at: String,
+}
+
+struct Preview {
+    session_id: String,
+    port: u16,
+    expires: Instant,
+    expires_at: String,
+}
+
+/// The live previews, by token.
+pub struct Previews {
+    by_token: Mutex<HashMap<String, Preview>>,
+    ttl: Duration,
+    /// The URL template with `{token}` (scheme, host, optional port).
+    base_url: String,
+    /// The host template split at `{token}`: what a preview's `Host` starts and ends with.
+    host_prefix: String,
+    host_suffix: String,
+}
+
+impl Previews {
+    /// `base_url` is `--preview-base-url` (`{token}` in its host); `None` is
+    /// `http://p-{token}.localhost:<gateway_port>`.
+    pub fn new(
+        base_url: Option<&str>,
+        gateway_port: u16,
+        ttl: Duration,
+    ) -> Result<Previews, String> {
+        let base_url = base_url
+            .map(|url| url.trim_end_matches('/').to_owned())
+            .unwrap_or_else(|| format!("http://p-{{token}}.localhost:{gateway_port}"));
+        let host = base_url
+            .split_once("://")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+            .ok_or_else(|| format!("--preview-base-url {base_url:?} is not a URL"))?;
+        let host = host.rsplit_once(':').map_or(host, |(name, _)| name);
+        let (host_prefix, host_suffix) = host.split_once("{token}").ok_or_else(|| {
+            format!("--preview-base-url {base_url:?} has no {{token}} in its host")
+        })?;
+        Ok(Previews {
+            by_token: Mutex::new(HashMap::new()),
+            ttl,
+            host_prefix: host_prefix.to_ascii_lowercase(),
+            host_suffix: host_suffix.to_ascii_lowercase(),
+            base_url,
+        })
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Preview>> {
+        self.by_token
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn info(&self, token: &str, preview: &Preview) -> PreviewInfo {
+        PreviewInfo {
+            port: preview.port,
+            url: format!("{}/", self.base_url.replace("{token}", token)),
+            expires_at: preview.expires_at.clone(),
+        }
+    }
+
+    /// A new preview of `port` for the session (an earlier one of the same port is replaced).
+    pub fn create(&self, session_id: &str, port: u16) -> PreviewInfo {
+        let token = new_token();
+        let expires_at = chrono::Utc::now()
+            + chrono::Duration::from_std(self.ttl).unwrap_or(chrono::Duration::hours(1));
+        let preview = Preview {
+            session_id: session_id.to_owned(),
+            port,
+            expires: Instant::now() + self.ttl,
+            expires_at: expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        };
+        let info = self.info(&token, &preview);
+        let mut map = self.map();
+        map.retain(|_, p| !(p.session_id == session_id && p.port == port));
+        map.insert(token, preview);
+        info
+    }
+
+    /// The session's live previews, by port.
+    pub fn list(&self, session_id: &str) -> Vec<PreviewInfo> {
+        let now = Instant::now();
+        let mut map = self.map();
+        map.retain(|_, p| p.expires > now);
+        let mut list: Vec<PreviewInfo> = map
+            .iter()
+            .filter(|(_, p)| p.session_id == session_id)
+            .map(|(token, p)| self.info(token, p))
+            .collect();
+        list.sort_by_key(|p| p.port);
+        list
+    }
+
+    /// Revokes the session's preview of `port`; false when there was none.
+    pub fn revoke(&self, session_id: &str, port: u16) -> bool {
+        let mut map = self.map();
+        let before = map.len();
+        map.retain(|_, p| !(p.session_id == session_id && p.port == port));
+        map.len() < before
+    }
+
+    /// Revokes every preview of the session (it is deleted).
+    pub fn revoke_session(&self, session_id: &str) {
+        self.map().retain(|_, p| p.session_id != session_id);
+    }
+
+    /// The token a `Host` header names, if it is a preview origin's.
+    fn token_of_host(&self, host: &str) -> Option<String> {
+        let host = host.rsplit_once(':').map_or(host, |(name, _)| name);
+        let host = host.to_ascii_lowercase();
+        let token = host
+            .strip_prefix(&self.host_prefix)?
+            .strip_suffix(&self.host_suffix)?;
+        Some(token.to_owned())
+    }
+
+    /// The live preview of `token`: its session and port.
+    fn lookup(&self, token: &str) -> Option<(String, u16)> {
+        let mut map = self.map();
+        match map.get(token) {
+            Some(p) if p.expires > Instant::now() => Some((p.session_id.clone(), p.port)),
+            Some(_) => {
+                map.remove(token);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+fn new_token() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..TOKEN_LEN)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// The port of a preview request body or path: 1 to 65535.
+pub fn parse_port(port: i64) -> Result<u16, GatewayError> {
+    u16::try_from(port)
+        .ok()
+        .filter(|port| *port > 0)
+        .ok_or_else(|| GatewayError::InvalidRequest(format!("{port} is not a port (1 to 65535)")))
+}
+
+/// Middleware before every route: a request to a preview origin is served here.
+pub async fn route(State(gateway): State<Arc<Gateway>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .map(str::to_owned);
+    let Some(token) = host.and_then(|host| gateway.previews.token_of_host(&host)) else {
+        return next.run(request).await;
+    };
+    match serve(&gateway, &token, request).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Why a preview request was not served.
+enum PreviewError {
+    NotFound,
+    DeviceToken,
+    Unreachable(String),
+}
+
+impl IntoResponse for PreviewError {
+    fn into_response(self) -> Response {
+        let (status, code, message) = match self {
+            PreviewError::NotFound => (
+                StatusCode::NOT_FOUND,
+                "PREVIEW_NOT_FOUND",
+                "no such preview: unknown, expired or revoked".to_owned(),
+            ),
+            PreviewError::DeviceToken => (
+                StatusCode::FORBIDDEN,
+                "DEVICE_TOKEN_REFUSED",
+                "a device token is never accepted on a preview origin".to_owned(),
+            ),
+            PreviewError::Unreachable(why) => (StatusCode::BAD_GATEWAY, "PREVIEW_UNREACHABLE", why),
+        };
+        warren_http::error_response(status, code, message)
+    }
+}
+
+async fn serve(
+    gateway: &Arc<Gateway>,
+    token: &str,
+    mut request: Request,
+) -> Result<Response, PreviewError> {
+    let (session_id, port) = gateway
+        .previews
+        .lookup(token)
+        .ok_or(PreviewError::NotFound)?;
+    if carries_device_token(gateway, &request) {
+        return Err(PreviewError::DeviceToken);
+    }
+    let session = gateway
+        .sessions
+        .by_id(&session_id)
+        .ok_or(PreviewError::NotFound)?;
+    let endpoint = session
+        .hands
+        .endpoint()
+        .await
+        .map_err(|e| PreviewError::Unreachable(format!("the hands did not start: {e}")))?;
+    let upgrade = wants_upgrade(request.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let mut headers = forwarded_headers(&parts.headers, upgrade);
+    headers.insert(header::HOST, HeaderValue::from_static("hands"));
+    if let Ok(token) = HeaderValue::from_str(&endpoint.token) {
+        headers.insert("x-execd-access-token", token);
+    }
+    if let Ok(nonce) = HeaderValue::from_str(&endpoint.nonce) {
+        headers.insert(warren_protocol::hands::HANDS_NONCE_HEADER, nonce);
+    }
+    let mut upstream = Request::builder()
+        .method(parts.method.clone())
+        .uri(format!("/proxy/{port}{path}"))
+        .body(body)
+        .map_err(|e| PreviewError::Unreachable(e.to_string()))?;
+    *upstream.headers_mut() = headers;
+    let mut answer = send_to_execd(&endpoint.url, upstream).await?;
+    if answer.status() == StatusCode::BAD_GATEWAY {
+        return Err(PreviewError::Unreachable(format!(
+            "nothing answers at port {port} in the hands"
+        )));
+    }
+    if answer.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut answer);
+        tokio::spawn(async move {
+            if let Ok((client, upstream)) = tokio::try_join!(client_upgrade, upstream_upgrade) {
+                let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            }
+        });
+        let (mut parts, _) = answer.into_parts();
+        parts.headers = forwarded_headers(&parts.headers, true);
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = answer.into_parts();
+    parts.headers = forwarded_headers(&parts.headers, false);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// One request to the execd at `url` (`unix:/path` or `http://host:port`) on a connection of
+/// its own, with upgrades allowed.
+async fn send_to_execd(
+    url: &str,
+    request: Request,
+) -> Result<hyper::Response<hyper::body::Incoming>, PreviewError> {
+    let unreachable =
+        |e: &dyn std::fmt::Display| PreviewError::Unreachable(format!("the hands' execd: {e}"));
+    let io: Box<dyn Io> = match url.strip_prefix("unix:") {
+        Some(path) => Box::new(
+            tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| unreachable(&e))?,
+        ),
+        None => {
+            let parsed = reqwest::Url::parse(url).map_err(|e| unreachable(&e))?;
+            let host = parsed.host_str().unwrap_or("127.0.0.1").to_owned();
+            let port = parsed.port_or_known_default().unwrap_or(80);
+            Box::new(
+                tokio::net::TcpStream::connect((host, port))
+                    .await
+                    .map_err(|e| unreachable(&e))?,
+            )
+        }
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| unreachable(&e))?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| unreachable(&e))
+}
+
+/// A byte stream to an execd.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
+/// Whether the request presents a device token (bearer or `?access_token=`).
+fn carries_device_token(gateway: &Gateway, request: &Request) -> bool {
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::auth::bearer_token)
+        .map(str::to_owned);
+    let query = request.uri().query().and_then(|query| {
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("access_token=").map(str::to_owned))
+    });
+    [bearer, query]
+        .into_iter()
+        .flatten()
+        .any(|token| gateway.devices.authenticate(&token).is_ok())
+}
+
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade && headers.contains_key(header::UPGRADE)
+}
+
+/// `headers` without hop-by-hop ones and `Host`; with `upgrade`, `Connection: upgrade` and
+/// `Upgrade` stay.
+fn forwarded_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if HOP_BY_HOP.contains(&name.as_str()) || name == header::HOST {
+            continue;
+        }
+        kept.append(name.clone(), value.clone());
+    }
+    if upgrade {
+        if let Some(value) = headers.get(header::UPGRADE) {
+            kept.insert(header::UPGRADE, value.clone());
+        }
+        kept.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preview_host_names_its_token_and_other_hosts_do_not() {
+        let previews = Previews::new(None, 8080, Duration::from_secs(60)).expect("default");
+        let token = "abcdefghijklmnopqrstuvwxyz012345";
+        assert_eq!(
+            previews
+                .token_of_host(&format!("p-{token}.localhost:8080"))
+                .as_deref(),
+            Some(token)
+        );
+        assert_eq!(previews.token_of_host("127.0.0.1:8080"), None);
+        assert_eq!(previews.token_of_host("localhost:8080"), None);
+        let custom = Previews::new(
+            Some("https://{token}.preview.example.com"),
+            8080,
+            Duration::from_secs(60),
+        )
+        .expect("custom");
+        assert_eq!(
+            custom
+                .token_of_host(&format!("{token}.preview.example.com"))
+                .as_deref(),
+            Some(token)
+        );
+        assert!(Previews::new(Some("https://preview.example.com"), 1, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn tokens_are_dns_labels_and_previews_expire_and_revoke() {
+        let previews = Previews::new(None, 8080, Duration::from_secs(60)).expect("default");
+        let info = previews.create("s1", 3000);
+        let token = info
+            .url
+            .strip_prefix("http://p-")
+            .and_then(|rest| rest.strip_suffix(".localhost:8080/"))
+            .expect("the default URL shape");
+        assert_eq!(token.len(), TOKEN_LEN);
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        );
+        assert_eq!(previews.lookup(token), Some(("s1".to_owned(), 3000)));
+        assert_eq!(previews.list("s1"), std::slice::from_ref(&info));
+        assert!(previews.revoke("s1", 3000));
+        assert_eq!(previews.lookup(token), None);
+        let expired = Previews::new(None, 8080, Duration::ZERO).expect("default");
+        let info = expired.create("s1", 3000);
+        assert!(expired.list("s1").is_empty(), "{info:?} expired at once");
+    }
+}

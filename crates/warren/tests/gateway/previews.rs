@@ -1,0 +1,176 @@
+//! Previews: a `python3 -m http.server` the agent started in hands without a network is
+//! reachable only through its preview URL (its own origin, `p-<token>.localhost`), which the
+//! gateway proxies through the hands' execd; and the bad input each route gets.
+
+use serde_json::{Value, json};
+use warren_gateway::hands::local::{IsolationMode, NetworkMode};
+
+use crate::helpers::{TestGateway, args_with_shell_agent, stop_reason};
+
+/// A client that sends every `*.localhost` name to the gateway, as browsers resolve them.
+fn preview_client(gateway_url: &str, preview_url: &str) -> reqwest::Client {
+    let addr: std::net::SocketAddr = gateway_url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the gateway's address");
+    let host = preview_url
+        .trim_start_matches("http://")
+        .split(':')
+        .next()
+        .expect("a host")
+        .to_owned();
+    reqwest::Client::builder()
+        .resolve(&host, addr)
+        .build()
+        .expect("client")
+}
+
+#[tokio::test]
+async fn a_dev_server_in_hands_without_a_network_is_served_through_its_preview() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.hands_isolation = IsolationMode::Bwrap;
+        args.hands_network = NetworkMode::None;
+        args
+    })
+    .await;
+    let mut chat = gw.conversation("phone-preview-01").await;
+    let seen = chat
+        .turn("echo served-from-the-hands > index.txt; setsid nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & echo started")
+        .await;
+    assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
+
+    let created = gw
+        .request(
+            reqwest::Method::POST,
+            &chat.token,
+            &format!("/sessions/{}/previews", chat.session),
+        )
+        .json(&json!({"port": 8765}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(created.status(), 201);
+    let preview: Value = created.json().await.expect("json");
+    let url = preview["url"].as_str().expect("url").to_owned();
+    assert!(
+        url.starts_with("http://p-") && url.contains(".localhost:"),
+        "{url}"
+    );
+    assert!(preview["expires_at"].is_string());
+
+    let client = preview_client(&gw.url, &url);
+    let body =
+        warren_test_support::eventually_async("the dev server answers through its preview", || {
+            let client = client.clone();
+            let url = format!("{url}index.txt");
+            async move {
+                let response = client.get(&url).send().await.ok()?;
+                (response.status() == 200).then_some(())?;
+                response.text().await.ok()
+            }
+        })
+        .await;
+    assert_eq!(body, "served-from-the-hands\n");
+
+    // The device token is never accepted on the preview origin.
+    let refused = client
+        .get(&url)
+        .bearer_auth(&chat.token)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(refused.status(), 403);
+    let listed: Value = gw
+        .get_json(&chat.token, &format!("/sessions/{}/previews", chat.session))
+        .await;
+    assert_eq!(listed[0]["url"], url.as_str());
+
+    // Revoked: its URL is gone at once.
+    let revoked = gw
+        .delete(
+            &chat.token,
+            &format!("/sessions/{}/previews/8765", chat.session),
+        )
+        .await;
+    assert_eq!(revoked.status(), 204);
+    let gone = client.get(&url).send().await.expect("answers");
+    assert_eq!(gone.status(), 404);
+    let body: Value = gone.json().await.expect("json");
+    assert_eq!(body["code"], "PREVIEW_NOT_FOUND");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn preview_bad_input_gets_clear_errors() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.hands_isolation = IsolationMode::Bwrap;
+        args
+    })
+    .await;
+    let mut chat = gw.conversation("phone-preview-02").await;
+    assert_eq!(stop_reason(&chat.turn("echo up").await), "end_turn");
+    let previews = format!("/sessions/{}/previews", chat.session);
+    for port in [json!(0), json!(70000), json!(-1), json!("80")] {
+        let answer = gw
+            .request(reqwest::Method::POST, &chat.token, &previews)
+            .json(&json!({"port": port}))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(answer.status(), 400, "port {port}");
+        let body: Value = answer.json().await.expect("json");
+        assert_eq!(body["code"], "INVALID_REQUEST_BODY", "port {port}");
+    }
+    // A port nobody listens on: created, and its URL answers 502.
+    let created: Value = gw
+        .request(reqwest::Method::POST, &chat.token, &previews)
+        .json(&json!({"port": 9}))
+        .send()
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("json");
+    let url = created["url"].as_str().expect("url").to_owned();
+    let client = preview_client(&gw.url, &url);
+    let unreachable = client.get(&url).send().await.expect("answers");
+    assert_eq!(unreachable.status(), 502);
+    let body: Value = unreachable.json().await.expect("json");
+    assert_eq!(body["code"], "PREVIEW_UNREACHABLE");
+    // An unknown token on the preview origin, and a preview nobody made.
+    let unknown = url.replacen("http://p-", "http://p-0", 1);
+    let unknown_client = preview_client(&gw.url, &unknown);
+    let answer = unknown_client.get(&unknown).send().await.expect("answers");
+    assert_eq!(answer.status(), 404);
+    let missing = gw.delete(&chat.token, &format!("{previews}/3000")).await;
+    assert_eq!(missing.status(), 404);
+    // Another device's token on every preview route: the session does not exist for it.
+    let other = gw.register("phone-preview-03").await;
+    for (method, path) in [
+        (reqwest::Method::POST, previews.clone()),
+        (reqwest::Method::GET, previews.clone()),
+        (reqwest::Method::DELETE, format!("{previews}/9")),
+    ] {
+        let answer = gw
+            .request(method.clone(), &other, &path)
+            .json(&json!({"port": 9}))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(answer.status(), 404, "{method} {path}");
+        let body: Value = answer.json().await.expect("json");
+        assert_eq!(body["code"], "SESSION_NOT_FOUND");
+    }
+    // Deleting the session revokes its previews.
+    let deleted = gw
+        .delete(&chat.token, &format!("/sessions/{}", chat.session))
+        .await;
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(
+        client.get(&url).send().await.expect("answers").status(),
+        404
+    );
+    gw.stop().await;
+}
