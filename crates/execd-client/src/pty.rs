@@ -9,7 +9,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::either::Either;
 use warren_protocol::hands::HANDS_NONCE_HEADER;
-use warren_protocol::pty::{CreatePtyRequest, CreatePtyResponse};
+use warren_protocol::pty::{CreatePtyRequest, CreatePtyResponse, PtyStatus};
 
 use crate::{ACCESS_TOKEN_HEADER, ClientError, ExecdClient};
 
@@ -23,6 +23,12 @@ impl ExecdClient {
         request: &CreatePtyRequest,
     ) -> Result<CreatePtyResponse, ClientError> {
         let request = self.request(reqwest::Method::POST, "/pty").json(request);
+        self.send(request).await
+    }
+
+    /// `GET /pty/{id}`: whether its shell runs and how much output it ever produced.
+    pub async fn pty_status(&self, id: &str) -> Result<PtyStatus, ClientError> {
+        let request = self.request(reqwest::Method::GET, &format!("/pty/{id}"));
         self.send(request).await
     }
 

@@ -37,6 +37,11 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             post(answer_permission),
         )
         .route("/v1/sessions/{id}/events", get(events))
+        .route("/v1/sessions/{id}/terminals", get(list_terminals))
+        .route(
+            "/v1/sessions/{id}/terminals/{name}/ws",
+            get(attach_terminal),
+        )
         .route(
             "/v1/sessions/{id}/previews",
             post(create_preview).get(list_previews),
@@ -56,6 +61,26 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             crate::previews::route,
         ))
         .with_state(gateway)
+}
+
+async fn list_terminals(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Vec<crate::terminals::TerminalInfo>>, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    Ok(axum::Json(gateway.terminals.list(&session).await))
+}
+
+/// `GET /v1/sessions/{id}/terminals/{name}/ws`: the WebSocket of the person's shell `name`.
+async fn attach_terminal(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path((id, name)): Path<(String, String)>,
+    request: axum::extract::Request,
+) -> Result<Response, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    gateway.terminals.attach(&session, &name, request).await
 }
 
 /// `POST /v1/sessions/{id}/previews {"port"}` body.

@@ -12,9 +12,10 @@
 //! [`hands`] the sandbox per session and its lifecycle (start, pause, archive, restore,
 //! adoption after a restart).
 //! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
-//! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own.
+//! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own;
+//! [`terminals`] the person's shells in the hands.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
-//! sandbox's construction (sandbox crate), files and terminal routes, the web console.
+//! sandbox's construction (sandbox crate), the files routes, the web console.
 
 pub mod admission;
 pub mod agents;
@@ -31,6 +32,7 @@ pub mod session;
 pub mod sessions;
 pub mod sse;
 pub mod store;
+pub mod terminals;
 pub mod turns;
 pub mod warm;
 
@@ -66,6 +68,8 @@ pub struct Gateway {
     pub agent: agents::Agent,
     /// The model proxy: the real model keys and the sessions' `wm_` tokens.
     pub model: Arc<model_proxy::ModelProxy>,
+    /// The person's shells in every session's hands.
+    pub terminals: terminals::Terminals,
     /// The sessions' previews (a port of the hands on an origin of its own).
     pub previews: previews::Previews,
     /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
@@ -163,6 +167,7 @@ impl Gateway {
             model_sockets: model_socket::ModelSockets::default(),
             warm: warm::WarmSandboxes::new(n_warm_sandboxes),
             previews,
+            terminals: terminals::Terminals::default(),
             warren_bin,
             started: Instant::now(),
             _data_lock: data_lock,

@@ -7,20 +7,17 @@
 //! `http://p-{token}.localhost:<gateway port>`: browsers resolve `*.localhost` to loopback).
 //! [`route`] runs before the API: a request whose `Host` names a preview never reaches a
 //! route, and a device token presented there is refused. It is forwarded to the hands' execd
-//! `/proxy/{port}/{path}` (over its Unix socket or TCP) with hyper's client connection, which
-//! also carries WebSocket upgrades: once both sides switched protocols the bytes are copied
-//! both ways. Each request is a use of the hands (paused ones resume).
+//! `/proxy/{port}/{path}` ([`crate::hands::tunnel`], WebSocket upgrades included). Each request
+//! is a use of the hands (paused ones resume).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
 
 use crate::Gateway;
@@ -28,19 +25,6 @@ use crate::error::GatewayError;
 
 /// Token length: 32 characters of `[a-z0-9]`, about 165 bits.
 const TOKEN_LEN: usize = 32;
-
-/// Headers of one connection, not forwarded (an upgrade keeps `Connection` and `Upgrade`).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// One preview as the routes answer it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -240,7 +224,7 @@ impl IntoResponse for PreviewError {
 async fn serve(
     gateway: &Arc<Gateway>,
     token: &str,
-    mut request: Request,
+    request: Request,
 ) -> Result<Response, PreviewError> {
     let (session_id, port) = gateway
         .previews
@@ -258,89 +242,18 @@ async fn serve(
         .endpoint()
         .await
         .map_err(|e| PreviewError::Unreachable(format!("the hands did not start: {e}")))?;
-    let upgrade = wants_upgrade(request.headers());
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-    let (parts, body) = request.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let mut headers = forwarded_headers(&parts.headers, upgrade);
-    headers.insert(header::HOST, HeaderValue::from_static("hands"));
-    if let Ok(token) = HeaderValue::from_str(&endpoint.token) {
-        headers.insert("x-execd-access-token", token);
-    }
-    if let Ok(nonce) = HeaderValue::from_str(&endpoint.nonce) {
-        headers.insert(warren_protocol::hands::HANDS_NONCE_HEADER, nonce);
-    }
-    let mut upstream = Request::builder()
-        .method(parts.method.clone())
-        .uri(format!("/proxy/{port}{path}"))
-        .body(body)
+    let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    let upstream_path = format!("/proxy/{port}{path}");
+    let answer = crate::hands::tunnel::forward(&endpoint, &upstream_path, request, ())
+        .await
         .map_err(|e| PreviewError::Unreachable(e.to_string()))?;
-    *upstream.headers_mut() = headers;
-    let mut answer = send_to_execd(&endpoint.url, upstream).await?;
     if answer.status() == StatusCode::BAD_GATEWAY {
         return Err(PreviewError::Unreachable(format!(
             "nothing answers at port {port} in the hands"
         )));
     }
-    if answer.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_upgrade) = client_upgrade
-    {
-        let upstream_upgrade = hyper::upgrade::on(&mut answer);
-        tokio::spawn(async move {
-            if let Ok((client, upstream)) = tokio::try_join!(client_upgrade, upstream_upgrade) {
-                let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-            }
-        });
-        let (mut parts, _) = answer.into_parts();
-        parts.headers = forwarded_headers(&parts.headers, true);
-        return Ok(Response::from_parts(parts, Body::empty()));
-    }
-    let (mut parts, body) = answer.into_parts();
-    parts.headers = forwarded_headers(&parts.headers, false);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(answer)
 }
-
-/// One request to the execd at `url` (`unix:/path` or `http://host:port`) on a connection of
-/// its own, with upgrades allowed.
-async fn send_to_execd(
-    url: &str,
-    request: Request,
-) -> Result<hyper::Response<hyper::body::Incoming>, PreviewError> {
-    let unreachable =
-        |e: &dyn std::fmt::Display| PreviewError::Unreachable(format!("the hands' execd: {e}"));
-    let io: Box<dyn Io> = match url.strip_prefix("unix:") {
-        Some(path) => Box::new(
-            tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(|e| unreachable(&e))?,
-        ),
-        None => {
-            let parsed = reqwest::Url::parse(url).map_err(|e| unreachable(&e))?;
-            let host = parsed.host_str().unwrap_or("127.0.0.1").to_owned();
-            let port = parsed.port_or_known_default().unwrap_or(80);
-            Box::new(
-                tokio::net::TcpStream::connect((host, port))
-                    .await
-                    .map_err(|e| unreachable(&e))?,
-            )
-        }
-    };
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| unreachable(&e))?;
-    tokio::spawn(async move {
-        let _ = connection.with_upgrades().await;
-    });
-    sender
-        .send_request(request)
-        .await
-        .map_err(|e| unreachable(&e))
-}
-
-/// A byte stream to an execd.
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 /// Whether the request presents a device token (bearer or `?access_token=`).
 fn carries_device_token(gateway: &Gateway, request: &Request) -> bool {
@@ -359,35 +272,6 @@ fn carries_device_token(gateway: &Gateway, request: &Request) -> bool {
         .into_iter()
         .flatten()
         .any(|token| gateway.devices.authenticate(&token).is_ok())
-}
-
-fn wants_upgrade(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    connection_upgrade && headers.contains_key(header::UPGRADE)
-}
-
-/// `headers` without hop-by-hop ones and `Host`; with `upgrade`, `Connection: upgrade` and
-/// `Upgrade` stay.
-fn forwarded_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        if HOP_BY_HOP.contains(&name.as_str()) || name == header::HOST {
-            continue;
-        }
-        kept.append(name.clone(), value.clone());
-    }
-    if upgrade {
-        if let Some(value) = headers.get(header::UPGRADE) {
-            kept.insert(header::UPGRADE, value.clone());
-        }
-        kept.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    kept
 }
 
 #[cfg(test)]

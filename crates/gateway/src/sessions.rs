@@ -329,6 +329,7 @@ pub async fn delete_session(
     gateway.model.revoke(&session.id);
     gateway.model_sockets.stop(&session.id);
     gateway.previews.revoke_session(&session.id);
+    gateway.terminals.forget(&session.id);
     session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;

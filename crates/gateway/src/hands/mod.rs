@@ -21,6 +21,7 @@ pub mod host;
 pub mod local;
 pub mod remote;
 pub mod snapshots;
+pub mod tunnel;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};

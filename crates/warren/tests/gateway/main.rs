@@ -23,3 +23,4 @@ mod sse;
 mod storage;
 mod terminals;
 mod turns;
+mod window_terminals;
