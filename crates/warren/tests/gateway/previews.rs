@@ -174,3 +174,77 @@ async fn preview_bad_input_gets_clear_errors() {
     );
     gw.stop().await;
 }
+
+/// A WebSocket through a preview: an echo server written with what the sandbox has (Python's
+/// standard library, `tests/python/ws_echo_server.py`), reached on the preview's origin.
+#[tokio::test]
+async fn a_websocket_goes_through_a_preview_into_hands_without_a_network() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let gw = TestGateway::start(|data| {
+        let mut args = args_with_shell_agent(data);
+        args.hands_isolation = IsolationMode::Bwrap;
+        args.hands_network = NetworkMode::None;
+        args
+    })
+    .await;
+    let mut chat = gw.conversation("phone-preview-ws").await;
+    assert_eq!(stop_reason(&chat.turn("echo up").await), "end_turn");
+    std::fs::copy(
+        warren_test_support::repo_root().join("tests/python/ws_echo_server.py"),
+        chat.workspace().join("ws_echo_server.py"),
+    )
+    .expect("the echo server in the workspace");
+    let seen = chat
+        .turn("setsid nohup python3 ws_echo_server.py 8766 >/dev/null 2>&1 & echo started")
+        .await;
+    assert_eq!(stop_reason(&seen), "end_turn");
+    let preview: Value = gw
+        .request(
+            reqwest::Method::POST,
+            &chat.token,
+            &format!("/sessions/{}/previews", chat.session),
+        )
+        .json(&json!({"port": 8766}))
+        .send()
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("json");
+    let url = preview["url"].as_str().expect("url");
+    // The preview's host, resolved to the gateway as a browser resolves `*.localhost`.
+    let host = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let gateway_addr = gw.url.trim_start_matches("http://").to_owned();
+    let mut socket = warren_test_support::eventually_async("the echo server accepts", || {
+        let (host, gateway_addr) = (host.clone(), gateway_addr.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&gateway_addr).await.ok()?;
+            let request = format!("ws://{host}/socket").into_client_request().ok()?;
+            let (socket, _) = tokio_tungstenite::client_async(request, tcp).await.ok()?;
+            Some(socket)
+        }
+    })
+    .await;
+    for text in ["hello", "again"] {
+        socket
+            .send(Message::Text(text.into()))
+            .await
+            .expect("sends");
+        let answer = tokio::time::timeout(crate::helpers::WAIT, socket.next())
+            .await
+            .expect("an answer in time")
+            .expect("a frame")
+            .expect("readable");
+        assert_eq!(
+            answer.into_text().expect("text").as_str(),
+            format!("echo: {text}")
+        );
+    }
+    gw.stop().await;
+}
