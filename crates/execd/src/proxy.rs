@@ -22,19 +22,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::error::ApiError;
 
-/// Headers of one connection (RFC 9110 §7.6.1), never forwarded as they are.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
 /// Why a proxied request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -100,7 +87,7 @@ async fn forward_checked(
         Ok(port) if port > 0 => port,
         _ => return Err(ProxyError::InvalidPort(port_text.to_owned())),
     };
-    let upgrade = wants_upgrade(request.headers());
+    let upgrade = warren_http::hop::wants_upgrade(request.headers());
     let path_and_query = match request.uri().query() {
         Some(query) => format!("/{rest}?{query}"),
         None => format!("/{rest}"),
@@ -162,45 +149,12 @@ async fn forward_checked(
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
-/// Whether the request asks to switch protocols (`Connection: upgrade` and an `Upgrade`).
-fn wants_upgrade(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    connection_upgrade && headers.contains_key(header::UPGRADE)
-}
-
-/// `headers` without hop-by-hop ones (those `Connection` names too), execd's credentials and
-/// `Host`; with `upgrade`, `Connection: upgrade` and `Upgrade` stay.
+/// What goes on of `headers` ([`warren_http::hop::forwardable`]) without execd's own
+/// credentials, which the app never sees.
 fn upstream_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
-    let named_by_connection: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(|token| token.trim().to_ascii_lowercase())
-        .filter(|token| token != "upgrade" && token != "keep-alive" && token != "close")
-        .collect();
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let lower = name.as_str();
-        let credential = lower.eq_ignore_ascii_case(crate::auth::ACCESS_TOKEN_HEADER)
-            || lower.eq_ignore_ascii_case(warren_protocol::hands::HANDS_NONCE_HEADER);
-        let hop = HOP_BY_HOP.contains(&lower) || named_by_connection.iter().any(|n| n == lower);
-        if credential || hop || name == header::HOST {
-            continue;
-        }
-        kept.append(name.clone(), value.clone());
-    }
-    if upgrade {
-        if let Some(value) = headers.get(header::UPGRADE) {
-            kept.insert(header::UPGRADE, value.clone());
-        }
-        kept.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
+    let mut kept = warren_http::hop::forwardable(headers, upgrade);
+    kept.remove(crate::auth::ACCESS_TOKEN_HEADER);
+    kept.remove(warren_protocol::hands::HANDS_NONCE_HEADER);
     kept
 }
 
@@ -221,13 +175,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hop_by_hop_headers_and_execd_credentials_stay_behind() {
+    fn execd_credentials_stay_behind_with_the_hop_by_hop_headers() {
         let mut headers = HeaderMap::new();
         for (name, value) in [
             ("connection", "keep-alive, x-secret-hop"),
-            ("keep-alive", "timeout=5"),
             ("x-secret-hop", "1"),
-            ("transfer-encoding", "chunked"),
             ("x-execd-access-token", "t"),
             ("x-warren-hands-nonce", "n"),
             ("host", "hands"),
@@ -243,26 +195,5 @@ mod tests {
         let mut names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
         names.sort();
         assert_eq!(names, ["accept", "cookie"]);
-    }
-
-    #[test]
-    fn an_upgrade_keeps_connection_and_upgrade() {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        headers.insert("sec-websocket-key", HeaderValue::from_static("k"));
-        assert!(wants_upgrade(&headers));
-        let kept = upstream_headers(&headers, true);
-        assert_eq!(
-            kept.get(header::UPGRADE).map(|v| v.as_bytes()),
-            Some(&b"websocket"[..])
-        );
-        assert_eq!(
-            kept.get(header::CONNECTION).map(|v| v.as_bytes()),
-            Some(&b"upgrade"[..])
-        );
-        assert!(kept.contains_key("sec-websocket-key"));
-        headers.remove(header::UPGRADE);
-        assert!(!wants_upgrade(&headers), "no Upgrade header, no upgrade");
     }
 }

@@ -8,6 +8,7 @@
 //! and a connection limit, none of which `axum::serve` has. This crate knows no routes and no feature errors: each server keeps
 //! its own error enum and the one place that picks its codes.
 
+pub mod hop;
 pub mod request;
 pub mod serve;
 

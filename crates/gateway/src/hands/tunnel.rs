@@ -7,24 +7,11 @@
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
 
 use super::HandsEndpoint;
-
-/// Headers of one connection, not forwarded (an upgrade keeps `Connection` and `Upgrade`).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// The hands' execd could not be reached or did not speak HTTP.
 #[derive(Debug, thiserror::Error)]
@@ -40,10 +27,10 @@ pub async fn forward(
     mut request: Request,
     keep: impl Send + 'static,
 ) -> Result<Response, TunnelError> {
-    let upgrade = wants_upgrade(request.headers());
+    let upgrade = warren_http::hop::wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
-    let mut headers = forwarded_headers(&parts.headers, upgrade);
+    let mut headers = warren_http::hop::forwardable(&parts.headers, upgrade);
     headers.insert(header::HOST, HeaderValue::from_static("hands"));
     if let Ok(token) = HeaderValue::from_str(&endpoint.token) {
         headers.insert("x-execd-access-token", token);
@@ -70,11 +57,11 @@ pub async fn forward(
             }
         });
         let (mut parts, _) = answer.into_parts();
-        parts.headers = forwarded_headers(&parts.headers, true);
+        parts.headers = warren_http::hop::forwardable(&parts.headers, true);
         return Ok(Response::from_parts(parts, Body::empty()));
     }
     let (mut parts, body) = answer.into_parts();
-    parts.headers = forwarded_headers(&parts.headers, false);
+    parts.headers = warren_http::hop::forwardable(&parts.headers, false);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
@@ -114,32 +101,3 @@ async fn send(
 /// A byte stream to an execd.
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
-
-fn wants_upgrade(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    connection_upgrade && headers.contains_key(header::UPGRADE)
-}
-
-/// `headers` without hop-by-hop ones and `Host`; with `upgrade`, `Connection: upgrade` and
-/// `Upgrade` stay.
-fn forwarded_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        if HOP_BY_HOP.contains(&name.as_str()) || name == header::HOST {
-            continue;
-        }
-        kept.append(name.clone(), value.clone());
-    }
-    if upgrade {
-        if let Some(value) = headers.get(header::UPGRADE) {
-            kept.insert(header::UPGRADE, value.clone());
-        }
-        kept.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    kept
-}

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use axum::body::{Body, HttpBody};
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::Stream;
@@ -25,21 +25,6 @@ use super::provider::{CREDENTIAL_HEADERS, Call, Provider, ProxyRefusal, query_wi
 use super::usage::{Framing, UsageParser};
 use crate::Gateway;
 use crate::session::Session;
-
-/// Headers that belong to one connection, not to the request or answer (RFC 9110 §7.6.1),
-/// the proxy credentials of one hop, and `host`, which reqwest sets for the upstream.
-const HOP_BY_HOP: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "proxy-connection",
-    "proxy-authorization",
-    "proxy-authenticate",
-];
 
 pub async fn forward(gateway: &Gateway, request: Request) -> Response {
     let started = Instant::now();
@@ -117,7 +102,7 @@ pub async fn forward(gateway: &Gateway, request: Request) -> Response {
         url.push('?');
         url.push_str(&query);
     }
-    let mut headers = without_hop_by_hop(&parts.headers);
+    let mut headers = warren_http::hop::forwardable(&parts.headers, false);
     for credential_header in &CREDENTIAL_HEADERS {
         headers.remove(credential_header);
     }
@@ -149,7 +134,7 @@ pub async fn forward(gateway: &Gateway, request: Request) -> Response {
         }
     };
     let status = answer.status();
-    let headers = without_hop_by_hop(answer.headers());
+    let headers = warren_http::hop::forwardable(answer.headers(), false);
     let framing = Framing::of_content_type(
         answer
             .headers()
@@ -187,27 +172,6 @@ fn split_path(path: &str) -> (&str, &str) {
 }
 
 /// `headers` without the hop-by-hop ones, including those the `Connection` header names.
-fn without_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .collect();
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let lower = name.as_str();
-        let hop = HOP_BY_HOP.contains(&lower)
-            || lower.starts_with("proxy-")
-            || named.iter().any(|n| n == lower);
-        if !hop {
-            kept.append(name.clone(), value.clone());
-        }
-    }
-    kept
-}
-
 /// The `usage` event of a model call the proxy answered itself (no key, over budget, upstream
 /// unreachable): no tokens, the proxy's status.
 fn record(
@@ -304,7 +268,6 @@ impl Drop for Metered {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderName;
 
     use super::*;
 
@@ -325,29 +288,5 @@ mod tests {
         for (path, expected) in cases {
             assert_eq!(split_path(path), expected, "{path}");
         }
-    }
-
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            ("connection", "keep-alive, x-private"),
-            ("keep-alive", "timeout=5"),
-            ("x-private", "1"),
-            ("proxy-authorization", "Basic x"),
-            ("transfer-encoding", "chunked"),
-            ("host", "gateway"),
-            ("te", "trailers"),
-            ("content-type", "application/json"),
-            ("anthropic-version", "2023-06-01"),
-        ] {
-            headers.append(
-                HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
-        }
-        let kept = without_hop_by_hop(&headers);
-        let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, ["content-type", "anthropic-version"]);
     }
 }

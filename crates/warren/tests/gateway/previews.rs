@@ -25,15 +25,20 @@ fn preview_client(gateway_url: &str, preview_url: &str) -> reqwest::Client {
         .expect("client")
 }
 
-#[tokio::test]
-async fn a_dev_server_in_hands_without_a_network_is_served_through_its_preview() {
-    let gw = TestGateway::start(|data| {
+/// A gateway with the shell agent and bwrap hands on `network`.
+async fn in_bwrap(network: NetworkMode) -> TestGateway {
+    TestGateway::start(|data| {
         let mut args = args_with_shell_agent(data);
         args.hands_isolation = IsolationMode::Bwrap;
-        args.hands_network = NetworkMode::None;
+        args.hands_network = network;
         args
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_dev_server_in_hands_without_a_network_is_served_through_its_preview() {
+    let gw = in_bwrap(NetworkMode::None).await;
     let mut chat = gw.conversation("phone-preview-01").await;
     let seen = chat
         .turn("echo served-from-the-hands > index.txt; setsid nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & echo started")
@@ -103,12 +108,7 @@ async fn a_dev_server_in_hands_without_a_network_is_served_through_its_preview()
 
 #[tokio::test]
 async fn preview_bad_input_gets_clear_errors() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        args
-    })
-    .await;
+    let gw = in_bwrap(NetworkMode::Host).await;
     let mut chat = gw.conversation("phone-preview-02").await;
     assert_eq!(stop_reason(&chat.turn("echo up").await), "end_turn");
     let previews = format!("/sessions/{}/previews", chat.session);
@@ -183,13 +183,7 @@ async fn a_websocket_goes_through_a_preview_into_hands_without_a_network() {
     use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        args.hands_network = NetworkMode::None;
-        args
-    })
-    .await;
+    let gw = in_bwrap(NetworkMode::None).await;
     let mut chat = gw.conversation("phone-preview-ws").await;
     assert_eq!(stop_reason(&chat.turn("echo up").await), "end_turn");
     std::fs::copy(
