@@ -89,7 +89,12 @@ impl Gateway {
     pub async fn open(mut args: GatewayArgs) -> Result<Arc<Gateway>, GatewayError> {
         std::fs::create_dir_all(&args.data)?;
         args.data = std::fs::canonicalize(&args.data)?;
-        let data_lock = store::lock_data_dir(&args.data)?;
+        let data_lock = {
+            let data = args.data.clone();
+            tokio::task::spawn_blocking(move || store::lock_data_dir(&data))
+                .await
+                .map_err(|e| GatewayError::Internal(e.to_string()))??
+        };
         let warren_bin = match &args.warren_bin {
             Some(path) => path.clone(),
             None => std::env::current_exe()?,

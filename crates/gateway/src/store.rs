@@ -182,18 +182,32 @@ pub fn lock_data_dir(data_dir: &Path) -> io::Result<File> {
         .truncate(false)
         .write(true)
         .open(data_dir.join(".lock"))?;
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(file),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(io::Error::new(
-            io::ErrorKind::WouldBlock,
-            format!(
-                "another gateway is using the data directory {}",
-                data_dir.display()
-            ),
-        )),
-        Err(e) => Err(e.into()),
+    // A gateway that just ended may leave its lock to a child between fork and exec for a
+    // moment (a forked child shares the lock until its exec closes the descriptor): a held
+    // lock is tried again for a short while before another gateway is taken to be running.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "another gateway is using the data directory {}",
+                        data_dir.display()
+                    ),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
+
+/// How long [`lock_data_dir`] waits for a lock that is held.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Now, as RFC 3339 UTC with milliseconds.
 pub fn now_rfc3339() -> String {
