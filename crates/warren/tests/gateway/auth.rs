@@ -187,24 +187,16 @@ async fn tokens_never_reach_the_data_dir_or_the_logs() {
     let data = gw.data.clone();
     let _data_dir = gw.stop().await;
 
-    let mut n_files = 0;
-    let mut stack = vec![data];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read data dir") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                n_files += 1;
-                let bytes = std::fs::read(&path).expect("read file");
-                assert!(
-                    !String::from_utf8_lossy(&bytes).contains(&token),
-                    "token found in {}",
-                    path.display()
-                );
-            }
-        }
+    let files = crate::helpers::files_under(&data);
+    for path in &files {
+        let bytes = std::fs::read(path).expect("read file");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(&token),
+            "token found in {}",
+            path.display()
+        );
     }
+    let n_files = files.len();
     assert!(n_files >= 3, "device, meta and events files were checked");
     let logged =
         String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).to_string();

@@ -486,3 +486,23 @@ impl std::io::Write for LogBuffer {
         Ok(())
     }
 }
+
+/// Every regular file beneath `dir`, links not followed (what a secret must not be in).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => stack.push(path),
+                Ok(meta) if meta.is_file() => files.push(path),
+                _ => {}
+            }
+        }
+    }
+    files
+}

@@ -432,6 +432,14 @@ async fn read_held_stream(
     text + &rest
 }
 
+/// Anthropic's token count: not a model call.
+fn count_tokens() -> Call {
+    Call {
+        provider: "anthropic",
+        path: "v1/messages/count_tokens",
+        body: json!({"model":"claude-fake-4","messages":[]}),
+    }
+}
 #[tokio::test]
 async fn each_provider_streams_through_with_the_real_key_swapped_in() {
     let upstream = FakeUpstream::start(true).await;
@@ -609,11 +617,7 @@ async fn requests_that_are_not_model_calls_pass_and_record_no_usage() {
         models.json::<Value>().await.expect("models body"),
         json!({"data": []})
     );
-    let count = Call {
-        provider: "anthropic",
-        path: "v1/messages/count_tokens",
-        body: json!({"model":"claude-fake-4","messages":[]}),
-    };
+    let count = count_tokens();
     let counted = s
         .request(&count, Some(&s.model_token))
         .send()
@@ -904,11 +908,7 @@ async fn over_budget_model_calls_get_429_and_an_error_event_without_reaching_ups
         "refused calls never reach the upstream"
     );
     // Counting tokens is not a model call: it passes.
-    let count = Call {
-        provider: "anthropic",
-        path: "v1/messages/count_tokens",
-        body: json!({"model":"claude-fake-4","messages":[]}),
-    };
+    let count = count_tokens();
     let counted = s
         .request(&count, Some(&s.model_token))
         .send()
@@ -964,23 +964,14 @@ async fn the_real_keys_reach_no_event_no_file_and_no_log() {
             assert!(!text.contains(secret), "{secret} in an event: {text}");
         }
     }
-    let mut n_files = 0;
-    let mut stack = vec![data];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read data dir") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                n_files += 1;
-                let text =
-                    String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).to_string();
-                for secret in &secrets {
-                    assert!(!text.contains(secret), "{secret} in {}", path.display());
-                }
-            }
+    let files = crate::helpers::files_under(&data);
+    for path in &files {
+        let text = String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).to_string();
+        for secret in &secrets {
+            assert!(!text.contains(secret), "{secret} in {}", path.display());
         }
     }
+    let n_files = files.len();
     assert!(n_files >= 2, "the session's files were checked");
     let logged =
         String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).to_string();

@@ -199,28 +199,13 @@ async fn run_turn_allowing(
 
 /// Every file under `dir` whose bytes contain `needle`.
 fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-            } else if meta.is_file()
-                && std::fs::read(&path)
-                    .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
-                found.push(path);
-            }
-        }
-    }
-    found
+    crate::helpers::files_under(dir)
+        .into_iter()
+        .filter(|path| {
+            std::fs::read(path)
+                .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .collect()
 }
 
 /// The whole proof for one preset: the hands' view in the tool output, the real key nowhere
