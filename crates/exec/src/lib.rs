@@ -6,6 +6,8 @@
 //! The engine knows no HTTP or MCP: servers call [`Engine`] and map [`ExecError`] to their own
 //! error shapes. Output goes through `warren-output`; spawning, /proc inspection and killing
 //! through `warren-process`. Every result carries the Codex-format text ([`render_text`]).
+//! An engine made [`Engine::with_watcher`] also hands every session's raw output to a
+//! [`Watcher`] as it is read ([`watch`]), so a person can watch and answer the agent's commands.
 //!
 //! Architecture invariant: the two waits never merge. `yield_time_ms` only decides when a call
 //! returns; only `timeout_ms`, `kill_session`, pruning and shutdown kill.
@@ -14,6 +16,7 @@ mod config;
 mod error;
 pub mod render;
 mod session;
+pub mod watch;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -31,6 +34,7 @@ use warren_protocol::terminal::{
 pub use config::EngineConfig;
 pub use error::ExecError;
 pub use render::render_text;
+pub use watch::{Feed, SessionInput, SessionKind, WatchedSession, Watcher};
 
 use session::{CallGuard, Session, SessionMeta, Spawned, WaitOutcome};
 
@@ -114,10 +118,21 @@ pub struct Engine {
     n_reserved: std::sync::atomic::AtomicUsize,
     shutting_down: std::sync::atomic::AtomicBool,
     next_log: std::sync::atomic::AtomicU64,
+    /// Hears of every session and gets its output live.
+    watcher: Option<Arc<dyn Watcher>>,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Arc<Self> {
+        Self::build(config, None)
+    }
+
+    /// An engine whose sessions are all watched by `watcher` (see [`watch`]).
+    pub fn with_watcher(config: EngineConfig, watcher: Arc<dyn Watcher>) -> Arc<Self> {
+        Self::build(config, Some(watcher))
+    }
+
+    fn build(config: EngineConfig, watcher: Option<Arc<dyn Watcher>>) -> Arc<Self> {
         let default_shell = warren_process::shell::default_shell().program;
         Arc::new(Self {
             config,
@@ -128,6 +143,7 @@ impl Engine {
             n_reserved: std::sync::atomic::AtomicUsize::new(0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             next_log: std::sync::atomic::AtomicU64::new(1),
+            watcher,
         })
     }
 
@@ -141,7 +157,7 @@ impl Engine {
         let call_start = Instant::now();
         let yield_ms = exec_yield_ms(args.yield_time_ms);
         let max_tokens = args.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
-        let (session, _call) = self.launch(&args, &[], None)?;
+        let (session, _call) = self.launch(&args, &[], None, args.cmd.clone())?;
         let deadline = call_start + Duration::from_millis(yield_ms);
         let outcome = session.wait(deadline, call_start, true).await;
         Ok(self.result_of(&session, outcome, max_tokens, call_start))
@@ -156,6 +172,7 @@ impl Engine {
         args: &ExecCommandArgs,
         extra_args: &[String],
         tail_limit: Option<usize>,
+        command_line: String,
     ) -> Result<(Arc<Session>, CallGuard), ExecError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(ExecError::ShuttingDown);
@@ -223,13 +240,14 @@ impl Engine {
         let meta = SessionMeta {
             id,
             cmd: args.cmd.clone(),
+            command_line,
             workdir: workdir.display().to_string(),
             tty,
             log_path,
             timeout: args.timeout_ms.map(Duration::from_millis),
             tail_limit,
         };
-        let session = Session::start(meta, spawned, &self.config);
+        let session = Session::start(meta, spawned, &self.config, self.watcher.as_deref());
         // The call waits on the session from the moment it is listed: it cannot be pruned.
         let call = session.begin_call();
         self.register(Arc::clone(&session), slot);
@@ -254,6 +272,11 @@ impl Engine {
             extra.extend(create.args.iter().cloned());
             ("exec \"$0\" \"$@\"".to_owned(), extra)
         };
+        let command_line = std::iter::once(&create.command)
+            .chain(&create.args)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(" ");
         let args = ExecCommandArgs {
             cmd,
             workdir: create.cwd.clone(),
@@ -261,7 +284,7 @@ impl Engine {
             env: create.env.clone(),
             ..ExecCommandArgs::default()
         };
-        let (session, _call) = self.launch(&args, &extra, Some(limit))?;
+        let (session, _call) = self.launch(&args, &extra, Some(limit), command_line)?;
         Ok(TerminalCreated {
             terminal_id: session.id.to_string(),
             pid: session.pid,
@@ -850,13 +873,15 @@ fn spawn_session(
         warren_process::Spawned::Pty(child) => {
             let pid = child.child.pid();
             let mut process = child.child;
-            let control = child.control;
+            let control = Arc::new(child.control);
+            let probe = Arc::clone(&control);
             Spawned {
                 pid,
                 tree: child.tree,
                 output: Box::new(child.reader),
                 stdin: Some(Box::new(child.writer)),
-                pending_output: Box::new(move || control.pending_output().unwrap_or(0)),
+                pending_output: Box::new(move || probe.pending_output().unwrap_or(0)),
+                control: Some(control),
                 wait: Box::pin(async move { process.wait().await }),
             }
         }
@@ -871,6 +896,7 @@ fn spawn_session(
                 output: Box::new(child.stdout),
                 stdin: child.stdin.map(|s| Box::new(s) as session::BoxedWriter),
                 pending_output: Box::new(move || rustix::io::ioctl_fionread(&probe).unwrap_or(0)),
+                control: None,
                 wait: Box::pin(async move { process.wait().await }),
             }
         }

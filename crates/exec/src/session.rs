@@ -6,7 +6,9 @@
 //! waits for the exit and then gives the reader at most `exit_drain` to reach end of file (a
 //! grandchild may hold the pipe open forever), and an optional timer kills the tree when
 //! `timeout_ms` expires. Everything calls need is in [`SessionState`] behind one mutex; changes
-//! are announced on a `watch` channel so a waiting call never misses one.
+//! are announced on a `watch` channel so a waiting call never misses one. A session of a
+//! watched engine also hands every byte the reader takes, and its exit, to its
+//! [`crate::watch::Feed`].
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,9 +19,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use warren_output::HeadTailCapture;
 use warren_process::TreeId;
+use warren_process::pty::{PtyControl, PtySize};
 use warren_protocol::exec::SessionId;
 
 use crate::config::EngineConfig;
+use crate::watch::{Feed, SessionInput, SessionKind, WatchedSession, Watcher};
 
 /// Size of one read from the command's output.
 const READ_CHUNK: usize = 64 * 1024;
@@ -121,6 +125,19 @@ pub(crate) struct Session {
     timer: Mutex<Option<tokio::task::AbortHandle>>,
     /// Calls (`exec_command`, `write_stdin`) waiting on this session right now.
     n_calls: std::sync::atomic::AtomicUsize,
+    /// The terminal of a `tty` session: resizes and finds its foreground group.
+    control: Option<Arc<PtyControl>>,
+    /// Where a watched engine's output goes.
+    feed: Option<Arc<dyn Feed>>,
+}
+
+impl Drop for Session {
+    /// The engine dropped the last reference: the watcher forgets the session too.
+    fn drop(&mut self) {
+        if let Some(feed) = &self.feed {
+            feed.removed();
+        }
+    }
 }
 
 /// Marks a call waiting on a session; pruning skips sessions with any. Dropped when the call
@@ -144,6 +161,8 @@ pub(crate) struct Spawned {
     pub output: BoxedReader,
     pub stdin: Option<BoxedWriter>,
     pub pending_output: PendingOutput,
+    /// The terminal, for a command on a PTY.
+    pub control: Option<Arc<PtyControl>>,
     /// Resolves with the exit status; must release the pid to the reaper itself.
     pub wait: std::pin::Pin<
         Box<dyn std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send>,
@@ -154,6 +173,8 @@ pub(crate) struct Spawned {
 pub(crate) struct SessionMeta {
     pub id: SessionId,
     pub cmd: String,
+    /// What a watcher shows: `cmd`, or a terminal's program and arguments.
+    pub command_line: String,
     pub workdir: String,
     pub tty: bool,
     pub log_path: PathBuf,
@@ -212,47 +233,73 @@ impl RawTail {
 }
 
 impl Session {
-    /// Wraps a spawned command and starts its reader, waiter and timer tasks.
-    pub fn start(meta: SessionMeta, spawned: Spawned, config: &EngineConfig) -> Arc<Self> {
+    /// Wraps a spawned command and starts its reader, waiter and timer tasks. With a
+    /// `watcher`, the session's feed is made before the reader runs, so it sees every byte.
+    pub fn start(
+        meta: SessionMeta,
+        spawned: Spawned,
+        config: &EngineConfig,
+        watcher: Option<&dyn Watcher>,
+    ) -> Arc<Self> {
         let now = Instant::now();
         let input_target = warren_process::procfs::fd_target(spawned.pid as i32, 0);
         let (changed, _) = watch::channel(());
         let log = open_log(&meta.log_path);
-        let session = Arc::new(Session {
-            id: meta.id,
-            cmd: meta.cmd,
-            workdir: meta.workdir,
-            tty: meta.tty,
-            pid: spawned.pid,
-            started_at: chrono::Utc::now(),
-            tree: spawned.tree,
-            input_target,
-            log_path: meta.log_path,
-            has_log: log.is_some(),
-            timeout: meta.timeout,
-            held: meta.tail_limit.is_some(),
-            state: Mutex::new(SessionState {
-                capture: HeadTailCapture::new(config.capture_bytes),
-                last_output: now,
-                last_used: now,
-                exit: None,
-                eof: false,
-                finished: false,
-                timed_out: false,
-                log_bytes: 0,
-                log_capped: false,
-                log_named: false,
-                stdin_closed: spawned.stdin.is_none(),
-                tail: meta.tail_limit.map(RawTail::new),
-            }),
-            changed,
-            stdin: tokio::sync::Mutex::new(spawned.stdin),
-            kill_grace: config.kill_grace,
-            pending_output: spawned.pending_output,
-            input_quiet: config.input_quiet,
-            reader: Mutex::new(None),
-            timer: Mutex::new(None),
-            n_calls: std::sync::atomic::AtomicUsize::new(0),
+        let started_at = chrono::Utc::now();
+        let held = meta.tail_limit.is_some();
+        let session = Arc::new_cyclic(|weak: &std::sync::Weak<Session>| {
+            let feed = watcher.map(|watcher| {
+                watcher.started(WatchedSession {
+                    id: meta.id,
+                    kind: if held {
+                        SessionKind::Terminal
+                    } else {
+                        SessionKind::Exec
+                    },
+                    command_line: meta.command_line.clone(),
+                    tty: meta.tty,
+                    started_at,
+                    input: SessionInput::new(weak.clone()),
+                })
+            });
+            Session {
+                id: meta.id,
+                cmd: meta.cmd,
+                workdir: meta.workdir,
+                tty: meta.tty,
+                pid: spawned.pid,
+                started_at,
+                tree: spawned.tree,
+                input_target,
+                log_path: meta.log_path,
+                has_log: log.is_some(),
+                timeout: meta.timeout,
+                held,
+                state: Mutex::new(SessionState {
+                    capture: HeadTailCapture::new(config.capture_bytes),
+                    last_output: now,
+                    last_used: now,
+                    exit: None,
+                    eof: false,
+                    finished: false,
+                    timed_out: false,
+                    log_bytes: 0,
+                    log_capped: false,
+                    log_named: false,
+                    stdin_closed: spawned.stdin.is_none(),
+                    tail: meta.tail_limit.map(RawTail::new),
+                }),
+                changed,
+                stdin: tokio::sync::Mutex::new(spawned.stdin),
+                kill_grace: config.kill_grace,
+                pending_output: spawned.pending_output,
+                input_quiet: config.input_quiet,
+                reader: Mutex::new(None),
+                timer: Mutex::new(None),
+                n_calls: std::sync::atomic::AtomicUsize::new(0),
+                control: spawned.control,
+                feed,
+            }
         });
 
         let reader = tokio::spawn(read_output(
@@ -422,6 +469,31 @@ impl Session {
         Ok(())
     }
 
+    /// Writes `bytes` to the command as they are (a watcher's typing; see
+    /// [`SessionInput::write`]).
+    pub async fn write_bytes(&self, bytes: &[u8]) -> std::io::Result<()> {
+        let mut stdin = self.stdin.lock().await;
+        write_all(stdin.as_mut(), bytes)
+            .await
+            .map_err(std::io::Error::other)
+    }
+
+    /// Sends `signal` to the terminal's foreground group (PTY) or the command's group (pipes).
+    pub fn signal(&self, signal: rustix::process::Signal) -> std::io::Result<()> {
+        match &self.control {
+            Some(control) => control.signal_foreground(signal),
+            None => warren_process::signal_group(self.tree.root_pid, signal),
+        }
+    }
+
+    /// Resizes the command's terminal; a no-op on pipes.
+    pub fn resize(&self, size: PtySize) -> std::io::Result<()> {
+        match &self.control {
+            Some(control) => control.resize(size),
+            None => Ok(()),
+        }
+    }
+
     /// Stops the tasks that may still run (reader held open by a grandchild, timer).
     pub fn stop_tasks(&self) {
         if let Some(timer) = lock(&self.timer).take() {
@@ -510,6 +582,9 @@ async fn read_output(
             state.log_bytes = log_bytes;
             state.log_capped |= capped;
         }
+        if let Some(feed) = &session.feed {
+            feed.output(data);
+        }
         session.announce();
     }
     session.state().eof = true;
@@ -540,6 +615,9 @@ async fn wait_for_exit(
         timer.abort();
     }
     session.state().finished = true;
+    if let Some(feed) = &session.feed {
+        feed.finished(exit.code);
+    }
     session.announce();
 }
 

@@ -1099,3 +1099,140 @@ async fn a_nul_byte_or_an_oversized_cmd_is_an_invalid_argument() {
         assert!(matches!(error, ExecError::InvalidArgument(_)), "{error:?}");
     }
 }
+
+// --- watchers -------------------------------------------------------------------------------
+
+/// Everything a watcher heard, in order: `started` commands, output bytes, exits, removals.
+#[derive(Default)]
+struct Recorder {
+    started: std::sync::Mutex<
+        Vec<(
+            u32,
+            warren_exec::SessionKind,
+            String,
+            warren_exec::SessionInput,
+        )>,
+    >,
+    output: Arc<std::sync::Mutex<Vec<u8>>>,
+    ends: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+struct RecordingFeed {
+    output: Arc<std::sync::Mutex<Vec<u8>>>,
+    ends: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl warren_exec::Watcher for Recorder {
+    fn started(&self, session: warren_exec::WatchedSession) -> Arc<dyn warren_exec::Feed> {
+        self.started.lock().expect("lock").push((
+            session.id,
+            session.kind,
+            session.command_line,
+            session.input,
+        ));
+        Arc::new(RecordingFeed {
+            output: Arc::clone(&self.output),
+            ends: Arc::clone(&self.ends),
+        })
+    }
+}
+
+impl warren_exec::Feed for RecordingFeed {
+    fn output(&self, bytes: &[u8]) {
+        self.output.lock().expect("lock").extend_from_slice(bytes);
+    }
+    fn finished(&self, exit_code: Option<i32>) {
+        let n_bytes = self.output.lock().expect("lock").len();
+        self.ends
+            .lock()
+            .expect("lock")
+            .push(format!("finished {exit_code:?} after {n_bytes} bytes"));
+    }
+    fn removed(&self) {
+        self.ends.lock().expect("lock").push("removed".into());
+    }
+}
+
+fn watched() -> (Arc<Engine>, Arc<Recorder>, tempfile::TempDir) {
+    warren_process::reaper::start().expect("become subreaper and start reaping");
+    let logs = tempfile::tempdir().expect("temp dir");
+    let config = EngineConfig {
+        log_dir: logs.path().join("logs"),
+        default_workdir: std::env::temp_dir(),
+        ..EngineConfig::default()
+    };
+    let recorder = Arc::new(Recorder::default());
+    let engine = Engine::with_watcher(config, recorder.clone());
+    (engine, recorder, logs)
+}
+
+#[tokio::test]
+async fn a_watcher_gets_every_raw_byte_then_the_exit_then_the_removal() {
+    let (engine, recorder, _logs) = watched();
+    // More than the capture and the fold keep, with a carriage return the result would clean.
+    let result = exec(
+        &engine,
+        cmd("printf 'a\\rb\\n'; head -c 3000000 /dev/zero | tr '\\0' x; exit 7"),
+    )
+    .await;
+    assert_eq!(result.exit_code, Some(7));
+    let output = recorder.output.lock().expect("lock").clone();
+    assert_eq!(output.len(), 4 + 3_000_000);
+    assert!(output.starts_with(b"a\rb\nxxx"));
+    eventually("the session's removal reaches the watcher", || {
+        recorder.ends.lock().expect("lock").len() == 2
+    })
+    .await;
+    assert_eq!(
+        *recorder.ends.lock().expect("lock"),
+        ["finished Some(7) after 3000004 bytes", "removed"]
+    );
+    let started = recorder.started.lock().expect("lock");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0].1, warren_exec::SessionKind::Exec);
+    assert!(started[0].2.starts_with("printf 'a"), "{}", started[0].2);
+}
+
+#[tokio::test]
+async fn a_watchers_input_reaches_the_command_the_agent_waits_on() {
+    let (engine, recorder, _logs) = watched();
+    let create = warren_protocol::terminal::TerminalCreate {
+        command: "bash".into(),
+        args: vec!["-c".into(), "read n; echo \"hello $n\"".into()],
+        ..Default::default()
+    };
+    let created = engine.start_terminal(create).expect("terminal");
+    let input = {
+        let started = recorder.started.lock().expect("lock");
+        assert_eq!(started[0].1, warren_exec::SessionKind::Terminal);
+        assert_eq!(started[0].2, "bash -c read n; echo \"hello $n\"");
+        started[0].3.clone()
+    };
+    input.write(b"warren\n").await.expect("typed");
+    let output = within(
+        "the terminal's exit",
+        engine.terminal_output(&created.terminal_id, Duration::from_secs(20)),
+    )
+    .await
+    .expect("output");
+    assert_eq!(output.output, "hello warren\n");
+    engine
+        .release_terminal(&created.terminal_id)
+        .await
+        .expect("released");
+    eventually("the released terminal's input is gone", || {
+        recorder
+            .ends
+            .lock()
+            .expect("lock")
+            .last()
+            .map(String::as_str)
+            == Some("removed")
+    })
+    .await;
+    let gone = input
+        .write(b"late\n")
+        .await
+        .expect_err("the command is gone");
+    assert_eq!(gone.kind(), std::io::ErrorKind::NotFound);
+}

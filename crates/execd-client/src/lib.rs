@@ -1,5 +1,6 @@
 //! A typed client of `warren execd`'s Warren routes, on `warren-protocol` types: the exec tools
-//! (`/v1/exec`), the agent's terminals (`/v1/terminals`), files (`/v1/files`), the hands'
+//! (`/v1/exec`), the agent's terminals (`/v1/terminals`), files (`/v1/files*`, in [`files`]:
+//! downloads with ranges, uploads, listings, moves, removal, the change feed), the hands'
 //! identity and workspace snapshots (`/v1/hands/identity`, `/v1/workspace/*`), the PTY sessions
 //! (`/pty`, in [`pty`]) and `/ping`, over
 //! TCP (`http://host:port`) or a Unix socket (`unix:/path`). The gateway (hands),
@@ -11,6 +12,7 @@
 //! the hands nonce, and an execd that is another sandbox answers `HANDS_IDENTITY_MISMATCH`. The
 //! OpenSandbox routes are deliberately absent: they are for third-party SDKs.
 
+mod files;
 mod pty;
 
 use std::path::PathBuf;
@@ -26,6 +28,7 @@ use warren_protocol::exec::{
 use warren_protocol::hands::{HANDS_NONCE_HEADER, HandsIdentity, RestoreResult};
 use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, TerminalOutput};
 
+pub use files::{Download, Uploaded};
 pub use pty::PtySocket;
 
 /// The header execd reads its access token from.
@@ -218,13 +221,7 @@ impl ExecdClient {
             )
             .query(&[("tree", tree.name())]);
         let response = self.checked(request).await?;
-        let url = self.base_url.clone();
-        Ok(response
-            .bytes_stream()
-            .map_err(move |e| ClientError::Unreachable {
-                url: url.clone(),
-                detail: format!("snapshot stream broken: {}", error_chain(&e)),
-            }))
+        Ok(self.body_chunks(response, "snapshot"))
     }
 
     /// `POST /v1/workspace/restore`: unpacks `body` (a snapshot) into the execd's empty
@@ -335,17 +332,16 @@ impl ExecdClient {
         response.bytes().await.map_err(|e| self.unreachable(&e))
     }
 
-    /// `PUT /v1/files?path=P`: replaces the file atomically.
+    /// `PUT /v1/files?path=P`: replaces the file atomically ([`ExecdClient::upload`] with the
+    /// overall timeout, for contents at hand).
     pub async fn write_file(
         &self,
         path: &str,
         content: impl Into<reqwest::Body>,
     ) -> Result<(), ClientError> {
-        let request = self
-            .request(reqwest::Method::PUT, "/v1/files")
-            .query(&[("path", path)])
-            .body(content);
-        self.send_empty(request).await
+        self.upload_on(&self.http, path, content.into())
+            .await
+            .map(drop)
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -368,6 +364,22 @@ impl ExecdClient {
         request
     }
 
+    /// `response`'s body chunk by chunk; a body cut midway ends with an error item that says
+    /// which (`what`) stream broke.
+    fn body_chunks(
+        &self,
+        response: reqwest::Response,
+        what: &'static str,
+    ) -> impl Stream<Item = Result<bytes::Bytes, ClientError>> + Send + 'static {
+        let url = self.base_url.clone();
+        response
+            .bytes_stream()
+            .map_err(move |e| ClientError::Unreachable {
+                url: url.clone(),
+                detail: format!("{what} stream broken: {}", error_chain(&e)),
+            })
+    }
+
     fn unreachable(&self, error: &dyn std::error::Error) -> ClientError {
         ClientError::Unreachable {
             url: self.base_url.clone(),
@@ -381,6 +393,11 @@ impl ExecdClient {
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        self.check(response).await
+    }
+
+    /// A 2xx `response` as it is; anything else becomes the error it says.
+    async fn check(&self, response: reqwest::Response) -> Result<reqwest::Response, ClientError> {
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -412,6 +429,14 @@ impl ExecdClient {
         request: reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
         let response = self.checked(request).await?;
+        self.read_json(response).await
+    }
+
+    /// The JSON body of a 2xx `response`.
+    async fn read_json<T: DeserializeOwned>(
+        &self,
+        response: reqwest::Response,
+    ) -> Result<T, ClientError> {
         let status = response.status();
         let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
         serde_json::from_slice(&body).map_err(|e| ClientError::Unreachable {

@@ -1,6 +1,8 @@
 //! The PTY session routes (`/pty`, pty-sessions.md): create, delete, and the session's
-//! WebSocket, over the same TCP or Unix socket as the other routes. The gateway runs agents in
-//! the hands on pipe-mode sessions and proxies the person's terminals through them.
+//! WebSocket, over the same TCP or Unix socket as the other routes, and the list of agent
+//! terminals (`/v1/agent-terminals`), the engine's commands served with the same protocol. The
+//! gateway runs agents in the hands on pipe-mode sessions and proxies the person's terminals
+//! (shells and agent terminals alike) through them.
 
 use std::path::PathBuf;
 
@@ -10,6 +12,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::either::Either;
 use warren_protocol::hands::HANDS_NONCE_HEADER;
 use warren_protocol::pty::{CreatePtyRequest, CreatePtyResponse, PtyStatus};
+use warren_protocol::terminal::AgentTerminalList;
 
 use crate::{ACCESS_TOKEN_HEADER, ClientError, ExecdClient};
 
@@ -36,6 +39,12 @@ impl ExecdClient {
     pub async fn delete_pty(&self, id: &str) -> Result<(), ClientError> {
         let request = self.request(reqwest::Method::DELETE, &format!("/pty/{id}"));
         self.send_empty(request).await
+    }
+
+    /// `GET /v1/agent-terminals`: the agent's commands a person can watch, oldest first.
+    pub async fn agent_terminals(&self) -> Result<AgentTerminalList, ClientError> {
+        let request = self.request(reqwest::Method::GET, "/v1/agent-terminals");
+        self.send(request).await
     }
 
     /// `GET /pty/{id}/ws?{query}` as a WebSocket (`query` as pty-sessions.md names it, e.g.

@@ -90,8 +90,11 @@ impl ApiError {
             }
             ApiError::Pty(error) => match error {
                 PtyError::NotFound(_) => (S::NOT_FOUND, "CONTEXT_NOT_FOUND"),
+                PtyError::UnknownAgentTerminal(_) => (S::NOT_FOUND, "TERMINAL_NOT_FOUND"),
                 PtyError::InvalidBody(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
-                PtyError::AlreadyConnected(_) => (S::CONFLICT, "ALREADY_CONNECTED"),
+                PtyError::AlreadyConnected(_) | PtyError::AgentHolds(_) => {
+                    (S::CONFLICT, "ALREADY_CONNECTED")
+                }
                 PtyError::ViewerRequiresRunningSession(_) => {
                     (S::CONFLICT, "VIEWER_REQUIRES_RUNNING_SESSION")
                 }
@@ -135,7 +138,13 @@ impl ApiError {
                 FilesError::InvalidPath(_) => (S::BAD_REQUEST, "INVALID_PATH"),
                 FilesError::NotFound(_) => (S::NOT_FOUND, "FILE_NOT_FOUND"),
                 FilesError::Escape(_) => (S::FORBIDDEN, "PATH_ESCAPE"),
-                FilesError::NotRegular(_) => (S::BAD_REQUEST, "NOT_REGULAR_FILE"),
+                FilesError::NotRegular(_) => (S::FORBIDDEN, "NOT_REGULAR_FILE"),
+                FilesError::Exists(_) => (S::CONFLICT, "FILE_EXISTS"),
+                FilesError::DirNotEmpty(_) => (S::CONFLICT, "DIR_NOT_EMPTY"),
+                FilesError::RangeNotSatisfiable(_) => {
+                    (S::RANGE_NOT_SATISFIABLE, "RANGE_NOT_SATISFIABLE")
+                }
+                FilesError::WatchUnavailable(_) => (S::SERVICE_UNAVAILABLE, "WATCH_UNAVAILABLE"),
                 FilesError::Path(error) => path_status_and_code(error),
                 FilesError::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::StorageFull =>
@@ -236,8 +245,9 @@ impl IntoResponse for ApiError {
         };
         let mut response = warren_http::error_response(status, code, message);
         // A 416 says how large the file is, so a client can ask for a range that exists.
-        if let ApiError::Compat(CompatError::RangeNotSatisfiable(size)) = &self
-            && let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}"))
+        if let ApiError::Compat(CompatError::RangeNotSatisfiable(size))
+        | ApiError::Files(FilesError::RangeNotSatisfiable(size)) = &self
+            && let Ok(value) = HeaderValue::from_str(&warren_http::range::unsatisfied_range(*size))
         {
             response.headers_mut().insert(header::CONTENT_RANGE, value);
         }

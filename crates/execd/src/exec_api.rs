@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::{delete, post};
-use warren_exec::{Engine, EngineConfig};
+use warren_exec::{Engine, EngineConfig, Watcher};
 use warren_protocol::exec::{ExecCommandArgs, ExecResult, SessionId, SessionList, WriteStdinBody};
 
 use crate::Config;
@@ -24,16 +24,16 @@ pub struct ExecState {
 }
 
 impl ExecState {
-    /// An engine whose default working directory is `--root` and which passes the
-    /// `--pass-env` variables through the secret filter.
-    pub fn new(config: &Config) -> Self {
+    /// An engine whose default working directory is `--root`, which passes the `--pass-env`
+    /// variables through the secret filter and shows every command to `watcher`.
+    pub fn new(config: &Config, watcher: Arc<dyn Watcher>) -> Self {
         let engine_config = EngineConfig {
             default_workdir: config.root.clone(),
             pass_env: config.pass_env.clone(),
             ..EngineConfig::default()
         };
         Self {
-            engine: Engine::new(engine_config),
+            engine: Engine::with_watcher(engine_config, watcher),
         }
     }
 

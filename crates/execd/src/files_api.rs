@@ -1,35 +1,60 @@
-//! Warren's own file routes, which the gateway uses for the agent's `fs/read_text_file` and
-//! `fs/write_text_file`: `GET /v1/files?path=P` answers the file's bytes, `PUT /v1/files?path=P`
-//! streams the body into a temporary file beside the target, fsyncs it and renames it into
-//! place (creating missing parent directories), so a reader never sees half a file.
+//! Warren's own file routes: the agent's `fs/read_text_file` and `fs/write_text_file` and the
+//! gateway's file browser (docs/exec-tools.md, "Files").
+//!
+//! - `GET /v1/files?path=P`: the file's bytes, or one byte range of them (`Range`, 206/416).
+//!   The file is opened once through the confined walk and its size taken from that descriptor,
+//!   so a file swapped for a symlink midway can never make it read anything else.
+//! - `PUT /v1/files?path=P`: streams the body into a temporary file beside the target, fsyncs
+//!   it and renames it into place (creating missing parent directories), so a reader never sees
+//!   half a file; a body that breaks off leaves the target as it was and no temporary file.
+//! - `GET /v1/files/list?path=P&depth=N`, `POST /v1/files/dir?path=P` (`mkdir -p`),
+//!   `POST /v1/files/move`, `DELETE /v1/files?path=P&recursive=B`.
+//! - `GET /v1/files/watch`: the change feed, in [`watch`].
 //!
 //! Paths are absolute or relative to `--root`, and confined beneath it by the same walk as the
 //! OpenSandbox file routes (`opensandbox::resolve`: no `..`, symlink or swap leads out, FIFOs
-//! and devices are never opened). Errors are [`FilesError`]; `crate::error` maps them.
+//! and devices are never opened); listings and recursive removal never follow a symlink. The
+//! filesystem work both APIs share is `opensandbox::confined`. Errors are [`FilesError`];
+//! `crate::error` maps them.
 
-use std::ffi::OsString;
+mod watch;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
+use cap_std::fs::{Dir, MetadataExt};
 use futures_util::TryStreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+use warren_http::range::{RangeAnswer, parse_range};
+use warren_protocol::files::{FileEntry, FileKind, FileList, FileWritten, MoveRequest};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Json};
+use crate::opensandbox::confined::{self, MoveError, MoveRefusal, Seen, TempFile, enough_when};
 use crate::opensandbox::resolve::{self, Part, Refusal, Root, Want};
-use crate::opensandbox::{PathError, path_error};
+use crate::opensandbox::{PathError, is_escape, path_error};
 
-/// The file routes' state: the canonical root.
+/// Longest path a request may name, in bytes (Linux's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Most levels `GET /v1/files/list` descends.
+pub const MAX_LIST_DEPTH: u32 = 5;
+
+/// The file routes' state: the canonical root, and the end of every change feed.
 #[derive(Clone)]
 pub struct FilesApi {
     root: Arc<PathBuf>,
+    /// Cancelled when the daemon stops: ends the open watches, which graceful shutdown would
+    /// otherwise wait for forever.
+    stopping: CancellationToken,
 }
 
 /// Why a file request failed.
@@ -43,6 +68,15 @@ pub enum FilesError {
     Escape(String),
     #[error("{0} is not a regular file")]
     NotRegular(String),
+    #[error("{0}")]
+    Exists(String),
+    #[error("directory {0} is not empty")]
+    DirNotEmpty(String),
+    #[error("requested range not satisfiable for a file of {0} bytes")]
+    RangeNotSatisfiable(u64),
+    /// The change feed cannot be set up (the inotify limits, the root `/`).
+    #[error("{0}")]
+    WatchUnavailable(String),
     /// A path the OS refuses for a reason the client can fix (a name too long, a file where a
     /// directory should be, no permission): the same codes as the OpenSandbox file routes.
     #[error(transparent)]
@@ -55,21 +89,64 @@ pub enum FilesError {
     },
 }
 
+/// A path from a request: as the client wrote it (for messages and answers) and as parts below
+/// the root.
+struct Target {
+    shown: String,
+    parts: Vec<Part>,
+}
+
+impl Target {
+    /// The path root-relative, `/`-separated, `.` and `..` applied lexically (`""`: the root).
+    fn relative(&self) -> String {
+        let mut names = Vec::new();
+        for part in &self.parts {
+            match part {
+                Part::Name(name) => names.push(name.to_string_lossy()),
+                Part::Parent => {
+                    names.pop();
+                }
+            }
+        }
+        names.join("/")
+    }
+}
+
 impl FilesApi {
     pub fn new(root: &Path) -> Self {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         Self {
             root: Arc::new(root),
+            stopping: CancellationToken::new(),
         }
     }
 
-    /// The parts of `raw` below the root: absolute paths must lie under it, relative ones are
-    /// taken from it.
-    fn parts(&self, raw: &str) -> Result<Vec<Part>, FilesError> {
-        if raw.is_empty() || raw.contains('\0') {
+    /// Ends every open change feed (called when the daemon shuts down).
+    pub fn stop_watches(&self) {
+        self.stopping.cancel();
+    }
+
+    /// `raw` below the root: absolute paths must lie under it, relative ones are taken from it.
+    /// Empty is refused (a file or entry is needed).
+    fn target(&self, raw: &str) -> Result<Target, FilesError> {
+        if raw.is_empty() {
+            return Err(FilesError::InvalidPath("path must not be empty".into()));
+        }
+        self.dir_target(raw)
+    }
+
+    /// [`FilesApi::target`] where `""` means the root, as `.` does.
+    fn dir_target(&self, raw: &str) -> Result<Target, FilesError> {
+        if raw.contains('\0') {
             return Err(FilesError::InvalidPath(
-                "path must be non-empty and free of NUL bytes".into(),
+                "path must be free of NUL bytes".into(),
             ));
+        }
+        if raw.len() > MAX_PATH_BYTES {
+            return Err(FilesError::InvalidPath(format!(
+                "path is {} bytes long, more than the {MAX_PATH_BYTES} allowed",
+                raw.len()
+            )));
         }
         let path = Path::new(raw);
         let absolute = if path.is_absolute() {
@@ -77,20 +154,38 @@ impl FilesApi {
         } else {
             self.root.join(path)
         };
-        resolve::parts_beneath(&self.root, &absolute).ok_or_else(|| FilesError::Escape(raw.into()))
+        let parts = resolve::parts_beneath(&self.root, &absolute)
+            .ok_or_else(|| FilesError::Escape(raw.into()))?;
+        Ok(Target {
+            shown: raw.to_owned(),
+            parts,
+        })
     }
 
-    fn open_root(&self) -> Result<Root, FilesError> {
-        Root::new(&self.root).map_err(|source| FilesError::Io {
-            path: self.root.display().to_string(),
-            source,
+    /// Runs `work` with an open root on the blocking pool.
+    async fn with_root<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Root) -> Result<T, FilesError> + Send + 'static,
+    ) -> Result<T, FilesError> {
+        let root_path = Arc::clone(&self.root);
+        blocking(move || {
+            let root = Root::new(&root_path).map_err(|source| FilesError::Io {
+                path: root_path.display().to_string(),
+                source,
+            })?;
+            work(&root)
         })
+        .await
     }
 }
 
 pub fn routes(state: FilesApi) -> Router {
     Router::new()
-        .route("/v1/files", get(read).put(write))
+        .route("/v1/files", get(read).put(write).delete(remove))
+        .route("/v1/files/list", get(list))
+        .route("/v1/files/dir", post(make_dir))
+        .route("/v1/files/move", post(rename))
+        .route("/v1/files/watch", get(watch::watch))
         .with_state(state)
 }
 
@@ -99,25 +194,40 @@ struct PathQuery {
     path: String,
 }
 
-fn path_query(
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<String, ApiError> {
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    path: String,
+    depth: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DeleteQuery {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+/// A query that does not fit the route is the crate's usual 400.
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     query
-        .map(|Query(q)| q.path)
-        .map_err(|e| ApiError::from(warren_http::RequestError::InvalidQuery(e.body_text())))
+        .map(|Query(q)| q)
+        .map_err(|e| warren_http::RequestError::InvalidQuery(e.body_text()).into())
 }
 
 fn fs_error(shown: &str, err: io::Error) -> FilesError {
+    if is_escape(&err) {
+        return FilesError::Escape(shown.into());
+    }
     match resolve::refusal(&err) {
-        Some(Refusal::Escape) => return FilesError::Escape(shown.into()),
         Some(Refusal::NotRegular) => return FilesError::NotRegular(shown.into()),
         Some(Refusal::NotDirectory) => {
-            return PathError::NotADirectory(format!(
-                "{shown}: a component of it is not a directory"
-            ))
-            .into();
+            return PathError::NotADirectory(format!("{shown} is not a directory")).into();
         }
-        Some(Refusal::Loop) | None => {}
+        Some(Refusal::Loop) => {
+            return FilesError::InvalidPath(format!("{shown}: too many levels of symbolic links"));
+        }
+        Some(Refusal::Escape) | None => {}
     }
     if let Some(path_error) = path_error(shown, &err) {
         return path_error.into();
@@ -145,101 +255,264 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
-/// `GET /v1/files?path=P`: the file's bytes.
+/// `GET /v1/files?path=P`: the file's bytes; with `Range: bytes=a-b`, those (206), or 416 with
+/// `Content-Range: bytes */size` when none of the file is named. An invalid Range, or several
+/// ranges, is ignored (200 with the whole file).
 async fn read(
     State(files): State<FilesApi>,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+    query_result: Result<Query<PathQuery>, QueryRejection>,
+    request_headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let raw = path_query(query)?;
-    let parts = files.parts(&raw)?;
-    let shown = raw.clone();
-    let (fd, len) = blocking(move || {
-        let root = files.open_root()?;
-        let (fd, _) = root
-            .open(&parts, Want::File)
-            .map_err(|e| fs_error(&shown, e))?;
-        let file = std::fs::File::from(fd);
-        let len = file.metadata().map_err(|e| fs_error(&shown, e))?.len();
-        Ok((file, len))
-    })
-    .await?;
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(fd));
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
-            (header::CONTENT_LENGTH, len.to_string()),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    let PathQuery { path } = query(query_result)?;
+    let target = files.target(&path)?;
+    let (file, size) = files
+        .with_root(move |root| {
+            let (fd, _) = root
+                .open(&target.parts, Want::File)
+                .map_err(|e| fs_error(&target.shown, e))?;
+            let file = std::fs::File::from(fd);
+            let size = file
+                .metadata()
+                .map_err(|e| fs_error(&target.shown, e))?
+                .len();
+            Ok((file, size))
+        })
+        .await?;
+    let range = warren_http::range::range_header(&request_headers)
+        .map_or(RangeAnswer::Whole, |header| parse_range(&header, size));
+    let part = match range {
+        RangeAnswer::Whole => None,
+        RangeAnswer::Part { start, end } => Some((start, end)),
+        RangeAnswer::Unsatisfiable => return Err(FilesError::RangeNotSatisfiable(size).into()),
+    };
+    let (status, mut headers, body) = confined::file_download(file, size, part)
+        .await
+        .map_err(|e| fs_error(&path, e))?;
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    Ok((status, headers, body).into_response())
 }
 
-/// `PUT /v1/files?path=P`: replaces (or creates) the file with the body, atomically.
+/// `PUT /v1/files?path=P`: replaces (200) or creates (201) the file with the body, atomically;
+/// answers [`FileWritten`].
 async fn write(
     State(files): State<FilesApi>,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+    query_result: Result<Query<PathQuery>, QueryRejection>,
     body: Body,
-) -> Result<StatusCode, ApiError> {
-    let raw = path_query(query)?;
-    let parts = files.parts(&raw)?;
-    let Some((Part::Name(name), parent)) = parts.split_last().map(|(l, p)| (l.clone(), p.to_vec()))
-    else {
-        return Err(FilesError::InvalidPath(format!("{raw} names no file")).into());
+) -> Result<Response, ApiError> {
+    let PathQuery { path } = query(query_result)?;
+    let target = files.target(&path)?;
+    let Some(Part::Name(_)) = target.parts.last() else {
+        return Err(FilesError::InvalidPath(format!("{path} names no file")).into());
     };
-    let shown = raw.clone();
-    let (dir, temp, file) = blocking(move || {
-        let root = files.open_root()?;
-        root.create_dirs(&parent).map_err(|e| fs_error(&shown, e))?;
-        let mut all = parent;
-        all.push(Part::Name(name));
-        let entry = root.locate(&all).map_err(|e| fs_error(&shown, e))?;
-        match entry.lstat() {
-            Ok(meta) if !meta.is_file() && !meta.is_symlink() => {
-                return Err(FilesError::NotRegular(shown));
-            }
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(fs_error(&shown, e)),
-            _ => {}
-        }
-        let temp = OsString::from(format!(
-            ".{}.warren-{}",
-            entry.name.to_string_lossy(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        let mut options = cap_std::fs::OpenOptions::new();
-        cap_fs_ext::OpenOptionsExt::mode(&mut options, 0o644);
-        options.write(true).create_new(true);
-        let file = entry
-            .dir
-            .open_with(&temp, &options)
-            .map_err(|e| fs_error(&shown, e))?;
-        Ok(((entry.dir, entry.name), temp, file))
-    })
-    .await?;
+    let (entry, temp, file, existed) = files
+        .with_root(move |root| {
+            let shown = &target.shown;
+            let parent = &target.parts[..target.parts.len() - 1];
+            root.create_dirs(parent).map_err(|e| fs_error(shown, e))?;
+            let entry = root.locate(&target.parts).map_err(|e| fs_error(shown, e))?;
+            let existed = match entry.lstat() {
+                Ok(meta) if !meta.is_file() && !meta.is_symlink() => {
+                    return Err(FilesError::NotRegular(shown.clone()));
+                }
+                Ok(_) => true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                Err(e) => return Err(fs_error(shown, e)),
+            };
+            let (temp, file) = TempFile::create_beside(&entry).map_err(|e| fs_error(shown, e))?;
+            Ok((entry, temp, file, existed))
+        })
+        .await?;
+    // From here on, any way out (an error, or this future dropped because the client hung up)
+    // drops `temp`, which removes the temporary file; only the rename below keeps it.
     let mut writer = tokio::fs::File::from_std(file.into_std());
-    let copied = async {
-        let mut stream = body.into_data_stream();
-        while let Some(chunk) = stream.try_next().await.map_err(io::Error::other)? {
-            writer.write_all(&chunk).await?;
-        }
-        writer.flush().await
+    let mut stream = body.into_data_stream();
+    let mut size = 0u64;
+    while let Some(chunk) = stream
+        .try_next()
+        .await
+        .map_err(|e| warren_http::body_read_error(&e))?
+    {
+        writer
+            .write_all(&chunk)
+            .await
+            .map_err(|e| fs_error(&path, e))?;
+        size += chunk.len() as u64;
     }
-    .await;
+    writer.flush().await.map_err(|e| fs_error(&path, e))?;
     let file = writer.into_std().await;
-    let shown = raw.clone();
+    let shown = path.clone();
     blocking(move || {
-        let (dir, name) = dir;
-        let finish = || -> io::Result<()> {
-            copied?;
-            file.sync_all()?;
-            dir.rename(&temp, &dir, &name)
-        };
-        let result = finish();
-        if result.is_err() {
-            let _ = dir.remove_file(&temp);
-        }
-        result.map_err(|e| fs_error(&shown, e))
+        file.sync_all().map_err(|e| fs_error(&shown, e))?;
+        temp.persist(&entry).map_err(|e| fs_error(&shown, e))
     })
     .await?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, axum::Json(FileWritten { path, size })).into_response())
+}
+
+/// `GET /v1/files/list?path=P&depth=N`: the entries below a directory, `depth` levels deep
+/// (1 to [`MAX_LIST_DEPTH`]), sorted by path, symlinks described and never followed.
+async fn list(
+    State(files): State<FilesApi>,
+    query_result: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<axum::Json<FileList>, ApiError> {
+    let ListQuery { path, depth } = query(query_result)?;
+    let depth = depth.unwrap_or(1);
+    if !(1..=MAX_LIST_DEPTH).contains(&depth) {
+        return Err(warren_http::RequestError::InvalidQuery(format!(
+            "depth must be 1 to {MAX_LIST_DEPTH}, not {depth}"
+        ))
+        .into());
+    }
+    let target = files.dir_target(&path)?;
+    let listed = files
+        .with_root(move |root| {
+            let (fd, _) = root
+                .open(&target.parts, Want::Dir)
+                .map_err(|e| fs_error(&target.shown, e))?;
+            let relative = target.relative();
+            let mut entries = Vec::new();
+            let gaps = confined::walk(&Dir::from(fd), &relative, depth as usize, &mut |seen| {
+                entries.push(file_entry(seen));
+                enough_when(entries.len())
+            })
+            .map_err(|e| fs_error(&target.shown, e))?;
+            entries.sort_by(|a: &FileEntry, b| a.path.cmp(&b.path));
+            Ok(FileList {
+                path: relative,
+                entries,
+                truncated: gaps.truncated,
+            })
+        })
+        .await?;
+    Ok(axum::Json(listed))
+}
+
+/// One listed entry (a symlink described, its target read but not followed).
+fn file_entry(seen: Seen<'_>) -> FileEntry {
+    let meta = seen.meta;
+    let kind = confined::file_kind(meta);
+    let target = (kind == FileKind::Symlink)
+        .then(|| confined::link_target(seen.dir, seen.name).ok())
+        .flatten()
+        .map(|target| target.to_string_lossy().into_owned());
+    let modified_at = chrono::DateTime::from_timestamp(meta.mtime(), meta.mtime_nsec() as u32)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    FileEntry {
+        name: seen.name.to_string_lossy().into_owned(),
+        path: seen.path,
+        kind,
+        size: meta.len(),
+        mode: meta.mode() & 0o7777,
+        modified_at,
+        target,
+    }
+}
+
+/// `POST /v1/files/dir?path=P`: `mkdir -p` (201, also when the directory was there already).
+async fn make_dir(
+    State(files): State<FilesApi>,
+    query_result: Result<Query<PathQuery>, QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let PathQuery { path } = query(query_result)?;
+    let target = files.target(&path)?;
+    files
+        .with_root(move |root| {
+            let Err(err) = root.create_dirs(&target.parts) else {
+                return Ok(());
+            };
+            // The last entry exists and is something else than a directory (or a link to one).
+            let in_the_way = err.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+                && root
+                    .locate(&target.parts)
+                    .and_then(|entry| entry.lstat())
+                    .is_ok_and(|meta| !meta.is_dir());
+            if in_the_way {
+                return Err(FilesError::Exists(format!(
+                    "{} exists and is not a directory",
+                    target.shown
+                )));
+            }
+            Err(fs_error(&target.shown, err))
+        })
+        .await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// `POST /v1/files/move`: renames `from` to `to` (an empty 200), creating `to`'s parents.
+async fn rename(
+    State(files): State<FilesApi>,
+    Json(request): Json<MoveRequest>,
+) -> Result<StatusCode, ApiError> {
+    let from = files.target(&request.from)?;
+    let to = files.target(&request.to)?;
+    files
+        .with_root(move |root| {
+            confined::move_entry(root, &from.parts, &to.parts, request.overwrite).map_err(|error| {
+                match error {
+                    MoveError::Refused(MoveRefusal::Exists) => {
+                        FilesError::Exists(MoveRefusal::Exists.message(&from.shown, &to.shown))
+                    }
+                    MoveError::Refused(refusal) => {
+                        FilesError::InvalidPath(refusal.message(&from.shown, &to.shown))
+                    }
+                    MoveError::From(e) => fs_error(&from.shown, e),
+                    MoveError::To(e) if confined::is_not_empty(&e) => {
+                        FilesError::DirNotEmpty(to.shown.clone())
+                    }
+                    MoveError::To(e)
+                        if e.raw_os_error() == Some(rustix::io::Errno::ISDIR.raw_os_error()) =>
+                    {
+                        FilesError::Exists(format!("{} is a directory", to.shown))
+                    }
+                    MoveError::To(e) => fs_error(&to.shown, e),
+                }
+            })
+        })
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+/// `DELETE /v1/files?path=P&recursive=B`: removes a file, a symlink (never what it points to)
+/// or an empty directory; with `recursive=true` a directory and everything below it, links
+/// removed, not followed (204).
+async fn remove(
+    State(files): State<FilesApi>,
+    query_result: Result<Query<DeleteQuery>, QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let DeleteQuery { path, recursive } = query(query_result)?;
+    let target = files.target(&path)?;
+    files
+        .with_root(move |root| {
+            let shown = &target.shown;
+            let entry = root.locate(&target.parts).map_err(|e| fs_error(shown, e))?;
+            if entry.is_root() {
+                return Err(FilesError::InvalidPath(format!(
+                    "{shown} is the root, which cannot be removed"
+                )));
+            }
+            let meta = entry.lstat().map_err(|e| fs_error(shown, e))?;
+            let removed = match (meta.is_dir(), recursive) {
+                (true, true) => entry.dir.remove_dir_all(&entry.name),
+                (true, false) => entry.dir.remove_dir(&entry.name),
+                (false, _) => cap_fs_ext::DirExt::remove_file_or_symlink(&entry.dir, &entry.name),
+            };
+            removed.map_err(|e| {
+                if confined::is_not_empty(&e) {
+                    FilesError::DirNotEmpty(shown.clone())
+                } else {
+                    fs_error(shown, e)
+                }
+            })
+        })
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,9 +1,10 @@
 //! `warren execd`: the daemon that runs inside a sandbox. It serves interactive PTY sessions
 //! (REST + WebSocket), the agent exec API (`/v1/exec`, `/mcp`), the agent's terminals
-//! (`/v1/terminals`), Warren's file routes (`/v1/files`), the hands' identity and workspace
-//! snapshots (`/v1/hands/identity`, `/v1/workspace/*`) and the OpenSandbox-compatible command,
-//! bash-session, file and metrics routes, all behind one optional access token and the hands
-//! nonce check.
+//! (`/v1/terminals`), every command of those watched and answered over the PTY protocol
+//! (`/v1/agent-terminals`), Warren's file routes and change feed (`/v1/files*`), the hands'
+//! identity and workspace snapshots (`/v1/hands/identity`, `/v1/workspace/*`) and the
+//! OpenSandbox-compatible command, bash-session, file and metrics routes, all behind one
+//! optional access token and the hands nonce check.
 //!
 //! This module only wires the parts together: each feature module owns its routes and state, and
 //! [`Execd::router`] merges them under the auth layer. Process handling lives in
@@ -35,6 +36,8 @@ pub use warren_http::Listener;
 pub struct Execd {
     pub config: Arc<Config>,
     pub pty: pty::PtySessions,
+    /// Every command of `exec`'s engine, watched and answered over the PTY protocol.
+    pub agent_terminals: pty::agent::AgentTerminals,
     pub exec: exec_api::ExecState,
     pub opensandbox: opensandbox::Compat,
     pub files: files_api::FilesApi,
@@ -48,9 +51,11 @@ pub struct Execd {
 impl Execd {
     pub fn new(config: Config) -> Self {
         let config = Arc::new(config);
+        let agent_terminals = pty::agent::AgentTerminals::new(&config);
         Self {
             pty: pty::PtySessions::new(&config),
-            exec: exec_api::ExecState::new(&config),
+            exec: exec_api::ExecState::new(&config, Arc::new(agent_terminals.clone())),
+            agent_terminals,
             opensandbox: opensandbox::Compat::new(&config),
             files: files_api::FilesApi::new(&config.root),
             identity: identity::Identity::new(config.hands_nonce.clone(), &config.root),
@@ -68,6 +73,7 @@ impl Execd {
             .merge(pty::routes(self.pty.clone()))
             .merge(exec_api::routes(self.exec.clone()))
             .merge(terminals::routes(self.exec.clone()))
+            .merge(pty::agent::routes(self.agent_terminals.clone()))
             .merge(files_api::routes(self.files.clone()))
             .merge(identity::routes(self.identity.clone()))
             .merge(workspace::routes(self.workspace.clone()))
@@ -155,9 +161,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = execd.router();
     let mcp_shutdown = execd.mcp_shutdown.clone();
+    let files = execd.files.clone();
     let shutdown = async move {
         shutdown.await;
         mcp_shutdown.cancel();
+        files.stop_watches();
     };
     warren_http::serve(listener, app, execd.config.serve_config(), shutdown).await?;
     execd.shutdown().await;

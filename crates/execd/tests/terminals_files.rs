@@ -7,36 +7,14 @@
 
 use std::time::Duration;
 
-use warren_execd::{Config, Execd};
 use warren_execd_client::{ClientError, ExecdClient};
 use warren_protocol::exec::ExecCommandArgs;
 use warren_protocol::terminal::{TerminalCreate, TerminalExitStatus};
 
-struct Server {
-    client: ExecdClient,
-    root: tempfile::TempDir,
-}
+#[path = "support/engine_execd.rs"]
+mod engine_execd;
 
-async fn start() -> Server {
-    warren_process::reaper::start().expect("become subreaper and start reaping");
-    let root = tempfile::tempdir().expect("temp dir");
-    let config = Config {
-        root: root.path().to_path_buf(),
-        ..Config::default()
-    };
-    let execd = Execd::new(config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, execd.router()).await;
-    });
-    Server {
-        client: ExecdClient::new(&format!("http://{addr}"), None).expect("client"),
-        root,
-    }
-}
+use engine_execd::start;
 
 fn shell_line(command: &str) -> TerminalCreate {
     TerminalCreate {
@@ -302,8 +280,8 @@ async fn bad_file_requests_get_a_code() {
         ("../outside", 403, "PATH_ESCAPE"),
         ("out/passwd", 403, "PATH_ESCAPE"),
         ("/etc/passwd", 403, "PATH_ESCAPE"),
-        (".", 400, "NOT_REGULAR_FILE"),
-        ("fifo", 400, "NOT_REGULAR_FILE"),
+        (".", 403, "NOT_REGULAR_FILE"),
+        ("fifo", 403, "NOT_REGULAR_FILE"),
         ("plain/below", 409, "NOT_A_DIRECTORY"),
         (long_name.as_str(), 400, "NAME_TOO_LONG"),
         ("", 400, "INVALID_PATH"),
@@ -316,7 +294,7 @@ async fn bad_file_requests_get_a_code() {
     let writes = [
         ("out/evil", 403, "PATH_ESCAPE"),
         ("plain/below", 409, "NOT_A_DIRECTORY"),
-        ("fifo", 400, "NOT_REGULAR_FILE"),
+        ("fifo", 403, "NOT_REGULAR_FILE"),
         (".", 400, "INVALID_PATH"),
     ];
     for (path, status, code) in writes {

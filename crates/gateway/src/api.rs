@@ -52,6 +52,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .merge(crate::files::routes())
         .merge(crate::model_proxy::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })

@@ -149,6 +149,10 @@ pub struct GatewayArgs {
     /// How long a preview URL works.
     #[arg(long, env = "WARREN_PREVIEW_TTL", default_value = "1h", value_parser = parse_duration)]
     pub preview_ttl: Duration,
+    /// The largest file `PUT /v1/sessions/{id}/files/content` takes; a larger one is refused
+    /// with 413 and nothing of it is kept.
+    #[arg(long, env = "WARREN_UPLOAD_MAX", default_value = "200MiB", value_parser = parse_size)]
+    pub upload_max: u64,
     #[command(flatten)]
     pub model: crate::model_proxy::ModelArgs,
 }
@@ -239,6 +243,7 @@ impl std::fmt::Debug for GatewayArgs {
             )
             .field("preview_base_url", &self.preview_base_url)
             .field("preview_ttl", &self.preview_ttl)
+            .field("upload_max", &self.upload_max)
             .field("model", &self.model)
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)

@@ -42,6 +42,9 @@ pub enum GatewayError {
     PermissionNotFound,
     #[error("the session has no preview of this port")]
     PreviewNotFound,
+    /// An agent terminal's name (`term-…`, `exec-…`) the running hands do not know.
+    #[error("the agent runs no terminal {0} in this session's hands (or it was released)")]
+    TerminalNotFound(String),
     #[error("{0}")]
     QuotaExceeded(String),
     #[error("{0}")]
@@ -54,6 +57,9 @@ pub enum GatewayError {
     StorageFull,
     #[error(transparent)]
     Hands(#[from] HandsError),
+    /// A file request the workspace refused (files-terminals-previews.md "Files").
+    #[error(transparent)]
+    Files(#[from] crate::files::FilesError),
     #[error("storage error: {0}")]
     Io(std::io::Error),
     #[error("internal error: {0}")]
@@ -86,6 +92,7 @@ impl GatewayError {
             GatewayError::NoTurnRunning => (StatusCode::CONFLICT, "NO_TURN_RUNNING"),
             GatewayError::PermissionNotFound => (StatusCode::NOT_FOUND, "PERMISSION_NOT_FOUND"),
             GatewayError::PreviewNotFound => (StatusCode::NOT_FOUND, "PREVIEW_NOT_FOUND"),
+            GatewayError::TerminalNotFound(_) => (StatusCode::NOT_FOUND, "TERMINAL_NOT_FOUND"),
             GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
             GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),
             GatewayError::BrainUnavailable(_) => (StatusCode::BAD_GATEWAY, "BRAIN_UNAVAILABLE"),
@@ -99,6 +106,7 @@ impl GatewayError {
                 HandsError::Stopped => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
                 HandsError::Failed(_) => (StatusCode::BAD_GATEWAY, "HANDS_FAILED"),
             },
+            GatewayError::Files(error) => error.kind.status_and_code(),
             GatewayError::StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL"),
             GatewayError::Io(_) | GatewayError::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")

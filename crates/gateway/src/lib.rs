@@ -13,9 +13,10 @@
 //! adoption after a restart).
 //! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
 //! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own;
-//! [`terminals`] the person's shells in the hands.
+//! [`terminals`] the person's shells in the hands; [`files`] the person's file routes (live
+//! through execd, or from the snapshot).
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
-//! sandbox's construction (sandbox crate), the files routes, the web console.
+//! sandbox's construction (sandbox crate), the confined file walk (execd), the web console.
 
 pub mod admission;
 pub mod agents;
@@ -24,6 +25,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod event_log;
+pub mod files;
 pub mod hands;
 pub mod model_proxy;
 pub mod model_socket;
@@ -70,6 +72,8 @@ pub struct Gateway {
     pub model: Arc<model_proxy::ModelProxy>,
     /// The person's shells in every session's hands.
     pub terminals: terminals::Terminals,
+    /// The files routes' snapshot listings (archived sessions are browsed from their snapshot).
+    pub files: files::Files,
     /// The sessions' previews (a port of the hands on an origin of its own).
     pub previews: previews::Previews,
     /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
@@ -173,6 +177,7 @@ impl Gateway {
             warm: warm::WarmSandboxes::new(n_warm_sandboxes),
             previews,
             terminals: terminals::Terminals::default(),
+            files: files::Files::default(),
             warren_bin,
             started: Instant::now(),
             _data_lock: data_lock,

@@ -330,6 +330,7 @@ pub async fn delete_session(
     gateway.model_sockets.stop(&session.id);
     gateway.previews.revoke_session(&session.id);
     gateway.terminals.forget(&session.id);
+    gateway.files.forget(&session.id);
     session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;

@@ -113,10 +113,20 @@ impl IntoResponse for RequestError {
     }
 }
 
+/// What an error from reading a streamed request body (`Body::into_data_stream`) means:
+/// [`RequestError::BodyTimeout`] when [`crate::serve`]'s idle timeout fired, else
+/// [`RequestError::BodyUnreadable`] (the client hung up, bad chunking).
+pub fn body_read_error(error: &axum::Error) -> RequestError {
+    if caused_by_body_timeout(error) {
+        return RequestError::BodyTimeout;
+    }
+    RequestError::BodyUnreadable(error.to_string())
+}
+
 /// True when the body failed because [`crate::serve`]'s idle timeout fired. axum nests the
 /// body's error a few boxes deep, so the whole source chain is searched.
-fn caused_by_body_timeout(rejection: &BytesRejection) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+fn caused_by_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = cause {
         if error.is::<tower_http::timeout::TimeoutError>() {
             return true;

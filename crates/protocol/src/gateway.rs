@@ -189,8 +189,12 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
+    /// Workspace files changed (through the files API or by the agent's commands): at most
+    /// 100 workspace-relative paths, `truncated` when more changed since the last one.
     FilesChanged {
         paths: Vec<String>,
+        #[serde(default)]
+        truncated: bool,
     },
     /// A sandbox lifecycle transition (hands.md): `state` is the state entered (`starting`,
     /// `running`, `paused`, `archived`, `restoring`, `restored`, `lost`, `stopped`), with how long

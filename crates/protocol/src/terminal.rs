@@ -4,7 +4,8 @@
 //! Unlike `/v1/exec` results, a terminal's output is exactly what the command wrote (no
 //! terminal cleaning, no folding, nothing added or split), bounded to its last
 //! `output_byte_limit` bytes, and stays readable after the exit until the terminal is released.
-//! See `docs/exec-tools.md`.
+//! See `docs/exec-tools.md`. Also here: the agent terminals list (`/v1/agent-terminals`), every
+//! command of the engine as a person watches it.
 
 use std::collections::BTreeMap;
 
@@ -72,6 +73,40 @@ pub struct TerminalInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TerminalList {
     pub terminals: Vec<TerminalInfo>,
+}
+
+/// Which engine call started an agent terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentTerminalSource {
+    /// ACP `terminal/create` (`/v1/terminals`).
+    Terminal,
+    /// The exec tools' `exec_command` (`/v1/exec`, `/mcp`).
+    Exec,
+}
+
+/// One entry of `GET /v1/agent-terminals`: a command of the exec engine that a person can
+/// watch and answer over `GET /v1/agent-terminals/{name}/ws` (pty-sessions.md's protocol).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentTerminalInfo {
+    /// `term-<terminal_id>` or `exec-<session_id>`.
+    pub name: String,
+    pub source: AgentTerminalSource,
+    /// The command line, on one line, shortened to at most 80 characters.
+    pub title: String,
+    pub mode: crate::pty::PtyMode,
+    /// The command has not exited yet.
+    pub running: bool,
+    /// Output bytes the command ever produced: the natural `since` for a reconnect.
+    pub output_offset: u64,
+    /// RFC 3339.
+    pub started_at: String,
+}
+
+/// `GET /v1/agent-terminals`, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentTerminalList {
+    pub terminals: Vec<AgentTerminalInfo>,
 }
 
 #[cfg(test)]

@@ -49,3 +49,21 @@ pub fn memory_kib(field: &str) -> u64 {
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
 }
+
+/// Reads a streamed answer to its end without keeping it (each chunk within [`crate::WAIT`]):
+/// its length and its last byte.
+#[cfg(feature = "pty")]
+pub async fn drain(response: reqwest::Response) -> (usize, u8) {
+    use futures_util::StreamExt;
+    let mut stream = response.bytes_stream();
+    let (mut n_bytes, mut last_byte) = (0usize, 0u8);
+    while let Some(chunk) = tokio::time::timeout(crate::WAIT, stream.next())
+        .await
+        .expect("the answer keeps coming")
+    {
+        let chunk = chunk.expect("a chunk");
+        n_bytes += chunk.len();
+        last_byte = chunk.last().copied().unwrap_or(last_byte);
+    }
+    (n_bytes, last_byte)
+}

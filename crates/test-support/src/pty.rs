@@ -103,11 +103,17 @@ impl Daemon {
         }
     }
 
-    /// Opens a WebSocket; `Err((status, body))` when the handshake is refused.
+    /// Opens a PTY session's WebSocket; `Err((status, body))` when the handshake is refused.
     pub async fn try_connect(&self, id: &str, query: &str) -> Result<Client, (u16, Value)> {
+        self.try_connect_path(&format!("/pty/{id}/ws"), query).await
+    }
+
+    /// Opens the WebSocket at `path` (any route of the PTY protocol, an agent terminal's
+    /// too); `Err((status, body))` when the handshake is refused.
+    pub async fn try_connect_path(&self, path: &str, query: &str) -> Result<Client, (u16, Value)> {
         let ws_base = self.base.replacen("http://", "ws://", 1);
         let url = format!(
-            "{ws_base}/pty/{id}/ws{}{query}",
+            "{ws_base}{path}{}{query}",
             if query.is_empty() { "" } else { "?" }
         );
         let mut request = url.into_client_request().expect("valid ws url");
@@ -132,9 +138,14 @@ impl Daemon {
         }
     }
 
-    /// Opens a WebSocket and waits for the `connected` frame.
+    /// Opens a PTY session's WebSocket and waits for the `connected` frame.
     pub async fn connect(&self, id: &str, query: &str) -> Client {
-        let mut client = match self.try_connect(id, query).await {
+        self.connect_path(&format!("/pty/{id}/ws"), query).await
+    }
+
+    /// Opens the WebSocket at `path` and waits for the `connected` frame.
+    pub async fn connect_path(&self, path: &str, query: &str) -> Client {
+        let mut client = match self.try_connect_path(path, query).await {
             Ok(client) => client,
             Err((status, body)) => panic!("connect {query:?} refused: {status} {body}"),
         };

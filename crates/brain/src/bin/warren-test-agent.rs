@@ -10,6 +10,8 @@
 //! - `crash`: says `crashing` and exits with status 3 in the middle of the turn.
 //! - `mcp CMD`: starts the first stdio MCP server given in `session/new`, calls its
 //!   `exec_command` tool with `cmd` = CMD and says `mcp: <text result>`.
+//! - `mcp-poll ID`: the same server's `write_stdin` tool with `session_id` = ID and no chars (a
+//!   poll of a command an earlier `mcp` left running), said as `mcp: <text result>`.
 //! - `bg`: starts `sleep 300` itself, in its own process group, and says `bg=<pid>` (a child
 //!   that must not outlive the worker).
 //!
@@ -319,14 +321,24 @@ async fn run_turn(
             let _ = cx.send_request(probe).block_task().await;
             std::process::exit(3);
         }
-        "mcp" => {
+        "mcp" | "mcp-poll" => {
             let Some(McpServer::Stdio(server)) = mcp_servers.into_iter().next() else {
                 say(cx, &session_id, "mcp: no stdio MCP server was given");
                 return Ok(StopReason::EndTurn);
             };
-            let text = call_exec_command(&server, rest)
-                .await
-                .unwrap_or_else(|error| format!("failed: {error}"));
+            let call = match instruction {
+                "mcp" => Some(("exec_command", serde_json::json!({"cmd": rest}))),
+                _ => rest.trim().parse::<u64>().ok().map(|id| {
+                    let poll = serde_json::json!({"session_id": id, "chars": ""});
+                    ("write_stdin", poll)
+                }),
+            };
+            let text = match call {
+                Some((tool, arguments)) => call_tool(&server, tool, arguments)
+                    .await
+                    .unwrap_or_else(|error| format!("failed: {error}")),
+                None => format!("{rest:?} is not a session id"),
+            };
             say(cx, &session_id, format!("mcp: {text}"));
             Ok(StopReason::EndTurn)
         }
@@ -347,8 +359,12 @@ async fn run_turn(
 }
 
 /// A minimal MCP client over stdio: `initialize`, `notifications/initialized`, then one
-/// `tools/call` of `exec_command`; returns the first text content of the result.
-async fn call_exec_command(server: &McpServerStdio, cmd: &str) -> anyhow::Result<String> {
+/// `tools/call` of `tool` with `arguments`; returns the first text content of the result.
+async fn call_tool(
+    server: &McpServerStdio,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> anyhow::Result<String> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let mut child = tokio::process::Command::new(&server.command)
         .args(&server.args)
@@ -377,7 +393,7 @@ async fn call_exec_command(server: &McpServerStdio, cmd: &str) -> anyhow::Result
             "clientInfo": {"name": "warren-test-agent", "version": "0"}}}),
         serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "exec_command", "arguments": {"cmd": cmd}}}),
+            "name": tool, "arguments": arguments}}),
     ];
     for message in messages {
         stdin.write_all(format!("{message}\n").as_bytes()).await?;

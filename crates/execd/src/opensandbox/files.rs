@@ -26,31 +26,23 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::Multipart;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use cap_fs_ext::DirExt;
-use cap_std::fs::{Dir, File, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, File, Metadata, MetadataExt};
 use chrono::{DateTime, Utc};
 use tokio::io::AsyncWriteExt;
+use warren_http::range::{RangeAnswer, parse_range};
+use warren_protocol::files::FileKind;
 use warren_protocol::opensandbox::{
     FileInfo, FileMetadata, FileType, Permission, RenameItem, ReplaceItem, ReplaceResult,
 };
 
 use super::CompatError;
 use super::commands::rfc3339;
+use super::confined::{self, Gaps, MoveError, MoveRefusal, TempFile, enough_when, walk};
 use super::resolve::{self, Entry, Part, Refusal, Root, Want};
-
-/// Most entries one search or listing returns.
-pub const MAX_LISTED_ENTRIES: usize = 10_000;
-/// Most directory entries one search or listing reads. A search may pass over many entries
-/// that do not match; this bounds its work (one `lstat` per entry) and the names it holds,
-/// whatever the tree (`/`, `/proc`) holds.
-pub const MAX_READ_ENTRIES: usize = 100_000;
-/// Most levels a search or listing descends below the directory it starts from; this also
-/// bounds the recursion and the directories held open at once.
-pub const MAX_WALK_DEPTH: usize = 64;
 /// Header of a search or listing answer that a limit cut short: `true`.
 pub const TRUNCATED_HEADER: &str = "warren-truncated";
 /// Header of a search or listing answer that left out entries it could not read: how many.
@@ -178,7 +170,7 @@ pub fn expand_path(raw: &str) -> Result<String, String> {
 
 /// An escape refused by the resolver, by the kernel (`EXDEV` from `RESOLVE_BENEATH`) or by
 /// cap-std.
-fn is_escape(err: &io::Error) -> bool {
+pub fn is_escape(err: &io::Error) -> bool {
     matches!(resolve::refusal(err), Some(Refusal::Escape))
         || err.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
         || (err.kind() == io::ErrorKind::PermissionDenied
@@ -300,14 +292,11 @@ fn system_time(time: io::Result<cap_std::time::SystemTime>) -> Option<DateTime<U
 }
 
 fn file_info(shown: String, meta: &Metadata, names: &Names) -> FileInfo {
-    let file_type = if meta.is_symlink() {
-        FileType::Symlink
-    } else if meta.is_dir() {
-        FileType::Directory
-    } else if meta.is_file() {
-        FileType::File
-    } else {
-        FileType::Other
+    let file_type = match confined::file_kind(meta) {
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Dir => FileType::Directory,
+        FileKind::File => FileType::File,
+        FileKind::Other => FileType::Other,
     };
     let modified = system_time(meta.modified())
         .or_else(|| DateTime::from_timestamp(meta.mtime(), meta.mtime_nsec() as u32))
@@ -427,22 +416,6 @@ fn create_dirs(root: &Root, parts: &[Part], shown: &str) -> Result<(), CompatErr
     root.create_dirs(parts).map_err(|err| fs_error(shown, err))
 }
 
-fn into_itself(src: &Target, dest: &Target) -> CompatError {
-    PathError::InvalidMove(format!(
-        "cannot move directory {} into itself ({})",
-        src.shown, dest.shown
-    ))
-    .into()
-}
-
-fn join_shown(base: &str, name: &str) -> String {
-    if base.ends_with('/') {
-        format!("{base}{name}")
-    } else {
-        format!("{base}/{name}")
-    }
-}
-
 impl Files {
     pub fn new(root: &Path) -> Self {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
@@ -539,56 +512,18 @@ impl Files {
             for item in items {
                 let src = files.target(&item.src)?;
                 let dest = files.target(&item.dest)?;
-                let src_entry = locate(&root, &src)?;
-                let src_meta = src_entry.lstat().map_err(|e| fs_error(&src.shown, e))?;
-                if src_entry.is_root() {
-                    return Err(PathError::InvalidMove(format!(
-                        "cannot move {}: it is the root",
-                        src.shown
-                    ))
-                    .into());
-                }
-                // Checked before any parent of the destination is created, so a refused move
-                // leaves nothing behind. The kernel's EINVAL below catches what a race slips by.
-                if src_meta.is_dir()
-                    && let Some(parent) = dest.parent_parts()
-                {
-                    let nearest = root
-                        .deepest_existing_dir(parent)
-                        .map_err(|e| fs_error(&dest.shown, e))?;
-                    if root
-                        .is_inside(nearest, (src_meta.dev(), src_meta.ino()))
-                        .map_err(|e| fs_error(&dest.shown, e))?
-                    {
-                        return Err(into_itself(&src, &dest));
+                confined::move_entry(&root, &src.parts, &dest.parts, false).map_err(|error| {
+                    match error {
+                        MoveError::Refused(MoveRefusal::Exists) => CompatError::Runtime(
+                            MoveRefusal::Exists.message(&src.shown, &dest.shown),
+                        ),
+                        MoveError::Refused(refusal) => {
+                            PathError::InvalidMove(refusal.message(&src.shown, &dest.shown)).into()
+                        }
+                        MoveError::From(e) => fs_error(&src.shown, e),
+                        MoveError::To(e) => fs_error(&dest.shown, e),
                     }
-                }
-                if let Some(parent) = dest.parent_parts() {
-                    create_dirs(&root, parent, &dest.shown)?;
-                }
-                let dest_entry = locate(&root, &dest)?;
-                match dest_entry.lstat() {
-                    Ok(_) => {
-                        return Err(CompatError::Runtime(format!(
-                            "destination {} already exists",
-                            dest.shown
-                        )));
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(fs_error(&dest.shown, e)),
-                }
-                src_entry
-                    .dir
-                    .rename(&src_entry.name, &dest_entry.dir, &dest_entry.name)
-                    .map_err(|e| match rustix::io::Errno::from_io_error(&e) {
-                        Some(rustix::io::Errno::INVAL) => into_itself(&src, &dest),
-                        Some(rustix::io::Errno::XDEV) => PathError::InvalidMove(format!(
-                            "cannot move {} to {}: they are on different filesystems",
-                            src.shown, dest.shown
-                        ))
-                        .into(),
-                        _ => fs_error(&src.shown, e),
-                    })?;
+                })?;
             }
             Ok(())
         })
@@ -657,9 +592,9 @@ impl Files {
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut found = Vec::new();
-            let gaps = walk(&dir, &target.shown, usize::MAX, &mut |shown, name, meta| {
-                if !meta.is_dir() && matcher.is_match(name) {
-                    found.push(file_info(shown, meta, &names));
+            let gaps = walk(&dir, &target.shown, usize::MAX, &mut |seen| {
+                if !seen.meta.is_dir() && matcher.is_match(&*seen.name.to_string_lossy()) {
+                    found.push(file_info(seen.path, seen.meta, &names));
                 }
                 enough_when(found.len())
             })
@@ -685,8 +620,8 @@ impl Files {
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
             let mut listed = Vec::new();
-            let gaps = walk(&dir, &target.shown, depth, &mut |shown, _, meta| {
-                listed.push(file_info(shown, meta, &names));
+            let gaps = walk(&dir, &target.shown, depth, &mut |seen| {
+                listed.push(file_info(seen.path, seen.meta, &names));
                 enough_when(listed.len())
             })
             .map_err(|e| fs_error(&target.shown, e))?;
@@ -881,23 +816,17 @@ impl Files {
                     mode,
                 )?;
                 file.sync_all().map_err(|e| fs_error(&target.shown, e))?;
-                entry
-                    .dir
-                    .rename(&temp, &entry.dir, &entry.name)
-                    .map_err(|e| fs_error(&target.shown, e))
+                temp.persist(&entry).map_err(|e| fs_error(&target.shown, e))
             };
-            let result = finish();
-            if result.is_err() {
-                let _ = entry.dir.remove_file(&temp);
-            }
-            result
+            // A failure drops `temp`, which removes the temporary file.
+            finish()
         })
         .await
     }
 
-    /// `GET /files/download`. `range` is the `Range` header's value (several field lines joined
-    /// with commas, as RFC 9110 §5.3 combines them); a Range that [`parse_range`] says to
-    /// ignore is ignored, also next to `offset`/`limit`.
+    /// `GET /files/download`. `range` is the `Range` header's value
+    /// ([`warren_http::range::range_header`]); a Range that [`parse_range`] says to ignore is
+    /// ignored, also next to `offset`/`limit`.
     pub async fn download(
         self: &Arc<Self>,
         raw: String,
@@ -938,40 +867,15 @@ impl Files {
             return Ok(response);
         }
 
-        let (status, start, len) = match range {
-            RangeAnswer::Whole => (StatusCode::OK, 0, size),
-            RangeAnswer::Part { start, end } => {
-                (StatusCode::PARTIAL_CONTENT, start, end - start + 1)
-            }
+        let part = match range {
+            RangeAnswer::Whole => None,
+            RangeAnswer::Part { start, end } => Some((start, end)),
             RangeAnswer::Unsatisfiable => return Err(CompatError::RangeNotSatisfiable(size)),
         };
-        let file = blocking(move || {
-            let mut file = file;
-            file.seek(SeekFrom::Start(start))
-                .map_err(|e| fs_error(&shown, e))?;
-            Ok(file)
-        })
-        .await?;
-        let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
-        let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
-            reader,
-            64 * 1024,
-        ));
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/octet-stream"),
-        );
+        let (status, mut headers, body) = confined::file_download(file, size, part)
+            .await
+            .map_err(|e| fs_error(&shown, e))?;
         headers.insert(header::CONTENT_DISPOSITION, disposition);
-        headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-        if status == StatusCode::PARTIAL_CONTENT {
-            let value = format!("bytes {start}-{}/{size}", start + len - 1);
-            headers.insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&value).expect("digits and dashes are a valid header"),
-            );
-        }
         Ok((status, headers, body).into_response())
     }
 }
@@ -984,32 +888,14 @@ fn open_dir(root: &Root, target: &Target) -> Result<Dir, CompatError> {
     Ok(Dir::from(fd))
 }
 
-/// Most bytes of the destination's name a temporary file's name repeats: with the dot, the
-/// `.warren-` and the uuid it stays within the 255 bytes every Linux filesystem allows, so a
-/// file whose own name is that long can still be written.
-const TEMP_NAME_STEM_BYTES: usize = 200;
-
-/// Creates `.<name>.warren-<uuid>` beside `entry`, exclusively, for writing (`<name>` cut to
-/// [`TEMP_NAME_STEM_BYTES`]).
-fn create_temp_beside(entry: &Entry, shown: &str) -> Result<(PathBuf, File), CompatError> {
-    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+/// Creates a temporary file beside `entry` for writing (see [`TempFile`]).
+fn create_temp_beside(entry: &Entry, shown: &str) -> Result<(TempFile, File), CompatError> {
     if entry.is_root() {
         return Err(CompatError::InvalidRequest(format!(
             "{shown} names no file"
         )));
     }
-    let name = entry.name.as_bytes();
-    let mut temp = b".".to_vec();
-    temp.extend_from_slice(&name[..name.len().min(TEMP_NAME_STEM_BYTES)]);
-    temp.extend_from_slice(format!(".warren-{}", uuid::Uuid::new_v4().simple()).as_bytes());
-    let temp = PathBuf::from(std::ffi::OsString::from_vec(temp));
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true).mode(0o644);
-    let file = entry
-        .dir
-        .open_with(&temp, &options)
-        .map_err(|e| fs_error(shown, e))?;
-    Ok((temp, file))
+    TempFile::create_beside(entry).map_err(|e| fs_error(shown, e))
 }
 
 /// Where an uploaded file's bytes come from.
@@ -1079,18 +965,15 @@ fn write_atomically(
 ) -> Result<(), CompatError> {
     let (temp, file) = create_temp_beside(entry, shown)?;
     let mut file = file.into_std();
-    let result = (|| {
+    // A failure drops `temp`, which removes the temporary file.
+    (|| {
         file.write_all(content)?;
         let _ = std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()));
         file.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))?;
         file.sync_all()?;
-        entry.dir.rename(&temp, &entry.dir, &entry.name)
-    })();
-    if let Err(err) = result {
-        let _ = entry.dir.remove_file(&temp);
-        return Err(fs_error(shown, err));
-    }
-    Ok(())
+        temp.persist(entry)
+    })()
+    .map_err(|err| fs_error(shown, err))
 }
 
 /// The answer of a search or listing: the entries found, and what kept it from being
@@ -1116,139 +999,6 @@ impl IntoResponse for Listing {
     }
 }
 
-/// What a walk could not see; every entry it did see is in the answer anyway.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Gaps {
-    /// A limit ([`MAX_LISTED_ENTRIES`], [`MAX_READ_ENTRIES`], [`MAX_WALK_DEPTH`]) left entries
-    /// out.
-    pub truncated: bool,
-    /// Entries left out because they could not be read: an entry whose metadata failed, or a
-    /// directory that could not be opened or listed (its contents are missing, it is counted
-    /// once). Entries that vanished during the walk are not counted: they are gone.
-    pub n_unreadable: u64,
-}
-
-/// Whether a walk's visitor wants more entries.
-enum Visit {
-    More,
-    Enough,
-}
-
-/// [`Visit::Enough`] once an answer holds [`MAX_LISTED_ENTRIES`].
-fn enough_when(n_entries: usize) -> Visit {
-    if n_entries >= MAX_LISTED_ENTRIES {
-        Visit::Enough
-    } else {
-        Visit::More
-    }
-}
-
-/// Pre-order walk below `dir`: each entry (not following symlinks), then its descendants, in
-/// lexical order, down to `depth` levels (at most [`MAX_WALK_DEPTH`]), reading at most
-/// [`MAX_READ_ENTRIES`] entries, until `visit` has enough.
-///
-/// Only `dir` itself must be listable; that failure is the caller's error. Below it, an entry
-/// that fails for any reason (`EACCES` on `/proc/1/fdinfo`, an entry removed or swapped for a
-/// symlink mid-walk, `ELOOP`, ...) is skipped and counted in [`Gaps`], so one bad entry never
-/// costs the whole answer.
-fn walk(
-    dir: &Dir,
-    shown: &str,
-    depth: usize,
-    visit: &mut dyn FnMut(String, &str, &Metadata) -> Visit,
-) -> io::Result<Gaps> {
-    let mut walker = Walker {
-        depth,
-        n_reads_left: MAX_READ_ENTRIES,
-        enough: false,
-        gaps: Gaps::default(),
-        visit,
-    };
-    let names = walker.read_names(dir)?;
-    walker.level(dir, shown, 1, names);
-    Ok(walker.gaps)
-}
-
-/// One walk in progress.
-struct Walker<'v> {
-    /// Levels asked for (1: the entries of the starting directory only).
-    depth: usize,
-    n_reads_left: usize,
-    /// The visitor has enough: any further entry means the answer is truncated.
-    enough: bool,
-    gaps: Gaps,
-    visit: &'v mut dyn FnMut(String, &str, &Metadata) -> Visit,
-}
-
-impl Walker<'_> {
-    /// The names in `dir`, sorted, drawn from the walk's read budget. Only opening the listing
-    /// fails; an error part way through keeps the names read so far and counts the directory
-    /// as unreadable.
-    fn read_names(&mut self, dir: &Dir) -> io::Result<Vec<std::ffi::OsString>> {
-        let mut names = Vec::new();
-        for entry in dir.entries()? {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(err) => {
-                    self.unreadable(&err);
-                    break;
-                }
-            };
-            if self.n_reads_left == 0 {
-                self.gaps.truncated = true;
-                break;
-            }
-            self.n_reads_left -= 1;
-            names.push(entry.file_name());
-        }
-        names.sort();
-        Ok(names)
-    }
-
-    fn unreadable(&mut self, err: &io::Error) {
-        if err.kind() != io::ErrorKind::NotFound {
-            self.gaps.n_unreadable += 1;
-        }
-    }
-
-    /// Visits `names` (the entries of `dir`, at `level`) and what lies below them.
-    fn level(&mut self, dir: &Dir, shown: &str, level: usize, names: Vec<std::ffi::OsString>) {
-        for name in names {
-            if self.enough {
-                self.gaps.truncated = true;
-                return;
-            }
-            let meta = match dir.symlink_metadata(&name) {
-                Ok(meta) => meta,
-                Err(err) => {
-                    self.unreadable(&err);
-                    continue;
-                }
-            };
-            let shown_name = name.to_string_lossy();
-            let child_shown = join_shown(shown, &shown_name);
-            if let Visit::Enough = (self.visit)(child_shown.clone(), &shown_name, &meta) {
-                self.enough = true;
-            }
-            if !meta.is_dir() || level >= self.depth {
-                continue;
-            }
-            if level >= MAX_WALK_DEPTH {
-                self.gaps.truncated = true;
-                continue;
-            }
-            // Never through a symlink, even if the entry was swapped for one after the lstat.
-            let listed = dir
-                .open_dir_nofollow(&name)
-                .and_then(|child| Ok((self.read_names(&child)?, child)));
-            match listed {
-                Ok((names, child)) => self.level(&child, &child_shown, level + 1, names),
-                Err(err) => self.unreadable(&err),
-            }
-        }
-    }
-}
-
 /// Replaces every non-overlapping `old` with `new`; returns the result and the count.
 fn replace_all(content: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, u64) {
     let mut out = Vec::with_capacity(content.len());
@@ -1265,89 +1015,6 @@ fn replace_all(content: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, u64) {
         }
     }
     (out, n)
-}
-
-/// What a download answers to a `Range` header, for a file of a given size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RangeAnswer {
-    /// 200 with the whole file.
-    Whole,
-    /// 206 with bytes `start..=end` (both within the file).
-    Part { start: u64, end: u64 },
-    /// 416 with `Content-Range: bytes */<size>`.
-    Unsatisfiable,
-}
-
-/// Reads a `Range` header (RFC 9110 §14) against a file of `size` bytes. A pure function of
-/// untrusted bytes: it never panics, and a `Part` always lies within the file.
-///
-/// Only a single byte range is served. The RFC lets a server ignore a Range header, and this
-/// one is ignored (the whole file, 200) when it is not valid UTF-8, names a unit other than
-/// `bytes` (case-insensitive), is not valid syntax (`bytes=abc`, `bytes=4-2`, `bytes= 0-1`), or
-/// asks for several ranges (`bytes=0-1,4-5`: no `multipart/byteranges`). Empty list elements
-/// (`bytes=0-1,`) are allowed, as in every HTTP list. A valid single range that starts at or
-/// past the end, or the suffix `-0`, is unsatisfiable. A suffix longer than the file is the
-/// whole file as a 206; on an empty file, where no byte can be named, a suffix is the (empty)
-/// whole file. Positions too large for a `u64` are as good as `u64::MAX`.
-pub fn parse_range(header: &[u8], size: u64) -> RangeAnswer {
-    let Ok(text) = std::str::from_utf8(header) else {
-        return RangeAnswer::Whole;
-    };
-    let Some((unit, set)) = text.trim().split_once('=') else {
-        return RangeAnswer::Whole;
-    };
-    if !unit.eq_ignore_ascii_case("bytes") {
-        return RangeAnswer::Whole;
-    }
-    let mut specs = set
-        .split(',')
-        .map(str::trim)
-        .filter(|spec| !spec.is_empty());
-    let (Some(spec), None) = (specs.next(), specs.next()) else {
-        return RangeAnswer::Whole;
-    };
-    let Some((first, last)) = spec.split_once('-') else {
-        return RangeAnswer::Whole;
-    };
-    if first.is_empty() {
-        return match digits(last) {
-            None => RangeAnswer::Whole,
-            Some(0) => RangeAnswer::Unsatisfiable,
-            Some(_) if size == 0 => RangeAnswer::Whole,
-            Some(suffix) => RangeAnswer::Part {
-                start: size.saturating_sub(suffix),
-                end: size - 1,
-            },
-        };
-    }
-    let Some(first) = digits(first) else {
-        return RangeAnswer::Whole;
-    };
-    let last = match last {
-        "" => None,
-        last => match digits(last) {
-            Some(last) if last >= first => Some(last),
-            // Not a number, or before the first position: not a valid range.
-            _ => return RangeAnswer::Whole,
-        },
-    };
-    if first >= size {
-        return RangeAnswer::Unsatisfiable;
-    }
-    RangeAnswer::Part {
-        start: first,
-        end: last.map_or(size - 1, |last| last.min(size - 1)),
-    }
-}
-
-/// `1*DIGIT` as a number, saturating at `u64::MAX`; `None` for anything else (`+1`, ` 1`).
-fn digits(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(text.bytes().fold(0u64, |n, digit| {
-        n.saturating_mul(10).saturating_add(u64::from(digit - b'0'))
-    }))
 }
 
 /// Lines `offset..offset+limit` (1-based), with their terminators, at most [`MAX_TEXT_BYTES`].
@@ -1382,94 +1049,6 @@ fn read_lines(file: std::fs::File, offset: u64, limit: Option<u64>) -> io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges_follow_rfc_9110() {
-        use RangeAnswer::{Part, Unsatisfiable, Whole};
-        let part = |start, end| Part { start, end };
-        let table: &[(&[u8], u64, RangeAnswer)] = &[
-            // Satisfiable single ranges.
-            (b"bytes=0-3", 10, part(0, 3)),
-            (b"bytes=5-", 10, part(5, 9)),
-            (b"bytes=-3", 10, part(7, 9)),
-            (b"bytes=-30", 10, part(0, 9)),
-            (b"bytes=8-100", 10, part(8, 9)),
-            (b"bytes=9-9", 10, part(9, 9)),
-            (b"BYTES=0-0", 10, part(0, 0)),
-            (b"  bytes=1-2  ", 10, part(1, 2)),
-            (b"bytes=1-2,", 10, part(1, 2)),
-            (b"bytes=, 1-2", 10, part(1, 2)),
-            (b"bytes=0-18446744073709551616", 10, part(0, 9)),
-            (b"bytes=-18446744073709551616", 10, part(0, 9)),
-            // Valid but unsatisfiable.
-            (b"bytes=10-", 10, Unsatisfiable),
-            (b"bytes=999999-", 12, Unsatisfiable),
-            (b"bytes=18446744073709551616-", 10, Unsatisfiable),
-            (b"bytes=-0", 10, Unsatisfiable),
-            (b"bytes=0-0", 0, Unsatisfiable),
-            (b"bytes=0-", 0, Unsatisfiable),
-            // A suffix of an empty file names no byte: the empty whole file.
-            (b"bytes=-5", 0, Whole),
-            // Several ranges: the whole file, never multipart/byteranges.
-            (b"bytes=0-1,4-5", 10, Whole),
-            (b"bytes=0-1, 0-1", 10, Whole),
-            (b"bytes=50-,60-", 10, Whole),
-            // Another unit, or not a valid header: ignored.
-            (b"items=0-5", 10, Whole),
-            (b"bytes=abc", 10, Whole),
-            (b"bytes=4-2", 10, Whole),
-            (b"bytes=+1-2", 10, Whole),
-            (b"bytes=1-+2", 10, Whole),
-            (b"bytes= 1 - 2", 10, Whole),
-            (b"bytes =0-1", 10, Whole),
-            (b"bytes=1", 10, Whole),
-            (b"bytes=-", 10, Whole),
-            (b"bytes=--1", 10, Whole),
-            (b"bytes=0-1-2", 10, Whole),
-            (b"bytes=", 10, Whole),
-            (b"bytes=,", 10, Whole),
-            (b"bytes", 10, Whole),
-            (b"", 10, Whole),
-            (b"bytes=0-1\xff", 10, Whole),
-            (b"\xff\xfe", 10, Whole),
-        ];
-        for (header, size, expected) in table {
-            let shown = String::from_utf8_lossy(header);
-            assert_eq!(parse_range(header, *size), *expected, "{shown:?} of {size}");
-        }
-    }
-
-    /// Every short header over the characters that matter: no panic, and a part lies within
-    /// the file.
-    #[test]
-    fn every_short_range_header_gives_an_answer_within_the_file() {
-        let alphabet = b"0 9-,=b\xff";
-        let mut headers: Vec<Vec<u8>> = vec![Vec::new()];
-        for _ in 0..5 {
-            let longer: Vec<Vec<u8>> = headers
-                .iter()
-                .filter(|h| h.len() == headers.last().map_or(0, Vec::len))
-                .flat_map(|h| {
-                    alphabet.iter().map(move |c| {
-                        let mut h = h.clone();
-                        h.push(*c);
-                        h
-                    })
-                })
-                .collect();
-            headers.extend(longer);
-        }
-        for rest in &headers {
-            for prefix in [&b""[..], b"bytes=", b"Bytes=1"] {
-                let header = [prefix, rest.as_slice()].concat();
-                for size in [0, 1, 2, 10, u64::MAX] {
-                    if let RangeAnswer::Part { start, end } = parse_range(&header, size) {
-                        assert!(start <= end && end < size, "{header:?} of {size}");
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn modes_are_octal_digits_in_decimal() {

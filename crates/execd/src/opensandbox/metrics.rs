@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use warren_protocol::opensandbox::Metrics;
 
@@ -126,15 +125,7 @@ pub fn watch() -> Response {
             Some(after),
         ))
     });
-    let mut response = Body::from_stream(stream).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+    super::stream::streaming_response(Body::from_stream(stream), "application/x-ndjson")
 }
 
 #[cfg(test)]

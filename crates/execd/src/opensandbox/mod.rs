@@ -8,6 +8,7 @@
 
 mod bash_sessions;
 mod commands;
+pub(crate) mod confined;
 mod files;
 mod metrics;
 pub(crate) mod resolve;
@@ -33,7 +34,7 @@ use crate::Config;
 use crate::error::{ApiError, Json, OptionalJson, Path as UrlPath};
 
 pub use files::expand_path;
-pub(crate) use files::{PathError, path_error};
+pub(crate) use files::{PathError, is_escape, path_error};
 
 /// Everything that can go wrong on these routes. No HTTP in here; see the `From` impl below.
 #[derive(Debug, thiserror::Error)]
@@ -358,17 +359,7 @@ async fn download_file(
     headers: HeaderMap,
 ) -> Result<Response> {
     let path = required(&pairs, "path")?;
-    // Several Range field lines are combined as RFC 9110 §5.3 does, joined with commas (which
-    // gives a header that names several ranges or is invalid, and so is ignored).
-    let range = headers
-        .get_all(header::RANGE)
-        .iter()
-        .map(|value| value.as_bytes().to_vec())
-        .reduce(|mut joined, value| {
-            joined.extend_from_slice(b", ");
-            joined.extend_from_slice(&value);
-            joined
-        });
+    let range = warren_http::range::range_header(&headers);
     let number = |name: &str| -> Result<Option<u64>> {
         first(&pairs, name)
             .filter(|v| !v.is_empty())

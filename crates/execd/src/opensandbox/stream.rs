@@ -1,6 +1,7 @@
 //! The OpenSandbox event stream: each event is one compact JSON object on one line followed by
 //! a blank line (`{...}\n\n`, no `data:` prefix), sent as `text/event-stream` while the command
-//! runs. Also the line splitter that turns raw output bytes into one event text per line.
+//! runs. Also the line splitter that turns raw output bytes into one event text per line, and
+//! the headers of every streamed answer ([`streaming_response`]).
 //!
 //! The stream ends when its sender is dropped, which is right after the final event: there is
 //! no grace-period sleep.
@@ -85,15 +86,19 @@ pub fn encode_event(event: &ServerEvent) -> Bytes {
 pub fn channel() -> (EventSink, Response) {
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
     let body = tokio_stream_from(rx).map(Ok::<Bytes, std::convert::Infallible>);
-    let mut response = Body::from_stream(body).into_response();
+    let response = streaming_response(Body::from_stream(body), "text/event-stream");
+    (EventSink { tx }, response)
+}
+
+/// A 200 that streams `body` as `content_type`, uncached, and unbuffered by proxies that honour
+/// `X-Accel-Buffering` (every event or line is sent as soon as it is made).
+pub fn streaming_response(body: Body, content_type: &'static str) -> Response {
+    let mut response = body.into_response();
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    (EventSink { tx }, response)
+    response
 }
 
 fn tokio_stream_from(rx: mpsc::Receiver<Bytes>) -> impl futures_util::Stream<Item = Bytes> {

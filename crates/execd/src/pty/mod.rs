@@ -2,10 +2,12 @@
 //! clients can reconnect to (`since`), watch (`mode=viewer`) and take over (`takeover=1`).
 //!
 //! This module holds the session registry and the REST routes; [`session`] owns one session's
-//! state and output path, [`ring`] the replay ring, [`ws`] the WebSocket connections. Spawning
-//! and killing processes is `warren-process`'s job. [`PtyError`] is this feature's error type;
+//! state and output path, [`ring`] the replay ring, [`ws`] the WebSocket connections, [`agent`]
+//! the exec engine's commands served with the same protocol. Spawning and killing processes is
+//! `warren-process`'s job. [`PtyError`] is this feature's error type;
 //! its statuses are picked in `crate::error`, with every other execd error's.
 
+pub mod agent;
 pub mod ring;
 pub mod session;
 pub mod ws;
@@ -32,10 +34,15 @@ use session::Session;
 pub enum PtyError {
     #[error("pty session {0} not found")]
     NotFound(String),
+    #[error("no agent terminal {0}: the agent runs no such command (or it was released)")]
+    UnknownAgentTerminal(String),
     #[error("{0}")]
     InvalidBody(String),
     #[error("another client is already connected to pty session {0}")]
     AlreadyConnected(String),
+    /// A holder attach without `takeover=1` to an agent's command, which the agent drives.
+    #[error("the agent drives {0}: watch it with mode=viewer or answer it with takeover=1")]
+    AgentHolds(String),
     #[error("viewer mode requires a running shell in pty session {0}")]
     ViewerRequiresRunningSession(String),
     #[error("too many pty sessions (limit {0}); delete one first")]
@@ -280,6 +287,9 @@ fn check_handshake(session: &Session, params: WsParams, is_upgrade: bool) -> Res
             return Err(PtyError::ViewerRequiresRunningSession(session.id.clone()));
         }
         return Ok(());
+    }
+    if session.is_adopted() && !params.takeover {
+        return Err(PtyError::AgentHolds(session.id.clone()));
     }
     if session.has_holder() && !(params.takeover && is_upgrade) {
         return Err(PtyError::AlreadyConnected(session.id.clone()));

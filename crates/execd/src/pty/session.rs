@@ -11,6 +11,12 @@
 //!
 //! Attaches (holder start, takeover) are serialised by [`Session::attach_lock`], which is held
 //! across the waits a takeover needs but never by the output path.
+//!
+//! A session either starts its own shells ([`Session::new`], `POST /pty`) or carries a command
+//! the exec engine runs ([`Session::adopted`], an agent terminal): then its output is handed in
+//! ([`Session::publish_output`], [`Session::finish_adopted`]), its input goes to the engine, it
+//! never starts anything, and the agent counts as a holder that is never evicted, so only a
+//! takeover gets the holder slot.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -84,18 +90,81 @@ type StdinWriter = Box<dyn AsyncWrite + Unpin + Send>;
 pub struct Shell {
     pub generation: u64,
     pub mode: PtyMode,
-    pub stdin: Arc<tokio::sync::Mutex<StdinWriter>>,
-    pub signals: SignalTarget,
-    /// Present in PTY mode: resizes the terminal.
-    pub control: Option<Arc<PtyControl>>,
+    input: ShellInput,
+}
+
+/// Where a holder's stdin, signals and resizes go.
+#[derive(Clone)]
+enum ShellInput {
+    /// A shell this session started.
+    Own {
+        stdin: Arc<tokio::sync::Mutex<StdinWriter>>,
+        signals: SignalTarget,
+        /// Present in PTY mode: resizes the terminal.
+        control: Option<Arc<PtyControl>>,
+    },
+    /// A command of the exec engine.
+    Engine(warren_exec::SessionInput),
 }
 
 impl Shell {
     pub async fn write_stdin(&self, bytes: &[u8]) -> std::io::Result<()> {
-        let mut stdin = self.stdin.lock().await;
-        stdin.write_all(bytes).await?;
-        stdin.flush().await
+        match &self.input {
+            ShellInput::Own { stdin, .. } => {
+                let mut stdin = stdin.lock().await;
+                stdin.write_all(bytes).await?;
+                stdin.flush().await
+            }
+            ShellInput::Engine(input) => input.write(bytes).await,
+        }
     }
+
+    /// Resizes the terminal; a no-op in pipe mode.
+    pub fn resize(&self, size: PtySize) -> std::io::Result<()> {
+        match &self.input {
+            ShellInput::Own {
+                control: Some(control),
+                ..
+            } => control.resize(size),
+            ShellInput::Own { control: None, .. } => Ok(()),
+            ShellInput::Engine(input) => input.resize(size),
+        }
+    }
+
+    /// Sends `signal` where pty-sessions.md says: the terminal's foreground group in PTY mode,
+    /// the shell's group in pipe mode.
+    pub fn signal(&self, signal: rustix::process::Signal) -> std::io::Result<()> {
+        match &self.input {
+            ShellInput::Own { signals, .. } => signals.send(signal),
+            ShellInput::Engine(input) => input.signal(signal),
+        }
+    }
+
+    /// Takes nothing and signals nothing: what a holder gets when the shell already exited.
+    fn exited(generation: u64, mode: PtyMode) -> Self {
+        Self {
+            generation,
+            mode,
+            input: ShellInput::Own {
+                stdin: Arc::new(tokio::sync::Mutex::new(Box::new(tokio::io::sink()))),
+                signals: SignalTarget::Group(0),
+                control: None,
+            },
+        }
+    }
+}
+
+/// Where a session's shells come from.
+enum Origin {
+    /// `POST /pty`: a shell started at a holder's attach (again after it exited).
+    Own {
+        cwd: PathBuf,
+        command: Option<String>,
+        /// `POST /pty`'s `env`, added to every shell this session starts.
+        env: Vec<(String, String)>,
+    },
+    /// A command the exec engine started and runs; the session only carries it.
+    Adopted { mode: PtyMode },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -131,10 +200,7 @@ struct State {
 
 pub struct Session {
     pub id: String,
-    cwd: PathBuf,
-    command: Option<String>,
-    /// `POST /pty`'s `env`, added to every shell this session starts.
-    env: Vec<(String, String)>,
+    origin: Origin,
     state: Mutex<State>,
     /// Bumped after every output chunk and every exit; viewers wait on it.
     progress: watch::Sender<u64>,
@@ -154,6 +220,8 @@ pub enum AttachError {
     Deleted(String),
     #[error("pty session {0} has no running shell")]
     NotRunning(String),
+    #[error("the agent drives {0}: watch it with mode=viewer or answer it with takeover=1")]
+    AgentHolds(String),
 }
 
 /// A holder's subscription.
@@ -194,15 +262,43 @@ impl Session {
         env: Vec<(String, String)>,
         takeover_timeout: Duration,
     ) -> Self {
+        Self::with_origin(
+            id,
+            Origin::Own { cwd, command, env },
+            None,
+            takeover_timeout,
+        )
+    }
+
+    /// A session carrying a command of the exec engine, running from the start, with its
+    /// input going to `input`.
+    pub fn adopted(
+        id: String,
+        mode: PtyMode,
+        input: warren_exec::SessionInput,
+        takeover_timeout: Duration,
+    ) -> Self {
+        let shell = Shell {
+            generation: 1,
+            mode,
+            input: ShellInput::Engine(input),
+        };
+        Self::with_origin(id, Origin::Adopted { mode }, Some(shell), takeover_timeout)
+    }
+
+    fn with_origin(
+        id: String,
+        origin: Origin,
+        shell: Option<Shell>,
+        takeover_timeout: Duration,
+    ) -> Self {
         Self {
             id,
-            cwd,
-            command,
-            env,
+            origin,
             state: Mutex::new(State {
                 ring: ReplayRing::new(RING_CAPACITY),
-                shell: None,
-                generation: 0,
+                generation: shell.as_ref().map_or(0, |shell| shell.generation),
+                shell,
                 last_exit: None,
                 holder: None,
                 trees: Vec::new(),
@@ -213,6 +309,24 @@ impl Session {
             attach_lock: tokio::sync::Mutex::new(()),
             takeover_timeout,
         }
+    }
+
+    /// How the shell's output reaches the session: an adopted command's, or the running
+    /// shell's (PTY when none runs).
+    pub fn mode(&self) -> PtyMode {
+        match self.origin {
+            Origin::Adopted { mode } => mode,
+            Origin::Own { .. } => self
+                .lock()
+                .shell
+                .as_ref()
+                .map_or(PtyMode::Pty, |shell| shell.mode),
+        }
+    }
+
+    /// True for a command of the exec engine ([`Session::adopted`]).
+    pub fn is_adopted(&self) -> bool {
+        matches!(self.origin, Origin::Adopted { .. })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -227,8 +341,10 @@ impl Session {
         self.lock().shell.is_some()
     }
 
+    /// A connection holds the session, or (for an adopted command) the agent does: it always
+    /// drives its own command, so a new holder needs `takeover=1`.
     pub fn has_holder(&self) -> bool {
-        self.lock().holder.is_some()
+        self.is_adopted() || self.lock().holder.is_some()
     }
 
     pub fn output_offset(&self) -> u64 {
@@ -245,6 +361,9 @@ impl Session {
         mode: PtyMode,
     ) -> Result<HolderAttach, AttachError> {
         let _attach = self.attach_lock.lock().await;
+        if self.is_adopted() && !takeover {
+            return Err(AttachError::AgentHolds(self.id.clone()));
+        }
         let evicting = {
             let state = self.lock();
             if state.deleted {
@@ -281,7 +400,7 @@ impl Session {
                 state.holder = None;
             }
         }
-        if !self.is_running() {
+        if !self.is_adopted() && !self.is_running() {
             self.start_shell(mode)?;
         }
         let mut state = self.lock();
@@ -311,13 +430,11 @@ impl Session {
                 // replay: the holder gets it, then the exit.
                 let exit = state.last_exit.map_or(-1, |record| record.exit_code);
                 let _ = events_tx.send(HolderEvent::Exit(exit));
-                Shell {
-                    generation: state.generation,
-                    mode,
-                    stdin: Arc::new(tokio::sync::Mutex::new(Box::new(tokio::io::sink()))),
-                    signals: SignalTarget::Group(0),
-                    control: None,
-                }
+                let mode = match self.origin {
+                    Origin::Adopted { mode } => mode,
+                    Origin::Own { .. } => mode,
+                };
+                Shell::exited(state.generation, mode)
             }
         };
         Ok(HolderAttach {
@@ -420,6 +537,21 @@ impl Session {
         self.progress.send_replace(total);
     }
 
+    /// Appends an adopted command's output, in live frames of at most [`MAX_LIVE_PAYLOAD`].
+    pub fn publish_output(&self, bytes: &[u8]) {
+        for piece in bytes.chunks(MAX_LIVE_PAYLOAD) {
+            let mut frame = BytesMut::with_capacity(1 + piece.len());
+            frame.put_u8(CHANNEL_STDOUT);
+            frame.put_slice(piece);
+            self.publish(frame.freeze());
+        }
+    }
+
+    /// Records an adopted command's exit, once all its output was published.
+    pub fn finish_adopted(&self, exit_code: i32) {
+        self.finish(1, exit_code);
+    }
+
     /// Records the exit of shell `generation` once all its output is in the ring.
     fn finish(&self, generation: u64, code: i32) {
         let total = {
@@ -447,28 +579,36 @@ impl Session {
         self.progress.send_replace(total);
     }
 
-    fn shell_command(&self) -> CommandSpec {
+    fn shell_command(
+        cwd: &std::path::Path,
+        script: Option<&str>,
+        env: &[(String, String)],
+    ) -> CommandSpec {
         let shell = warren_process::shell::default_shell();
         let mut command = CommandSpec::new(shell.program, &warren_process::TreeMarker::new());
         if shell.is_bash {
             command = command.arg("--noprofile").arg("--norc");
         }
-        if let Some(script) = &self.command {
+        if let Some(script) = script {
             command = command.arg("-c").arg(script);
         }
-        let command = self
-            .env
+        let command = env
             .iter()
             .fold(command, |command, (name, value)| command.env(name, value));
-        command.cwd(self.cwd.clone())
+        command.cwd(cwd)
     }
 
     /// Starts a shell and the task that drives it. Called with the attach lock held.
     fn start_shell(self: &Arc<Self>, mode: PtyMode) -> Result<(), AttachError> {
-        std::fs::create_dir_all(&self.cwd).map_err(|e| {
-            AttachError::StartFailed(format!("cannot create cwd {}: {e}", self.cwd.display()))
+        let Origin::Own { cwd, command, env } = &self.origin else {
+            return Err(AttachError::StartFailed(
+                "an agent's command is never started again".into(),
+            ));
+        };
+        std::fs::create_dir_all(cwd).map_err(|e| {
+            AttachError::StartFailed(format!("cannot create cwd {}: {e}", cwd.display()))
         })?;
-        let command = self.shell_command();
+        let command = Self::shell_command(cwd, command.as_deref(), env);
         let failed = |e: std::io::Error| AttachError::StartFailed(e.to_string());
         let (child, tree, shell_parts, readers): (OwnedChild, TreeId, _, Vec<Pump>) = match mode {
             PtyMode::Pty => {
@@ -515,9 +655,11 @@ impl Session {
             state.shell = Some(Shell {
                 generation: state.generation,
                 mode,
-                stdin: Arc::new(tokio::sync::Mutex::new(stdin)),
-                signals,
-                control,
+                input: ShellInput::Own {
+                    stdin: Arc::new(tokio::sync::Mutex::new(stdin)),
+                    signals,
+                    control,
+                },
             });
             state.generation
         };

@@ -54,8 +54,18 @@ pub async fn attach(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, PtyError> {
     let session = sessions.get(&id)?;
-    let timings = sessions.timings();
-    let params = WsParams::parse(&query);
+    serve(session, sessions.timings(), &query, upgrade)
+}
+
+/// The handshake checks and then the connection of `session`, holder or viewer as `query`
+/// says: every route that speaks pty-sessions.md's WebSocket protocol ends here.
+pub fn serve(
+    session: Arc<Session>,
+    timings: PtyTimings,
+    query: &std::collections::HashMap<String, String>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, PtyError> {
+    let params = WsParams::parse(query);
     let upgrade = upgrade_or_error(&session, params, upgrade)?;
     Ok(upgrade
         .max_message_size(MAX_INCOMING_BYTES)
@@ -175,7 +185,7 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         Ok(attach) => attach,
         Err(error) => {
             let (code, close) = match &error {
-                AttachError::AlreadyConnected(_) => {
+                AttachError::AlreadyConnected(_) | AttachError::AgentHolds(_) => {
                     (FrameErrorCode::AlreadyConnected, CLOSE_POLICY)
                 }
                 AttachError::StartFailed(_) => (FrameErrorCode::StartFailed, CLOSE_INTERNAL),
@@ -320,17 +330,15 @@ async fn holder_message(
                     )
                     .await;
                 };
-                if let Some(control) = &shell.control {
-                    let size = warren_process::pty::PtySize { rows, cols };
-                    if let Err(error) = control.resize(size) {
-                        tracing::debug!(%error, "resize failed (the shell may have exited)");
-                    }
+                let size = warren_process::pty::PtySize { rows, cols };
+                if let Err(error) = shell.resize(size) {
+                    tracing::debug!(%error, "resize failed (the shell may have exited)");
                 }
                 Next::Continue
             }
             Parsed::Frame(ClientFrame::Signal { signal }) => match signal_by_name(&signal) {
                 Some(sig) => {
-                    if let Err(error) = shell.signals.send(sig) {
+                    if let Err(error) = shell.signal(sig) {
                         tracing::debug!(%error, signal, "signal not delivered (the shell may have exited)");
                     }
                     Next::Continue

@@ -1,6 +1,7 @@
 //! execd's routes against a real execd on 127.0.0.1:0 in this process, with real HTTP and
 //! WebSocket clients: PTY sessions (`pty`), and the OpenSandbox-compatible commands, bash
-//! sessions and files (`opensandbox_*`), also driven by the OpenSandbox Python SDK, and workspace
+//! sessions and files (`opensandbox_*`), also driven by the OpenSandbox Python SDK, Warren's
+//! file routes and change feed (`files_api`), and workspace
 //! snapshots with the hands' identity (`workspace`, also on Unix sockets). One test
 //! binary; `/v1/exec` has its own (`tests/exec.rs`), as it runs the daemon's reaper, which
 //! would take the exit statuses of the children other tests wait for.
@@ -8,6 +9,7 @@
 // Tests start real programs (shells, servers, the binary under test) directly.
 #![allow(clippy::disallowed_methods)]
 
+mod files_api;
 mod http_edge;
 mod opensandbox_commands;
 mod opensandbox_files;

@@ -9,7 +9,6 @@ use crate::opensandbox_support;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 
-use futures_util::StreamExt;
 use std::path::Path;
 
 use opensandbox_support::*;
@@ -1511,17 +1510,7 @@ async fn a_large_upload_and_download_stream_without_buffering_the_file() {
 
     let response = download(&server, &path).await;
     assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let mut n_bytes = 0usize;
-    let mut last_byte = 0u8;
-    while let Some(chunk) = tokio::time::timeout(WAIT, stream.next())
-        .await
-        .expect("the download keeps coming")
-    {
-        let chunk = chunk.expect("a chunk");
-        n_bytes += chunk.len();
-        last_byte = chunk.last().copied().unwrap_or(last_byte);
-    }
+    let (n_bytes, last_byte) = warren_test_support::peak_memory::drain(response).await;
     assert_eq!(n_bytes, N_CHUNKS * CHUNK);
     assert_eq!(last_byte, b'a' + ((N_CHUNKS - 1) % 26) as u8);
     let peak_growth_kib = memory_kib("VmHWM").saturating_sub(rss_before_kib);

@@ -17,6 +17,7 @@
 //! the agent's `fs/*` and `terminal/*` requests from the running hands.
 
 pub mod agent;
+pub mod changes;
 pub mod host;
 pub mod local;
 pub mod remote;
@@ -256,6 +257,10 @@ pub struct Hands {
     live: tokio::sync::Mutex<Live>,
     /// Serializes snapshot writes (a pause's and a turn's).
     snapshotting: tokio::sync::Mutex<()>,
+    /// A snapshot after file changes is scheduled ([`Hands::snapshot_soon`]).
+    snapshot_scheduled: std::sync::atomic::AtomicBool,
+    /// The generation of the instance whose change feed is forwarded (0: none).
+    watching: std::sync::atomic::AtomicU64,
     status: Mutex<Status>,
     emit: OnceLock<EmitFn>,
     /// The agent's terminals (see [`host`]).
@@ -263,18 +268,25 @@ pub struct Hands {
     me: Weak<Hands>,
 }
 
-/// Keeps the hands awake while held (a running turn, an attached terminal).
+/// Keeps the hands awake while held (a running turn, an attached terminal, a download).
 pub struct HandsHold {
     hands: Arc<Hands>,
+    /// Whether letting go counts as a use (the idle clock starts again).
+    restarts_idle_clock: bool,
 }
 
 impl Drop for HandsHold {
     fn drop(&mut self) {
         let mut status = self.hands.status();
         status.n_holds = status.n_holds.saturating_sub(1);
-        status.last_use = Instant::now();
+        if self.restarts_idle_clock {
+            status.last_use = Instant::now();
+        }
     }
 }
+
+/// How long after a change through the files API its snapshot is taken (later changes share it).
+pub const SNAPSHOT_AFTER_CHANGE: Duration = Duration::from_secs(1);
 
 impl Hands {
     /// Hands for the session in `session_dir` (workspace `session_dir/workspace`, snapshot
@@ -312,6 +324,8 @@ impl Hands {
             token: Mutex::new(hex::encode(rand::random::<[u8; 32]>())),
             live: tokio::sync::Mutex::new(Live::default()),
             snapshotting: tokio::sync::Mutex::new(()),
+            snapshot_scheduled: std::sync::atomic::AtomicBool::new(false),
+            watching: std::sync::atomic::AtomicU64::new(0),
             status: Mutex::new(Status {
                 state,
                 isolation: None,
@@ -437,7 +451,47 @@ impl Hands {
         status.last_use = Instant::now();
         HandsHold {
             hands: self.clone(),
+            restarts_idle_clock: true,
         }
+    }
+
+    /// The endpoint of hands that run now, with a hold that keeps them from pausing while it is
+    /// used; `None` when they do not run. Nothing is started or resumed, and it is no use: the
+    /// idle clock goes on (browsing files does not keep hands awake).
+    pub async fn running_endpoint(self: &Arc<Self>) -> Option<(HandsEndpoint, HandsHold)> {
+        // Under the lifecycle lock: a pause either finished (state paused) or waits for the hold.
+        let live = self.live.lock().await;
+        let instance = live.instance.as_ref()?;
+        if self.state() != HandsState::Running || instance.exited().borrow().is_some() {
+            return None;
+        }
+        let hold = {
+            let mut status = self.status();
+            status.n_holds += 1;
+            HandsHold {
+                hands: self.clone(),
+                restarts_idle_clock: false,
+            }
+        };
+        Some((instance.endpoint().clone(), hold))
+    }
+
+    /// Schedules a snapshot [`SNAPSHOT_AFTER_CHANGE`] from now (a file changed through the files
+    /// API); changes meanwhile share it.
+    pub fn snapshot_soon(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.snapshot_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(SNAPSHOT_AFTER_CHANGE).await;
+            let Some(hands) = me.upgrade() else {
+                return;
+            };
+            hands.snapshot_scheduled.store(false, Ordering::Release);
+            hands.snapshot_if_changed().await;
+        });
     }
 
     /// The reset notice for the agent's next prompt, once (hands.md "Restore").
@@ -517,6 +571,8 @@ impl Hands {
                         },
                     );
                 }
+                // Adopted paused hands are watched from their first resume.
+                self.watch_files(&live).await;
                 return Ok((instance.endpoint().clone(), instance.root().to_string()));
             }
             let why = instance.exited().borrow().clone().unwrap_or_default();
@@ -598,7 +654,34 @@ impl Hands {
             .instance
             .as_ref()
             .ok_or_else(|| HandsError::Failed("the sandbox went away while starting".into()))?;
-        Ok((instance.endpoint().clone(), instance.root().to_string()))
+        let (endpoint, root) = (instance.endpoint().clone(), instance.root().to_string());
+        // After the restore: unpacking the snapshot is no change of the person's files.
+        self.watch_files(live).await;
+        Ok((endpoint, root))
+    }
+
+    /// `files_changed` events from the running instance's change feed ([`changes`]), once per
+    /// instance.
+    async fn watch_files(&self, live: &Live) {
+        use std::sync::atomic::Ordering;
+        let Some(instance) = live.instance.as_ref() else {
+            return;
+        };
+        if self.watching.swap(live.generation, Ordering::AcqRel) == live.generation {
+            return;
+        }
+        let Ok(client) = instance.endpoint().client() else {
+            return;
+        };
+        let me = self.me.clone();
+        changes::start(client, self.session_id.clone(), move |paths, truncated| {
+            if let Some(hands) = me.upgrade()
+                && let Some(emit) = hands.emit.get()
+            {
+                emit(EventBody::FilesChanged { paths, truncated });
+            }
+        })
+        .await;
     }
 
     /// Starts a provider instance on the workspace and watches it for death.
@@ -981,15 +1064,16 @@ impl Hands {
                 // sweeper snapshots and pauses them like any other.
                 let frozen = instance.is_frozen();
                 self.install(&mut live, instance);
-                let mut status = self.status();
-                status.state = if frozen {
-                    HandsState::Paused
-                } else {
-                    HandsState::Running
-                };
-                status.paused_at = frozen.then(Instant::now);
-                status.changed = !frozen;
-                drop(status);
+                {
+                    let mut status = self.status();
+                    status.state = if frozen {
+                        HandsState::Paused
+                    } else {
+                        HandsState::Running
+                    };
+                    status.paused_at = frozen.then(Instant::now);
+                    status.changed = !frozen;
+                }
                 self.emit_transition(
                     if frozen { "paused" } else { "running" },
                     Transition {
@@ -998,6 +1082,10 @@ impl Hands {
                         ..Transition::default()
                     },
                 );
+                // A frozen execd answers once thawed (the watch starts then).
+                if !frozen {
+                    self.watch_files(&live).await;
+                }
             }
             Ok(None) => {}
             Err(e) => self.mark_lost(&e.to_string()),

@@ -8,17 +8,16 @@
 //! agent cold in bwrap hands and on the host with a warm pool. Prints one markdown table.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures_util::StreamExt;
 use serde_json::Value;
+use warren_gateway::GatewayArgs;
 use warren_gateway::config::BrainPlacement;
 use warren_gateway::hands::local::IsolationMode;
-use warren_gateway::{Gateway, GatewayArgs};
 
-use super::support::{Row, ms, percentile, print_table};
+use super::support::{BenchGateway, Row, ms, percentile, print_table};
 
 const N_WARMUP: usize = 20;
 const N_CALLS: usize = 300;
@@ -317,7 +316,7 @@ async fn brain_starts(args: GatewayArgs) -> anyhow::Result<(Vec<Duration>, Vec<D
             let creating = Instant::now();
             let id = gateway.create_session(&token).await?;
             created.push(creating.elapsed());
-            let events = gateway.events(&token, &id).await?;
+            let events = events(&gateway, &token, &id).await?;
             let started = Instant::now();
             gateway
                 .http
@@ -345,77 +344,20 @@ async fn brain_starts(args: GatewayArgs) -> anyhow::Result<(Vec<Duration>, Vec<D
     outcome
 }
 
-/// A gateway served in this process on 127.0.0.1:0 until [`BenchGateway::stop`].
-struct BenchGateway {
-    gateway: Arc<Gateway>,
-    url: String,
-    http: reqwest::Client,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl BenchGateway {
-    async fn start(mut args: GatewayArgs) -> anyhow::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        // As `warren gateway` does: agents reach the model proxy at the real port.
-        args.listen = listener.local_addr()?;
-        let url = format!("http://{}", args.listen);
-        let gateway = Gateway::open(args).await?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(warren_gateway::serve(gateway.clone(), listener, async {
-            let _ = stopped.await;
-        }));
-        let http = reqwest::Client::new();
-        Ok(Self {
-            gateway,
-            url,
-            http,
-            stop,
-            server,
-        })
-    }
-
-    /// The way SIGTERM does, then stops the hands it left paused for a next gateway.
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), self.server).await;
-        let run_dir = self.gateway.args.data.join("run").join("hands");
-        warren_gateway::hands::local::stop_left_hands_blocking(&run_dir);
-    }
-
-    async fn register(&self, device_id: &str) -> anyhow::Result<String> {
-        let body: Value = (self.http.post(format!("{}/v1/devices", self.url)))
-            .header("X-App-Key", APP_KEY)
-            .json(&serde_json::json!({"device_id": device_id}))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(body["token"].as_str().context("token")?.to_string())
-    }
-
-    async fn create_session(&self, token: &str) -> anyhow::Result<String> {
-        let body: Value = (self.http.post(format!("{}/v1/sessions", self.url)))
-            .bearer_auth(token)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(body["id"].as_str().context("session id")?.to_string())
-    }
-
-    /// `GET /v1/sessions/{id}/events`, from the start of the session's log.
-    async fn events(&self, token: &str, id: &str) -> anyhow::Result<reqwest::Response> {
-        Ok((self
-            .http
-            .get(format!("{}/v1/sessions/{id}/events", self.url)))
+/// `GET /v1/sessions/{id}/events`, from the start of the session's log.
+async fn events(
+    gateway: &BenchGateway,
+    token: &str,
+    id: &str,
+) -> anyhow::Result<reqwest::Response> {
+    let url = format!("{}/v1/sessions/{id}/events", gateway.url);
+    Ok(gateway
+        .http
+        .get(url)
         .bearer_auth(token)
         .send()
         .await?
         .error_for_status()?)
-    }
 }
 
 /// Reads a session's event stream line by line until its `status` event with `brain: ready`.

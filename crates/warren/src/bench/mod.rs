@@ -8,6 +8,7 @@ mod gateway;
 mod hands;
 mod pty;
 mod support;
+mod window;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -29,6 +30,8 @@ pub enum Bench {
     Hands,
     /// Model proxy overhead (TTFT, total, 32 streams) and brain start in the hands / warm.
     Agents,
+    /// Files, terminals and previews through the gateway vs direct.
+    Window,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -39,5 +42,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Gateway => gateway::run().await,
         Bench::Hands => hands::run().await,
         Bench::Agents => agents::run().await,
+        Bench::Window => window::run().await,
     }
 }

@@ -1,11 +1,15 @@
 //! What the benchmarks share: a `warren execd` child process to measure apart from the
-//! benchmark's own process, an execd served in process on 127.0.0.1:0, percentiles, and the
-//! one markdown table every `warren bench` prints. No measurement lives here.
+//! benchmark's own process, an execd or a gateway served in process on 127.0.0.1:0,
+//! percentiles, and the one markdown table every `warren bench` prints. No measurement lives
+//! here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
+use warren_gateway::{Gateway, GatewayArgs};
 
 /// One line of a benchmark's table.
 pub struct Row {
@@ -134,4 +138,68 @@ impl InProcessExecd {
             .context("execd did not shut down within 20 s")???;
         Ok(())
     }
+}
+
+/// A gateway served in this process on 127.0.0.1:0 until [`BenchGateway::stop`].
+pub struct BenchGateway {
+    pub gateway: Arc<Gateway>,
+    /// Where it listens (127.0.0.1 and the port it got).
+    pub addr: std::net::SocketAddr,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    pub http: reqwest::Client,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl BenchGateway {
+    /// Opens the gateway on `args` (with `app_key` set, so devices can register) and serves it.
+    pub async fn start(mut args: GatewayArgs) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        // As `warren gateway` does: agents and preview URLs name the real port.
+        args.listen = listener.local_addr()?;
+        let addr = args.listen;
+        let gateway = Gateway::open(args).await?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(warren_gateway::serve(gateway.clone(), listener, async {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            gateway,
+            addr,
+            url: format!("http://{addr}"),
+            http: reqwest::Client::builder().no_proxy().build()?,
+            stop,
+            server,
+        })
+    }
+
+    /// The way SIGTERM does, then stops the hands it left paused for a next gateway.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.server).await;
+        let run_dir = self.gateway.args.data.join("run").join("hands");
+        warren_gateway::hands::local::stop_left_hands_blocking(&run_dir);
+    }
+
+    /// `POST /v1/devices` with the gateway's app key: the device's token.
+    pub async fn register(&self, device_id: &str) -> anyhow::Result<String> {
+        let request = (self.http.post(format!("{}/v1/devices", self.url)))
+            .header("X-App-Key", &self.gateway.app_key)
+            .json(&serde_json::json!({"device_id": device_id}));
+        let body = json_answer(request).await?;
+        Ok(body["token"].as_str().context("token")?.to_string())
+    }
+
+    /// `POST /v1/sessions` as the device of `token`: the new session's id.
+    pub async fn create_session(&self, token: &str) -> anyhow::Result<String> {
+        let request = (self.http.post(format!("{}/v1/sessions", self.url))).bearer_auth(token);
+        let body = json_answer(request).await?;
+        Ok(body["id"].as_str().context("session id")?.to_string())
+    }
+}
+
+/// Sends `request` and reads its successful answer as JSON.
+pub async fn json_answer(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+    Ok(request.send().await?.error_for_status()?.json().await?)
 }

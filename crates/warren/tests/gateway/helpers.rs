@@ -374,6 +374,16 @@ pub fn text_of(events: &[Received]) -> String {
         .collect()
 }
 
+/// The agent's streamed text: its `agent_message_chunk`s, in order.
+pub fn agent_text(events: &[Received]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == "update")
+        .filter(|e| e.data["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|e| e.data["update"]["content"]["text"].as_str())
+        .collect()
+}
+
 /// The `stop_reason` of the last event read (a `turn_end`).
 pub fn stop_reason(events: &[Received]) -> &Value {
     &events.last().expect("a turn_end was read").data["stop_reason"]

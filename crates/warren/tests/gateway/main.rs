@@ -23,4 +23,5 @@ mod sse;
 mod storage;
 mod terminals;
 mod turns;
+mod window_files;
 mod window_terminals;

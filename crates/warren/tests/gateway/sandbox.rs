@@ -18,7 +18,9 @@ use warren_gateway::config::HandsProviderKind;
 use warren_gateway::hands::local::{IsolationMode, NetworkMode};
 use warren_test_support::{eventually, processes_mentioning, within};
 
-use crate::helpers::{Conversation, Received, TestGateway, args_with_shell_agent, warren_bin};
+use crate::helpers::{
+    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, warren_bin,
+};
 
 /// The gateway's own secrets, distinctive so a leak into the hands is unmistakable.
 const APP_KEY: &str = "sandbox-probe-app-key-7d1e";
@@ -93,16 +95,6 @@ impl Ran {
     }
 }
 
-/// The text of the agent's message chunks, in order.
-fn output_of(events: &[Received]) -> String {
-    events
-        .iter()
-        .filter(|e| e.event == "update")
-        .filter(|e| e.data["update"]["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|e| e.data["update"]["content"]["text"].as_str())
-        .collect()
-}
-
 /// The exit code the agent reported for the turn's command.
 fn exit_code_of(events: &[Received]) -> Option<i64> {
     events
@@ -116,7 +108,7 @@ fn exit_code_of(events: &[Received]) -> Option<i64> {
 async fn run(chat: &mut Conversation<'_>, command: &str) -> Ran {
     let events = chat.turn(command).await;
     Ran {
-        output: output_of(&events),
+        output: agent_text(&events),
         exit_code: exit_code_of(&events),
         events,
     }

@@ -4,17 +4,7 @@
 
 use serde_json::Value;
 
-use crate::helpers::{Received, TestGateway, args_with_shell_agent};
-
-/// The agent's streamed output (its `agent_message_chunk` texts, in order).
-fn streamed_output(events: &[Received]) -> String {
-    events
-        .iter()
-        .filter(|e| e.event == "update")
-        .filter(|e| e.data["update"]["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|e| e.data["update"]["content"]["text"].as_str())
-        .collect()
-}
+use crate::helpers::{Received, TestGateway, agent_text, args_with_shell_agent};
 
 /// The `raw_output` the agent reported for the terminal's end (`exit_code`, `signal`).
 fn reported_exit(events: &[Received]) -> Value {
@@ -34,7 +24,7 @@ async fn terminal_output_reaches_the_agent_as_exactly_the_bytes_written() {
     let seen = chat
         .turn(r"printf 'p10\rp100\n'; printf 'no-newline'")
         .await;
-    let output = streamed_output(&seen);
+    let output = agent_text(&seen);
     assert!(
         output.ends_with("p10\rp100\nno-newline"),
         "carriage return kept, nothing added or split: {output:?}"
