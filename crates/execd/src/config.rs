@@ -34,6 +34,12 @@ pub struct Config {
     #[arg(long)]
     pub forward: Vec<crate::forward::Forward>,
 
+    /// Also serve E2B's envd API (Connect `process.Process`, `filesystem.Filesystem`, `/files`)
+    /// on this address, for the `e2b` SDKs in debug mode (docs/e2b-compat.md; envd's port is
+    /// 49983). Off by default.
+    #[arg(long)]
+    pub e2b_listen: Option<SocketAddr>,
+
     /// Require this token in `X-EXECD-ACCESS-TOKEN` on every route except `GET /ping`.
     #[arg(long, env = "EXECD_ACCESS_TOKEN", hide_env_values = true)]
     pub access_token: Option<String>,
@@ -128,6 +134,7 @@ impl Default for Config {
             hands_nonce: None,
             secrets_fd: None,
             forward: Vec::new(),
+            e2b_listen: None,
             home: None,
             max_pty_sessions: 256,
             max_bash_sessions: 64,

@@ -12,6 +12,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod e2b;
 pub mod error;
 pub mod exec_api;
 pub mod files_api;
@@ -43,6 +44,8 @@ pub struct Execd {
     pub files: files_api::FilesApi,
     pub identity: identity::Identity,
     pub workspace: workspace::Workspace,
+    /// E2B's envd API, served on its own listener (`--e2b-listen`).
+    pub e2b: e2b::E2b,
     /// Cancelled when the daemon shuts down: ends the MCP sessions and their open SSE streams,
     /// which graceful shutdown would otherwise wait for forever.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
@@ -61,6 +64,7 @@ impl Execd {
             identity: identity::Identity::new(config.hands_nonce.clone(), &config.root),
             workspace: workspace::Workspace::new(config.root.clone(), config.home.clone()),
             mcp_shutdown: tokio_util::sync::CancellationToken::new(),
+            e2b: e2b::E2b::new(&config),
             config,
         }
     }
@@ -116,7 +120,8 @@ impl Execd {
         tokio::join!(
             self.pty.shutdown(),
             self.exec.shutdown(),
-            self.opensandbox.shutdown()
+            self.opensandbox.shutdown(),
+            self.e2b.shutdown()
         );
     }
 }
@@ -159,15 +164,56 @@ pub async fn serve(
     listener: impl Into<warren_http::Listener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = execd.router();
+    serve_listeners(execd, Some(listener.into()), None, shutdown).await
+}
+
+/// [`serve`] on execd's listener and/or the E2B envd listener (`--e2b-listen`; `warren envd`
+/// has only that one). Both share the daemon's state and stop together.
+pub async fn serve_listeners(
+    execd: Execd,
+    listener: Option<warren_http::Listener>,
+    e2b_listener: Option<warren_http::Listener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stop = tokio_util::sync::CancellationToken::new();
     let mcp_shutdown = execd.mcp_shutdown.clone();
     let files = execd.files.clone();
-    let shutdown = async move {
+    let e2b = execd.e2b.clone();
+    let stopping = stop.clone();
+    tokio::spawn(async move {
         shutdown.await;
         mcp_shutdown.cancel();
         files.stop_watches();
+        e2b.stop_streams();
+        stopping.cancel();
+    });
+    let serve_config = execd.config.serve_config();
+    let main = listener.map(|listener| {
+        warren_http::serve(
+            listener,
+            execd.router(),
+            serve_config,
+            stop.clone().cancelled_owned(),
+        )
+    });
+    let e2b = e2b_listener.map(|listener| {
+        warren_http::serve(
+            listener,
+            execd.e2b.router(),
+            serve_config,
+            stop.clone().cancelled_owned(),
+        )
+    });
+    // Whichever ends first (an accept error) stops the other too.
+    let until_stopped = async |serving: Option<_>| {
+        let Some(serving) = serving else {
+            return Ok(());
+        };
+        let result = serving.await;
+        stop.cancel();
+        result
     };
-    warren_http::serve(listener, app, execd.config.serve_config(), shutdown).await?;
+    let (main, e2b) = tokio::join!(until_stopped(main), until_stopped(e2b));
     execd.shutdown().await;
-    Ok(())
+    main.and(e2b)
 }

@@ -16,6 +16,8 @@ struct Cli {
 enum Command {
     /// Run the in-sandbox daemon: PTY sessions, exec API, files (default 127.0.0.1:44772).
     Execd(warren_execd::Config),
+    /// Run only E2B's envd API (execd's flags; on --e2b-listen, default 127.0.0.1:49983).
+    Envd(warren_execd::Config),
     /// Serve the exec tools (exec_command, write_stdin, ...) as an MCP server on stdio.
     Mcp(warren_mcp::McpArgs),
     /// Run the gateway: devices, sessions, event streams, brains and hands.
@@ -83,23 +85,57 @@ fn read_secrets(config: &mut warren_execd::Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_execd(mut config: warren_execd::Config) -> anyhow::Result<()> {
+/// envd's own port, where `warren envd` listens unless `--e2b-listen` says otherwise.
+const ENVD_DEFAULT_LISTEN: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 49983);
+
+/// `warren execd` (execd's listener, plus the envd one with `--e2b-listen`) or `warren envd`
+/// (`envd_only`: the envd listener alone).
+async fn run_execd(mut config: warren_execd::Config, envd_only: bool) -> anyhow::Result<()> {
     read_secrets(&mut config)?;
     let shutdown = shutdown_signal();
     warren_process::reaper::start()?;
+    if envd_only && config.e2b_listen.is_none() {
+        config.e2b_listen = Some(ENVD_DEFAULT_LISTEN);
+    }
+    let mut listens: Vec<String> = config
+        .e2b_listen
+        .iter()
+        .filter(|listen| !listen.ip().is_loopback())
+        .map(ToString::to_string)
+        .collect();
     if let warren_execd::ListenAddr::Tcp(listen) = &config.listen
-        && config.access_token.is_none()
+        && !envd_only
         && !listen.ip().is_loopback()
     {
-        tracing::warn!(%listen, "listening on a non-loopback address without an access token");
+        listens.push(listen.to_string());
     }
-    let (listener, listening_on) = warren_execd::bind(&config.listen).await?;
-    tracing::info!(listen = %listening_on, "warren execd listening");
+    if config.access_token.is_none() {
+        for listen in listens {
+            tracing::warn!(%listen, "listening on a non-loopback address without an access token");
+        }
+    }
+    let (listener, listening_on) = if envd_only {
+        (None, String::new())
+    } else {
+        let (listener, listening_on) = warren_execd::bind(&config.listen).await?;
+        tracing::info!(listen = %listening_on, "warren execd listening");
+        (Some(listener), listening_on)
+    };
+    let e2b_listener = match config.e2b_listen {
+        Some(listen) => {
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            let local_addr = listener.local_addr()?;
+            Some((warren_execd::Listener::from(listener), local_addr))
+        }
+        None => None,
+    };
     // The default state directory follows the port; a Unix socket has none, so it gets a
     // private one like port 0 (pass --state-dir to let the next execd clean up).
-    let port = match &listener {
-        warren_execd::Listener::Tcp(listener) => listener.local_addr()?.port(),
-        warren_execd::Listener::Unix(_) => 0,
+    let port = match (&listener, &e2b_listener) {
+        (Some(warren_execd::Listener::Tcp(listener)), _) => listener.local_addr()?.port(),
+        (None, Some((_, e2b_addr))) => e2b_addr.port(),
+        _ => 0,
     };
     let configured = config.state_dir.clone();
     let state = tokio::task::spawn_blocking(move || {
@@ -112,9 +148,15 @@ async fn run_execd(mut config: warren_execd::Config) -> anyhow::Result<()> {
     }
     // The first stdout line names the bound address, so a parent that asked for port 0 (the
     // gateway starting hands, tests) learns the real one. Printed once leftovers are stopped.
-    println!("warren execd listening on {listening_on}");
+    if !envd_only {
+        println!("warren execd listening on {listening_on}");
+    }
+    let e2b_listener = e2b_listener.map(|(listener, e2b_addr)| {
+        println!("warren envd listening on http://{e2b_addr}");
+        listener
+    });
     let execd = warren_execd::Execd::new(config);
-    warren_execd::serve(execd, listener, shutdown).await?;
+    warren_execd::serve_listeners(execd, listener, e2b_listener, shutdown).await?;
     drop(state);
     Ok(())
 }
@@ -129,7 +171,8 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let _context = runtime.enter();
     match cli.command {
-        Command::Execd(config) => runtime.block_on(run_execd(config)),
+        Command::Execd(config) => runtime.block_on(run_execd(config, false)),
+        Command::Envd(config) => runtime.block_on(run_execd(config, true)),
         Command::Mcp(args) => runtime.block_on(warren_mcp::run(args, shutdown_signal())),
         Command::Gateway(args) | Command::Serve(args) => {
             runtime.block_on(warren_gateway::run(args, shutdown_signal()))

@@ -3,6 +3,7 @@
 
 mod agents;
 mod compat;
+mod e2b;
 mod exec;
 mod gateway;
 mod hands;
@@ -32,6 +33,8 @@ pub enum Bench {
     Agents,
     /// Files, terminals and previews through the gateway vs direct.
     Window,
+    /// The e2b Python SDK against Warren's envd API (and `--against URL`).
+    E2b(e2b::E2bArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -43,5 +46,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Hands => hands::run().await,
         Bench::Agents => agents::run().await,
         Bench::Window => window::run().await,
+        Bench::E2b(args) => e2b::run(args).await,
     }
 }
