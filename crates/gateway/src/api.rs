@@ -54,6 +54,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/metrics", get(metrics))
         .merge(crate::files::routes())
         .merge(crate::model_proxy::routes())
+        .merge(crate::console::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         // Before every route: a preview origin's requests never reach the API.

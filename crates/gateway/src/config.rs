@@ -153,6 +153,10 @@ pub struct GatewayArgs {
     /// with 413 and nothing of it is kept.
     #[arg(long, env = "WARREN_UPLOAD_MAX", default_value = "200MiB", value_parser = parse_size)]
     pub upload_max: u64,
+    /// Serve the web console's files from this directory, read at every request, instead of
+    /// the ones embedded in the binary. Hidden: for editing the console without rebuilding.
+    #[arg(long, env = "WARREN_CONSOLE_DIR", hide = true)]
+    pub console_dir: Option<PathBuf>,
     #[command(flatten)]
     pub model: crate::model_proxy::ModelArgs,
 }
@@ -244,6 +248,7 @@ impl std::fmt::Debug for GatewayArgs {
             .field("preview_base_url", &self.preview_base_url)
             .field("preview_ttl", &self.preview_ttl)
             .field("upload_max", &self.upload_max)
+            .field("console_dir", &self.console_dir)
             .field("model", &self.model)
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)

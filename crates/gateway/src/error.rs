@@ -28,6 +28,9 @@ pub enum GatewayError {
     DeviceAlreadyBound,
     #[error("not found")]
     RouteNotFound,
+    /// A console path (`/console/{path}`, `/` for `index.html`) that names no console file.
+    #[error("the console has no file {0}")]
+    ConsoleFileNotFound(String),
     #[error("method not allowed on this route")]
     MethodNotAllowed,
     #[error("device not found")]
@@ -82,7 +85,9 @@ impl GatewayError {
             GatewayError::BadAppKey => (StatusCode::UNAUTHORIZED, "INVALID_APP_KEY"),
             GatewayError::Unauthorized => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
             GatewayError::DeviceAlreadyBound => (StatusCode::CONFLICT, "DEVICE_ALREADY_BOUND"),
-            GatewayError::RouteNotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            GatewayError::RouteNotFound | GatewayError::ConsoleFileNotFound(_) => {
+                (StatusCode::NOT_FOUND, "NOT_FOUND")
+            }
             GatewayError::MethodNotAllowed => {
                 (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED")
             }

@@ -14,15 +14,17 @@
 //! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
 //! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own;
 //! [`terminals`] the person's shells in the hands; [`files`] the person's file routes (live
-//! through execd, or from the snapshot).
+//! through execd, or from the snapshot); [`console`] the web console's files.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
-//! sandbox's construction (sandbox crate), the confined file walk (execd), the web console.
+//! sandbox's construction (sandbox crate), the confined file walk (execd), the console's front
+//! end (its files in `console/`, embedded by `build.rs`, are served as they are).
 
 pub mod admission;
 pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod event_log;
 pub mod files;
@@ -76,6 +78,8 @@ pub struct Gateway {
     pub files: files::Files,
     /// The sessions' previews (a port of the hands on an origin of its own).
     pub previews: previews::Previews,
+    /// The web console's files (`/`, `/console/...`).
+    pub console: console::Console,
     /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
     pub warm: warm::WarmSandboxes,
     /// The proxy's per-session sockets for hands without a network.
@@ -123,6 +127,8 @@ impl Gateway {
             args.preview_ttl,
         )
         .map_err(GatewayError::InvalidRequest)?;
+        let console =
+            console::Console::open(args.console_dir.clone(), &previews.frame_source()).await?;
         let data = args.data.clone();
         let admission = Admission::new(Limits::new(args.max_brains));
         // Every agent and hands process tree is listed here while it runs.
@@ -176,6 +182,7 @@ impl Gateway {
             model_sockets: model_socket::ModelSockets::default(),
             warm: warm::WarmSandboxes::new(n_warm_sandboxes),
             previews,
+            console,
             terminals: terminals::Terminals::default(),
             files: files::Files::default(),
             warren_bin,
@@ -323,8 +330,21 @@ pub async fn serve(
     }
 }
 
-/// `warren gateway` / `warren serve`: prints where to connect and how to register a device,
-/// then serves until `shutdown`.
+/// The banner's line that names the console's URL. An unspecified address (`0.0.0.0`) is
+/// reached at loopback on this machine and at its network address elsewhere.
+fn open_console_line(local_addr: std::net::SocketAddr) -> String {
+    let port = local_addr.port();
+    match local_addr.ip() {
+        ip if ip.is_unspecified() => format!(
+            "open http://127.0.0.1:{port}/ on your phone or browser \
+             (from another device, this machine's address at port {port})"
+        ),
+        _ => format!("open http://{local_addr}/ on your phone or browser"),
+    }
+}
+
+/// `warren gateway` / `warren serve`: prints where to connect (the console's URL) and how to
+/// register a device, then serves until `shutdown`.
 pub async fn run(
     args: GatewayArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -337,7 +357,9 @@ pub async fn run(
     let gateway = Gateway::open(args).await?;
     let url = format!("http://{local_addr}");
     tracing::info!(%url, data = %gateway.args.data.display(), "warren gateway listening");
+    // The first line is what tools parse; the second is what a person needs.
     println!("warren gateway listening on {url}");
+    println!("{}", open_console_line(local_addr));
     println!("data directory: {}", gateway.args.data.display());
     println!("app key: {}", gateway.app_key);
     println!("register a device:");

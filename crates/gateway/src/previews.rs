@@ -81,6 +81,14 @@ impl Previews {
         })
     }
 
+    /// Every preview origin as one CSP source, the console's `frame-src`: the host label that
+    /// holds `{token}` and those left of it become `*` (CSP wildcards only the leftmost labels),
+    /// scheme and port stay (`http://p-{token}.localhost:8080` → `http://*.localhost:8080`,
+    /// `https://{token}.preview.example.com` → `https://*.preview.example.com`).
+    pub fn frame_source(&self) -> String {
+        frame_source(&self.base_url)
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Preview>> {
         self.by_token
             .lock()
@@ -162,6 +170,31 @@ impl Previews {
             None => None,
         }
     }
+}
+
+/// [`Previews::frame_source`] of a URL template that [`Previews::new`] accepted.
+fn frame_source(base_url: &str) -> String {
+    let (scheme, rest) = base_url.split_once("://").unwrap_or(("https", base_url));
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (authority, None),
+    };
+    let labels: Vec<&str> = host.split('.').collect();
+    let after_token = labels
+        .iter()
+        .position(|label| label.contains("{token}"))
+        .map_or(&labels[..], |at| &labels[at + 1..]);
+    let mut source = format!("{}://*", scheme.to_ascii_lowercase());
+    for label in after_token {
+        source.push('.');
+        source.push_str(&label.to_ascii_lowercase());
+    }
+    if let Some(port) = port {
+        source.push(':');
+        source.push_str(port);
+    }
+    source
 }
 
 fn new_token() -> String {
@@ -303,6 +336,28 @@ mod tests {
             Some(token)
         );
         assert!(Previews::new(Some("https://preview.example.com"), 1, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn the_frame_source_covers_every_preview_origin_table() {
+        let cases = [
+            ("http://p-{token}.localhost:8080", "http://*.localhost:8080"),
+            (
+                "https://{token}.preview.example.com",
+                "https://*.preview.example.com",
+            ),
+            (
+                "https://Preview-{token}.Example.com:8443/app",
+                "https://*.example.com:8443",
+            ),
+            ("http://a.{token}.example.com", "http://*.example.com"),
+            ("http://{token}:9000", "http://*:9000"),
+        ];
+        for (template, want) in cases {
+            assert_eq!(frame_source(template), want, "{template}");
+        }
+        let previews = Previews::new(None, 41234, Duration::from_secs(60)).expect("default");
+        assert_eq!(previews.frame_source(), "http://*.localhost:41234");
     }
 
     #[test]

@@ -8,6 +8,9 @@
 mod auth;
 mod brain_in_hands;
 mod cancel;
+mod console;
+mod console_browser;
+mod console_js;
 mod hands;
 mod helpers;
 mod http_edge;

@@ -650,7 +650,7 @@ async fn asking_for_compacted_history_starts_with_a_gap_event() {
 }
 
 #[tokio::test]
-async fn serve_prints_the_url_the_generated_app_key_and_how_to_register() {
+async fn serve_prints_the_url_the_console_the_generated_app_key_and_how_to_register() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("warren-data");
     let serve = WarrenProcess::spawn(
@@ -665,6 +665,17 @@ async fn serve_prints_the_url_the_generated_app_key_and_how_to_register() {
         .strip_prefix("warren gateway listening on ")
         .expect("url line")
         .to_string();
+    // The second line is for the person: the console's URL.
+    assert_eq!(printed[1], format!("open {url}/ on your phone or browser"));
+    let console = reqwest::get(format!("{url}/"))
+        .await
+        .expect("the printed console URL answers");
+    assert_eq!(console.status(), 200);
+    assert_eq!(
+        console.headers()["content-type"],
+        "text/html; charset=utf-8",
+        "the console's page"
+    );
     let key = printed
         .iter()
         .find_map(|line| line.strip_prefix("app key: "))

@@ -1,0 +1,188 @@
+// The conversation as data: `applyEvent(conversation, event)` folds one event of the session's
+// stream (docs/gateway.md, "Events") into a list of items (a user message, one streamed agent
+// message, a thought, a tool call, a plan, a permission request, a quiet line, an error) and
+// returns the items it created or changed, so the view re-renders only those. No DOM here.
+//
+// Rules worth knowing:
+// - An event whose seq is not above the last one applied is a replay and changes nothing.
+// - Agent text chunks join the open agent message; any new item (a tool call, a user message,
+//   the end of the turn) closes it. Updates to earlier items (a tool call's status) do not, so a
+//   command's output stays one message while its tool call completes.
+// - `tool_call_update` merges into the tool call with that id (its `content`, when present,
+//   replaces the old one, as ACP says); a plan replaces the turn's previous plan.
+
+/** A new, empty conversation. */
+export function createConversation() {
+  return {
+    items: [],
+    lastSeq: 0,
+    running: false,
+    openAgent: null,
+    openThought: null,
+    tools: new Map(),
+    permissions: new Map(),
+    plan: null,
+    nextId: 1,
+  };
+}
+
+function add(conversation, item) {
+  conversation.openAgent = null;
+  conversation.openThought = null;
+  item.id = conversation.nextId++;
+  conversation.items.push(item);
+  return item;
+}
+
+function note(conversation, event, text) {
+  return [add(conversation, { kind: "note", seq: event.seq, text })];
+}
+
+/** Applies `event`; returns the items created or changed (empty for a replayed seq). */
+export function applyEvent(conversation, event) {
+  if (typeof event.seq === "number") {
+    if (event.seq <= conversation.lastSeq) return [];
+    conversation.lastSeq = event.seq;
+  }
+  switch (event.type) {
+    case "user_message":
+      return [add(conversation, { kind: "user", seq: event.seq, text: event.text ?? "" })];
+    case "turn_start":
+      conversation.running = true;
+      conversation.plan = null;
+      return [];
+    case "update":
+      return applyUpdate(conversation, event, event.update ?? {});
+    case "permission_request": {
+      const item = add(conversation, {
+        kind: "permission",
+        seq: event.seq,
+        requestId: event.request_id,
+        toolCall: event.tool_call ?? {},
+        options: event.options ?? [],
+        resolved: null,
+      });
+      conversation.permissions.set(event.request_id, item);
+      return [item];
+    }
+    case "permission_resolved": {
+      const item = conversation.permissions.get(event.request_id);
+      if (!item) return [];
+      item.resolved = { outcome: event.outcome, optionId: event.option_id ?? null };
+      return [item];
+    }
+    case "turn_end":
+      return turnEnd(conversation, event);
+    case "status":
+      return note(conversation, event, statusWords(event));
+    case "hands":
+      return note(conversation, event, handsWords(event));
+    case "error":
+      return [add(conversation, { kind: "error", seq: event.seq, code: event.code ?? "ERROR", message: event.message ?? "" })];
+    case "gap":
+      return note(conversation, event, `Earlier events were compacted: ${event.after + 1}–${event.next_seq - 1} are not shown.`);
+    default:
+      // files_changed, usage and types added later change nothing in the conversation.
+      return [];
+  }
+}
+
+function turnEnd(conversation, event) {
+  conversation.running = false;
+  conversation.openAgent = null;
+  conversation.openThought = null;
+  const words = {
+    cancelled: "cancelled",
+    interrupted: "interrupted (the gateway restarted or its storage failed)",
+    error: "the turn ended with an error",
+    max_tokens: "stopped: the agent reached its token limit",
+    max_turn_requests: "stopped: the agent reached its request limit",
+    refusal: "the agent refused",
+  }[event.stop_reason];
+  const changed = words ? note(conversation, event, words) : [];
+  // A request left open is moot once the turn is over.
+  for (const item of conversation.permissions.values()) {
+    if (!item.resolved) {
+      item.resolved = { outcome: "cancelled", optionId: null };
+      changed.push(item);
+    }
+  }
+  return changed;
+}
+
+function applyUpdate(conversation, event, update) {
+  switch (update.sessionUpdate) {
+    case "agent_message_chunk":
+    case "user_message_chunk": {
+      const text = contentText(update.content);
+      const kind = update.sessionUpdate === "agent_message_chunk" ? "agent" : "user";
+      if (kind === "agent" && conversation.openAgent) {
+        conversation.openAgent.text += text;
+        return [conversation.openAgent];
+      }
+      const item = add(conversation, { kind, seq: event.seq, text });
+      if (kind === "agent") conversation.openAgent = item;
+      return [item];
+    }
+    case "agent_thought_chunk": {
+      const text = contentText(update.content);
+      if (conversation.openThought) {
+        conversation.openThought.text += text;
+        return [conversation.openThought];
+      }
+      const item = add(conversation, { kind: "thought", seq: event.seq, text });
+      conversation.openThought = item;
+      return [item];
+    }
+    case "tool_call":
+    case "tool_call_update": {
+      let item = conversation.tools.get(update.toolCallId);
+      if (!item) {
+        item = add(conversation, { kind: "tool", seq: event.seq, toolCallId: update.toolCallId, title: "", toolKind: "other", status: "pending", content: [], rawOutput: null });
+        conversation.tools.set(update.toolCallId, item);
+      }
+      if (update.title !== undefined && update.title !== null) item.title = update.title;
+      if (update.kind) item.toolKind = update.kind;
+      if (update.status) item.status = update.status;
+      if (Array.isArray(update.content)) item.content = update.content;
+      if (update.rawOutput !== undefined) item.rawOutput = update.rawOutput;
+      return [item];
+    }
+    case "plan": {
+      const entries = update.entries ?? [];
+      if (conversation.plan) {
+        conversation.plan.entries = entries;
+        return [conversation.plan];
+      }
+      conversation.plan = add(conversation, { kind: "plan", seq: event.seq, entries });
+      return [conversation.plan];
+    }
+    default:
+      // available_commands_update, current_mode_update and the like are not conversation.
+      return [];
+  }
+}
+
+/** The text of an ACP content block; other kinds become a short placeholder. */
+export function contentText(content) {
+  if (!content) return "";
+  if (content.type === "text") return content.text ?? "";
+  if (content.type === "resource_link") return `[${content.name ?? content.uri ?? "resource"}]`;
+  return `[${content.type ?? "content"}]`;
+}
+
+function statusWords(event) {
+  const brain = { starting: "starting", ready: "ready", idle: "idle" }[event.brain] ?? String(event.brain ?? "");
+  return `agent ${brain}${event.message ? `: ${event.message}` : ""}`;
+}
+
+function handsWords(event) {
+  const parts = [`hands ${event.state}`];
+  const details = [];
+  if (event.isolation) details.push(event.isolation === "none" ? "no isolation" : event.isolation);
+  if (typeof event.elapsed_ms === "number" && event.elapsed_ms > 0) details.push(`${event.elapsed_ms} ms`);
+  if (event.reset) details.push("reset");
+  if (details.length) parts.push(`(${details.join(", ")})`);
+  const why = event.error || event.message;
+  return parts.join(" ") + (why ? `: ${why}` : "");
+}

@@ -1,0 +1,140 @@
+// How one conversation item (conversation.js) looks: `renderItem(item)` is a pure function to
+// `vdom` nodes. Agent text goes through the safe Markdown reader; everything else the agent or a
+// command wrote (user text, tool titles, output, file paths, error messages) is only ever text.
+// Buttons carry `data-*` attributes; chat.js listens for their clicks.
+
+import { h } from "./vdom.js";
+import { markdown } from "./markdown.js";
+import { unifiedDiff } from "./diff.js";
+
+const TOOL_STATUS = { pending: "pending", in_progress: "running", completed: "done", failed: "failed" };
+const PLAN_MARK = { pending: "○", in_progress: "◐", completed: "●" };
+
+/** The node for one item. */
+export function renderItem(item) {
+  const attrs = (cls) => ({ class: cls, "data-item": item.id, "data-seq": item.seq });
+  switch (item.kind) {
+    case "user":
+      return h("div", attrs("msg user"), h("p", { class: "plain" }, item.text));
+    case "agent":
+      return h("div", attrs("msg agent"), markdown(item.text));
+    case "thought":
+      return h("details", attrs("thought"), h("summary", {}, "Thought"), h("p", { class: "plain" }, item.text));
+    case "tool":
+      return renderTool(item, attrs);
+    case "plan":
+      return h(
+        "div",
+        attrs("plan"),
+        h("p", { class: "label" }, "Plan"),
+        h("ol", {}, item.entries.map((entry) => h("li", { class: `plan-${entry.status}` }, h("span", { "aria-hidden": "true" }, PLAN_MARK[entry.status] ?? "○"), " ", entry.content ?? ""))),
+      );
+    case "permission":
+      return renderPermission(item, attrs);
+    case "error":
+      return h("p", attrs("error"), h("strong", {}, "Error"), ` ${item.message} (${item.code})`);
+    case "note":
+      return h("p", attrs(item.text === "cancelled" ? "note cancelled" : "note"), item.text);
+    default:
+      return h("p", attrs("note"), "");
+  }
+}
+
+function renderTool(item, attrs) {
+  const status = TOOL_STATUS[item.status] ?? item.status;
+  const exit = item.rawOutput && typeof item.rawOutput.exit_code === "number" && item.rawOutput.exit_code !== 0 ? ` (exit ${item.rawOutput.exit_code})` : "";
+  return h(
+    "div",
+    attrs(`tool tool-${item.status}`),
+    h(
+      "p",
+      { class: "tool-head" },
+      h("span", { class: "tool-kind" }, item.toolKind),
+      " ",
+      h("code", { class: "tool-title" }, item.title),
+      " ",
+      h("span", { class: "tool-status" }, status + exit),
+    ),
+    item.content.map((content) => renderToolContent(content, item.status === "in_progress" || item.status === "pending")),
+  );
+}
+
+/** The node for one entry of a tool call's `content`; a terminal is offered only while it runs. */
+export function renderToolContent(content, running = false) {
+  switch (content?.type) {
+    case "diff":
+      return h(
+        "pre",
+        { class: "diff", "aria-label": `Changes to ${content.path}` },
+        unifiedDiff(content.path, content.oldText, content.newText).map((line) => h("span", { class: diffClass(line) }, line + "\n")),
+      );
+    case "terminal":
+      // The command's output also streams as agent text; once it ended there is nothing to watch.
+      if (!running) return null;
+      return h(
+        "p",
+        { class: "tool-terminal" },
+        "running in terminal ",
+        h("code", {}, `term-${content.terminalId}`),
+        h("button", { type: "button", class: "small", "data-terminal-id": `term-${content.terminalId}` }, "Watch"),
+      );
+    case "content":
+      return content.content?.type === "text"
+        ? h("pre", { class: "output" }, content.content.text ?? "")
+        : h("p", { class: "note" }, `[${content.content?.type ?? "content"}]`);
+    default:
+      return h("p", { class: "note" }, `[${content?.type ?? "content"}]`);
+  }
+}
+
+function diffClass(line) {
+  if (line.startsWith("@@")) return "hunk";
+  if (line.startsWith("+++") || line.startsWith("---")) return "file";
+  if (line.startsWith("+")) return "add";
+  if (line.startsWith("-")) return "del";
+  return "ctx";
+}
+
+function renderPermission(item, attrs) {
+  const title = item.toolCall.title ?? item.toolCall.toolCallId ?? "a tool call";
+  let answer;
+  if (!item.resolved) {
+    answer = h(
+      "div",
+      { class: "options" },
+      item.options.map((option) =>
+        h("button", { type: "button", class: `option option-${option.kind}`, "data-request-id": item.requestId, "data-option-id": option.optionId }, option.name ?? option.optionId),
+      ),
+    );
+  } else if (item.resolved.outcome === "selected") {
+    const chosen = item.options.find((option) => option.optionId === item.resolved.optionId);
+    answer = h("p", { class: "answer" }, `Answered: ${chosen?.name ?? item.resolved.optionId}`);
+  } else {
+    answer = h("p", { class: "answer" }, "No longer asked (the turn ended)");
+  }
+  return h(
+    "div",
+    { ...attrs(item.resolved ? "permission resolved" : "permission"), role: "group", "aria-label": "Permission request" },
+    h("p", { class: "label" }, "The agent asks to run"),
+    h("pre", { class: "output" }, title),
+    answer,
+  );
+}
+
+const BRAIN_WORDS = { none: "not started", warm: "warm", ready: "ready", starting: "starting", idle: "idle" };
+
+/** A hands state (`none`, `running`, `paused`, ...) in words. */
+export function handsWords(hands) {
+  return hands === "none" ? "not started" : hands ?? "unknown";
+}
+
+/** The state of a session object in words: "idle · agent ready · hands running · sandboxed (bwrap)". */
+export function stateWords(session) {
+  const parts = [session.status === "running" ? "working" : "idle"];
+  parts.push(`agent ${BRAIN_WORDS[session.brain] ?? session.brain ?? "unknown"}`);
+  parts.push(`hands ${handsWords(session.hands)}`);
+  if (session.isolation === "bwrap") parts.push("sandboxed (bwrap)");
+  else if (session.isolation === "remote") parts.push("remote hands");
+  else if (session.isolation === "none") parts.push("no isolation");
+  return parts.join(" · ");
+}

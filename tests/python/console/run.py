@@ -1,0 +1,826 @@
+#!/usr/bin/env python3
+"""Browser tests of the web console (spec/console.md, "Proven in a real browser").
+
+Drives a running `warren serve` with headless Chromium (/usr/bin/chromium) through Playwright,
+at a phone size (390x844, touch) and a desktop size (1280x800). Each flow of the spec is one
+function; they run in order on one page per size (sign in, create a session, chat, permission,
+cancel, agent text as text, terminal, reload, takeover, the agent's terminal, files, preview,
+reconnect, token sign-in, delete). Throughout, the run fails on a console error or page error
+of the console, a request to an origin other than the gateway's or a preview's, a horizontal
+scroll on the phone, or a dialog nobody asked for (an `alert` from agent text).
+
+    run.py --url http://127.0.0.1:8080 --app-key wk_... --shots DIR [--measure]
+
+Prints one line per flow (`ok` / `FAIL`), writes screenshots of each view at both sizes into
+DIR, and exits 0 only when every flow passed. `--measure` adds the measurements: the console's
+first load in compressed bytes, the time to render a session of 2,000 events, and the
+terminal's keystroke-to-echo time.
+"""
+
+import argparse
+import json
+import re
+import socket
+import statistics
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from playwright.sync_api import expect, sync_playwright
+
+SIZES = {
+    "phone": {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True},
+    "desktop": {"viewport": {"width": 1280, "height": 800}},
+}
+TIMEOUT_MS = 20_000
+
+# Browser-made console errors for failures a flow causes on purpose: the network going away,
+# a holder attach refused because another page holds the terminal (409), an SSE stream cut.
+EXPECTED_NETWORK_ERRORS = re.compile(
+    r"ERR_INTERNET_DISCONNECTED|ERR_NETWORK_CHANGED|ERR_CONNECTION_REFUSED|ERR_NETWORK_IO_SUSPENDED"
+    r"|WebSocket connection to .* failed|net::ERR_FAILED"
+)
+FLOWS_WITH_NETWORK_ERRORS = {"terminal_reload", "terminal_takeover", "reconnect_no_duplicate", "agent_terminal_watch"}
+
+
+class Gateway:
+    """The gateway's API, called from the test itself (not from the page)."""
+
+    def __init__(self, url, token=None):
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def call(self, method, path, body=None, headers=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read().decode()
+                return response.status, (json.loads(text) if text else None)
+        except urllib.error.HTTPError as error:
+            text = error.read().decode()
+            return error.code, (json.loads(text) if text.startswith("{") else text)
+
+    def message(self, session_id, text):
+        status, body = self.call("POST", f"/v1/sessions/{session_id}/messages", {"text": text})
+        assert status == 202, f"message not taken: {status} {body}"
+
+    def wait_idle(self, session_id, timeout_s=60):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status, session = self.call("GET", f"/v1/sessions/{session_id}")
+            assert status == 200, f"session {session_id}: {status} {session}"
+            if session["status"] == "idle":
+                return session
+            time.sleep(0.2)
+        raise AssertionError(f"session {session_id} still running after {timeout_s} s")
+
+
+class Run:
+    """One size's page, what it saw, and the flows' results."""
+
+    def __init__(self, args, browser, size):
+        self.args = args
+        self.browser = browser
+        self.size = size
+        self.shots = Path(args.shots)
+        self.origin = args.url.rstrip("/")
+        self.context = browser.new_context(**SIZES[size])
+        self.context.set_default_timeout(TIMEOUT_MS)
+        self.flow = "setup"
+        self.problems = []
+        self.dialog_answers = []
+        self.page = self.watch(self.context.new_page())
+        self.session_id = None
+        self.title = f"{size} console test"
+        self.n_user_messages = 0
+        self.failed = False
+
+    # ---- what every page is watched for ----
+
+    def watch(self, page):
+        page.on("console", self.on_console)
+        page.on("pageerror", lambda error: self.problems.append(f"[{self.flow}] page error: {error}"))
+        page.on("request", self.on_request)
+        page.on("dialog", self.on_dialog)
+        return page
+
+    def on_console(self, message):
+        if message.type != "error":
+            return
+        where = message.location.get("url", "") if message.location else ""
+        if re.match(r"https?://p-[a-z0-9]+\.localhost", where):
+            return  # the previewed app's own page (python's http.server has no favicon)
+        if self.flow in FLOWS_WITH_NETWORK_ERRORS and EXPECTED_NETWORK_ERRORS.search(message.text):
+            return
+        if self.flow == "preview_http_server" and "502" in message.text:
+            return  # the preview opened before the server listened
+        self.problems.append(f"[{self.flow}] console error: {message.text} ({where})")
+
+    def on_request(self, request):
+        url = request.url
+        if url.startswith("data:"):
+            return
+        parsed = urlparse(url)
+        origin = f"{parsed.scheme}://{parsed.netloc}"
+        gateway = urlparse(self.origin)
+        same = parsed.netloc == gateway.netloc and parsed.scheme in ("http", "ws")
+        preview = re.fullmatch(r"p-[a-z0-9]+\.localhost(:\d+)?", parsed.netloc) and parsed.port == gateway.port
+        if not same and not preview:
+            self.problems.append(f"[{self.flow}] request to another origin: {origin} ({url})")
+
+    def on_dialog(self, dialog):
+        if self.dialog_answers:
+            kind, answer = self.dialog_answers.pop(0)
+            assert dialog.type == kind, f"expected a {kind}, got a {dialog.type}: {dialog.message}"
+            if answer is None:
+                dialog.dismiss()
+            elif kind == "prompt":
+                dialog.accept(answer)
+            else:
+                dialog.accept()
+        else:
+            self.problems.append(f"[{self.flow}] unexpected {dialog.type}: {dialog.message}")
+            dialog.dismiss()
+
+    def answer_next_dialog(self, kind, answer=""):
+        self.dialog_answers.append((kind, answer))
+
+    # ---- helpers ----
+
+    def shot(self, view):
+        self.page.screenshot(path=str(self.shots / f"{self.size}-{view}.png"))
+
+    def no_horizontal_scroll(self):
+        if self.size != "phone":
+            return
+        width = self.page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1], f"the page scrolls sideways: scrollWidth {width[0]} > innerWidth {width[1]}"
+
+    def tap_targets(self):
+        """On the phone every visible control is at least 40 px each way (links inside text and
+        xterm.js's off-screen input aside)."""
+        if self.size != "phone":
+            return
+        small = self.page.evaluate(
+            """() => [...document.querySelectorAll('button, a[href], input:not([type=file]), textarea, select, summary, [role=tab]')]
+                .filter((e) => e.offsetParent !== null && !e.closest('.log p, .log li') && !e.classList.contains('xterm-helper-textarea'))
+                .map((e) => [e.getAttribute('aria-label') || e.textContent.trim(), e.getBoundingClientRect()])
+                .filter(([, r]) => r.width > 0 && (r.width < 40 || r.height < 40))
+                .map(([name, r]) => `${name} ${Math.round(r.width)}x${Math.round(r.height)}`)"""
+        )
+        assert not small, f"tap targets under 40 px: {small}"
+
+    def role(self, role, name, **kw):
+        return self.page.get_by_role(role, name=name, exact=True, **kw)
+
+    @property
+    def log(self):
+        return self.role("log", "Conversation")
+
+    def send(self, text):
+        box = self.role("textbox", "Message")
+        box.fill(text)
+        box.press("Enter")
+        self.n_user_messages += 1
+        expect(box).to_have_value("")
+
+    def tool(self, title):
+        return self.log.locator(".tool").filter(has=self.page.locator("code.tool-title", has_text=title))
+
+    def wait_tool_done(self, title):
+        expect(self.tool(title).last).to_have_class(re.compile(r"tool-(completed|failed)"))
+
+    def agent_text(self, text):
+        return self.log.locator(".msg.agent").filter(has_text=re.compile("^" + re.escape(text) + "$"))
+
+    def api(self):
+        token = self.page.evaluate("localStorage.getItem('warren.token')")
+        return Gateway(self.origin, token)
+
+    def tab(self, name):
+        self.role("tab", name).click()
+        expect(self.role("tab", name)).to_have_attribute("aria-selected", "true")
+
+    def terminal_rows(self, page=None):
+        return (page or self.page).get_by_role("region", name="Terminal", exact=True).locator(".xterm-rows")
+
+    def terminal_status(self, page=None):
+        return (page or self.page).get_by_role("status", name="Terminal status", exact=True)
+
+    # ---- flows ----
+
+    def sign_in_register(self):
+        page = self.page
+        page.goto(self.origin + "/")
+        for role, name in [("textbox", "App key"), ("textbox", "Device name"), ("button", "Register"), ("textbox", "Device token"), ("button", "Sign in")]:
+            expect(self.role(role, name)).to_be_visible()
+        suggested = self.role("textbox", "Device name").input_value()
+        assert re.fullmatch(r"[A-Za-z0-9_-]{8,128}", suggested), f"suggested device name {suggested!r}"
+        self.no_horizontal_scroll()
+        self.tap_targets()
+        self.shot("signin")
+        self.role("textbox", "App key").fill(self.args.app_key)
+        self.role("button", "Register").click()
+        expect(self.role("list", "Sessions")).to_be_visible()
+        expect(self.role("button", "Sign out")).to_be_visible()
+        assert page.evaluate("localStorage.getItem('warren.token')").startswith("wr_")
+
+    def create_session(self):
+        self.role("textbox", "Session title").fill(self.title)
+        self.role("button", "New session").click()
+        expect(self.page.get_by_role("heading", name=self.title, exact=True)).to_be_visible()
+        for name in ["Chat", "Terminal", "Files", "Preview"]:
+            expect(self.role("tab", name)).to_be_visible()
+        expect(self.log).to_be_visible()
+        expect(self.role("status", "Connection")).to_have_text("connected")
+        expect(self.page.locator("#session-state")).to_contain_text("agent")
+        self.session_id = re.search(r"session=([^&]+)", self.page.url).group(1)
+        if self.size == "phone":
+            expect(self.role("list", "Sessions")).to_be_hidden()
+            self.role("button", "Sessions").click()
+            expect(self.role("list", "Sessions")).to_be_visible()
+            self.no_horizontal_scroll()
+            self.tap_targets()
+            self.shot("sessions")
+            self.role("list", "Sessions").get_by_role("button", name=self.title, exact=True).click()
+            expect(self.log).to_be_visible()
+        else:
+            expect(self.role("list", "Sessions").get_by_role("button", name=self.title, exact=True)).to_be_visible()
+            self.shot("sessions")
+
+    def echo_hi(self):
+        self.send("echo hi")
+        expect(self.agent_text("hi")).to_have_count(1)
+        expect(self.log.locator(".msg.user").last).to_have_text("echo hi")
+        self.wait_tool_done("echo hi")
+
+    def shift_enter_is_a_newline(self):
+        box = self.role("textbox", "Message")
+        box.fill("")
+        box.type("echo one")
+        box.press("Shift+Enter")
+        box.type("echo two")
+        assert box.input_value() == "echo one\necho two", repr(box.input_value())
+        box.press("Enter")
+        self.n_user_messages += 1
+        # The agent's two lines, one line break between them (a <br>, no text of its own).
+        expect(self.log.locator(".msg.agent").filter(has_text=re.compile(r"^one\s*two$"))).to_have_count(1)
+        expect(self.log.locator(".msg.agent").last.locator("br")).to_have_count(1)
+        self.wait_tool_done("echo one")
+
+    def permission_rm(self):
+        self.send("touch doomed.txt")
+        self.wait_tool_done("touch doomed.txt")
+        self.send("rm doomed.txt")
+        group = self.page.get_by_role("group", name="Permission request", exact=True).last
+        expect(group).to_be_visible()
+        expect(group).to_contain_text("rm doomed.txt")
+        expect(group.get_by_role("button", name="Run it", exact=True)).to_be_visible()
+        expect(group.get_by_role("button", name="Don't run it", exact=True)).to_be_visible()
+        self.no_horizontal_scroll()
+        self.shot("permission")
+        group.get_by_role("button", name="Run it", exact=True).click()
+        expect(group).to_contain_text("Answered: Run it")
+        expect(group.get_by_role("button")).to_have_count(0)
+        self.wait_tool_done("rm doomed.txt")
+        expect(self.tool("rm doomed.txt").last).to_have_class(re.compile("tool-completed"))
+        status, listing = self.api().call("GET", f"/v1/sessions/{self.session_id}/files?path=&depth=1")
+        assert status == 200 and all(e["name"] != "doomed.txt" for e in listing["entries"]), listing
+
+    def cancel_turn(self):
+        cancel = self.role("button", "Cancel")
+        self.send("sleep 30")
+        expect(cancel).to_be_enabled()
+        n_cancelled = self.log.locator(".note.cancelled").count()
+        cancel.click()
+        expect(self.log.locator(".note.cancelled")).to_have_count(n_cancelled + 1)
+        expect(self.log.locator(".note.cancelled").last).to_have_text("cancelled")
+        expect(cancel).to_be_disabled()
+
+    def agent_html_is_text(self):
+        self.send("printf '<img src=x onerror=alert(1)>'")
+        expect(self.agent_text("<img src=x onerror=alert(1)>")).to_have_count(1)
+        self.send("printf '[ok](https://example.com/) [bad](javascript:alert(2)) <b>bold</b>'")
+        message = self.agent_text("ok [bad](javascript:alert(2)) <b>bold</b>")
+        expect(message).to_have_count(1)
+        link = message.get_by_role("link", name="ok", exact=True)
+        expect(link).to_have_attribute("href", "https://example.com/")
+        expect(link).to_have_attribute("rel", re.compile(r"\bnoopener\b"))
+        expect(message.get_by_role("link")).to_have_count(1)
+        assert self.log.locator("img, b, script, iframe").count() == 0, "agent text made an element"
+        self.wait_tool_done("printf '[ok]")
+        self.no_horizontal_scroll()
+        self.shot("chat")
+
+    def terminal_echo(self):
+        sockets = []
+        self.page.on("websocket", lambda socket: sockets.append(socket))
+        self.tab("Terminal")
+        region = self.page.get_by_role("region", name="Terminal", exact=True)
+        expect(region).to_be_visible()
+        expect(self.terminal_status()).to_contain_text("your shell")
+        region.click()
+        self.page.keyboard.type("echo warren-$((6*7))")
+        self.page.keyboard.press("Enter")
+        expect(self.terminal_rows()).to_contain_text("warren-42")
+        if self.size == "phone":
+            for name in ["Esc", "Tab", "Ctrl", "Ctrl-C", "Up", "Down", "Left", "Right"]:
+                expect(self.role("button", name)).to_be_visible()
+            # Up recalls the command: it is then on the screen twice.
+            self.role("button", "Up").click()
+            self.page.wait_for_function(
+                "() => document.querySelector('#term .xterm-rows').textContent.split('echo warren-$((6*7))').length - 1 === 2"
+            )
+            self.role("button", "Ctrl-C").click()
+            expect(self.terminal_rows()).to_contain_text("^C")
+            self.role("button", "Ctrl").click()
+            expect(self.role("button", "Ctrl")).to_have_attribute("aria-pressed", "true")
+            self.page.keyboard.type("l")  # Ctrl-L: clears the screen
+            expect(self.role("button", "Ctrl")).to_have_attribute("aria-pressed", "false")
+            expect(self.terminal_rows()).not_to_contain_text("warren-42")
+            self.page.keyboard.type("echo warren-$((6*7))")
+            self.page.keyboard.press("Enter")
+            expect(self.terminal_rows()).to_contain_text("warren-42")
+        # The shell's size is the fitted screen's, not the PTY's default 24x80.
+        self.page.keyboard.type("stty size")
+        self.page.keyboard.press("Enter")
+        self.page.wait_for_function("() => /stty size\\s*\\d+ \\d+/.test(document.querySelector('#term .xterm-rows').textContent)")
+        text = self.terminal_rows().text_content()
+        rows, cols = map(int, re.search(r"stty size\s*(\d+) (\d+)", text).groups())
+        n_rows = self.terminal_rows().locator(":scope > div").count()
+        assert rows == n_rows and (rows, cols) != (24, 80), f"stty size {rows} {cols}, screen of {n_rows} rows"
+        assert cols < 60 if self.size == "phone" else cols > 100, f"{cols} columns at {self.size} size"
+        self.no_horizontal_scroll()
+        self.shot("terminal")
+        # Leaving the view lets go of the terminal.
+        self.tab("Chat")
+        deadline = time.monotonic() + 10
+        while any(not s.is_closed() for s in sockets) and time.monotonic() < deadline:
+            self.page.wait_for_timeout(100)
+        assert sockets and all(s.is_closed() for s in sockets), "the terminal stayed attached with its view closed"
+        self.tab("Terminal")
+        expect(self.terminal_status()).to_contain_text("your shell")
+
+    def terminal_reload(self):
+        self.page.reload()
+        expect(self.role("tab", "Terminal")).to_have_attribute("aria-selected", "true")
+        expect(self.terminal_rows()).to_contain_text("warren-42")
+        expect(self.terminal_status()).to_contain_text(re.compile("your shell|read-only"))
+
+    def terminal_takeover(self):
+        first = self.page
+        expect(self.terminal_status(first)).to_contain_text("your shell")
+        second = self.watch(self.context.new_page())
+        try:
+            second.goto(first.url)
+            expect(self.terminal_status(second)).to_contain_text("read-only", timeout=TIMEOUT_MS)
+            expect(self.terminal_rows(second)).to_contain_text("warren-42")
+            take_over = second.get_by_role("button", name="Take over", exact=True)
+            expect(take_over).to_be_visible()
+            take_over.click()
+            expect(self.terminal_status(second)).to_contain_text("your shell")
+            expect(self.terminal_status(first)).to_contain_text("read-only")
+            second.get_by_role("region", name="Terminal", exact=True).click()
+            second.keyboard.type("echo taken-$((2+3))")
+            second.keyboard.press("Enter")
+            expect(self.terminal_rows(first)).to_contain_text("taken-5")
+            # Typing in the read-only page does nothing but say so.
+            self.page.get_by_role("region", name="Terminal", exact=True).click()
+            first.keyboard.type("x")
+            expect(self.terminal_status(first)).to_contain_text("read-only")
+            self.role("button", "Take over").click()
+            expect(self.terminal_status(first)).to_contain_text("your shell")
+            expect(self.terminal_status(second)).to_contain_text("read-only")
+        finally:
+            second.close()
+
+    def agent_terminal_watch(self):
+        self.tab("Chat")
+        self.send("for i in $(seq 1 60); do echo tick$i; sleep 0.5; done")
+        expect(self.tool("for i in").last).to_have_class(re.compile("tool-in_progress"))
+        self.tab("Terminal")
+        watch = self.page.get_by_role("button", name=re.compile(r"^Watch .*for i in"))
+        deadline = time.monotonic() + 10
+        while watch.count() == 0 and time.monotonic() < deadline:
+            self.role("button", "Refresh").click()
+            self.page.wait_for_timeout(300)
+        watch.first.click()
+        expect(self.terminal_status()).to_contain_text("read-only: watching")
+        expect(self.terminal_rows()).to_contain_text(re.compile(r"tick\d+"))
+        self.shot("agent-terminal")
+        self.role("button", "My shell").click()
+        expect(self.terminal_status()).to_contain_text("your shell")
+        self.tab("Chat")
+        n_cancelled = self.log.locator(".note.cancelled").count()
+        self.role("button", "Cancel").click()
+        expect(self.log.locator(".note.cancelled")).to_have_count(n_cancelled + 1)
+
+    def files_upload_download(self):
+        self.tab("Files")
+        files = self.role("list", "Files")
+        expect(files).to_be_visible()
+        expect(self.role("button", "Upload")).to_be_visible()
+        expect(self.role("button", "New folder")).to_be_visible()
+        content = b"uploaded through the console \xe2\x9c\x93\n" + b"x" * 2_000_000
+        # Every progress text shown while the upload runs.
+        self.page.evaluate(
+            """() => {
+                window.__progress = [];
+                const text = document.getElementById('upload-text');
+                new MutationObserver(() => window.__progress.push(text.textContent)).observe(text, { childList: true, characterData: true, subtree: true });
+            }"""
+        )
+        self.page.get_by_label("Upload file", exact=True).set_input_files(files=[{"name": "hello-upload.txt", "mimeType": "text/plain", "buffer": content}])
+        entry = files.get_by_role("listitem", name="hello-upload.txt", exact=True)
+        expect(entry).to_be_visible()
+        progress = self.page.evaluate("window.__progress")
+        assert progress and progress[-1] == "Uploading hello-upload.txt: 100%", progress
+        expect(entry).to_contain_text("1.9 MB")
+        with self.page.expect_download() as download_info:
+            self.role("link", "Download hello-upload.txt").click()
+        download = download_info.value
+        assert download.suggested_filename == "hello-upload.txt", download.suggested_filename
+        assert Path(download.path()).read_bytes() == content
+        # Drag and drop.
+        data_transfer = self.page.evaluate_handle(
+            "() => { const d = new DataTransfer(); d.items.add(new File(['dropped\\n'], 'dropped.txt', {type: 'text/plain'})); return d; }"
+        )
+        self.page.locator("#panel-files").dispatch_event("drop", {"dataTransfer": data_transfer})
+        expect(files.get_by_role("listitem", name="dropped.txt", exact=True)).to_be_visible()
+        # New folder, rename, delete.
+        self.answer_next_dialog("prompt", "made-here")
+        self.role("button", "New folder").click()
+        expect(files.get_by_role("listitem", name="made-here", exact=True)).to_be_visible()
+        self.answer_next_dialog("prompt", "renamed.txt")
+        self.role("button", "Rename hello-upload.txt").click()
+        expect(files.get_by_role("listitem", name="renamed.txt", exact=True)).to_be_visible()
+        expect(entry).to_have_count(0)
+        self.answer_next_dialog("confirm")
+        self.role("button", "Delete renamed.txt").click()
+        expect(files.get_by_role("listitem", name="renamed.txt", exact=True)).to_have_count(0)
+        # A change by the agent shows up by itself (files_changed).
+        self.api().message(self.session_id, "echo made by the agent > by-agent.txt")
+        self.n_user_messages += 1
+        expect(files.get_by_role("listitem", name="by-agent.txt", exact=True)).to_be_visible(timeout=TIMEOUT_MS)
+        self.api().wait_idle(self.session_id)
+        self.no_horizontal_scroll()
+        self.shot("files")
+
+    def preview_http_server(self):
+        # A port free on this host: the hands share its network by default (--hands-network host).
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.tab("Chat")
+        self.send(f"setsid nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > .preview.pid")
+        self.api().wait_idle(self.session_id)
+        self.tab("Preview")
+        self.role("spinbutton", "Port").fill(str(port))
+        frame = self.page.frame_locator('iframe[title="Preview"]')
+        deadline = time.monotonic() + 20
+        while True:
+            self.role("button", "Open preview").click()
+            try:
+                expect(frame.get_by_text("Directory listing for /")).to_be_visible(timeout=2000)
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+        expect(self.page.get_by_title("Preview", exact=True)).to_be_visible()
+        link = self.role("link", "Open in new tab")
+        expect(link).to_have_attribute("target", "_blank")
+        expect(link).to_have_attribute("rel", re.compile(r"\bnoopener\b"))
+        href = link.get_attribute("href")
+        assert re.fullmatch(r"http://p-[a-z0-9]{32,40}\.localhost:\d+/", href), href
+        expect(frame.get_by_role("link", name="by-agent.txt")).to_be_visible()
+        self.no_horizontal_scroll()
+        self.shot("preview")
+        api = self.api()
+        api.message(self.session_id, "kill $(cat .preview.pid)")
+        self.n_user_messages += 1
+        api.wait_idle(self.session_id)
+
+    def reconnect_no_duplicate(self):
+        self.tab("Chat")
+        box = self.role("textbox", "Message")
+        box.fill("a draft that survives")
+        connection = self.role("status", "Connection")
+        expect(connection).to_have_text("connected")
+        self.context.set_offline(True)
+        try:
+            expect(connection).to_have_text("reconnecting")
+            api = self.api()
+            api.message(self.session_id, "echo while-offline")
+            self.n_user_messages += 1
+            api.wait_idle(self.session_id)
+            self.shot("reconnecting")
+        finally:
+            self.context.set_offline(False)
+        expect(connection).to_have_text("connected")
+        expect(self.agent_text("while-offline")).to_have_count(1)
+        expect(box).to_have_value("a draft that survives")
+        expect(self.log.locator(".msg.user")).to_have_count(self.n_user_messages)
+        seqs = self.log.locator("[data-seq]").evaluate_all("nodes => nodes.map(n => n.dataset.seq)")
+        assert len(seqs) == len(set(seqs)), f"an event is shown twice: {sorted(seqs)}"
+        status, session = self.api().call("GET", f"/v1/sessions/{self.session_id}")
+        assert int(self.page.locator("[data-seq]").last.get_attribute("data-seq")) <= session["last_seq"]
+        box.fill("")
+
+    def sign_in_token_and_sign_out(self):
+        token = self.page.evaluate("localStorage.getItem('warren.token')")
+        context = self.browser.new_context(**SIZES[self.size])
+        context.set_default_timeout(TIMEOUT_MS)
+        page = self.watch(context.new_page())
+        try:
+            page.goto(self.origin + "/")
+            page.get_by_role("textbox", name="Device token", exact=True).fill(token)
+            page.get_by_role("button", name="Sign in", exact=True).click()
+            sessions = page.get_by_role("list", name="Sessions", exact=True)
+            expect(sessions.get_by_role("button", name=self.title, exact=True)).to_be_visible()
+            page.get_by_role("button", name="Sign out", exact=True).click()
+            expect(page.get_by_role("textbox", name="App key", exact=True)).to_be_visible()
+            assert page.evaluate("localStorage.getItem('warren.token')") is None
+        finally:
+            context.close()
+
+    def accessible_names(self):
+        """The table of spec/console.md; controls only shown in some states are checked by the flows that reach them."""
+        self.tab("Chat")
+        checks = [
+            ("button", "Sign out"), ("button", "Delete session"),
+            ("tab", "Chat"), ("tab", "Terminal"), ("tab", "Files"), ("tab", "Preview"),
+            ("log", "Conversation"), ("textbox", "Message"), ("button", "Send"), ("button", "Cancel"),
+            ("status", "Connection"),
+        ]
+        if self.size == "phone":
+            checks.append(("button", "Sessions"))
+        else:
+            checks += [("list", "Sessions"), ("textbox", "Session title"), ("button", "New session")]
+        for role, name in checks:
+            expect(self.role(role, name)).to_be_visible()
+        self.tap_targets()
+        if self.size == "phone":
+            self.role("button", "Sessions").click()
+            for role, name in [("list", "Sessions"), ("textbox", "Session title"), ("button", "New session")]:
+                expect(self.role(role, name)).to_be_visible()
+            self.role("list", "Sessions").get_by_role("button", name=self.title, exact=True).click()
+        self.tab("Terminal")
+        expect(self.page.get_by_role("region", name="Terminal", exact=True).locator(".xterm")).to_be_visible()
+        self.tap_targets()
+        self.tab("Files")
+        expect(self.role("list", "Files")).to_be_visible()
+        self.tap_targets()
+        self.tab("Preview")
+        expect(self.role("spinbutton", "Port")).to_be_visible()
+        expect(self.role("button", "Open preview")).to_be_visible()
+        self.tap_targets()
+        self.tab("Chat")
+
+    def isolation_warning(self):
+        """Hands without isolation are said plainly (the answer is rewritten: this gateway sandboxes)."""
+        warning = self.page.get_by_text("No isolation:")
+        expect(warning).to_be_hidden()
+
+        def unconfined(route):
+            response = route.fetch()
+            body = response.json()
+            for session in body["sessions"]:
+                session["isolation"] = "none"
+            route.fulfill(response=response, json=body)
+
+        self.page.route("**/v1/sessions", unconfined)
+        try:
+            self.page.reload()
+            expect(warning).to_be_visible()
+            expect(self.page.locator("#session-state")).to_contain_text("no isolation")
+            self.no_horizontal_scroll()
+            self.shot("isolation-warning")
+        finally:
+            self.page.unroute("**/v1/sessions")
+        self.page.reload()
+        self.tab("Chat")
+        expect(warning).to_be_hidden()
+
+    def dark_scheme(self):
+        """Light and dark follow the system."""
+        self.page.emulate_media(color_scheme="dark")
+        try:
+            background = self.page.evaluate("getComputedStyle(document.body).backgroundColor")
+            assert background == "rgb(13, 17, 23)", f"dark background {background}"
+            self.shot("chat-dark")
+        finally:
+            self.page.emulate_media(color_scheme="light")
+        assert self.page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(255, 255, 255)"
+
+    def delete_session(self):
+        self.answer_next_dialog("confirm")
+        self.role("button", "Delete session").click()
+        expect(self.role("list", "Sessions")).to_be_visible()
+        expect(self.role("list", "Sessions").get_by_role("button", name=self.title, exact=True)).to_have_count(0)
+        status, _ = Gateway(self.origin, self.page.evaluate("localStorage.getItem('warren.token')")).call("GET", f"/v1/sessions/{self.session_id}")
+        assert status == 404, status
+
+    FLOWS = [
+        "sign_in_register", "create_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
+        "cancel_turn", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
+        "agent_terminal_watch", "files_upload_download", "preview_http_server", "reconnect_no_duplicate",
+        "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "delete_session",
+    ]
+
+    def run(self):
+        for name in self.FLOWS:
+            self.flow = name
+            n_problems = len(self.problems)
+            started = time.monotonic()
+            try:
+                getattr(self, name)()
+                self.no_horizontal_scroll()
+                error = None
+            except Exception as exc:  # noqa: BLE001 - a flow's failure is reported, the run goes on
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
+                if self.args.verbose:
+                    traceback.print_exc()
+                try:
+                    self.shot(f"failed-{name}")
+                except Exception:  # noqa: BLE001
+                    pass
+            seconds = time.monotonic() - started
+            problems = self.problems[n_problems:]
+            if error or problems:
+                self.failed = True
+                print(f"FAIL {self.size:7} {name} ({seconds:.1f} s): {error or ''} {'; '.join(problems)}".rstrip(), flush=True)
+            else:
+                print(f"ok   {self.size:7} {name} ({seconds:.1f} s)", flush=True)
+        self.clean_up()
+        self.context.close()
+        return not self.failed
+
+    def clean_up(self):
+        """Deletes the session if a failed flow left it (its hands would outlive the gateway)."""
+        if not self.session_id:
+            return
+        try:
+            token = self.page.evaluate("localStorage.getItem('warren.token')")
+            if token:
+                Gateway(self.origin, token).call("DELETE", f"/v1/sessions/{self.session_id}")
+        except Exception as exc:  # noqa: BLE001 - best effort, the flows' results stand
+            print(f"note    {self.size:7} could not delete session {self.session_id}: {exc}", flush=True)
+
+
+# ---- measurements ----
+
+
+def measure_first_load(browser, origin):
+    context = browser.new_context()
+    page = context.new_page()
+    responses = []
+    page.on("requestfinished", lambda request: responses.append(request))
+    page.goto(origin + "/", wait_until="networkidle")
+    total = 0
+    lines = []
+    for request in responses:
+        sizes = request.sizes()
+        n = sizes["responseBodySize"] + sizes["responseHeadersSize"]
+        total += n
+        lines.append(f"{urlparse(request.url).path} {n}")
+    context.close()
+    return total, lines
+
+
+def make_long_session(gateway, n_events):
+    """A session with at least `n_events` events: many short turns (7 events each)."""
+    status, session = gateway.call("POST", "/v1/sessions", {"title": f"{n_events} events"})
+    assert status == 201, session
+    session_id = session["id"]
+    try:
+        n = 0
+        while True:
+            status, session = gateway.call("GET", f"/v1/sessions/{session_id}")
+            if session["last_seq"] >= n_events:
+                return session_id, session["last_seq"]
+            gateway.message(session_id, f"echo line {n}")
+            gateway.wait_idle(session_id)
+            n += 1
+    except BaseException:
+        gateway.call("DELETE", f"/v1/sessions/{session_id}")
+        raise
+
+
+def measure_history_render(browser, origin, token, session_id, n_runs=5):
+    times = []
+    for _ in range(n_runs):
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.add_init_script(f"localStorage.setItem('warren.token', {json.dumps(token)})")
+        page = context.new_page()
+        page.goto(f"{origin}/#session={session_id}&view=chat")
+        page.wait_for_function("() => performance.getEntriesByName('warren:conversation-rendered').length > 0", timeout=60_000)
+        times.append(page.evaluate("performance.getEntriesByName('warren:conversation-rendered')[0].startTime"))
+        n_items = page.locator("#log > *").count()
+        context.close()
+    return statistics.median(times), times, n_items
+
+
+def measure_keystroke_echo(browser, origin, token, session_id, n_keys=50):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.add_init_script(f"localStorage.setItem('warren.token', {json.dumps(token)})")
+    page = context.new_page()
+    page.goto(f"{origin}/#session={session_id}&view=terminal")
+    expect(page.get_by_role("status", name="Terminal status", exact=True)).to_contain_text("your shell", timeout=TIMEOUT_MS)
+    page.get_by_role("region", name="Terminal", exact=True).click()
+    page.keyboard.type(": ")
+    page.wait_for_timeout(300)
+    page.evaluate(
+        """() => {
+            window.__keydownAt = 0;
+            document.addEventListener('keydown', () => { window.__keydownAt = performance.now(); }, true);
+        }"""
+    )
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    typed = ""
+    samples = []
+    for i in range(n_keys):
+        letter = letters[i % len(letters)]
+        typed += letter
+        page.evaluate(
+            """(expected) => {
+                const rows = document.querySelector('.xterm-rows');
+                window.__echoAt = new Promise((resolve) => {
+                    const check = () => rows.textContent.replace(/\\s/g, '').includes(expected);
+                    const observer = new MutationObserver(() => {
+                        if (check()) { observer.disconnect(); resolve(performance.now()); }
+                    });
+                    observer.observe(rows, { subtree: true, childList: true, characterData: true });
+                });
+            }""",
+            ":" + typed,
+        )
+        page.keyboard.press(letter)
+        echo_at = page.evaluate("window.__echoAt")
+        samples.append(echo_at - page.evaluate("window.__keydownAt"))
+    page.keyboard.press("Control+u")
+    context.close()
+    return statistics.median(samples), samples
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="the gateway, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--app-key", required=True)
+    parser.add_argument("--shots", required=True, help="directory for the screenshots")
+    parser.add_argument("--sizes", default="phone,desktop", help="comma-separated; empty for none")
+    parser.add_argument("--measure", action="store_true", help="also measure load size, history render and keystroke echo")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    Path(args.shots).mkdir(parents=True, exist_ok=True)
+    origin = args.url.rstrip("/")
+    ok = True
+    expect.set_options(timeout=TIMEOUT_MS)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True)
+        try:
+            total, _ = measure_first_load(browser, origin)
+            verdict = "ok  " if total < 300_000 else "FAIL"
+            ok &= total < 300_000
+            print(f"{verdict} first_load_size: {total} bytes on the wire (target < 300000)", flush=True)
+            for size in filter(None, args.sizes.split(",")):
+                ok &= Run(args, browser, size).run()
+            if args.measure:
+                run_measurements(browser, origin, args)
+        finally:
+            browser.close()
+    print("all flows passed" if ok else "some flows FAILED", flush=True)
+    return 0 if ok else 1
+
+
+def run_measurements(browser, origin, args):
+    total, lines = measure_first_load(browser, origin)
+    print(f"measure first load: {total} bytes compressed ({', '.join(lines)})", flush=True)
+    device = f"measure-{int(time.time())}"
+    status, answer = Gateway(origin).call("POST", "/v1/devices", {"device_id": device}, {"X-App-Key": args.app_key})
+    assert status == 201, answer
+    gateway = Gateway(origin, answer["token"])
+    started = time.monotonic()
+    session_id, n_events = make_long_session(gateway, 2000)
+    try:
+        print(f"measure made a session of {n_events} events in {time.monotonic() - started:.0f} s", flush=True)
+        median, times, n_items = measure_history_render(browser, origin, gateway.token, session_id)
+        print(f"measure history render: median {median:.0f} ms from navigation to {n_events} events on screen ({n_items} items; runs {[round(t) for t in times]}) (target < 500)", flush=True)
+        median, samples = measure_keystroke_echo(browser, origin, gateway.token, session_id)
+        print(f"measure keystroke echo: median {median:.1f} ms of {len(samples)} (min {min(samples):.1f}, max {max(samples):.1f}) (target < 30)", flush=True)
+    finally:
+        gateway.call("DELETE", f"/v1/sessions/{session_id}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
