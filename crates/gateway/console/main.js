@@ -1,8 +1,8 @@
 // The console's entry point: sign-in (register this browser as a device with the app key, or
 // paste a device token; the token is kept in localStorage), the session list, the open
 // session's header and its four views (Chat, Terminal, Files, Preview), and the location hash
-// (`#session=<id>&view=<name>`) so that a reload comes back to the same place. Sessions have no
-// rename route in the gateway's API, so the "Session title" box names a new session instead.
+// (`#session=<id>&view=<name>`) so that a reload comes back to the same place. The "Session
+// title" box names a new session; "Rename session" renames the open one (`PATCH`).
 
 import { ApiError, createApi } from "./api.js";
 import { ChatView } from "./chat.js";
@@ -245,6 +245,33 @@ $("delete-session").addEventListener("click", async () => {
   showList();
 });
 
+$("rename-session").addEventListener("click", () => {
+  const form = $("rename-form");
+  form.hidden = !form.hidden;
+  if (form.hidden || !state.session) return;
+  $("rename-title").value = titleOf(state.session);
+  $("rename-title").focus();
+});
+
+$("rename-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const session = state.session;
+  const title = $("rename-title").value.trim();
+  if (!session || !title) return;
+  let renamed;
+  try {
+    renamed = await api.request("PATCH", `/v1/sessions/${session.id}`, { json: { title } });
+  } catch (error) {
+    showError($("chat-error"), `Not renamed: ${error.message}`);
+    return;
+  }
+  Object.assign(session, renamed);
+  state.sessions = state.sessions.map((s) => (s.id === session.id ? session : s));
+  $("rename-form").hidden = true;
+  renderSessionHead();
+  renderSessions();
+});
+
 $("back").addEventListener("click", () => showList());
 
 function showList() {
@@ -277,6 +304,7 @@ function openSession(session, view) {
 }
 
 function closeSession() {
+  $("rename-form").hidden = true;
   if (!state.session) return;
   for (const name of VIEWS) viewObjects[name].hide();
   chat.close();

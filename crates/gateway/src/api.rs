@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use warren_protocol::gateway::{
     CreateSession, DeviceInfo, DeviceRegistered, MessageAccepted, PermissionAnswer, PostMessage,
-    RegisterDevice, SessionInfo, SessionList,
+    RegisterDevice, RenameSession, SessionInfo, SessionList,
 };
 
 use crate::auth::{bearer_token, secret_matches};
@@ -29,7 +29,12 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             post(admin_reset_device),
         )
         .route("/v1/sessions", post(create_session).get(list_sessions))
-        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route(
+            "/v1/sessions/{id}",
+            get(get_session)
+                .patch(rename_session)
+                .delete(delete_session),
+        )
         .route("/v1/sessions/{id}/messages", post(post_message))
         .route("/v1/sessions/{id}/cancel", post(cancel_turn))
         .route(
@@ -252,20 +257,45 @@ async fn admin_reset_device(
 /// Longest session title accepted, in characters (it is shown in lists on small screens).
 const MAX_TITLE_CHARS: usize = 200;
 
+/// A title is at most [`MAX_TITLE_CHARS`] characters.
+fn check_title(title: &str) -> Result<(), GatewayError> {
+    if title.chars().count() > MAX_TITLE_CHARS {
+        return Err(GatewayError::InvalidRequest(format!(
+            "title is longer than {MAX_TITLE_CHARS} characters"
+        )));
+    }
+    Ok(())
+}
+
 async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
     OptionalJson(body): OptionalJson<CreateSession>,
 ) -> Result<Response, GatewayError> {
-    if let Some(title) = &body.title
-        && title.chars().count() > MAX_TITLE_CHARS
-    {
-        return Err(GatewayError::InvalidRequest(format!(
-            "title is longer than {MAX_TITLE_CHARS} characters"
-        )));
+    if let Some(title) = &body.title {
+        check_title(title)?;
     }
     let session = sessions::create_session(&gateway, &device_id, body.title).await?;
     Ok((StatusCode::CREATED, axum::Json(session.info())).into_response())
+}
+
+/// `PATCH /v1/sessions/{id} {"title"}`: renames the session (1 to 200 characters).
+async fn rename_session(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+    Json(body): Json<RenameSession>,
+) -> Result<axum::Json<SessionInfo>, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    let title = body.title.trim().to_owned();
+    if title.is_empty() {
+        return Err(GatewayError::InvalidRequest(
+            "title must not be empty".into(),
+        ));
+    }
+    check_title(&title)?;
+    session.rename(title).await?;
+    Ok(axum::Json(session.info()))
 }
 
 async fn list_sessions(

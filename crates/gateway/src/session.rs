@@ -45,7 +45,6 @@ pub struct SessionMeta {
 pub struct Session {
     pub id: String,
     pub device_id: String,
-    pub title: String,
     pub created_at: String,
     pub dir: PathBuf,
     meta_path: PathBuf,
@@ -59,6 +58,8 @@ pub struct Session {
 
 /// Everything about a session that changes.
 pub struct SessionState {
+    /// The title the person gave (or `untitled`); `PATCH /v1/sessions/{id}` changes it.
+    title: String,
     /// Number of the last turn (0 before the first message).
     turn: u64,
     running: Option<RunningTurn>,
@@ -299,13 +300,13 @@ impl Session {
             meta_path: dir.join("meta.json"),
             id: meta.id,
             device_id: meta.device_id,
-            title: meta.title,
             created_at: meta.created_at,
             dir,
             log,
             hands,
             brain_gate: tokio::sync::Mutex::new(()),
             state: Mutex::new(SessionState {
+                title: meta.title,
                 turn: open_turns.last_turn(),
                 running: None,
                 acp_session_id: meta.acp_session_id,
@@ -328,13 +329,25 @@ impl Session {
     }
 
     pub fn meta(&self) -> SessionMeta {
+        let state = self.lock();
         SessionMeta {
             id: self.id.clone(),
             device_id: self.device_id.clone(),
-            title: self.title.clone(),
+            title: state.title.clone(),
             created_at: self.created_at.clone(),
-            acp_session_id: self.lock().acp_session_id.clone(),
+            acp_session_id: state.acp_session_id.clone(),
         }
+    }
+
+    /// The session's title.
+    pub fn title(&self) -> String {
+        self.lock().title.clone()
+    }
+
+    /// Renames the session and stores the new title in `meta.json`.
+    pub async fn rename(&self, title: String) -> Result<(), GatewayError> {
+        self.lock().title = title;
+        self.save_meta().await
     }
 
     /// Writes `meta.json` (blocking: temp file, fsync, rename).
@@ -361,7 +374,7 @@ impl Session {
         let state = self.lock();
         SessionInfo {
             id: self.id.clone(),
-            title: self.title.clone(),
+            title: state.title.clone(),
             created_at: self.created_at.clone(),
             status: if state.running.is_some() {
                 "running"

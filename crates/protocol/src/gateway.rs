@@ -39,6 +39,12 @@ pub struct CreateSession {
     pub title: Option<String>,
 }
 
+/// `PATCH /v1/sessions/{id}` body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameSession {
+    pub title: String,
+}
+
 /// A session as `GET /v1/sessions[/{id}]` and `POST /v1/sessions` answer it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionInfo {

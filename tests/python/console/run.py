@@ -623,6 +623,20 @@ class Run:
             self.page.emulate_media(color_scheme="light")
         assert self.page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(255, 255, 255)"
 
+    def rename_session(self):
+        renamed = self.title + " renamed"
+        self.role("button", "Rename session").click()
+        box = self.role("textbox", "New title")
+        expect(box).to_have_value(self.title)
+        box.fill(renamed)
+        self.role("button", "Save title").click()
+        expect(self.page.get_by_role("heading", name=renamed, exact=True)).to_be_visible()
+        expect(box).to_be_hidden()
+        token = self.page.evaluate("localStorage.getItem('warren.token')")
+        status, body = Gateway(self.origin, token).call("GET", f"/v1/sessions/{self.session_id}")
+        assert status == 200 and body["title"] == renamed, (status, body)
+        self.title = renamed
+
     def delete_session(self):
         self.answer_next_dialog("confirm")
         self.role("button", "Delete session").click()
@@ -632,7 +646,7 @@ class Run:
         assert status == 404, status
 
     FLOWS = [
-        "sign_in_register", "create_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
+        "sign_in_register", "create_session", "rename_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
         "cancel_turn", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
         "agent_terminal_watch", "files_upload_download", "preview_http_server", "reconnect_no_duplicate",
         "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "delete_session",

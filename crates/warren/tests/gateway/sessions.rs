@@ -305,3 +305,64 @@ async fn a_message_whose_agent_cannot_start_ends_its_turn_with_error() {
     assert_eq!(again.status(), 202, "the conversation stays usable");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_session_is_renamed_and_its_new_title_is_stored() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let token = gw.register("phone-rename-01").await;
+    let session = gw.create_session(&token).await;
+    let path = format!("/sessions/{session}");
+    let rename =
+        |token: String, body: Value| gw.request(Method::PATCH, &token, &path).json(&body).send();
+    let renamed = rename(
+        token.clone(),
+        serde_json::json!({"title": "  fix the build  "}),
+    )
+    .await
+    .expect("answers");
+    assert_eq!(renamed.status(), 200);
+    let info: serde_json::Value = renamed.json().await.expect("json");
+    assert_eq!(info["title"], "fix the build", "trimmed");
+    assert_eq!(
+        gw.session_info(&token, &session).await["title"],
+        "fix the build"
+    );
+    for (body, status, code) in [
+        (
+            serde_json::json!({"title": ""}),
+            400,
+            "INVALID_REQUEST_BODY",
+        ),
+        (
+            serde_json::json!({"title": "   "}),
+            400,
+            "INVALID_REQUEST_BODY",
+        ),
+        (
+            serde_json::json!({"title": "t".repeat(201)}),
+            400,
+            "INVALID_REQUEST_BODY",
+        ),
+        (serde_json::json!({}), 400, "INVALID_REQUEST_BODY"),
+        (serde_json::json!({"title": 7}), 400, "INVALID_REQUEST_BODY"),
+    ] {
+        let answer = rename(token.clone(), body.clone()).await.expect("answers");
+        assert_eq!(answer.status(), status, "{body}");
+        let error: serde_json::Value = answer.json().await.expect("json");
+        assert_eq!(error["code"], code, "{body}");
+    }
+    let other = gw.register("phone-rename-02").await;
+    let refused = rename(other, serde_json::json!({"title": "mine now"}))
+        .await
+        .expect("answers");
+    assert_eq!(refused.status(), 404);
+    let error: serde_json::Value = refused.json().await.expect("json");
+    assert_eq!(error["code"], "SESSION_NOT_FOUND");
+
+    // Stored: the next gateway loads the new title from the session's meta.json.
+    let meta = std::fs::read_to_string(gw.data.join("sessions").join(&session).join("meta.json"))
+        .expect("meta.json");
+    let meta: Value = serde_json::from_str(&meta).expect("json");
+    assert_eq!(meta["title"], "fix the build");
+    gw.stop().await;
+}
