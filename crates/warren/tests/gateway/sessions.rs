@@ -153,7 +153,7 @@ async fn unknown_routes_methods_and_undecodable_paths_get_an_error_body() {
             "INVALID_REQUEST_BODY",
         ),
         (
-            Method::PATCH,
+            Method::PUT,
             format!("/sessions/{session}"),
             405,
             "METHOD_NOT_ALLOWED",
