@@ -13,6 +13,10 @@
 //!   connection's slot travels with its socket, so an upgraded WebSocket holds it until it
 //!   closes.
 //!
+//! - A handler that panics answers 500 `RUNTIME_ERROR` in Warren's error shape, and the panic
+//!   is logged (tower-http's `CatchPanicLayer`): bad input can fail a request, never the
+//!   connection with no answer ([`PanicAnswer`]).
+//!
 //! The same limits hold on a TCP and a Unix-domain socket ([`Listener`]).
 //!
 //! Both timeouts are on reading requests only: responses (SSE, long polls) and upgraded
@@ -35,6 +39,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 /// The limits [`serve`] applies to every connection.
@@ -99,6 +104,31 @@ impl Listener {
     }
 }
 
+/// The answer of a handler that panicked: logged with its message, 500 to the client.
+#[derive(Debug, Clone, Copy)]
+struct PanicAnswer;
+
+impl tower_http::catch_panic::ResponseForPanic for PanicAnswer {
+    type ResponseBody = axum::body::Body;
+
+    fn response_for_panic(
+        &mut self,
+        panic: Box<dyn std::any::Any + Send + 'static>,
+    ) -> axum::response::Response {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic without a message");
+        tracing::error!(panic = message, "a request handler panicked");
+        crate::error_response(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "RUNTIME_ERROR",
+            "internal error",
+        )
+    }
+}
+
 /// How long to wait before accepting again after an error such as running out of file
 /// descriptors, which retrying at once would only repeat.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
@@ -118,6 +148,7 @@ pub async fn serve(
     let body_idle_timeout = config.body_idle_timeout.max(Duration::from_millis(1));
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let service = tower::ServiceBuilder::new()
+        .layer(CatchPanicLayer::custom(PanicAnswer))
         .layer(RequestBodyTimeoutLayer::new(body_idle_timeout))
         .service(router);
     let stopping = CancellationToken::new();
@@ -191,7 +222,10 @@ fn is_connection_error(error: &io::Error) -> bool {
     )
 }
 
-type Service = tower_http::timeout::RequestBodyTimeout<Router>;
+type Service = tower_http::catch_panic::CatchPanic<
+    tower_http::timeout::RequestBodyTimeout<Router>,
+    PanicAnswer,
+>;
 
 async fn serve_connection<S>(
     stream: S,

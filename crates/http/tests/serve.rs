@@ -27,6 +27,14 @@ fn router() -> Router {
     Router::new()
         .route("/ping", get(|| async { "pong" }))
         .route(
+            "/panic",
+            get(|| async {
+                let parts: Vec<&str> = Vec::new();
+                // An out-of-bounds index, as a handler bug would be.
+                parts[3].to_owned()
+            }),
+        )
+        .route(
             "/echo",
             post(|Json(body): Json<Body>| async move { body.text }),
         )
@@ -174,6 +182,32 @@ async fn a_slow_body_that_keeps_coming_is_not_cut_off() {
     let answer = read_until_closed(&mut stream, "a slow body").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("slow"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_answers_500_in_the_error_shape_and_the_server_goes_on() {
+    let addr = start(ServeConfig::default()).await;
+    let http = reqwest::Client::new();
+    for _ in 0..2 {
+        let response = http
+            .get(format!("http://{addr}/panic"))
+            .send()
+            .await
+            .expect("answered, not cut off");
+        assert_eq!(response.status(), 500);
+        let body: serde_json::Value = response.json().await.expect("JSON error body");
+        assert_eq!(body["code"], "RUNTIME_ERROR", "{body}");
+        assert_eq!(body["message"], "internal error", "{body}");
+    }
+    let pong = http
+        .get(format!("http://{addr}/ping"))
+        .send()
+        .await
+        .expect("answered")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(pong, "pong");
 }
 
 #[tokio::test]
