@@ -19,25 +19,47 @@ pub fn alone_in_a_new_process(name: &str) -> bool {
         .name()
         .filter(|full| *full == name || full.ends_with(&format!("::{name}")))
         .unwrap_or_else(|| panic!("{name} runs on its own test thread, named after it"));
-    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+    // stdout and stderr go to files: the test binary may run a subreaper that reaps every
+    // child it does not own, this one included, and then only what it wrote is left to judge by.
+    let out = tempfile_for(full_name, "stdout");
+    let err = tempfile_for(full_name, "stderr");
+    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", full_name, "--test-threads=1", "--nocapture"])
         .env(VAR, full_name)
-        .output()
-        .expect("runs the test binary");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+        .stdout(std::fs::File::create(&out).expect("a stdout file"))
+        .stderr(std::fs::File::create(&err).expect("a stderr file"))
+        .status();
+    let stdout = std::fs::read_to_string(&out).unwrap_or_default();
     // Passed on to this test's own output (shown when it fails).
     print!("{stdout}");
-    eprint!("{}", String::from_utf8_lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "{full_name} failed in its own process: {}",
-        output.status
-    );
+    eprint!("{}", std::fs::read_to_string(&err).unwrap_or_default());
+    let _ = (std::fs::remove_file(&out), std::fs::remove_file(&err));
+    match status {
+        Ok(status) => assert!(
+            status.success(),
+            "{full_name} failed in its own process: {status}"
+        ),
+        // Reaped by the binary's own subreaper (ECHILD): the output says how it went.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::CHILD.raw_os_error()) => {}
+        Err(e) => panic!("cannot run {full_name} in its own process: {e}"),
+    }
     assert!(
         stdout.contains("test result: ok. 1 passed"),
-        "{full_name} did not run in its own process"
+        "{full_name} did not run, or failed, in its own process"
     );
     false
+}
+
+/// A file in the temp dir for one stream of the test `name`'s own process.
+fn tempfile_for(name: &str, stream: &str) -> std::path::PathBuf {
+    let name: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    std::env::temp_dir().join(format!(
+        "warren-alone-{}-{name}.{stream}",
+        std::process::id()
+    ))
 }
 
 /// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in KiB.
