@@ -430,48 +430,11 @@ fn base64_decode(text: &str) -> Vec<u8> {
         .expect("bytes are base64")
 }
 
-/// A directory with the pinned npm SDKs of `tests/node` installed (once, under a lock; the
-/// stamp holds the package files it was installed from, so a change to either reinstalls).
-async fn node_dir() -> PathBuf {
-    let source = repo_root().join("tests/node");
-    let dir = repo_root().join("target/warren-e2b-node");
-    std::fs::create_dir_all(&dir).expect("creates the node directory");
-    let install = r#"
-        set -euo pipefail
-        exec 9>"$1/.lock"
-        flock 9
-        cat "$2/package.json" "$2/package-lock.json" > "$1/.wanted"
-        if ! cmp -s "$1/.wanted" "$1/.installed"; then
-          cp "$2/package.json" "$2/package-lock.json" "$1/"
-          (cd "$1" && npm ci --no-audit --no-fund --silent >&2)
-          mv "$1/.wanted" "$1/.installed"
-        fi
-        cp "$2/e2b_sdk_test.mjs" "$1/e2b_sdk_test.mjs.tmp"
-        mv "$1/e2b_sdk_test.mjs.tmp" "$1/e2b_sdk_test.mjs"
-    "#;
-    let output = tokio::time::timeout(
-        Duration::from_secs(600),
-        tokio::process::Command::new("bash")
-            .args(["-c", install, "install"])
-            .arg(&dir)
-            .arg(&source)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("npm ci finishes within 10 minutes")
-    .expect("bash runs");
-    assert!(
-        output.status.success(),
-        "npm ci of tests/node failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    dir
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2b_js_sdk_works_against_warren() {
-    let dir = node_dir().await;
+    let dir = tokio::task::spawn_blocking(warren_test_support::node_packages)
+        .await
+        .expect("installs tests/node");
     let server = start(None).await;
     let output = tokio::time::timeout(
         Duration::from_secs(300),

@@ -1,5 +1,5 @@
-//! The repository the tests run in, and the pinned Python environment the interoperability
-//! tests drive third-party SDKs with.
+//! The repository the tests run in, and the pinned Python and npm environments the
+//! interoperability tests drive third-party SDKs with.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,6 +24,50 @@ pub fn repo_root() -> PathBuf {
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(run_python_env).clone()
+}
+
+/// A directory with the pinned npm packages of `tests/node` installed (the MCP and E2B SDKs)
+/// and its `.mjs` scripts copied in, so `node <dir>/<script>.mjs` finds the packages. Installed
+/// once for every test binary (under a lock; the stamp holds the package files it was installed
+/// from, so a change to either reinstalls); run once per test process.
+pub fn node_packages() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(install_node_packages).clone()
+}
+
+fn install_node_packages() -> PathBuf {
+    let source = repo_root().join("tests/node");
+    let dir = repo_root().join("target/warren-node");
+    std::fs::create_dir_all(&dir).expect("creates the node directory");
+    let install = r#"
+        set -euo pipefail
+        exec 9>"$1/.lock"
+        flock 9
+        cat "$2/package.json" "$2/package-lock.json" > "$1/.wanted"
+        if ! cmp -s "$1/.wanted" "$1/.installed"; then
+          cp "$2/package.json" "$2/package-lock.json" "$1/"
+          (cd "$1" && npm ci --no-audit --no-fund --silent >&2)
+          mv "$1/.wanted" "$1/.installed"
+        fi
+        for script in "$2"/*.mjs; do
+          cp "$script" "$1/$(basename "$script").tmp"
+          mv "$1/$(basename "$script").tmp" "$1/$(basename "$script")"
+        done
+    "#;
+    let output = Command::new("bash")
+        .args(["-c", install, "install"])
+        .arg(&dir)
+        .arg(&source)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs bash");
+    assert!(
+        output.status.success(),
+        "npm ci of tests/node failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    dir
 }
 
 fn run_python_env() -> PathBuf {

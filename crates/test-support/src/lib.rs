@@ -21,7 +21,7 @@ pub mod mcp;
 #[cfg(feature = "pty")]
 pub mod pty;
 
-pub use environment::{python, repo_root};
+pub use environment::{node_packages, python, repo_root};
 pub use process::{alive, processes_mentioning, wait_until_dead};
 pub use wait::{
     Done, TimedOut, WAIT, eventually, eventually_async, try_within, wait_until, within,

@@ -522,17 +522,22 @@ pub struct Stats {
     mtime_nsec: i64,
 }
 
+/// envd's file type of an entry that is (not) a link or a directory.
+fn file_type(is_symlink: bool, is_dir: bool) -> FileType {
+    if is_symlink {
+        FileType::Symlink
+    } else if is_dir {
+        FileType::Directory
+    } else {
+        FileType::File
+    }
+}
+
 impl Stats {
     pub fn from_cap(meta: &cap_std::fs::Metadata) -> Self {
         use cap_std::fs::MetadataExt as _;
         Self {
-            kind: if meta.is_symlink() {
-                FileType::Symlink
-            } else if meta.is_dir() {
-                FileType::Directory
-            } else {
-                FileType::File
-            },
+            kind: file_type(meta.is_symlink(), meta.is_dir()),
             size: meta.len(),
             mode: meta.mode(),
             uid: meta.uid(),
@@ -544,15 +549,9 @@ impl Stats {
 
     pub fn from_std(meta: &std::fs::Metadata) -> Self {
         use std::os::unix::fs::MetadataExt as _;
-        let file_type = meta.file_type();
+        let kind = meta.file_type();
         Self {
-            kind: if file_type.is_symlink() {
-                FileType::Symlink
-            } else if file_type.is_dir() {
-                FileType::Directory
-            } else {
-                FileType::File
-            },
+            kind: file_type(kind.is_symlink(), kind.is_dir()),
             size: meta.len(),
             mode: meta.mode(),
             uid: meta.uid(),

@@ -360,22 +360,6 @@ async fn remote_mcp_refuses_a_malformed_execd_url_at_startup() -> anyhow::Result
 // ---------------------------------------------------------------------------------------------
 // Another real client: the official MCP Python SDK (`mcp`, pinned in scripts/python-env.sh).
 
-/// Runs a one-off SDK installation (minutes on a cold cache); returns its stdout.
-async fn install_sdk(what: &str, mut command: tokio::process::Command) -> anyhow::Result<Vec<u8>> {
-    let output = tokio::time::timeout(
-        std::time::Duration::from_secs(900),
-        command.kill_on_drop(true).output(),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("{what} did not finish within 15 minutes"))??;
-    anyhow::ensure!(
-        output.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(output.stdout)
-}
-
 /// Runs an SDK's check script, which names every failed check on stderr.
 async fn run_sdk_checks(what: &str, mut command: tokio::process::Command) -> anyhow::Result<()> {
     let output = try_within(what, command.kill_on_drop(true).output()).await??;
@@ -422,38 +406,9 @@ async fn python_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Re
 // And the official MCP TypeScript SDK (pinned in tests/node/package.json), whose schema
 // validation is what strict clients such as Claude Code build on.
 
-/// A directory with the pinned SDK installed (once, under a lock) and the check script copied in.
-async fn sdk_node_dir() -> anyhow::Result<std::path::PathBuf> {
-    let source = repo_root().join("tests/node");
-    let dir = repo_root().join("target/warren-mcp-node");
-    std::fs::create_dir_all(&dir)?;
-    // Serialised with flock so parallel test processes install once; the stamp holds the
-    // package.json and lock it was installed from, so a change to either reinstalls.
-    let install = r#"
-        set -euo pipefail
-        exec 9>"$1/.lock"
-        flock 9
-        cat "$2/package.json" "$2/package-lock.json" > "$1/.wanted"
-        if ! cmp -s "$1/.wanted" "$1/.installed"; then
-          cp "$2/package.json" "$2/package-lock.json" "$1/"
-          (cd "$1" && npm ci --no-audit --no-fund --silent >&2)
-          mv "$1/.wanted" "$1/.installed"
-        fi
-        cp "$2/mcp_sdk_client.mjs" "$1/mcp_sdk_client.mjs.tmp"
-        mv "$1/mcp_sdk_client.mjs.tmp" "$1/mcp_sdk_client.mjs"
-    "#;
-    let mut command = tokio::process::Command::new("bash");
-    command
-        .args(["-c", install, "install"])
-        .arg(&dir)
-        .arg(&source);
-    install_sdk("npm install of the MCP TypeScript SDK", command).await?;
-    Ok(dir)
-}
-
 #[tokio::test]
 async fn typescript_mcp_sdk_uses_the_tools_over_stdio_and_execd_http() -> anyhow::Result<()> {
-    let node_dir = sdk_node_dir().await?;
+    let node_dir = tokio::task::spawn_blocking(warren_test_support::node_packages).await?;
     sdk_checks_over_stdio_and_execd_http("typescript-sdk-token", async |args| {
         let mut command = tokio::process::Command::new("node");
         command.arg(node_dir.join("mcp_sdk_client.mjs")).args(args);
