@@ -3,9 +3,12 @@
 use serde::{Deserialize, Serialize};
 
 /// A machine-readable `code` (upper snake case) plus a human message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
+    /// Upper snake case, e.g. `INVALID_REQUEST_BODY`.
+    #[schema(example = "INVALID_REQUEST_BODY")]
     pub code: String,
+    /// For people; its wording may change.
     pub message: String,
 }
 
