@@ -7,6 +7,7 @@ mod e2b;
 mod exec;
 mod gateway;
 mod hands;
+mod load;
 mod pty;
 mod support;
 mod window;
@@ -35,6 +36,9 @@ pub enum Bench {
     Window,
     /// The e2b Python SDK against Warren's envd API (and `--against URL`).
     E2b(e2b::E2bArgs),
+    /// Under load: 1,000 PTY sessions, 200 concurrent exec calls, 1,000 slow-header
+    /// connections, SSE to 1,000 readers; `--soak 30m` prints the servers' RSS over time.
+    Load(load::LoadArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -47,5 +51,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Agents => agents::run().await,
         Bench::Window => window::run().await,
         Bench::E2b(args) => e2b::run(args).await,
+        Bench::Load(args) => load::run(args).await,
     }
 }

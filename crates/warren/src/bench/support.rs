@@ -59,10 +59,17 @@ pub struct ExecdChild {
 
 impl ExecdChild {
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts one with `flags` after `--listen 127.0.0.1:0` (limits such as
+    /// `--max-pty-sessions`).
+    pub async fn start_with(flags: &[&str]) -> anyhow::Result<Self> {
         // `/proc/self/exe` still works when the binary was rebuilt (replaced) since it started.
         let spec =
             warren_process::CommandSpec::new("/proc/self/exe", &warren_process::TreeMarker::new())
                 .args(["execd", "--listen", "127.0.0.1:0"])
+                .args(flags.iter().copied())
                 .env("WARREN_LOG", "warn");
         let options = warren_process::pipes::PipeOptions {
             stdin: warren_process::pipes::StdinMode::Null,
@@ -92,6 +99,14 @@ impl ExecdChild {
             pid,
             base,
         })
+    }
+
+    /// The live processes execd started and has not ended (its tree without itself).
+    pub fn descendants(&self) -> Vec<i32> {
+        let own = self.pid as i32;
+        let mut members = warren_process::tree_members(&self.tree);
+        members.retain(|pid| *pid != own);
+        members
     }
 
     /// SIGTERM (execd kills every session's processes), then wait; SIGKILL after 30 s.
