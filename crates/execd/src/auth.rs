@@ -1,4 +1,5 @@
-//! The optional access token: every route but `GET /ping` needs `X-EXECD-ACCESS-TOKEN`,
+//! The optional access token: every route but `GET /ping` and `GET /openapi.json` needs
+//! `X-EXECD-ACCESS-TOKEN`,
 //! compared in constant time. The 401 answers in the shape of the route it guards: Warren's
 //! `{"code","message"}` on Warren's own routes (`/v1/exec`, `/mcp`), OpenSandbox's
 //! `{"error": ...}` byte for byte everywhere else, PTY routes included, since pty-sessions.md and
@@ -29,7 +30,8 @@ pub async fn require_access_token(
     let Some(expected) = expected else {
         return next.run(request).await;
     };
-    if request.uri().path() == "/ping" {
+    // The OpenAPI document holds no secret, and a client needs it before it has a token.
+    if matches!(request.uri().path(), "/ping" | "/openapi.json") {
         return next.run(request).await;
     }
     let presented = request
@@ -48,7 +50,7 @@ pub async fn require_access_token(
 
 /// Routes that are Warren's own protocol rather than OpenSandbox's: `/v1/exec...` and
 /// `/mcp...`.
-fn is_warren_route(path: &str) -> bool {
+pub fn is_warren_route(path: &str) -> bool {
     let under = |prefix: &str| {
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))

@@ -8,10 +8,11 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::State;
-use axum::routing::{delete, post};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_exec::{Engine, EngineConfig, Watcher};
+use warren_protocol::error::ErrorBody;
 use warren_protocol::exec::{ExecCommandArgs, ExecResult, SessionId, SessionList, WriteStdinBody};
 
 use crate::Config;
@@ -48,11 +49,11 @@ impl ExecState {
     }
 }
 
-pub fn routes(state: ExecState) -> Router {
-    Router::new()
-        .route("/v1/exec", post(exec_command).get(list_sessions))
-        .route("/v1/exec/{session_id}", delete(kill_session))
-        .route("/v1/exec/{session_id}/stdin", post(write_stdin))
+pub fn routes(state: ExecState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(exec_command, list_sessions))
+        .routes(routes!(kill_session))
+        .routes(routes!(write_stdin))
         .with_state(state)
 }
 
@@ -63,6 +64,19 @@ fn parse_session_id(raw: &str) -> Result<SessionId, ApiError> {
         .map_err(|_| ApiError::UnknownExecSession(raw.to_owned()))
 }
 
+/// Runs a command (exec-tools.md's `exec_command`) and answers once it exits or
+/// `yield_time_ms` passes, with a `session_id` while it still runs.
+#[utoipa::path(
+    post, path = "/v1/exec", tag = "exec",
+    request_body = ExecCommandArgs,
+    responses(
+        (status = 200, description = "The command's result so far", body = ExecResult),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (unreadable body, an argument out of range) or `INVALID_WORKDIR`", body = ErrorBody),
+        (status = 429, description = "`TOO_MANY_SESSIONS`: every session slot is busy", body = ErrorBody),
+        (status = 500, description = "`SPAWN_FAILED`: the command could not be started", body = ErrorBody),
+        (status = 503, description = "`SHUTTING_DOWN`", body = ErrorBody),
+    )
+)]
 async fn exec_command(
     State(state): State<ExecState>,
     Json(args): Json<ExecCommandArgs>,
@@ -70,6 +84,19 @@ async fn exec_command(
     Ok(axum::Json(state.engine.exec_command(args).await?))
 }
 
+/// Types `chars` into a running session (exec-tools.md's `write_stdin`); empty `chars` only
+/// polls for output.
+#[utoipa::path(
+    post, path = "/v1/exec/{session_id}/stdin", tag = "exec",
+    params(("session_id" = String, Path, description = "A session id from `/v1/exec`'s answer")),
+    request_body(content = Option<WriteStdinBody>, description = "May be empty (then `chars` is empty: a poll)"),
+    responses(
+        (status = 200, description = "The session's output since the last call", body = ExecResult),
+        (status = 400, description = "`INVALID_REQUEST_BODY`", body = ErrorBody),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 503, description = "`SHUTTING_DOWN`", body = ErrorBody),
+    )
+)]
 async fn write_stdin(
     State(state): State<ExecState>,
     Path(session_id): Path<String>,
@@ -80,10 +107,27 @@ async fn write_stdin(
     Ok(axum::Json(state.engine.write_stdin(args).await?))
 }
 
+/// Every exec session the engine holds (exec-tools.md's `list_sessions`).
+#[utoipa::path(
+    get, path = "/v1/exec", tag = "exec",
+    responses(
+        (status = 200, description = "The sessions", body = SessionList),
+    )
+)]
 async fn list_sessions(State(state): State<ExecState>) -> axum::Json<SessionList> {
     axum::Json(state.engine.list_sessions().await)
 }
 
+/// Kills a session's whole process tree (exec-tools.md's `kill_session`).
+#[utoipa::path(
+    delete, path = "/v1/exec/{session_id}", tag = "exec",
+    params(("session_id" = String, Path, description = "A session id from `/v1/exec`'s answer")),
+    responses(
+        (status = 200, description = "The session's last output and its exit", body = ExecResult),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 503, description = "`SHUTTING_DOWN`", body = ErrorBody),
+    )
+)]
 async fn kill_session(
     State(state): State<ExecState>,
     Path(session_id): Path<String>,

@@ -23,19 +23,20 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use cap_std::fs::{Dir, MetadataExt};
 use futures_util::TryStreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_http::range::{RangeAnswer, parse_range};
+use warren_protocol::error::ErrorBody;
 use warren_protocol::files::{FileEntry, FileKind, FileList, FileWritten, MoveRequest};
 
 use crate::error::{ApiError, Json};
@@ -179,29 +180,32 @@ impl FilesApi {
     }
 }
 
-pub fn routes(state: FilesApi) -> Router {
-    Router::new()
-        .route("/v1/files", get(read).put(write).delete(remove))
-        .route("/v1/files/list", get(list))
-        .route("/v1/files/dir", post(make_dir))
-        .route("/v1/files/move", post(rename))
-        .route("/v1/files/watch", get(watch::watch))
+pub fn routes(state: FilesApi) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(read, write, remove))
+        .routes(routes!(list))
+        .routes(routes!(make_dir))
+        .routes(routes!(rename))
+        .routes(routes!(watch::watch))
         .with_state(state)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct PathQuery {
     path: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
     #[serde(default)]
     path: String,
     depth: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct DeleteQuery {
     path: String,
     #[serde(default)]
@@ -258,6 +262,24 @@ async fn blocking<T: Send + 'static>(
 /// `GET /v1/files?path=P`: the file's bytes; with `Range: bytes=a-b`, those (206), or 416 with
 /// `Content-Range: bytes */size` when none of the file is named. An invalid Range, or several
 /// ranges, is ignored (200 with the whole file).
+/// The file's bytes, or one byte range of them.
+#[utoipa::path(
+    get, path = "/v1/files", tag = "files",
+    params(
+        PathQuery,
+        ("Range" = Option<String>, Header, description = "One byte range, `bytes=START-END`, `bytes=START-` or `bytes=-SUFFIX`; anything else is ignored (the whole file)"),
+    ),
+    responses(
+        (status = 200, description = "The whole file", content_type = "application/octet-stream", body = [u8]),
+        (status = 206, description = "The range asked for (`Content-Range`)", content_type = "application/octet-stream", body = [u8]),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (a query that does not parse), `INVALID_PATH` or `NAME_TOO_LONG`", body = ErrorBody),
+        (status = 403, description = "`PATH_ESCAPE`, `NOT_REGULAR_FILE` or `PERMISSION_DENIED`", body = ErrorBody),
+        (status = 404, description = "`FILE_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`NOT_A_DIRECTORY`: a parent in the path is a file", body = ErrorBody),
+        (status = 416, description = "`RANGE_NOT_SATISFIABLE` (`Content-Range: bytes */SIZE`)", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`: the file could not be read", body = ErrorBody),
+    )
+)]
 async fn read(
     State(files): State<FilesApi>,
     query_result: Result<Query<PathQuery>, QueryRejection>,
@@ -297,6 +319,21 @@ async fn read(
 
 /// `PUT /v1/files?path=P`: replaces (200) or creates (201) the file with the body, atomically;
 /// answers [`FileWritten`].
+/// Writes the body to the file atomically, creating missing parent directories.
+#[utoipa::path(
+    put, path = "/v1/files", tag = "files",
+    params(PathQuery),
+    request_body(content = [u8], content_type = "application/octet-stream", description = "The file's new bytes"),
+    responses(
+        (status = 200, description = "Replaced", body = FileWritten),
+        (status = 201, description = "Created", body = FileWritten),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (a query that does not parse), `INVALID_PATH` or `NAME_TOO_LONG`", body = ErrorBody),
+        (status = 403, description = "`PATH_ESCAPE`, `NOT_REGULAR_FILE` or `PERMISSION_DENIED`", body = ErrorBody),
+        (status = 409, description = "`NOT_A_DIRECTORY`: a parent in the path is a file", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`: the file could not be written", body = ErrorBody),
+        (status = 507, description = "`STORAGE_FULL`", body = ErrorBody),
+    )
+)]
 async fn write(
     State(files): State<FilesApi>,
     query_result: Result<Query<PathQuery>, QueryRejection>,
@@ -359,6 +396,19 @@ async fn write(
 
 /// `GET /v1/files/list?path=P&depth=N`: the entries below a directory, `depth` levels deep
 /// (1 to [`MAX_LIST_DEPTH`]), sorted by path, symlinks described and never followed.
+/// The entries below a directory, sorted by path.
+#[utoipa::path(
+    get, path = "/v1/files/list", tag = "files",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The listing", body = FileList),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (a query that does not parse), `INVALID_PATH` or `NAME_TOO_LONG`", body = ErrorBody),
+        (status = 403, description = "`PATH_ESCAPE`, `NOT_REGULAR_FILE` or `PERMISSION_DENIED`", body = ErrorBody),
+        (status = 404, description = "`FILE_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`NOT_A_DIRECTORY`", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`: the directory could not be read", body = ErrorBody),
+    )
+)]
 async fn list(
     State(files): State<FilesApi>,
     query_result: Result<Query<ListQuery>, QueryRejection>,
@@ -418,6 +468,19 @@ fn file_entry(seen: Seen<'_>) -> FileEntry {
 }
 
 /// `POST /v1/files/dir?path=P`: `mkdir -p` (201, also when the directory was there already).
+/// `mkdir -p`.
+#[utoipa::path(
+    post, path = "/v1/files/dir", tag = "files",
+    params(PathQuery),
+    responses(
+        (status = 201, description = "The directory exists"),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (a query that does not parse), `INVALID_PATH` or `NAME_TOO_LONG`", body = ErrorBody),
+        (status = 403, description = "`PATH_ESCAPE`, `NOT_REGULAR_FILE` or `PERMISSION_DENIED`", body = ErrorBody),
+        (status = 409, description = "`FILE_EXISTS` (something else is there) or `NOT_A_DIRECTORY`", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`", body = ErrorBody),
+        (status = 507, description = "`STORAGE_FULL`", body = ErrorBody),
+    )
+)]
 async fn make_dir(
     State(files): State<FilesApi>,
     query_result: Result<Query<PathQuery>, QueryRejection>,
@@ -448,6 +511,20 @@ async fn make_dir(
 }
 
 /// `POST /v1/files/move`: renames `from` to `to` (an empty 200), creating `to`'s parents.
+/// Renames `from` to `to`, creating `to`'s parents.
+#[utoipa::path(
+    post, path = "/v1/files/move", tag = "files",
+    request_body = MoveRequest,
+    responses(
+        (status = 200, description = "Moved"),
+        (status = 400, description = "`INVALID_REQUEST_BODY`, `INVALID_PATH`, `NAME_TOO_LONG` or `INVALID_MOVE`", body = ErrorBody),
+        (status = 403, description = "`PATH_ESCAPE` or `PERMISSION_DENIED`", body = ErrorBody),
+        (status = 404, description = "`FILE_NOT_FOUND`: no `from`", body = ErrorBody),
+        (status = 409, description = "`FILE_EXISTS`, `DIR_NOT_EMPTY` or `NOT_A_DIRECTORY`", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`", body = ErrorBody),
+        (status = 507, description = "`STORAGE_FULL`", body = ErrorBody),
+    )
+)]
 async fn rename(
     State(files): State<FilesApi>,
     Json(request): Json<MoveRequest>,
@@ -484,6 +561,19 @@ async fn rename(
 /// `DELETE /v1/files?path=P&recursive=B`: removes a file, a symlink (never what it points to)
 /// or an empty directory; with `recursive=true` a directory and everything below it, links
 /// removed, not followed (204).
+/// Removes a file, a symlink or an empty directory; with `recursive=true` a whole tree.
+#[utoipa::path(
+    delete, path = "/v1/files", tag = "files",
+    params(DeleteQuery),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (a query that does not parse), `INVALID_PATH` or `NAME_TOO_LONG`", body = ErrorBody),
+        (status = 403, description = "`PATH_ESCAPE`, `NOT_REGULAR_FILE` or `PERMISSION_DENIED`", body = ErrorBody),
+        (status = 404, description = "`FILE_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`DIR_NOT_EMPTY` or `NOT_A_DIRECTORY`", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`", body = ErrorBody),
+    )
+)]
 async fn remove(
     State(files): State<FilesApi>,
     query_result: Result<Query<DeleteQuery>, QueryRejection>,

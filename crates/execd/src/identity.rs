@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
+use axum::Json;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_protocol::hands::{HANDS_NONCE_HEADER, HandsIdentity};
 
 use crate::error::ApiError;
@@ -44,12 +45,17 @@ impl Identity {
     }
 }
 
-pub fn routes(identity: Identity) -> Router {
-    Router::new()
-        .route("/v1/hands/identity", get(identity_route))
+pub fn routes(identity: Identity) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(identity_route))
         .with_state(identity)
 }
 
+/// This execd's nonce, start time and root.
+#[utoipa::path(
+    get, path = "/v1/hands/identity", tag = "hands",
+    responses((status = 200, description = "Who this execd is", body = HandsIdentity))
+)]
 async fn identity_route(State(identity): State<Identity>) -> Json<HandsIdentity> {
     Json(HandsIdentity::clone(&identity.inner))
 }

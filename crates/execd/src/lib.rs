@@ -18,6 +18,7 @@ pub mod exec_api;
 pub mod files_api;
 pub mod forward;
 pub mod identity;
+pub mod openapi;
 pub mod opensandbox;
 pub mod proxy;
 pub mod pty;
@@ -28,6 +29,7 @@ pub mod workspace;
 use std::sync::Arc;
 
 use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
 
 pub use config::{Config, ListenAddr};
 pub use warren_http::Listener;
@@ -69,11 +71,9 @@ impl Execd {
         }
     }
 
-    /// The complete HTTP surface, with the access-token check applied to every route except
-    /// `GET /ping`, and then the hands nonce check to every route. Unknown paths and methods
-    /// answer 404/405 in Warren's error shape.
-    pub fn router(&self) -> Router {
-        Router::new()
+    /// Warren's own routes, each documented by the annotation `routes!` registered it with.
+    fn warren_routes(&self) -> OpenApiRouter {
+        OpenApiRouter::new()
             .merge(pty::routes(self.pty.clone()))
             .merge(exec_api::routes(self.exec.clone()))
             .merge(terminals::routes(self.exec.clone()))
@@ -81,6 +81,36 @@ impl Execd {
             .merge(files_api::routes(self.files.clone()))
             .merge(identity::routes(self.identity.clone()))
             .merge(workspace::routes(self.workspace.clone()))
+    }
+
+    /// The OpenAPI 3.1 document of Warren's routes, as `GET /openapi.json` serves it.
+    pub fn openapi(&self) -> serde_json::Value {
+        openapi::document(
+            self.warren_routes().into_openapi(),
+            self.config.access_token.is_some(),
+        )
+    }
+
+    /// The complete HTTP surface, with the access-token check applied to every route except
+    /// `GET /ping` and `GET /openapi.json`, and then the hands nonce check to every route.
+    /// Unknown paths and methods answer 404/405 in Warren's error shape.
+    pub fn router(&self) -> Router {
+        let (warren, api) = self.warren_routes().split_for_parts();
+        let document = openapi::to_bytes(&openapi::document(
+            api,
+            self.config.access_token.is_some(),
+        ));
+        Router::new()
+            .merge(warren)
+            .route(
+                "/openapi.json",
+                axum::routing::get(move || async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        document,
+                    )
+                }),
+            )
             .merge(proxy::routes(proxy::Proxy::default()))
             .merge(opensandbox::routes(self.opensandbox.clone()))
             .route_service("/mcp", self.mcp_service())

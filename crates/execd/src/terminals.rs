@@ -8,31 +8,41 @@
 
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
 use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use warren_protocol::error::ErrorBody;
 use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, TerminalOutput};
 
-use crate::error::{ApiError, Json};
+use crate::error::{ApiError, Json, Path};
 use crate::exec_api::ExecState;
 
 /// Longest `wait_ms` one output request may ask for; clients loop for longer waits.
 const MAX_WAIT_MS: u64 = 300_000;
 
-pub fn routes(state: ExecState) -> Router {
-    Router::new()
-        .route("/v1/terminals", post(create).get(list))
-        .route(
-            "/v1/terminals/{terminal_id}",
-            axum::routing::delete(release),
-        )
-        .route("/v1/terminals/{terminal_id}/output", get(output))
-        .route("/v1/terminals/{terminal_id}/kill", post(kill))
+pub fn routes(state: ExecState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(release))
+        .routes(routes!(output))
+        .routes(routes!(kill))
         .with_state(state)
 }
 
+/// Starts a command without waiting (ACP `terminal/create`).
+#[utoipa::path(
+    post, path = "/v1/terminals", tag = "terminals",
+    request_body = TerminalCreate,
+    responses(
+        (status = 201, description = "Started", body = TerminalCreated),
+        (status = 400, description = "`INVALID_REQUEST_BODY` or `INVALID_WORKDIR`", body = ErrorBody),
+        (status = 429, description = "`TOO_MANY_SESSIONS`", body = ErrorBody),
+        (status = 500, description = "`SPAWN_FAILED`: the program could not be started (the OS error)", body = ErrorBody),
+        (status = 503, description = "`SHUTTING_DOWN`", body = ErrorBody),
+    )
+)]
 async fn create(
     State(state): State<ExecState>,
     Json(create): Json<TerminalCreate>,
@@ -44,17 +54,34 @@ async fn create(
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
+/// Every terminal not yet released.
+#[utoipa::path(
+    get, path = "/v1/terminals", tag = "terminals",
+    responses((status = 200, description = "The terminals", body = TerminalList))
+)]
 async fn list(State(state): State<ExecState>) -> axum::Json<TerminalList> {
     axum::Json(state.engine().list_terminals())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct OutputQuery {
     /// Wait up to this long for the command to exit (0: answer at once).
     #[serde(default)]
     wait_ms: u64,
 }
 
+/// The output kept so far, and the exit once the command exited and its output is drained
+/// (ACP `terminal/output`, with `wait_ms` also `terminal/wait_for_exit`).
+#[utoipa::path(
+    get, path = "/v1/terminals/{terminal_id}/output", tag = "terminals",
+    params(("terminal_id" = String, Path, description = "From `POST /v1/terminals`"), OutputQuery),
+    responses(
+        (status = 200, description = "The output", body = TerminalOutput),
+        (status = 400, description = "`INVALID_REQUEST_BODY`: a query that does not parse", body = ErrorBody),
+        (status = 404, description = "`TERMINAL_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn output(
     State(state): State<ExecState>,
     Path(terminal_id): Path<String>,
@@ -71,6 +98,15 @@ async fn output(
         .map_err(ApiError::from)
 }
 
+/// Kills the command's whole tree; its output stays readable (ACP `terminal/kill`).
+#[utoipa::path(
+    post, path = "/v1/terminals/{terminal_id}/kill", tag = "terminals",
+    params(("terminal_id" = String, Path, description = "From `POST /v1/terminals`")),
+    responses(
+        (status = 204, description = "Killed (or had exited already)"),
+        (status = 404, description = "`TERMINAL_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn kill(
     State(state): State<ExecState>,
     Path(terminal_id): Path<String>,
@@ -83,6 +119,15 @@ async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Kills the command and forgets the terminal (ACP `terminal/release`).
+#[utoipa::path(
+    delete, path = "/v1/terminals/{terminal_id}", tag = "terminals",
+    params(("terminal_id" = String, Path, description = "From `POST /v1/terminals`")),
+    responses(
+        (status = 204, description = "Released"),
+        (status = 404, description = "`TERMINAL_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn release(
     State(state): State<ExecState>,
     Path(terminal_id): Path<String>,

@@ -13,15 +13,18 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::Json;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures_util::TryStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::io::{StreamReader, SyncIoBridge};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use warren_protocol::error::ErrorBody;
 use warren_protocol::hands::RestoreResult;
 use warren_snapshot::{SnapshotError, UnpackLimits};
 
@@ -45,8 +48,10 @@ pub enum WorkspaceError {
 }
 
 /// `?tree=workspace|home` (default `workspace`).
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct TreeQuery {
+    /// `workspace` (the default) or `home` (with `--home`).
     #[serde(default)]
     tree: Option<String>,
 }
@@ -81,20 +86,38 @@ impl Workspace {
     }
 }
 
-pub fn routes(workspace: Workspace) -> Router {
-    Router::new()
-        .route("/v1/workspace/snapshot", get(snapshot))
-        .route(
-            "/v1/workspace/restore",
-            post(restore).layer(DefaultBodyLimit::disable()),
-        )
+pub fn routes(workspace: Workspace) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(snapshot))
+        .routes(routes!(restore))
+        // Only the restore route reads a body.
+        .layer(DefaultBodyLimit::disable())
         .with_state(workspace)
 }
 
+/// `?tree=`, or a 400 in Warren's shape for a query that does not parse (axum's own rejection
+/// is plain text).
+fn tree_query(query: Result<Query<TreeQuery>, QueryRejection>) -> Result<TreeQuery, ApiError> {
+    query
+        .map(|Query(query)| query)
+        .map_err(|e| warren_http::RequestError::InvalidQuery(e.body_text()).into())
+}
+
+/// The tree as a zstd-compressed tar, streamed as it is made.
+#[utoipa::path(
+    get, path = "/v1/workspace/snapshot", tag = "workspace",
+    params(TreeQuery),
+    responses(
+        (status = 200, description = "The snapshot; a failure midway aborts the body", content_type = "application/zstd", body = [u8]),
+        (status = 400, description = "`INVALID_REQUEST_BODY`: an unknown `tree` or a query that does not parse", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`: the tree cannot be read", body = ErrorBody),
+    )
+)]
 async fn snapshot(
     State(workspace): State<Workspace>,
-    Query(query): Query<TreeQuery>,
+    query: Result<Query<TreeQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let query = tree_query(query)?;
     // A root that cannot be read is an error answer, not a broken stream.
     let root = workspace.tree(&query)?;
     drop(
@@ -169,11 +192,27 @@ impl Write for ChannelWriter {
     }
 }
 
+/// Unpacks a snapshot (the body) into the tree, which must be empty; after a failure it is
+/// empty again.
+#[utoipa::path(
+    post, path = "/v1/workspace/restore", tag = "workspace",
+    params(TreeQuery),
+    request_body(content = [u8], content_type = "application/zstd", description = "A snapshot as `GET /v1/workspace/snapshot` makes it"),
+    responses(
+        (status = 200, description = "Restored", body = RestoreResult),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (an unknown `tree`), `SNAPSHOT_CORRUPT` or `SNAPSHOT_UNSAFE_ENTRY`", body = ErrorBody),
+        (status = 409, description = "`WORKSPACE_NOT_EMPTY`", body = ErrorBody),
+        (status = 413, description = "`SNAPSHOT_TOO_LARGE`: over the unpack limits", body = ErrorBody),
+        (status = 500, description = "`RUNTIME_ERROR`", body = ErrorBody),
+        (status = 507, description = "`STORAGE_FULL`", body = ErrorBody),
+    )
+)]
 async fn restore(
     State(workspace): State<Workspace>,
-    Query(query): Query<TreeQuery>,
+    query: Result<Query<TreeQuery>, QueryRejection>,
     body: Body,
 ) -> Result<Json<RestoreResult>, ApiError> {
+    let query = tree_query(query)?;
     let root = workspace.tree(&query)?;
     let _restoring = workspace.restoring.lock().await;
     let stream = body.into_data_stream().map_err(io::Error::other);

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 pub type SessionId = u32;
 
 /// `exec_command`: run a command in a new exec session.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct ExecCommandArgs {
     /// Shell command to run, as `<shell> -lc <cmd>` (`-c` when `login` is false).
     pub cmd: String,
@@ -69,7 +71,9 @@ pub struct WriteStdinArgs {
 
 /// The body of `POST /v1/exec/{session_id}/stdin`: [`WriteStdinArgs`] minus the id, which is
 /// in the path.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct WriteStdinBody {
     #[serde(default)]
     pub chars: String,
@@ -101,7 +105,9 @@ pub struct KillSessionArgs {
 pub struct ListSessionsArgs {}
 
 /// Where a session stands when a result is produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecStatus {
     /// The process exited (or was killed); `exit_code` is set and the session is gone.
@@ -113,7 +119,7 @@ pub enum ExecStatus {
 }
 
 /// The result of `exec_command`, `write_stdin` and `kill_session`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 pub struct ExecResult {
     /// Six hex digits identifying this chunk of output.
     pub chunk_id: String,
@@ -142,7 +148,7 @@ pub struct ExecResult {
 }
 
 /// One entry of `list_sessions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 pub struct SessionInfo {
     pub session_id: SessionId,
     pub cmd: String,
@@ -163,7 +169,9 @@ pub struct SessionInfo {
 }
 
 /// The result of `list_sessions` (`GET /v1/exec`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct SessionList {
     pub sessions: Vec<SessionInfo>,
 }

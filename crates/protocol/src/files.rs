@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What a directory entry is. A symlink is described, never followed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
     File,
@@ -21,7 +21,7 @@ pub enum FileKind {
 }
 
 /// One entry of a [`FileList`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FileEntry {
     /// The entry's own name (lossy UTF-8).
     pub name: String,
@@ -41,7 +41,7 @@ pub struct FileEntry {
 }
 
 /// `GET /v1/files/list?path=P&depth=N`: the entries below a directory, sorted by `path`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FileList {
     /// The listed directory, root-relative (`""` for the root).
     pub path: String,
@@ -52,7 +52,7 @@ pub struct FileList {
 }
 
 /// `POST /v1/files/move`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MoveRequest {
     pub from: String,
     pub to: String,
@@ -62,7 +62,7 @@ pub struct MoveRequest {
 }
 
 /// The answer to `PUT /v1/files?path=P` (201 created, 200 replaced).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FileWritten {
     /// The path as the request gave it.
     pub path: String,
@@ -74,7 +74,7 @@ pub struct FileWritten {
 /// renamed since the last line. The first line has no paths (the watch is in place); `""`
 /// among the paths means more changed than one line holds, or the kernel dropped events:
 /// whatever a client shows may be stale.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FileChanges {
     pub paths: Vec<String>,
 }

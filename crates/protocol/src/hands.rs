@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub const HANDS_NONCE_HEADER: &str = "X-Warren-Hands-Nonce";
 
 /// `GET /v1/hands/identity`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HandsIdentity {
     /// Random per hands instance (given by `--hands-nonce`, else made at start).
     pub nonce: String,
@@ -22,7 +22,7 @@ pub struct HandsIdentity {
 }
 
 /// The answer to `POST /v1/workspace/restore`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RestoreResult {
     /// Regular files (hard links included) written.
     pub files: u64,

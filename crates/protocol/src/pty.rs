@@ -29,7 +29,7 @@ pub const CLOSE_TAKEN_OVER_REASON: &str = "TAKEN_OVER";
 pub const CLOSE_EXITED_REASON: &str = "process exited";
 
 /// `POST /pty` body; every field optional and the body itself may be empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePtyRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,13 +43,13 @@ pub struct CreatePtyRequest {
 }
 
 /// `POST /pty` answer (201).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreatePtyResponse {
     pub session_id: String,
 }
 
 /// `GET /pty/{id}` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PtyStatus {
     pub session_id: String,
     /// A shell process is alive right now.
@@ -59,7 +59,7 @@ pub struct PtyStatus {
 }
 
 /// How the shell's output reaches the session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PtyMode {
     Pty,

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/terminals`: ACP's `terminal/create` parameters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TerminalCreate {
     /// With `args`, the program to run; without, a shell command line.
@@ -30,7 +30,7 @@ pub struct TerminalCreate {
 }
 
 /// The answer to `POST /v1/terminals`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TerminalCreated {
     pub terminal_id: String,
     /// The command's root process (the shell).
@@ -38,7 +38,7 @@ pub struct TerminalCreated {
 }
 
 /// How a terminal's command ended: its exit code, or the signal that killed it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TerminalExitStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<u32>,
@@ -49,7 +49,7 @@ pub struct TerminalExitStatus {
 
 /// `GET /v1/terminals/{id}/output`: the output kept so far and the exit, once the command has
 /// exited and its output is drained.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TerminalOutput {
     /// The last bytes the command wrote, as UTF-8 (invalid sequences replaced; a character cut
     /// by the byte limit is dropped whole).
@@ -61,7 +61,7 @@ pub struct TerminalOutput {
 }
 
 /// One entry of `GET /v1/terminals`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TerminalInfo {
     pub terminal_id: String,
     pub command: String,
@@ -70,13 +70,13 @@ pub struct TerminalInfo {
 }
 
 /// `GET /v1/terminals`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TerminalList {
     pub terminals: Vec<TerminalInfo>,
 }
 
 /// Which engine call started an agent terminal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentTerminalSource {
     /// ACP `terminal/create` (`/v1/terminals`).
@@ -87,7 +87,7 @@ pub enum AgentTerminalSource {
 
 /// One entry of `GET /v1/agent-terminals`: a command of the exec engine that a person can
 /// watch and answer over `GET /v1/agent-terminals/{name}/ws` (pty-sessions.md's protocol).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentTerminalInfo {
     /// `term-<terminal_id>` or `exec-<session_id>`.
     pub name: String,
@@ -104,7 +104,7 @@ pub struct AgentTerminalInfo {
 }
 
 /// `GET /v1/agent-terminals`, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentTerminalList {
     pub terminals: Vec<AgentTerminalInfo>,
 }

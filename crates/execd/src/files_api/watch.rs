@@ -45,6 +45,15 @@ pub const MAX_PATHS_PER_LINE: usize = 1000;
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 
 /// `GET /v1/files/watch`.
+/// The change feed: one JSON line ([`FileChanges`]) per batch, endless.
+#[utoipa::path(
+    get, path = "/v1/files/watch", tag = "files",
+    responses(
+        (status = 200, description = "One `FileChanges` object per line, the first with no paths; the stream never ends", content_type = "application/x-ndjson", body = FileChanges),
+        (status = 500, description = "`RUNTIME_ERROR`: the watch could not be set up", body = warren_protocol::error::ErrorBody),
+        (status = 503, description = "`WATCH_UNAVAILABLE`", body = warren_protocol::error::ErrorBody),
+    )
+)]
 pub(super) async fn watch(State(files): State<FilesApi>) -> Result<Response, ApiError> {
     let root = Arc::clone(&files.root);
     if root.parent().is_none() {

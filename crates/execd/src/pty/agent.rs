@@ -13,12 +13,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use axum::Router;
 use axum::extract::State;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::response::Response;
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_exec::{Feed, SessionKind, WatchedSession, Watcher};
+use warren_protocol::error::ErrorBody;
 use warren_protocol::pty::PtyMode;
 use warren_protocol::terminal::{AgentTerminalInfo, AgentTerminalList, AgentTerminalSource};
 
@@ -184,19 +185,39 @@ pub fn title_of(command_line: &str) -> String {
     title
 }
 
-pub fn routes(state: AgentTerminals) -> Router {
-    Router::new()
-        .route("/v1/agent-terminals", get(list))
-        .route("/v1/agent-terminals/{name}/ws", get(attach))
+pub fn routes(state: AgentTerminals) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(attach))
         .with_state(state)
 }
 
+/// Every command of the exec engine, oldest first.
+#[utoipa::path(
+    get, path = "/v1/agent-terminals", tag = "agent-terminals",
+    responses((status = 200, description = "The agent's commands", body = AgentTerminalList))
+)]
 async fn list(State(terminals): State<AgentTerminals>) -> axum::Json<AgentTerminalList> {
     axum::Json(terminals.list())
 }
 
 /// `GET /v1/agent-terminals/{name}/ws`: the handshake checks of pty-sessions.md (a holder
 /// needs `takeover=1`), then a viewer or the holder.
+#[utoipa::path(
+    get, path = "/v1/agent-terminals/{name}/ws", tag = "agent-terminals",
+    description = "Watches (`mode=viewer`) or answers (`takeover=1`) one of the agent's commands \
+        over pty-sessions.md's WebSocket protocol.",
+    params(
+        ("name" = String, Path, description = "`term-<terminal_id>` or `exec-<session_id>`"),
+        super::WsQuery,
+    ),
+    responses(
+        (status = 101, description = "Switching protocols: the WebSocket"),
+        (status = 404, description = "`TERMINAL_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`ALREADY_CONNECTED` (the agent drives it: ask `mode=viewer` or `takeover=1`) or `VIEWER_REQUIRES_RUNNING_SESSION`", body = ErrorBody),
+        (status = 426, description = "`UPGRADE_REQUIRED`: a plain request, not a WebSocket handshake", body = ErrorBody),
+    )
+)]
 async fn attach(
     State(terminals): State<AgentTerminals>,
     UrlPath(name): UrlPath<String>,

@@ -17,12 +17,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use warren_protocol::error::ErrorBody;
 use warren_protocol::pty::{CreatePtyRequest, CreatePtyResponse, PtyStatus};
 
 use crate::Config;
@@ -203,14 +204,40 @@ impl PtySessions {
     }
 }
 
-pub fn routes(state: PtySessions) -> Router {
-    Router::new()
-        .route("/pty", axum::routing::post(create_session))
-        .route("/pty/{id}", get(session_status).delete(delete_session))
-        .route("/pty/{id}/ws", get(ws::attach))
+pub fn routes(state: PtySessions) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(create_session))
+        .routes(routes!(session_status, delete_session))
+        .routes(routes!(ws::attach))
         .with_state(state)
 }
 
+/// The query of a WebSocket attach, as the document shows it; the handlers read the raw map
+/// ([`WsParams::parse`]), since the spec matches exact strings and ignores anything else.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct WsQuery {
+    /// Replay from this output offset (lenient: the leading integer, else 0).
+    since: Option<String>,
+    /// `viewer` attaches read-only beside the holder.
+    mode: Option<String>,
+    /// `1` takes the session over from its holder (close code 4001 for the old one).
+    takeover: Option<String>,
+    /// `0` runs the command on pipes instead of a PTY (pipe mode).
+    pty: Option<String>,
+}
+
+/// Creates a session; its shell starts when the first holder attaches.
+#[utoipa::path(
+    post, path = "/pty", tag = "pty",
+    request_body(content = Option<CreatePtyRequest>, description = "May be empty"),
+    responses(
+        (status = 201, description = "Created", body = CreatePtyResponse),
+        (status = 400, description = "`INVALID_REQUEST_BODY`: unreadable, an unknown field, a bad `env` or a `cwd` that cannot be made", body = ErrorBody),
+        (status = 429, description = "`TOO_MANY_SESSIONS`: over `--max-pty-sessions`", body = ErrorBody),
+    )
+)]
 async fn create_session(
     State(sessions): State<PtySessions>,
     OptionalJson(request): OptionalJson<CreatePtyRequest>,
@@ -223,6 +250,15 @@ async fn create_session(
         .into_response())
 }
 
+/// Whether the session's shell runs, and how much output it produced.
+#[utoipa::path(
+    get, path = "/pty/{id}", tag = "pty",
+    params(("id" = String, Path, description = "From `POST /pty`")),
+    responses(
+        (status = 200, description = "The session", body = PtyStatus),
+        (status = 404, description = "`CONTEXT_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn session_status(
     State(sessions): State<PtySessions>,
     UrlPath(id): UrlPath<String>,
@@ -235,6 +271,15 @@ async fn session_status(
     }))
 }
 
+/// Removes the session and kills every process it started.
+#[utoipa::path(
+    delete, path = "/pty/{id}", tag = "pty",
+    params(("id" = String, Path, description = "From `POST /pty`")),
+    responses(
+        (status = 200, description = "Deleted"),
+        (status = 404, description = "`CONTEXT_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn delete_session(
     State(sessions): State<PtySessions>,
     UrlPath(id): UrlPath<String>,

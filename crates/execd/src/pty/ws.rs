@@ -18,6 +18,8 @@ use warren_protocol::pty::{
     ServerFrame, encode_replay,
 };
 
+use warren_protocol::error::ErrorBody;
+
 use crate::error::Path as UrlPath;
 
 use super::session::{AttachError, HolderAttach, HolderEvent, Kick, Session, Shell, ViewerRead};
@@ -47,6 +49,21 @@ const CLOSE_INTERNAL: u16 = 1011;
 const CLOSE_TRY_AGAIN: u16 = 1013;
 
 /// `GET /pty/{id}/ws`.
+#[utoipa::path(
+    get, path = "/pty/{id}/ws", tag = "pty",
+    description = "Attaches to a session over WebSocket (pty-sessions.md's frames): the holder, \
+        a viewer (`mode=viewer`) or a takeover (`takeover=1`); the first holder starts the shell.",
+    params(
+        ("id" = String, Path, description = "From `POST /pty`"),
+        super::WsQuery,
+    ),
+    responses(
+        (status = 101, description = "Switching protocols: the WebSocket"),
+        (status = 404, description = "`CONTEXT_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`ALREADY_CONNECTED` (a holder is attached; ask `takeover=1`) or `VIEWER_REQUIRES_RUNNING_SESSION`", body = ErrorBody),
+        (status = 426, description = "`UPGRADE_REQUIRED`: a plain request, not a WebSocket handshake", body = ErrorBody),
+    )
+)]
 pub async fn attach(
     State(sessions): State<PtySessions>,
     UrlPath(id): UrlPath<String>,

@@ -2,7 +2,8 @@
 //! WebSocket clients: PTY sessions (`pty`), and the OpenSandbox-compatible commands, bash
 //! sessions and files (`opensandbox_*`), also driven by the OpenSandbox Python SDK, Warren's
 //! file routes and change feed (`files_api`), and workspace
-//! snapshots with the hands' identity (`workspace`, also on Unix sockets). One test
+//! snapshots with the hands' identity (`workspace`, also on Unix sockets), and the OpenAPI
+//! document kept true to the router (`openapi`). One test
 //! binary; `/v1/exec` has its own (`tests/exec.rs`), as it runs the daemon's reaper, which
 //! would take the exit statuses of the children other tests wait for.
 
@@ -11,6 +12,7 @@
 
 mod files_api;
 mod http_edge;
+mod openapi;
 mod opensandbox_commands;
 mod opensandbox_files;
 mod opensandbox_sdk;
