@@ -258,7 +258,8 @@ async fn admin_reset_device(
 const MAX_TITLE_CHARS: usize = 200;
 
 /// A title is at most [`MAX_TITLE_CHARS`] characters.
-fn check_title(title: &str) -> Result<(), GatewayError> {
+#[doc(hidden)]
+pub fn check_title(title: &str) -> Result<(), GatewayError> {
     if title.chars().count() > MAX_TITLE_CHARS {
         return Err(GatewayError::InvalidRequest(format!(
             "title is longer than {MAX_TITLE_CHARS} characters"

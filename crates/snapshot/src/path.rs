@@ -1,7 +1,8 @@
 //! Entry paths as the archive holds them: relative, `/`-separated, with no `..`, no root and no
 //! empty names. The one place that decides whether a path in an archive is acceptable.
 
-use std::path::{Component, Path};
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
 
 use crate::SnapshotError;
 
@@ -48,6 +49,62 @@ pub(crate) fn link_stays_inside(link_path: &str, target: &Path) -> bool {
         }
     }
     true
+}
+
+/// The first of an archive's symlinks (path, target) that leads outside the root when links are
+/// followed the way the kernel follows them, `None` when all stay inside. Each link passing
+/// [`link_stays_inside`] on its own is not enough: `d/l -> ..` is inside, and so is `x -> d/l/..`
+/// read lexically, yet `x` really leads to the root's parent. Links met on the way are followed
+/// (at most [`MAX_LINK_HOPS`] per link, after which the kernel refuses too).
+pub(crate) fn escaping_link(links: &[(String, PathBuf)]) -> Option<&str> {
+    let by_path: HashMap<&str, &Path> = links
+        .iter()
+        .map(|(path, target)| (path.as_str(), target.as_path()))
+        .collect();
+    links.iter().find_map(|(path, target)| {
+        let mut dir: Vec<String> = path.split('/').map(str::to_owned).collect();
+        dir.pop();
+        let mut hops = 0;
+        resolve(&by_path, dir, target, &mut hops)
+            .is_none()
+            .then_some(path.as_str())
+    })
+}
+
+/// Most links one resolution in [`escaping_link`] follows (Linux's own limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// Where `target` leads from the real directory `dir` (root-relative names), following the
+/// archive's links; `None` when it climbs out of the root.
+fn resolve(
+    links: &HashMap<&str, &Path>,
+    mut dir: Vec<String>,
+    target: &Path,
+    hops: &mut usize,
+) -> Option<Vec<String>> {
+    for component in target.components() {
+        match component {
+            Component::Normal(name) => {
+                dir.push(name.to_string_lossy().into_owned());
+                let Some(next) = links.get(dir.join("/").as_str()) else {
+                    continue;
+                };
+                *hops += 1;
+                if *hops > MAX_LINK_HOPS {
+                    // A loop: the kernel answers ELOOP rather than going anywhere.
+                    return Some(dir);
+                }
+                dir.pop();
+                dir = resolve(links, dir, next, hops)?;
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                dir.pop()?;
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(dir)
 }
 
 /// The proper prefixes of a normalized path: `a/b/c` gives `a`, `a/b`.

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use tar::EntryType;
 
 use crate::SnapshotError;
-use crate::path::{link_stays_inside, normalize, parents};
+use crate::path::{escaping_link, link_stays_inside, normalize, parents};
 
 /// The most an archive may hold before [`unpack`] refuses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,7 @@ pub fn unpack(
         limits: *limits,
         kinds: HashMap::new(),
         directories: Vec::new(),
+        symlinks: Vec::new(),
         declared_bytes: 0,
         n_entries: 0,
         stats: UnpackStats::default(),
@@ -97,6 +98,9 @@ struct Unpacker {
     /// Directories with their mode and mtime, applied at the end (a read-only directory would
     /// refuse its children, and every child changes its directory's mtime).
     directories: Vec<(String, u32, u64)>,
+    /// Every symlink with its target, checked together at the end (a later link can make an
+    /// earlier one lead out).
+    symlinks: Vec<(String, PathBuf)>,
     declared_bytes: u64,
     n_entries: u64,
     stats: UnpackStats,
@@ -114,6 +118,12 @@ impl Unpacker {
         // after the last entry.
         let mut rest = archive.into_inner();
         io::copy(&mut rest, &mut io::sink()).map_err(SnapshotError::corrupt)?;
+        if let Some(path) = escaping_link(&self.symlinks) {
+            return Err(SnapshotError::Unsafe {
+                path: path.to_owned(),
+                reason: "symlink points outside the root through another symlink",
+            });
+        }
         self.finish_directories()
     }
 
@@ -181,6 +191,7 @@ impl Unpacker {
                     return Err(unsafe_entry("symlink points outside the root"));
                 }
                 std::os::unix::fs::symlink(&target, &full)?;
+                self.symlinks.push((path.clone(), target));
                 self.kinds.insert(path, Kind::Symlink);
                 set_link_mtime(&full, mtime)?;
             }

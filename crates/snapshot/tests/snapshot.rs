@@ -235,6 +235,40 @@ fn every_hostile_archive_is_refused_and_leaves_the_root_empty() {
 }
 
 #[test]
+fn a_symlink_chained_through_another_symlink_out_of_the_root_is_refused() {
+    // Each link alone stays inside the root when read lexically; followed, `x` is the root's
+    // parent. Both orders, since a later link can turn an earlier one into an escape.
+    let chains: [Vec<Raw>; 3] = [
+        vec![dir("d"), symlink("d/l", ".."), symlink("x", "d/l/..")],
+        vec![dir("d"), symlink("x", "d/l/.."), symlink("d/l", "..")],
+        vec![
+            dir("e"),
+            dir("e/f"),
+            symlink("d", "e/f"),
+            symlink("e/f/l", "../.."),
+            symlink("x", "d/l/../.."),
+        ],
+    ];
+    for entries in chains {
+        let archive = zstd_bytes(&raw_tar(&entries));
+        let root = tempfile::tempdir().expect("tempdir");
+        let error = unpack(Cursor::new(archive), root.path(), &UnpackLimits::default())
+            .expect_err("a chained escape is refused");
+        assert_eq!(kind_of(&error), Some(Expected::Unsafe), "{error}");
+        assert!(is_empty(root.path()), "root not empty after {error}");
+    }
+    // Chains that stay inside still unpack.
+    let inside = vec![dir("d"), symlink("d/l", ".."), symlink("x", "d/l/d")];
+    let root = tempfile::tempdir().expect("tempdir");
+    unpack(
+        Cursor::new(zstd_bytes(&raw_tar(&inside))),
+        root.path(),
+        &UnpackLimits::default(),
+    )
+    .expect("a chain that stays inside unpacks");
+}
+
+#[test]
 fn truncated_and_garbage_streams_are_corrupt_and_leave_the_root_empty() {
     let source = tempfile::tempdir().expect("tempdir");
     for i in 0..50 {

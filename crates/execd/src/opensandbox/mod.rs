@@ -11,7 +11,8 @@ mod commands;
 pub(crate) mod confined;
 mod files;
 mod metrics;
-pub(crate) mod resolve;
+#[doc(hidden)]
+pub mod resolve;
 pub mod stream;
 
 use std::collections::HashMap;

@@ -391,7 +391,9 @@ async fn reply(conn: &mut Conn, code: FrameErrorCode, error: String) -> Next {
     }
 }
 
-enum Parsed {
+/// A client text frame as the holder's loop reads it (public for the fuzz targets).
+#[doc(hidden)]
+pub enum Parsed {
     /// Not JSON: ignored.
     Ignore,
     /// JSON, but an unknown `type` or bad fields.
@@ -399,7 +401,8 @@ enum Parsed {
     Frame(ClientFrame),
 }
 
-fn parse_client_frame(text: &str) -> Parsed {
+#[doc(hidden)]
+pub fn parse_client_frame(text: &str) -> Parsed {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
         return Parsed::Ignore;
     };
