@@ -1,6 +1,8 @@
 //! The gateway's HTTP surface: routes, credential extractors and handlers. Handlers parse and
 //! authorize, then call the owning module (devices, sessions, turns, the SSE stream); status
-//! codes come only from [`GatewayError`].
+//! codes come only from [`GatewayError`]. Each documented handler's `#[utoipa::path]` says its
+//! statuses and bodies, and [`routes`] registers it with the same `routes!` call that puts it in
+//! the OpenAPI document ([`crate::openapi`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,7 +12,9 @@ use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use warren_protocol::error::ErrorBody;
 use warren_protocol::gateway::{
     CreateSession, DeviceInfo, DeviceRegistered, MessageAccepted, PermissionAnswer, PostMessage,
     RegisterDevice, RenameSession, SessionInfo, SessionList,
@@ -20,44 +24,34 @@ use crate::auth::{bearer_token, secret_matches};
 use crate::error::{GatewayError, Json, OptionalJson, Path};
 use crate::{Gateway, event_log, sessions, sse, turns};
 
-pub fn router(gateway: Arc<Gateway>) -> Router {
-    Router::new()
-        .route("/v1/devices", post(register_device))
-        .route("/v1/admin/devices", get(admin_list_devices))
-        .route(
-            "/v1/admin/devices/{device_id}/reset",
-            post(admin_reset_device),
-        )
-        .route("/v1/sessions", post(create_session).get(list_sessions))
-        .route(
-            "/v1/sessions/{id}",
-            get(get_session)
-                .patch(rename_session)
-                .delete(delete_session),
-        )
-        .route("/v1/sessions/{id}/messages", post(post_message))
-        .route("/v1/sessions/{id}/cancel", post(cancel_turn))
-        .route(
-            "/v1/sessions/{id}/permissions/{request_id}",
-            post(answer_permission),
-        )
-        .route("/v1/sessions/{id}/events", get(events))
-        .route("/v1/sessions/{id}/terminals", get(list_terminals))
-        .route(
-            "/v1/sessions/{id}/terminals/{name}/ws",
-            get(attach_terminal),
-        )
-        .route(
-            "/v1/sessions/{id}/previews",
-            post(create_preview).get(list_previews),
-        )
-        .route(
-            "/v1/sessions/{id}/previews/{port}",
-            axum::routing::delete(delete_preview),
-        )
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
+/// Every documented route, each registered by the `routes!` call that documents it.
+pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
+    use utoipa::OpenApi as _;
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(register_device))
+        .routes(routes!(admin_list_devices))
+        .routes(routes!(admin_reset_device))
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session, rename_session, delete_session))
+        .routes(routes!(post_message))
+        .routes(routes!(cancel_turn))
+        .routes(routes!(answer_permission))
+        .routes(routes!(events))
+        .routes(routes!(list_terminals))
+        .routes(routes!(attach_terminal))
+        .routes(routes!(create_preview, list_previews))
+        .routes(routes!(delete_preview))
+        .routes(routes!(healthz))
+        .routes(routes!(metrics))
+        .routes(routes!(crate::openapi::openapi_json))
         .merge(crate::files::routes())
+}
+
+/// The gateway's router: the documented [`routes`], and the routes the document leaves out
+/// ([`crate::openapi::UNDOCUMENTED`]).
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    let (documented, _document) = routes().split_for_parts();
+    documented
         .merge(crate::model_proxy::routes())
         .merge(crate::console::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
@@ -70,6 +64,18 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/terminals",
+    tag = "terminals",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The person's shells and the agent's commands", body = Vec<crate::terminals::TerminalInfo>),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+    ),
+)]
 async fn list_terminals(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -80,6 +86,22 @@ async fn list_terminals(
 }
 
 /// `GET /v1/sessions/{id}/terminals/{name}/ws`: the WebSocket of the person's shell `name`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/terminals/{name}/ws",
+    tag = "terminals",
+    params(("id" = String, Path, description = "The session's id"), ("name" = String, Path, description = "`[a-z0-9-]{1,32}`: a shell's name, or an agent's `term-…`/`exec-…`"), ("mode" = Option<String>, Query, description = "`viewer` to watch (pty-sessions.md)"), ("takeover" = Option<String>, Query, description = "`1` to take the terminal over"), ("since" = Option<u64>, Query, description = "The output offset to replay from")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 101, description = "The WebSocket of the terminal, execd's PTY protocol carried through (pty-sessions.md)"),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a terminal name, or not a WebSocket upgrade", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or TERMINAL_NOT_FOUND: the agent runs no such terminal", body = ErrorBody),
+        (status = 409, description = "HANDS_IDENTITY_MISMATCH: the hands changed under the request", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+        (status = 503, description = "HANDS_UNAVAILABLE: the hands cannot start", body = ErrorBody),
+    ),
+)]
 async fn attach_terminal(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -91,11 +113,29 @@ async fn attach_terminal(
 }
 
 /// `POST /v1/sessions/{id}/previews {"port"}` body.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 struct CreatePreview {
+    /// The port of the hands to preview, 1 to 65535.
+    #[schema(minimum = 1, maximum = 65535)]
     port: i64,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/previews",
+    tag = "previews",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = CreatePreview,
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 201, description = "The preview: its URL on an origin of its own, and when it expires", body = crate::previews::PreviewInfo),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a JSON object of this shape (or no JSON content type), or a port outside 1 to 65535", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+    ),
+)]
 async fn create_preview(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -108,6 +148,18 @@ async fn create_preview(
     Ok((StatusCode::CREATED, axum::Json(preview)).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/previews",
+    tag = "previews",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The session's live previews", body = Vec<crate::previews::PreviewInfo>),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+    ),
+)]
 async fn list_previews(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -117,6 +169,19 @@ async fn list_previews(
     Ok(axum::Json(gateway.previews.list(&session.id)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}/previews/{port}",
+    tag = "previews",
+    params(("id" = String, Path, description = "The session's id"), ("port" = i64, Path, description = "The previewed port")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 400, description = "INVALID_REQUEST_BODY: the port is not a number from 1 to 65535", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or PREVIEW_NOT_FOUND: the session has no preview of this port", body = ErrorBody),
+    ),
+)]
 async fn delete_preview(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -185,6 +250,22 @@ impl FromRequestParts<Arc<Gateway>> for Admin {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/devices",
+    tag = "devices",
+    request_body = RegisterDevice,
+    security(("app_key" = []), ("app_key" = [], "device_token" = [])),
+    responses(
+        (status = 201, description = "Registered: the device token, shown this once", body = DeviceRegistered),
+        (status = 400, description = "INVALID_REQUEST_BODY, or INVALID_DEVICE_ID: not 8 to 128 characters of [A-Za-z0-9_-]", body = ErrorBody),
+        (status = 401, description = "INVALID_APP_KEY: a missing or wrong X-App-Key", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 409, description = "DEVICE_ALREADY_BOUND: the id holds a live token, and the request does not present it", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 507, description = "STORAGE_FULL: the gateway's disk is full", body = ErrorBody),
+    ),
+)]
 async fn register_device(
     State(gateway): State<Arc<Gateway>>,
     headers: HeaderMap,
@@ -221,6 +302,17 @@ async fn register_device(
     Ok((StatusCode::CREATED, axum::Json(registered)).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/devices",
+    tag = "devices",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Every device (never any token material)", body = Vec<DeviceInfo>),
+        (status = 401, description = "UNAUTHORIZED: a missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND: the gateway runs without --admin-token", body = ErrorBody),
+    ),
+)]
 async fn admin_list_devices(
     State(gateway): State<Arc<Gateway>>,
     _admin: Admin,
@@ -240,6 +332,20 @@ async fn admin_list_devices(
     Ok(axum::Json(devices))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/devices/{device_id}/reset",
+    tag = "devices",
+    params(("device_id" = String, Path, description = "The device whose tokens are revoked")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 204, description = "Every token of the device is revoked; its sessions stay"),
+        (status = 400, description = "INVALID_REQUEST_BODY: the device id does not decode", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "DEVICE_NOT_FOUND, or NOT_FOUND: the gateway runs without --admin-token", body = ErrorBody),
+        (status = 507, description = "STORAGE_FULL: the gateway's disk is full", body = ErrorBody),
+    ),
+)]
 async fn admin_reset_device(
     State(gateway): State<Arc<Gateway>>,
     _admin: Admin,
@@ -268,6 +374,22 @@ pub fn check_title(title: &str) -> Result<(), GatewayError> {
     Ok(())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    request_body = inline(Option<CreateSession>),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 201, description = "The new session", body = SessionInfo),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a JSON object of this shape (or no JSON content type), or a title over 200 characters", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 429, description = "QUOTA_EXCEEDED or SERVER_BUSY: a limit of the device or the gateway", body = ErrorBody),
+        (status = 507, description = "STORAGE_FULL: the gateway's disk is full", body = ErrorBody),
+    ),
+)]
 async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -281,6 +403,23 @@ async fn create_session(
 }
 
 /// `PATCH /v1/sessions/{id} {"title"}`: renames the session (1 to 200 characters).
+#[utoipa::path(
+    patch,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = RenameSession,
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The renamed session", body = SessionInfo),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a JSON object of this shape (or no JSON content type), or a title empty or over 200 characters", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+        (status = 507, description = "STORAGE_FULL: the gateway's disk is full", body = ErrorBody),
+    ),
+)]
 async fn rename_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -299,6 +438,16 @@ async fn rename_session(
     Ok(axum::Json(session.info()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The device's sessions", body = SessionList),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+    ),
+)]
 async fn list_sessions(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -312,6 +461,18 @@ async fn list_sessions(
     axum::Json(SessionList { sessions })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The session", body = SessionInfo),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+    ),
+)]
 async fn get_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -320,6 +481,18 @@ async fn get_session(
     Ok(axum::Json(gateway.sessions.get(&device_id, &id)?.info()))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 204, description = "Deleted: turn ended, brain and hands stopped, workspace, snapshot and events removed"),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+    ),
+)]
 async fn delete_session(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -330,6 +503,25 @@ async fn delete_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/messages",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = PostMessage,
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 202, description = "The turn it started; its events follow on the stream", body = MessageAccepted),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a JSON object of this shape (or no JSON content type), or a text with nothing to say", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+        (status = 409, description = "TURN_IN_PROGRESS", body = ErrorBody),
+        (status = 429, description = "QUOTA_EXCEEDED or SERVER_BUSY: a limit of the device or the gateway", body = ErrorBody),
+        (status = 507, description = "STORAGE_FULL: the gateway's disk is full", body = ErrorBody),
+    ),
+)]
 async fn post_message(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -346,6 +538,19 @@ async fn post_message(
     Ok((StatusCode::ACCEPTED, axum::Json(MessageAccepted { turn })).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/cancel",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 202, description = "Cancelling: the turn ends with `cancelled` on the stream"),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+        (status = 409, description = "NO_TURN_RUNNING", body = ErrorBody),
+    ),
+)]
 async fn cancel_turn(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -356,6 +561,22 @@ async fn cancel_turn(
     Ok(StatusCode::ACCEPTED)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/permissions/{request_id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), ("request_id" = String, Path, description = "A `permission_request` event's request_id")),
+    request_body = PermissionAnswer,
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 204, description = "Answered"),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a JSON object of this shape (or no JSON content type), or an option the request did not offer", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or PERMISSION_NOT_FOUND: no pending request with this id", body = ErrorBody),
+    ),
+)]
 async fn answer_permission(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -367,6 +588,19 @@ async fn answer_permission(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), ("after" = Option<u64>, Query, description = "Resume after this seq (Last-Event-ID wins)"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event>`, and heartbeat comments; it does not end", content_type = "text/event-stream", body = warren_protocol::gateway::Event),
+        (status = 400, description = "INVALID_REQUEST_BODY: after or Last-Event-ID is not a seq, or past the last event", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
+    ),
+)]
 async fn events(
     State(gateway): State<Arc<Gateway>>,
     Device(device_id): Device,
@@ -394,23 +628,54 @@ async fn events(
     Ok(sse::stream(session, after, gateway.args.sse_heartbeat()).into_response())
 }
 
+/// `/healthz`'s 503 body.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct HealthDegraded {
+    /// `degraded`.
+    status: &'static str,
+    /// `failing`.
+    storage: &'static str,
+    /// Whether the disk is full (else writes fail another way).
+    full: bool,
+    message: String,
+    /// RFC 3339: when writes started failing.
+    since: String,
+}
+
 /// `ok` while the gateway can write its data; 503 with a JSON body saying why while it cannot.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses(
+        (status = 200, description = "`ok`: the gateway can write its data", content_type = "text/plain", body = String),
+        (status = 503, description = "Degraded: the data directory does not take writes", body = HealthDegraded),
+    ),
+)]
 async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
     match gateway.sessions.storage().failure() {
         None => "ok\n".into_response(),
         Some(failure) => {
-            let body = serde_json::json!({
-                "status": "degraded",
-                "storage": "failing",
-                "full": failure.full,
-                "message": failure.message,
-                "since": failure.since,
-            });
+            let body = HealthDegraded {
+                status: "degraded",
+                storage: "failing",
+                full: failure.full,
+                message: failure.message,
+                since: failure.since,
+            };
             (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
         }
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String),
+    ),
+)]
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
     let sessions = gateway.sessions.all();
     let n_running = sessions.iter().filter(|s| s.is_running()).count();

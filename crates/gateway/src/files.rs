@@ -25,11 +25,13 @@ use axum::body::Body;
 use axum::extract::{FromRequestParts, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::StreamExt;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_execd_client::{ClientError, ExecdClient};
 use warren_http::range::{RangeAnswer, parse_range};
+use warren_protocol::error::ErrorBody;
 use warren_protocol::files::{FileEntry, FileKind, FileList, MoveRequest};
 use warren_snapshot::{ArchivedEntry, EntryKind};
 
@@ -306,12 +308,35 @@ impl FromRequestParts<Arc<Gateway>> for FileRequest {
     }
 }
 
-pub fn routes() -> axum::Router<Arc<Gateway>> {
-    axum::Router::new()
-        .route("/v1/sessions/{id}/files", get(list).delete(delete))
-        .route("/v1/sessions/{id}/files/content", get(download).put(upload))
-        .route("/v1/sessions/{id}/files/dir", post(make_dir))
-        .route("/v1/sessions/{id}/files/move", post(move_file))
+/// The files routes, each registered by the `routes!` call that documents it.
+pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
+    OpenApiRouter::new()
+        .routes(routes!(list, delete))
+        .routes(routes!(download, upload))
+        .routes(routes!(make_dir))
+        .routes(routes!(move_file))
+}
+
+/// `PUT /files/content`'s answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Uploaded {
+    /// Workspace-relative.
+    path: String,
+    size: u64,
+}
+
+/// `POST /files/dir`'s answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct DirMade {
+    /// Workspace-relative (`""` for the root).
+    path: String,
+}
+
+/// `POST /files/move`'s answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Moved {
+    from: String,
+    to: String,
 }
 
 /// A snapshot's entries by path, as read once per snapshot file.
@@ -559,6 +584,22 @@ impl Listing {
 }
 
 /// `GET /v1/sessions/{id}/files?path=&depth=`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files",
+    tag = "files",
+    params(("id" = String, Path, description = "The session's id"), ("path" = Option<String>, Query, description = "Workspace-relative (a leading `/` is the root); absent: the root"), ("depth" = Option<u32>, Query, minimum = 1, maximum = 5, description = "Levels listed, 1 to 5 (default 1)")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The directory's entries (live, or from the snapshot while the hands do not run)", body = FileList),
+        (status = 400, description = "INVALID_PATH (NUL, too long, not UTF-8, the root where a file is needed), INVALID_QUERY or NAME_TOO_LONG", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 403, description = "PATH_ESCAPE (leads outside the workspace), NOT_REGULAR_FILE or PERMISSION_DENIED", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or FILE_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "NOT_A_DIRECTORY, FILE_EXISTS, DIR_NOT_EMPTY, or HANDS_IDENTITY_MISMATCH", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+    ),
+)]
 async fn list(request: FileRequest) -> Result<axum::Json<FileList>, GatewayError> {
     let FileRequest {
         gateway,
@@ -648,6 +689,24 @@ fn unsatisfiable(content_range: Option<String>) -> Response {
 }
 
 /// `GET /v1/sessions/{id}/files/content?path=`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files/content",
+    tag = "files",
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Query, description = "Workspace-relative file path"), ("Range" = Option<String>, Header, description = "One byte range, `bytes=start-end`")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 206, description = "The asked range, with Content-Range", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "INVALID_PATH (NUL, too long, not UTF-8, the root where a file is needed), INVALID_QUERY or NAME_TOO_LONG", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 403, description = "PATH_ESCAPE (leads outside the workspace), NOT_REGULAR_FILE or PERMISSION_DENIED", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or FILE_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "NOT_A_DIRECTORY, FILE_EXISTS, DIR_NOT_EMPTY, or HANDS_IDENTITY_MISMATCH", body = ErrorBody),
+        (status = 416, description = "RANGE_NOT_SATISFIABLE: the range lies outside the file (Content-Range: bytes */size)", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+    ),
+)]
 async fn download(request: FileRequest, asked: HeaderMap) -> Result<Response, GatewayError> {
     let FileRequest {
         gateway,
@@ -760,6 +819,26 @@ async fn hands_for_change(
 
 /// `PUT /v1/sessions/{id}/files/content?path=`: the body streamed into the hands (a temp file
 /// renamed into place by execd), at most `--upload-max` bytes.
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{id}/files/content",
+    tag = "files",
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Query, description = "Workspace-relative file path")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes, at most --upload-max"),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "Replaced", body = Uploaded),
+        (status = 201, description = "Created", body = Uploaded),
+        (status = 400, description = "INVALID_PATH, NAME_TOO_LONG, or INVALID_REQUEST_BODY: the upload was cut off", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 403, description = "PATH_ESCAPE (leads outside the workspace), NOT_REGULAR_FILE or PERMISSION_DENIED", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or FILE_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "NOT_A_DIRECTORY, FILE_EXISTS, DIR_NOT_EMPTY, or HANDS_IDENTITY_MISMATCH", body = ErrorBody),
+        (status = 413, description = "FILE_TOO_LARGE: over --upload-max", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+        (status = 503, description = "HANDS_UNAVAILABLE: the hands cannot start", body = ErrorBody),
+    ),
+)]
 async fn upload(files: FileRequest, request: Request) -> Result<Response, GatewayError> {
     let FileRequest {
         gateway,
@@ -818,11 +897,31 @@ async fn upload(files: FileRequest, request: Request) -> Result<Response, Gatewa
     } else {
         StatusCode::OK
     };
-    let written = serde_json::json!({ "path": path, "size": uploaded.written.size });
+    let written = Uploaded {
+        path,
+        size: uploaded.written.size,
+    };
     Ok((status, axum::Json(written)).into_response())
 }
 
 /// `POST /v1/sessions/{id}/files/dir?path=`: mkdir -p (the root always exists).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/files/dir",
+    tag = "files",
+    params(("id" = String, Path, description = "The session's id"), ("path" = Option<String>, Query, description = "Workspace-relative (a leading `/` is the root); absent: the root")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 201, description = "The directory exists (made with its parents)", body = DirMade),
+        (status = 400, description = "INVALID_PATH (NUL, too long, not UTF-8, the root where a file is needed), INVALID_QUERY or NAME_TOO_LONG", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 403, description = "PATH_ESCAPE (leads outside the workspace), NOT_REGULAR_FILE or PERMISSION_DENIED", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or FILE_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "NOT_A_DIRECTORY, FILE_EXISTS, DIR_NOT_EMPTY, or HANDS_IDENTITY_MISMATCH", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+        (status = 503, description = "HANDS_UNAVAILABLE: the hands cannot start", body = ErrorBody),
+    ),
+)]
 async fn make_dir(request: FileRequest) -> Result<Response, GatewayError> {
     let FileRequest { session, query, .. } = request;
     let path = query.path()?;
@@ -831,14 +930,30 @@ async fn make_dir(request: FileRequest) -> Result<Response, GatewayError> {
         client.make_dir(&path).await.map_err(execd_error)?;
         session.hands.snapshot_soon();
     }
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(serde_json::json!({ "path": path })),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, axum::Json(DirMade { path })).into_response())
 }
 
 /// `POST /v1/sessions/{id}/files/move {"from","to","overwrite"?}`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/files/move",
+    tag = "files",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = MoveRequest,
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "Moved", body = Moved),
+        (status = 400, description = "INVALID_PATH (the root, NUL, too long), NAME_TOO_LONG, or INVALID_REQUEST_BODY: not a JSON object of this shape", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 403, description = "PATH_ESCAPE (leads outside the workspace), NOT_REGULAR_FILE or PERMISSION_DENIED", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or FILE_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "NOT_A_DIRECTORY, FILE_EXISTS, DIR_NOT_EMPTY, or HANDS_IDENTITY_MISMATCH", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+        (status = 503, description = "HANDS_UNAVAILABLE: the hands cannot start", body = ErrorBody),
+    ),
+)]
 async fn move_file(
     request: FileRequest,
     Json(body): Json<MoveRequest>,
@@ -860,10 +975,27 @@ async fn move_file(
     };
     client.move_file(&request).await.map_err(execd_error)?;
     session.hands.snapshot_soon();
-    Ok(axum::Json(serde_json::json!({ "from": from, "to": to })).into_response())
+    Ok(axum::Json(Moved { from, to }).into_response())
 }
 
 /// `DELETE /v1/sessions/{id}/files?path=&recursive=`.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}/files",
+    tag = "files",
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Query, description = "Workspace-relative; not the root"), ("recursive" = Option<bool>, Query, description = "Delete a non-empty directory too")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "INVALID_PATH (NUL, too long, not UTF-8, the root where a file is needed), INVALID_QUERY or NAME_TOO_LONG", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 403, description = "PATH_ESCAPE (leads outside the workspace), NOT_REGULAR_FILE or PERMISSION_DENIED", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND, or FILE_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "NOT_A_DIRECTORY, FILE_EXISTS, DIR_NOT_EMPTY, or HANDS_IDENTITY_MISMATCH", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the hands' execd failed", body = ErrorBody),
+        (status = 503, description = "HANDS_UNAVAILABLE: the hands cannot start", body = ErrorBody),
+    ),
+)]
 async fn delete(request: FileRequest) -> Result<StatusCode, GatewayError> {
     let FileRequest { session, query, .. } = request;
     let recursive = query.recursive()?;

@@ -14,7 +14,8 @@
 //! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
 //! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own;
 //! [`terminals`] the person's shells in the hands; [`files`] the person's file routes (live
-//! through execd, or from the snapshot); [`console`] the web console's files.
+//! through execd, or from the snapshot); [`console`] the web console's files; [`openapi`] the
+//! OpenAPI document of the routes.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
 //! sandbox's construction (sandbox crate), the confined file walk (execd), the console's front
 //! end (its files in `console/`, embedded by `build.rs`, are served as they are).
@@ -31,6 +32,7 @@ pub mod files;
 pub mod hands;
 pub mod model_proxy;
 pub mod model_socket;
+pub mod openapi;
 pub mod previews;
 pub mod session;
 pub mod sessions;

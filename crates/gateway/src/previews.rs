@@ -27,7 +27,7 @@ use crate::error::GatewayError;
 const TOKEN_LEN: usize = 32;
 
 /// One preview as the routes answer it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct PreviewInfo {
     pub port: u16,
     pub url: String,

@@ -29,7 +29,7 @@ use crate::session::Session;
 const AGENT_PREFIXES: [&str; 2] = ["term-", "exec-"];
 
 /// Whose a terminal is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TerminalKind {
     /// The person's shell.
@@ -39,7 +39,7 @@ pub enum TerminalKind {
 }
 
 /// One terminal as `GET /terminals` lists it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct TerminalInfo {
     pub name: String,
     pub kind: TerminalKind,

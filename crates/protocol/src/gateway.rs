@@ -9,20 +9,22 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// `POST /v1/devices` body (sent with the `X-App-Key` header).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterDevice {
+    /// 8 to 128 characters of `[A-Za-z0-9_-]`, chosen by the device.
+    #[schema(pattern = "^[A-Za-z0-9_-]{8,128}$", example = "my-phone-01")]
     pub device_id: String,
 }
 
 /// `201` answer to [`RegisterDevice`]: the device token is shown exactly once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DeviceRegistered {
     pub device_id: String,
     pub token: String,
 }
 
 /// One device as the admin routes list it (never any token material).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DeviceInfo {
     pub device_id: String,
     pub created_at: String,
@@ -33,20 +35,24 @@ pub struct DeviceInfo {
 }
 
 /// `POST /v1/sessions` body; the body may also be empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreateSession {
+    /// At most 200 characters.
     #[serde(default)]
+    #[schema(max_length = 200)]
     pub title: Option<String>,
 }
 
 /// `PATCH /v1/sessions/{id}` body.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RenameSession {
+    /// 1 to 200 characters once blanks around it are trimmed.
+    #[schema(min_length = 1, max_length = 200, pattern = "\\S")]
     pub title: String,
 }
 
 /// A session as `GET /v1/sessions[/{id}]` and `POST /v1/sessions` answer it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionInfo {
     pub id: String,
     pub title: String,
@@ -72,7 +78,7 @@ pub struct SessionInfo {
 
 /// One model request through the gateway's model proxy, as the provider reported it in its
 /// streamed answer (agents.md); the `usage` event.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelUsage {
     /// `anthropic`, `openai` or `gemini`.
     pub provider: String,
@@ -91,7 +97,7 @@ pub struct ModelUsage {
 }
 
 /// Token totals over model requests: a turn's (`turn_end.usage`) or a session's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageTotals {
     pub requests: u64,
     pub input_tokens: u64,
@@ -117,31 +123,33 @@ impl UsageTotals {
 }
 
 /// `GET /v1/sessions` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionInfo>,
 }
 
 /// `POST /v1/sessions/{id}/messages` body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PostMessage {
+    /// Something to say: not only blanks.
+    #[schema(pattern = "\\S")]
     pub text: String,
 }
 
 /// `202` answer to [`PostMessage`]: the number of the turn it started.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MessageAccepted {
     pub turn: u64,
 }
 
 /// `POST /v1/sessions/{id}/permissions/{request_id}` body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PermissionAnswer {
     pub option_id: String,
 }
 
 /// One entry of a session's event stream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     pub seq: u64,
     /// RFC 3339 time the gateway appended the event.
@@ -153,7 +161,7 @@ pub struct Event {
 }
 
 /// The type-specific part of an [`Event`]; `type` is the SSE `event:` name.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventBody {
     UserMessage {
