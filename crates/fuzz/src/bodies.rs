@@ -138,7 +138,10 @@ fn title_check(title: &str) {
 
 fn assert_400(error: &warren_gateway::error::GatewayError) {
     assert!(
-        matches!(error, warren_gateway::error::GatewayError::InvalidRequest(_)),
+        matches!(
+            error,
+            warren_gateway::error::GatewayError::InvalidRequest(_)
+        ),
         "{error:?} is a 400"
     );
 }

@@ -34,7 +34,11 @@ pub fn connect_envelope(data: &[u8]) {
     for env in &whole.envelopes {
         let encoded = envelope(env.flags, &env.data);
         let end = consumed + ENVELOPE_HEADER_BYTES + env.data.len();
-        assert_eq!(&encoded[..], &stream[consumed..end], "an envelope re-encodes to its bytes");
+        assert_eq!(
+            &encoded[..],
+            &stream[consumed..end],
+            "an envelope re-encodes to its bytes"
+        );
         consumed = end;
         for codec in [Codec::Json, Codec::Proto] {
             match selector % 6 {

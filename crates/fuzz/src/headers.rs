@@ -22,7 +22,10 @@ pub fn range_header(data: &[u8]) {
         (u64::from(selector >> 1), rest)
     } else {
         let (size, header) = rest.split_at(8);
-        (u64::from_be_bytes(size.try_into().expect("eight bytes")), header)
+        (
+            u64::from_be_bytes(size.try_into().expect("eight bytes")),
+            header,
+        )
     };
     check_answer(parse_range(header, size), size);
     if let Ok(value) = HeaderValue::from_bytes(header) {

@@ -24,8 +24,11 @@ pub use pty::pty_client_frame;
 pub use snapshot::{snapshot_read, snapshot_unpack};
 pub use text::terminal_clean;
 
-/// Every target by name, for the corpus replay and `scripts/fuzz.sh`'s list.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A fuzz target: one input, asserting its oracle.
+pub type Target = fn(&[u8]);
+
+/// Every target by name, for the corpus replay.
+pub const TARGETS: &[(&str, Target)] = &[
     ("pty_client_frame", pty_client_frame),
     ("json_bodies", json_bodies),
     ("path_resolver", path_resolver),

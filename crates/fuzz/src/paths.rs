@@ -87,7 +87,10 @@ fn list(dir: &Path, relative: &Path, into: &mut BTreeSet<PathBuf>) {
 
 pub fn path_resolver(data: &[u8]) {
     let tree = tree();
-    let _one_at_a_time = tree.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_at_a_time = tree
+        .lock
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // The checks `files_api`'s `dir_target` makes before resolving.
     if data.contains(&0) || data.len() > MAX_PATH_BYTES {
         return;
@@ -105,11 +108,21 @@ pub fn path_resolver(data: &[u8]) {
     for want in [Want::FileOrDir, Want::Dir, Want::File] {
         if let Ok((fd, entry)) = root.open(&parts, want) {
             assert_inside(tree, &fd_path(fd.as_raw_fd()), data, "opened");
-            assert_inside(tree, &fd_path(entry.dir.as_fd().as_raw_fd()), data, "its directory");
+            assert_inside(
+                tree,
+                &fd_path(entry.dir.as_fd().as_raw_fd()),
+                data,
+                "its directory",
+            );
         }
     }
     if let Ok(entry) = root.locate(&parts) {
-        assert_inside(tree, &fd_path(entry.dir.as_fd().as_raw_fd()), data, "located in");
+        assert_inside(
+            tree,
+            &fd_path(entry.dir.as_fd().as_raw_fd()),
+            data,
+            "located in",
+        );
     }
     if root.create_dirs(&parts).is_ok() {
         let (fd, _) = root
@@ -155,5 +168,10 @@ fn undo_and_check(tree: &Tree, input: &[u8]) {
         .flatten()
         .map(|entry| entry.file_name())
         .collect();
-    assert_eq!(beside.len(), 2, "{:?} created something beside the root", String::from_utf8_lossy(input));
+    assert_eq!(
+        beside.len(),
+        2,
+        "{:?} created something beside the root",
+        String::from_utf8_lossy(input)
+    );
 }

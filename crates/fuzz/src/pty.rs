@@ -41,11 +41,15 @@ fn binary_frame(bytes: &[u8]) {
     let stdin = (bytes.len() > 1 && bytes[0] == CHANNEL_STDIN).then(|| &bytes[1..]);
     assert!(stdin.is_none_or(|stdin| !stdin.is_empty()));
     if let Some((offset, payload)) = decode_replay(bytes) {
-        assert_eq!(encode_replay(offset, payload), bytes, "a replay frame round-trips");
+        assert_eq!(
+            encode_replay(offset, payload),
+            bytes,
+            "a replay frame round-trips"
+        );
     }
-    let offset = bytes
-        .get(..8)
-        .map_or(0, |head| u64::from_be_bytes(head.try_into().expect("eight bytes")));
+    let offset = bytes.get(..8).map_or(0, |head| {
+        u64::from_be_bytes(head.try_into().expect("eight bytes"))
+    });
     let frame = encode_replay(offset, bytes);
     assert_eq!(decode_replay(&frame), Some((offset, bytes)));
 }

@@ -52,7 +52,10 @@ pub fn snapshot_unpack(data: &[u8]) {
         .map(|e| e.file_name())
         .collect();
     assert_eq!(canary_names, ["keep"], "the canary directory changed");
-    assert_eq!(std::fs::read(canary.join("keep")).expect("canary file"), b"keep");
+    assert_eq!(
+        std::fs::read(canary.join("keep")).expect("canary file"),
+        b"keep"
+    );
     let beside = std::fs::read_dir(&work_path).expect("work").count();
     assert_eq!(beside, 2, "something was created beside the root");
     match result {
@@ -70,14 +73,31 @@ pub fn snapshot_unpack(data: &[u8]) {
 /// Every entry below `dir` is a real entry of the root; symlinks stay inside it, lexically and
 /// when followed.
 fn check_inside(root: &Path, dir: &Path) {
-    for entry in std::fs::read_dir(dir).expect("an unpacked directory reads").flatten() {
+    for entry in std::fs::read_dir(dir)
+        .expect("an unpacked directory reads")
+        .flatten()
+    {
         let path = entry.path();
         let meta = std::fs::symlink_metadata(&path).expect("an unpacked entry has metadata");
-        assert_eq!(meta.permissions().mode() & 0o7000, 0, "{} keeps a special bit", path.display());
+        assert_eq!(
+            meta.permissions().mode() & 0o7000,
+            0,
+            "{} keeps a special bit",
+            path.display()
+        );
         if meta.file_type().is_symlink() {
             let target = std::fs::read_link(&path).expect("a symlink reads");
-            assert!(!target.is_absolute(), "{} links to {}", path.display(), target.display());
-            let relative = path.parent().expect("below the root").strip_prefix(root).expect("below");
+            assert!(
+                !target.is_absolute(),
+                "{} links to {}",
+                path.display(),
+                target.display()
+            );
+            let relative = path
+                .parent()
+                .expect("below the root")
+                .strip_prefix(root)
+                .expect("below");
             let mut depth = relative.components().count() as i64;
             for component in target.components() {
                 match component {
@@ -85,11 +105,21 @@ fn check_inside(root: &Path, dir: &Path) {
                     Component::Normal(_) => depth += 1,
                     _ => {}
                 }
-                assert!(depth >= 0, "{} climbs out through {}", path.display(), target.display());
+                assert!(
+                    depth >= 0,
+                    "{} climbs out through {}",
+                    path.display(),
+                    target.display()
+                );
             }
             // Lexically inside is not enough when links chain: where it really leads counts.
             if let Ok(real) = std::fs::canonicalize(&path) {
-                assert!(real.starts_with(root), "{} really leads to {}", path.display(), real.display());
+                assert!(
+                    real.starts_with(root),
+                    "{} really leads to {}",
+                    path.display(),
+                    real.display()
+                );
             }
         } else if meta.is_dir() {
             check_inside(root, &path);
@@ -122,7 +152,10 @@ pub fn snapshot_read(data: &[u8]) {
             let n = out.len() as u64;
             assert!(n <= size, "{name}: {n} bytes of a {size}-byte file");
             if let Some(range) = &range {
-                assert!(n <= range.end - range.start, "{name}: {n} bytes for {range:?}");
+                assert!(
+                    n <= range.end - range.start,
+                    "{name}: {n} bytes for {range:?}"
+                );
             }
         }
     }

@@ -26,7 +26,10 @@ pub fn terminal_clean(data: &[u8]) {
     let text = String::from_utf8_lossy(rest);
     let cleaned = clean_terminal(&text, rows, cols);
     if !needs_cleaning(&text) {
-        assert_eq!(cleaned, text, "text without control characters is left alone");
+        assert_eq!(
+            cleaned, text,
+            "text without control characters is left alone"
+        );
     }
     let n_alt_screens = text.matches("\x1b[?").count() + 1;
     let screen_bytes = usize::from(rows) * (usize::from(cols) * 4 + 1) * n_alt_screens;
@@ -44,11 +47,18 @@ pub fn terminal_clean(data: &[u8]) {
     for chunk in rest.chunks(usize::from(cols)) {
         capture.push(chunk);
     }
-    assert_eq!(capture.len(), rest.len() as u64, "the capture counts every byte");
+    assert_eq!(
+        capture.len(),
+        rest.len() as u64,
+        "the capture counts every byte"
+    );
     let captured = capture.take(false);
     assert_eq!(captured.total_bytes(), rest.len() as u64);
     let kept = captured.head.len() + captured.tail.len();
-    assert!(kept <= capture_bytes, "{kept} bytes kept by a {capture_bytes}-byte capture");
+    assert!(
+        kept <= capture_bytes,
+        "{kept} bytes kept by a {capture_bytes}-byte capture"
+    );
     let options = RenderOptions {
         max_output_tokens,
         rows,

@@ -1,0 +1,4 @@
+//! libFuzzer entry point for `warren_fuzz::range_header` (the oracle lives there).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| warren_fuzz::range_header(data));
