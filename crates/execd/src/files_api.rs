@@ -240,6 +240,11 @@ fn fs_error(shown: &str, err: io::Error) -> FilesError {
         Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
             FilesError::InvalidPath(format!("{shown}: too many levels of symbolic links"))
         }
+        // A directory where a file was meant (made there meanwhile, e.g. while a write's
+        // temporary file was filled): the same refusal as one found there first.
+        Some(code) if code == rustix::io::Errno::ISDIR.raw_os_error() => {
+            FilesError::NotRegular(shown.into())
+        }
         _ if err.kind() == io::ErrorKind::NotFound => FilesError::NotFound(shown.into()),
         _ => FilesError::Io {
             path: shown.into(),
@@ -605,4 +610,17 @@ async fn remove(
         })
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FilesError, fs_error};
+
+    /// A write's rename onto a directory made meanwhile (the bad-input matrix raced one):
+    /// EISDIR is the not-a-regular-file refusal, not an internal error.
+    #[test]
+    fn a_write_whose_target_became_a_directory_is_refused_not_500() {
+        let eisdir = std::io::Error::from_raw_os_error(rustix::io::Errno::ISDIR.raw_os_error());
+        assert!(matches!(fs_error("x", eisdir), FilesError::NotRegular(_)));
+    }
 }

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 
-use axum::body::Body;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -231,11 +230,21 @@ pub struct InitRequest {
 /// `POST /init`: merges `envVars` into every later process's environment and, when execd has
 /// no token, sets one (as envd's first `/init` does). A token different from the configured one
 /// is refused; the host's clock, hosts file and mounts are never touched.
-pub async fn init(State(e2b): State<E2b>, body: Body) -> Response {
+pub async fn init(
+    State(e2b): State<E2b>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    // Over the route's limit (`DefaultBodyLimit`, 1 MiB) is 413, as on every other route.
+    let bytes = match body {
+        Ok(bytes) => bytes,
+        Err(rejection) => {
+            let status = rejection.status();
+            let message = format!("reading /init: {}", rejection.body_text());
+            let body = serde_json::json!({"code": status.as_u16(), "message": message});
+            return (status, axum::Json(body)).into_response();
+        }
+    };
     let result = async {
-        let bytes = axum::body::to_bytes(body, 1024 * 1024)
-            .await
-            .map_err(|e| ConnectError::invalid_argument(format!("reading /init: {e}")))?;
         let request: InitRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
             InitRequest::default()
         } else {

@@ -99,7 +99,10 @@ impl E2b {
     pub fn router(&self) -> Router {
         let guarded = Router::new()
             .route("/envs", get(files::envs))
-            .route("/init", post(files::init))
+            .route(
+                "/init",
+                post(files::init).layer(axum::extract::DefaultBodyLimit::max(1024 * 1024)),
+            )
             // Uploads are streamed to disk, so no body limit (axum's default is 2 MB).
             .route(
                 "/files",
@@ -118,6 +121,7 @@ impl E2b {
         Router::new()
             .route("/health", get(|| async { StatusCode::NO_CONTENT }))
             .merge(guarded)
+            .method_not_allowed_fallback(method_not_allowed)
             .with_state(self.clone())
     }
 

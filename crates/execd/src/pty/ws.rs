@@ -149,6 +149,14 @@ impl Conn {
         let _ = self.send(Message::Close(Some(frame))).await;
     }
 
+    /// Writes what tungstenite queued on its own: its reply to the peer's close frame (the
+    /// echo, or 1002 for a close code no endpoint may send), so the closing handshake completes
+    /// instead of ending in silence.
+    async fn finish(mut self) {
+        use futures_util::SinkExt as _;
+        let _ = tokio::time::timeout(self.timings.write_timeout, self.socket.flush()).await;
+    }
+
     /// Keepalive on a ping tick: false when the peer has been silent too long or the ping
     /// cannot be written.
     async fn keepalive(&mut self) -> bool {
@@ -289,8 +297,9 @@ async fn serve_holder(mut conn: Conn, session: Arc<Session>, params: WsParams) {
     // A takeover waits for this, not for the close below, which a client that stopped reading
     // could hold up for the whole write timeout.
     drop(finished);
-    if let Next::Close(code, reason) = outcome {
-        conn.close(code, reason).await;
+    match outcome {
+        Next::Close(code, reason) => conn.close(code, reason).await,
+        _ => conn.finish().await,
     }
 }
 
@@ -518,8 +527,9 @@ async fn serve_viewer(mut conn: Conn, session: Arc<Session>, params: WsParams) {
         }
     }
     .await;
-    if let Next::Close(code, reason) = outcome {
-        conn.close(code, reason).await;
+    match outcome {
+        Next::Close(code, reason) => conn.close(code, reason).await,
+        _ => conn.finish().await,
     }
 }
 
