@@ -106,6 +106,13 @@ impl ApiError {
                 ExecError::InvalidArgument(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
                 ExecError::InvalidWorkdir { .. } => (S::BAD_REQUEST, "INVALID_WORKDIR"),
                 ExecError::UnknownSession(_) => (S::NOT_FOUND, "SESSION_NOT_FOUND"),
+                // A program that does not exist is the request's mistake (a `shell` it named);
+                // any other failure to start is the daemon's.
+                ExecError::Spawn { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    (S::BAD_REQUEST, "SPAWN_FAILED")
+                }
                 ExecError::Spawn { .. } => (S::INTERNAL_SERVER_ERROR, "SPAWN_FAILED"),
                 ExecError::ShuttingDown => (S::SERVICE_UNAVAILABLE, "SHUTTING_DOWN"),
                 ExecError::TooManySessions(_) => (S::TOO_MANY_REQUESTS, "TOO_MANY_SESSIONS"),

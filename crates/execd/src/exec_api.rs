@@ -71,9 +71,9 @@ fn parse_session_id(raw: &str) -> Result<SessionId, ApiError> {
     request_body = ExecCommandArgs,
     responses(
         (status = 200, description = "The command's result so far", body = ExecResult),
-        (status = 400, description = "`INVALID_REQUEST_BODY` (unreadable body, an argument out of range) or `INVALID_WORKDIR`", body = ErrorBody),
+        (status = 400, description = "`INVALID_REQUEST_BODY` (unreadable body, an argument out of range), `INVALID_WORKDIR`, or `SPAWN_FAILED` for a `shell` that does not exist", body = ErrorBody),
         (status = 429, description = "`TOO_MANY_SESSIONS`: every session slot is busy", body = ErrorBody),
-        (status = 500, description = "`SPAWN_FAILED`: the command could not be started", body = ErrorBody),
+        (status = 500, description = "`SPAWN_FAILED`: the shell exists but could not be started (the OS error)", body = ErrorBody),
         (status = 503, description = "`SHUTTING_DOWN`", body = ErrorBody),
     )
 )]

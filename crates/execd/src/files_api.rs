@@ -193,6 +193,8 @@ pub fn routes(state: FilesApi) -> OpenApiRouter {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 struct PathQuery {
+    /// Absolute beneath the root, or relative to it.
+    #[param(min_length = 1)]
     path: String,
 }
 
@@ -201,12 +203,16 @@ struct PathQuery {
 struct ListQuery {
     #[serde(default)]
     path: String,
+    /// Levels to descend (default 1).
+    #[param(minimum = 1, maximum = 5)]
     depth: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 struct DeleteQuery {
+    /// Absolute beneath the root, or relative to it.
+    #[param(min_length = 1)]
     path: String,
     #[serde(default)]
     recursive: bool,

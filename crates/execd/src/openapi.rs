@@ -240,6 +240,7 @@ pub fn document(api: utoipa::openapi::OpenApi, access_token: bool) -> Value {
         });
         document["security"] = json!([{ SECURITY_SCHEME: [] }]);
     }
+    unsigned_ranges(&mut document);
     if let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) {
         for (path, item) in paths.iter_mut() {
             let Some(item) = item.as_object_mut() else {
@@ -249,6 +250,7 @@ pub fn document(api: utoipa::openapi::OpenApi, access_token: bool) -> Value {
                 if !is_method(method) {
                     continue;
                 }
+                absent_not_null(operation);
                 add_shared_errors(path, operation, access_token);
             }
         }
@@ -256,11 +258,70 @@ pub fn document(api: utoipa::openapi::OpenApi, access_token: bool) -> Value {
     document
 }
 
+/// utoipa describes a `u64` as `int64` with a minimum of 0, which a client reads as at most
+/// 2^63 - 1; serde takes every `u64` (and `u32`). The schemas say the range the server reads.
+fn unsigned_ranges(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            let integer = match object.get("type") {
+                Some(Value::String(name)) => name == "integer",
+                Some(Value::Array(names)) => names.contains(&json!("integer")),
+                _ => false,
+            };
+            let unsigned = integer && object.get("minimum") == Some(&json!(0));
+            if unsigned {
+                match object.get("format").and_then(Value::as_str) {
+                    Some("int64") => {
+                        object.insert("format".into(), json!("uint64"));
+                        object.insert("maximum".into(), json!(u64::MAX));
+                    }
+                    Some("int32") => {
+                        object.insert("format".into(), json!("uint32"));
+                        object.insert("maximum".into(), json!(u32::MAX));
+                    }
+                    _ => {}
+                }
+            }
+            object.values_mut().for_each(unsigned_ranges);
+        }
+        Value::Array(items) => items.iter_mut().for_each(unsigned_ranges),
+        _ => {}
+    }
+}
+
 fn is_method(key: &str) -> bool {
     matches!(
         key,
         "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace"
     )
+}
+
+/// An optional body (`Option<T>` in an annotation) is left out when there is none, never sent as
+/// `null`, which the body extractors refuse: its schema is `T` alone.
+fn absent_not_null(operation: &mut Value) {
+    let Some(body) = operation.get_mut("requestBody") else {
+        return;
+    };
+    if body["required"] == Value::Bool(true) {
+        return;
+    }
+    let Some(content) = body.get_mut("content").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for media_type in content.values_mut() {
+        let schema = &mut media_type["schema"];
+        let Some(choices) = schema.get("oneOf").and_then(Value::as_array) else {
+            continue;
+        };
+        let not_null: Vec<Value> = choices
+            .iter()
+            .filter(|choice| choice["type"] != "null")
+            .cloned()
+            .collect();
+        if let [only] = not_null.as_slice() {
+            *schema = only.clone();
+        }
+    }
 }
 
 /// The errors of the layers around every handler, added where the handler's own annotation does

@@ -37,7 +37,7 @@ pub fn routes(state: ExecState) -> OpenApiRouter {
     request_body = TerminalCreate,
     responses(
         (status = 201, description = "Started", body = TerminalCreated),
-        (status = 400, description = "`INVALID_REQUEST_BODY` or `INVALID_WORKDIR`", body = ErrorBody),
+        (status = 400, description = "`INVALID_REQUEST_BODY`, `INVALID_WORKDIR` or `SPAWN_FAILED` (no shell)", body = ErrorBody),
         (status = 429, description = "`TOO_MANY_SESSIONS`", body = ErrorBody),
         (status = 500, description = "`SPAWN_FAILED`: the program could not be started (the OS error)", body = ErrorBody),
         (status = 503, description = "`SHUTTING_DOWN`", body = ErrorBody),

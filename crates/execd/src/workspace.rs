@@ -53,6 +53,7 @@ pub enum WorkspaceError {
 pub struct TreeQuery {
     /// `workspace` (the default) or `home` (with `--home`).
     #[serde(default)]
+    #[param(pattern = "^(workspace|home)$")]
     tree: Option<String>,
 }
 
@@ -197,7 +198,7 @@ impl Write for ChannelWriter {
 #[utoipa::path(
     post, path = "/v1/workspace/restore", tag = "workspace",
     params(TreeQuery),
-    request_body(content = [u8], content_type = "application/zstd", description = "A snapshot as `GET /v1/workspace/snapshot` makes it"),
+    request_body(content = [u8], content_type = "application/octet-stream", description = "A snapshot as `GET /v1/workspace/snapshot` makes it (a zstd-compressed tar; the content type is not checked)"),
     responses(
         (status = 200, description = "Restored", body = RestoreResult),
         (status = 400, description = "`INVALID_REQUEST_BODY` (an unknown `tree`), `SNAPSHOT_CORRUPT` or `SNAPSHOT_UNSAFE_ENTRY`", body = ErrorBody),

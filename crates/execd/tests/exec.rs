@@ -256,7 +256,7 @@ async fn bad_requests_get_clear_errors() {
         ),
         (
             "{\"cmd\": \"ls\", \"shell\": \"/nonexistent/shell\"}",
-            500,
+            400,
             "SPAWN_FAILED",
         ),
     ];
@@ -295,6 +295,19 @@ async fn bad_requests_get_clear_errors() {
             .contains("No such file"),
         "{spawn}"
     );
+}
+
+#[tokio::test]
+async fn a_shell_that_does_not_exist_is_400_not_500() {
+    let server = Server::start().await;
+    for body in [
+        r#"{"cmd": "true", "shell": ""}"#,
+        r#"{"cmd": "true", "shell": "no-such-shell"}"#,
+    ] {
+        let (status, error) = server.raw_exec(body).await;
+        assert_eq!(status, 400, "{body}: {error}");
+        assert_eq!(error["code"], "SPAWN_FAILED", "{body}: {error}");
+    }
 }
 
 #[tokio::test]

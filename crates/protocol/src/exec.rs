@@ -22,6 +22,7 @@ pub type SessionId = u32;
 )]
 pub struct ExecCommandArgs {
     /// Shell command to run, as `<shell> -lc <cmd>` (`-c` when `login` is false).
+    #[schema(min_length = 1, pattern = "\\S")]
     pub cmd: String,
     /// Working directory; must exist. Relative paths resolve against the server's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,7 +54,9 @@ pub struct FileList {
 /// `POST /v1/files/move`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MoveRequest {
+    #[schema(min_length = 1)]
     pub from: String,
+    #[schema(min_length = 1)]
     pub to: String,
     /// Replace an existing `to` (without it, an existing `to` is 409 `FILE_EXISTS`).
     #[serde(default)]

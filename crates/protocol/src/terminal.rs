@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct TerminalCreate {
     /// With `args`, the program to run; without, a shell command line.
+    #[schema(min_length = 1, pattern = "\\S")]
     pub command: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,

@@ -1,0 +1,125 @@
+//! schemathesis against a real execd (its own test binary: the exec routes run the daemon's
+//! reaper), served by `warren_execd::serve` with its timeouts and panic catcher on a temp root,
+//! with an access token: every operation of `/openapi.json`, generated valid and invalid
+//! inputs, every check schemathesis has (no 5xx, responses and statuses as documented, error
+//! bodies `ErrorBody`, the token enforced, invalid input refused and valid input accepted).
+//!
+//! Bounded to finish in well under a minute on two cores, with a fixed seed. To run it longer
+//! by hand, start a daemon (`warren execd --root $(mktemp -d) --access-token t`) and run
+//! `target/warren-pyenv/bin/schemathesis run http://127.0.0.1:PORT/openapi.json -H
+//! 'X-EXECD-ACCESS-TOKEN: t' --checks all --mode all --max-examples 500` (add
+//! `--exclude-path /v1/files/watch`).
+
+// Tests start real programs (shells, servers, the binary under test) directly.
+#![allow(clippy::disallowed_methods)]
+
+use std::path::PathBuf;
+
+use warren_execd::{Config, Execd};
+
+const TOKEN: &str = "schemathesis-token";
+
+/// Operations schemathesis cannot test, each with why.
+const EXCLUDED_PATHS: &[(&str, &str)] = &[(
+    "/v1/files/watch",
+    "an endless NDJSON stream: schemathesis reads a response to its end",
+)];
+
+/// schemathesis's configuration: which operations may refuse schema-valid input with a 400,
+/// because the schema cannot say what the server checks against the world or beyond JSON
+/// Schema. Everything else must accept every schema-valid request.
+const CONFIG: &str = r#"
+# A working directory that must exist, environment names without `=`, integers written as
+# `1.0` (JSON Schema's integers include them, serde's do not).
+[[operations]]
+include-path = ["/v1/exec", "/v1/terminals", "/pty", "/v1/exec/{session_id}/stdin"]
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+
+# Random bytes are no snapshot: only a real archive restores.
+[[operations]]
+include-path = "/v1/workspace/restore"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "409"]
+"#;
+
+/// Examples per operation and phase; the seed makes a run repeatable.
+const MAX_EXAMPLES: &str = "30";
+const SEED: &str = "17";
+
+async fn start_execd(root: &std::path::Path, home: &std::path::Path) -> String {
+    warren_process::reaper::start().expect("become subreaper and start reaping");
+    let config = Config {
+        root: root.to_path_buf(),
+        home: Some(home.to_path_buf()),
+        access_token: Some(TOKEN.to_owned()),
+        ..Config::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(warren_execd::serve(
+        Execd::new(config),
+        listener,
+        std::future::pending(),
+    ));
+    format!("http://{addr}")
+}
+
+fn schemathesis() -> PathBuf {
+    warren_test_support::python()
+        .parent()
+        .expect("the venv's bin directory")
+        .join("schemathesis")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_defect_in_any_operation() {
+    let root = tempfile::tempdir().expect("temp root");
+    let home = tempfile::tempdir().expect("temp home");
+    let base = start_execd(root.path(), home.path()).await;
+    let reports = tempfile::tempdir().expect("report dir");
+    let junit = reports.path().join("junit.xml");
+    let stdout_path = reports.path().join("stdout");
+    let config = reports.path().join("schemathesis.toml");
+    std::fs::write(&config, CONFIG).expect("writes the configuration");
+    let mut command = std::process::Command::new(schemathesis());
+    command
+        .arg("--config-file")
+        .arg(&config)
+        .arg("run")
+        .arg(format!("{base}/openapi.json"))
+        .args(["--header", &format!("X-EXECD-ACCESS-TOKEN: {TOKEN}")])
+        .args(["--checks", "all", "--mode", "all"])
+        .args(["--max-examples", MAX_EXAMPLES, "--seed", SEED])
+        .args(["--phases", "examples,coverage,fuzzing"])
+        .args(["--workers", "1", "--request-timeout", "20"])
+        .args(["--report", "junit"])
+        .arg("--report-junit-path")
+        .arg(&junit)
+        .args(["--no-color", "--output-truncate", "false"])
+        .current_dir(reports.path())
+        .env("SCHEMATHESIS_TELEMETRY", "false")
+        .stdout(std::fs::File::create(&stdout_path).expect("a stdout file"))
+        .stderr(std::process::Stdio::inherit());
+    for (path, _why) in EXCLUDED_PATHS {
+        command.args(["--exclude-path", path]);
+    }
+    let status = tokio::task::spawn_blocking(move || command.status())
+        .await
+        .expect("the schemathesis thread");
+    let output = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    println!("{output}");
+    match status {
+        Ok(status) => assert!(status.success(), "schemathesis failed: {status}"),
+        // Reaped by this binary's subreaper (ECHILD): its report says how it went.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::CHILD.raw_os_error()) => {}
+        Err(e) => panic!("cannot run schemathesis: {e}"),
+    }
+    let report = std::fs::read_to_string(&junit).expect("schemathesis wrote its report");
+    assert!(report.contains("<testsuite"), "{report}");
+    assert!(
+        report.contains(r#"failures="0""#) && report.contains(r#"errors="0""#),
+        "schemathesis found defects:\n{output}"
+    );
+}
