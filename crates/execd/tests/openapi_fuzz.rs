@@ -36,11 +36,89 @@ include-path = ["/v1/exec", "/v1/terminals", "/pty", "/v1/exec/{session_id}/stdi
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 
+# schemathesis sends plain GETs, never a WebSocket handshake: a documented 426 is the answer.
+[[operations]]
+include-path = ["/pty/{id}/ws", "/v1/agent-terminals/{name}/ws"]
+checks.positive_data_acceptance.expected-statuses = ["101", "401", "404", "409", "426"]
+
 # Random bytes are no snapshot: only a real archive restores.
 [[operations]]
 include-path = "/v1/workspace/restore"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "409"]
 "#;
+
+/// Operations whose path names something that exists, so they reach more than their 404: a PTY
+/// session and a terminal made before the run (one of each to read, one to delete). Exec
+/// sessions are not seeded: an empty poll of a running one may wait up to 300 s, as specified.
+fn seeded(ids: &Seeded) -> String {
+    let Seeded {
+        pty,
+        pty_to_delete,
+        terminal,
+        terminal_to_release,
+    } = ids;
+    format!(
+        r#"
+[[operations]]
+include-path = ["/pty/{{id}}", "/pty/{{id}}/ws"]
+include-method = "GET"
+parameters = {{ "path.id" = "{pty}" }}
+
+[[operations]]
+include-path = "/pty/{{id}}"
+include-method = "DELETE"
+parameters = {{ "path.id" = "{pty_to_delete}" }}
+
+[[operations]]
+include-path = ["/v1/terminals/{{terminal_id}}/output", "/v1/terminals/{{terminal_id}}/kill"]
+parameters = {{ "path.terminal_id" = "{terminal}" }}
+
+[[operations]]
+include-path = "/v1/terminals/{{terminal_id}}"
+include-method = "DELETE"
+parameters = {{ "path.terminal_id" = "{terminal_to_release}" }}
+
+[[operations]]
+include-path = "/v1/agent-terminals/{{name}}/ws"
+parameters = {{ "path.name" = "term-{terminal}" }}
+"#
+    )
+}
+
+struct Seeded {
+    pty: String,
+    pty_to_delete: String,
+    terminal: String,
+    terminal_to_release: String,
+}
+
+/// Makes what [`seeded`] names, over the real routes.
+async fn seed(base: &str) -> Seeded {
+    let http = reqwest::Client::new();
+    let post = async |path: &str, body: serde_json::Value, field: &str| -> String {
+        let response = http
+            .post(format!("{base}{path}"))
+            .header("X-EXECD-ACCESS-TOKEN", TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        assert!(
+            response.status().is_success(),
+            "POST {path}: {}",
+            response.status()
+        );
+        let answer: serde_json::Value = response.json().await.expect("a JSON answer");
+        answer[field].as_str().expect("an id").to_owned()
+    };
+    let terminal = serde_json::json!({ "command": "echo seeded" });
+    Seeded {
+        pty: post("/pty", serde_json::json!({}), "session_id").await,
+        pty_to_delete: post("/pty", serde_json::json!({}), "session_id").await,
+        terminal: post("/v1/terminals", terminal.clone(), "terminal_id").await,
+        terminal_to_release: post("/v1/terminals", terminal, "terminal_id").await,
+    }
+}
 
 /// Examples per operation and phase; the seed makes a run repeatable.
 const MAX_EXAMPLES: &str = "30";
@@ -82,7 +160,8 @@ async fn schemathesis_finds_no_defect_in_any_operation() {
     let junit = reports.path().join("junit.xml");
     let stdout_path = reports.path().join("stdout");
     let config = reports.path().join("schemathesis.toml");
-    std::fs::write(&config, CONFIG).expect("writes the configuration");
+    let ids = seed(&base).await;
+    std::fs::write(&config, format!("{CONFIG}{}", seeded(&ids))).expect("writes the configuration");
     let mut command = std::process::Command::new(schemathesis());
     command
         .arg("--config-file")
