@@ -293,33 +293,62 @@ pub fn kill_tree_blocking(tree: &TreeId, grace: Duration) -> KillReport {
     signal_members(&members, Signal::TERM);
     // Stopped processes never act on SIGTERM; wake them so the grace period means something.
     signal_members(&members, Signal::CONT);
+    // During the grace only the members signalled are polled (cheap: their stat files); one
+    // scan of /proc, which reads every process's environment, confirms the tree is gone.
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
-        if tree_members(tree).is_empty() {
+        if !members.iter().any(|pid| is_alive(*pid)) && tree_members(tree).is_empty() {
             return report;
         }
         std::thread::sleep(POLL_INTERVAL);
     }
     report.escalated = true;
-    let deadline = Instant::now() + KILL_WAIT;
-    loop {
-        let left = tree_members(tree);
-        if left.is_empty() {
-            return report;
-        }
-        if Instant::now() >= deadline {
-            report.survivors = left;
-            return report;
-        }
+    escalate(tree, KILL_WAIT, &mut report);
+    report
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn is_alive(pid: i32) -> bool {
+    procfs::stat(pid).is_some_and(|stat| !stat.is_zombie())
+}
+
+/// SIGKILL to what is left of the tree, re-scanned until nothing is or `wait` has passed. The
+/// signal goes out at least once whatever `wait` is: on a loaded machine one scan of /proc can
+/// take longer than the whole wait.
+fn escalate(tree: &TreeId, wait: Duration, report: &mut KillReport) {
+    let deadline = Instant::now() + wait;
+    let mut left = tree_members(tree);
+    while !left.is_empty() {
         signal_members(&left, Signal::KILL);
         std::thread::sleep(POLL_INTERVAL);
+        left = tree_members(tree);
+        if Instant::now() >= deadline {
+            break;
+        }
     }
+    report.survivors = left;
 }
 
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kill_wait_shorter_than_one_scan_still_sends_sigkill() {
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
+        // Ignores SIGTERM like an interactive shell; its own group, so the test's is untouched.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "trap '' TERM; while :; do sleep 0.1; done"])
+            .process_group(0)
+            .spawn()
+            .expect("spawns sh");
+        let tree = TreeId::new(child.id() as i32, None);
+        let mut report = KillReport::default();
+        escalate(&tree, Duration::ZERO, &mut report);
+        let status = child.wait().expect("waits for sh");
+        assert_eq!(status.signal(), Some(9), "{status:?}");
+    }
 
     #[test]
     fn a_tree_rooted_at_the_kernel_or_init_has_no_members_without_a_marker() {
