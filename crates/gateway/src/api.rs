@@ -94,7 +94,8 @@ async fn list_terminals(
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
         (status = 101, description = "The WebSocket of the terminal, execd's PTY protocol carried through (pty-sessions.md)"),
-        (status = 400, description = "INVALID_REQUEST_BODY: not a terminal name, or not a WebSocket upgrade", body = ErrorBody),
+        (status = 400, description = "INVALID_REQUEST_BODY: not a terminal name", body = ErrorBody),
+        (status = 426, description = "UPGRADE_REQUIRED: a plain request, not a WebSocket handshake", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
         (status = 404, description = "SESSION_NOT_FOUND, or TERMINAL_NOT_FOUND: the agent runs no such terminal", body = ErrorBody),
         (status = 409, description = "HANDS_IDENTITY_MISMATCH: the hands changed under the request", body = ErrorBody),
@@ -378,7 +379,7 @@ pub fn check_title(title: &str) -> Result<(), GatewayError> {
     post,
     path = "/v1/sessions",
     tag = "sessions",
-    request_body = inline(Option<CreateSession>),
+    request_body(content = CreateSession, description = "Optional: an empty body is a session without a title"),
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
         (status = 201, description = "The new session", body = SessionInfo),
@@ -592,10 +593,10 @@ async fn answer_permission(
     get,
     path = "/v1/sessions/{id}/events",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), ("after" = Option<u64>, Query, description = "Resume after this seq (Last-Event-ID wins)"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
+    params(("id" = String, Path, description = "The session's id"), ("after" = Option<u64>, Query, description = "Resume after this seq (Last-Event-ID wins)"), ("Last-Event-ID" = Option<u64>, Header, nullable = false, description = "Resume after this seq")),
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
-        (status = 200, description = "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event>`, and heartbeat comments; it does not end", content_type = "text/event-stream", body = warren_protocol::gateway::Event),
+        (status = 200, description = "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event>`, and heartbeat comments; it does not end", content_type = "text/event-stream", body = crate::openapi::SseEvent),
         (status = 400, description = "INVALID_REQUEST_BODY: after or Last-Event-ID is not a seq, or past the last event", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
         (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),

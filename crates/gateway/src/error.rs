@@ -33,6 +33,11 @@ pub enum GatewayError {
     ConsoleFileNotFound(String),
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    /// A WebSocket route asked with a plain request.
+    #[error(
+        "this route is a WebSocket: send a WebSocket handshake (Connection: upgrade, Upgrade: websocket)"
+    )]
+    UpgradeRequired,
     #[error("device not found")]
     DeviceNotFound,
     #[error("session not found")]
@@ -91,6 +96,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => {
                 (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED")
             }
+            GatewayError::UpgradeRequired => (StatusCode::UPGRADE_REQUIRED, "UPGRADE_REQUIRED"),
             GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
             GatewayError::SessionNotFound => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
             GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),

@@ -693,7 +693,7 @@ fn unsatisfiable(content_range: Option<String>) -> Response {
     get,
     path = "/v1/sessions/{id}/files/content",
     tag = "files",
-    params(("id" = String, Path, description = "The session's id"), ("path" = String, Query, description = "Workspace-relative file path"), ("Range" = Option<String>, Header, description = "One byte range, `bytes=start-end`")),
+    params(("id" = String, Path, description = "The session's id"), ("path" = String, Query, description = "Workspace-relative file path"), ("Range" = Option<String>, Header, nullable = false, description = "One byte range, `bytes=start-end`")),
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
         (status = 200, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),

@@ -12,9 +12,11 @@ use std::sync::LazyLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
+use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi, RefOr, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, ResponseBuilder};
 use warren_protocol::error::ErrorBody;
+use warren_protocol::gateway::Event;
 
 /// The device token (`wr_…`) as `Authorization: Bearer`.
 pub const DEVICE_TOKEN: &str = "device_token";
@@ -64,7 +66,7 @@ pub const UNDOCUMENTED: &[Undocumented] = &[
             their event streams, files, terminals and previews (docs/gateway.md, \
             files-terminals-previews.md). Every error is a JSON `{\"code\", \"message\"}` body."
     ),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, Event)),
     tags(
         (name = "devices", description = "Registration and the admin's device routes"),
         (name = "sessions", description = "Sessions, messages, permissions and the event stream"),
@@ -75,6 +77,29 @@ pub const UNDOCUMENTED: &[Undocumented] = &[
     )
 )]
 pub struct ApiDoc;
+
+/// One event of `GET /v1/sessions/{id}/events` as Server-Sent Events frame it (heartbeats are
+/// comments, not events). Only its schema is used: `axum`'s `Sse` writes the frames.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct SseEvent {
+    /// The event's `seq`, what `Last-Event-ID` resumes after.
+    id: String,
+    /// The event's `type`.
+    event: String,
+    /// The event, as JSON.
+    #[schema(schema_with = event_json)]
+    data: String,
+}
+
+/// A string that holds an [`Event`] as JSON.
+fn event_json() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("application/json")
+        .content_schema(Some(Ref::from_schema_name("Event")))
+        .build()
+}
 
 /// The document: [`ApiDoc`] with every operation of [`crate::api::routes`], finished (see the
 /// module docs).
@@ -116,9 +141,7 @@ pub fn document() -> OpenApi {
                 .content(
                     "application/json",
                     ContentBuilder::new()
-                        .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                            "ErrorBody",
-                        ))))
+                        .schema(Some(RefOr::Ref(Ref::from_schema_name("ErrorBody"))))
                         .build(),
                 )
                 .build(),
@@ -128,6 +151,17 @@ pub fn document() -> OpenApi {
     let runtime_error = error("RUNTIME_ERROR: the gateway failed (the cause is logged, not shown)");
     // Every path parameter is read by `crate::error::Path`.
     let bad_path = error("INVALID_REQUEST_BODY: a path parameter does not decode");
+    // `POST /v1/sessions` takes an empty body too (`OptionalJson`); `routes!` cannot say so
+    // without making the body's schema nullable, and `null` is not a body it takes.
+    if let Some(RefOr::T(body)) = document
+        .paths
+        .paths
+        .get_mut("/v1/sessions")
+        .and_then(|item| item.post.as_mut())
+        .and_then(|operation| operation.request_body.as_mut())
+    {
+        body.required = Some(utoipa::openapi::Required::False);
+    }
     for item in document.paths.paths.values_mut() {
         for operation in [
             &mut item.get,

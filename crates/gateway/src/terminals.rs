@@ -71,6 +71,23 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// Whether `headers` ask for a WebSocket: `Upgrade: websocket` and `upgrade` among the
+/// `Connection` tokens (RFC 6455 §4.1, both case-insensitive).
+fn is_websocket_handshake(headers: &axum::http::HeaderMap) -> bool {
+    use axum::http::header;
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"));
+    let connection = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    upgrade && connection
+}
+
 /// Whether `name` (a valid one) names an agent's terminal rather than a shell.
 pub fn is_agent_name(name: &str) -> bool {
     AGENT_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
@@ -177,6 +194,11 @@ impl Terminals {
             return Err(GatewayError::InvalidRequest(format!(
                 "{name:?} is not a terminal name ([a-z0-9-], 1 to 32 characters)"
             )));
+        }
+        // Refused before anything starts: a plain request would start (or resume) the hands and
+        // make a shell for nothing.
+        if !is_websocket_handshake(request.headers()) {
+            return Err(GatewayError::UpgradeRequired);
         }
         if is_agent_name(name) {
             return attach_agent(session, name, request).await;

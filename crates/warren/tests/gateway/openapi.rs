@@ -13,7 +13,7 @@ use serde_json::Value;
 use warren_gateway::openapi::UNDOCUMENTED;
 use warren_test_support::repo_root;
 
-use crate::helpers::{TestGateway, args_without_agent, files_under};
+use crate::helpers::{TestGateway, args_without_agent, files_under, warren_bin};
 
 /// The methods an OpenAPI path item may hold.
 const METHODS: [&str; 8] = [
@@ -288,7 +288,14 @@ const SCHEMATHESIS_WAIT: Duration = Duration::from_secs(300);
 async fn schemathesis_finds_nothing_on_the_gateway() {
     let python = warren_test_support::python();
     let schemathesis = python.with_file_name("schemathesis");
-    let gw = TestGateway::start(args_without_agent).await;
+    // Hands of the real binary (the files and terminals routes start them); no agent, so the
+    // generated messages run nothing.
+    let gw = TestGateway::start(|data| {
+        let mut args = args_without_agent(data);
+        args.warren_bin = Some(warren_bin());
+        args
+    })
+    .await;
     let device_id = "openapi-fuzz-01";
     let token = gw.register(device_id).await;
     // The admin routes reset this one, so the fuzzing device keeps its token.
@@ -300,7 +307,12 @@ async fn schemathesis_finds_nothing_on_the_gateway() {
     std::fs::write(
         &config,
         format!(
-            r#"# Path parameters name real resources; the rest is generated.
+            r#"# Every check schemathesis has (set here, not with --checks, so an operation below can
+# tune one).
+[checks]
+enabled = true
+
+# Path parameters name real resources; the rest is generated.
 [headers]
 Authorization = "Bearer {token}"
 X-App-Key = "{app_key}"
@@ -318,10 +330,28 @@ parameters = {{ "path.id" = "{doomed}" }}
 include-path-regex = "^/v1/admin/"
 headers = {{ Authorization = "Bearer test-admin-token" }}
 
-# The event stream does not end: read what comes within a second.
+# A workspace path is checked once normalized ("a/.." is the root, which is refused where a
+# file is needed, "" is the root): no JSON Schema says that, so a valid string may get 400.
+[[operations]]
+include-path-regex = "/files"
+checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409]
+
+# The event stream does not end: read what comes within a second. A header the operation does
+# not name is no invalid input (HTTP takes any), so the check that sends one is off here, the
+# only operation with a header parameter whose other inputs are all checked.
 [[operations]]
 include-path = "/v1/sessions/{{id}}/events"
 request-timeout = 1
+checks.negative_data_rejection.enabled = false
+# A seq past the last event is refused (400): that depends on the log, not on the schema.
+checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409]
+
+# A plain HTTP client makes no WebSocket handshake: 426 is the answer to any request, valid or
+# not (its parameters are read at the handshake).
+[[operations]]
+include-path = "/v1/sessions/{{id}}/terminals/{{name}}/ws"
+checks.positive_data_acceptance.expected-statuses = ["2xx", 401, 403, 404, 409, 426]
+checks.negative_data_rejection.expected-statuses = [400, 401, 403, 404, 405, 409, 426]
 "#,
             app_key = gw.app_key,
         ),
@@ -333,8 +363,8 @@ request-timeout = 1
         .arg(&config)
         .arg("--no-color")
         .args(["run", &format!("{}/openapi.json", gw.url)])
-        .args(["--checks", "all", "--mode", "all"])
-        .args(["--max-examples", "30", "--seed", "17", "--workers", "2"])
+        .args(["--mode", "all"])
+        .args(["--max-examples", "30", "--seed", "17", "--workers", "1"])
         .args(["--phases", "examples,coverage,fuzzing"])
         .args(["--request-timeout", "5"])
         .args(["--generation-database", "none"])
@@ -358,6 +388,8 @@ request-timeout = 1
         "schemathesis found failures ({})",
         output.status
     );
+    let sessions = gw.get(&token, "/sessions").await;
+    eprintln!("the fuzzing device after the run: {}", sessions.status());
     let document = fetch_document(&gw).await;
     let n_operations = operations(&document).len();
     assert!(
@@ -371,5 +403,30 @@ request-timeout = 1
         .await
         .expect("healthz after the run");
     assert_eq!(health.status(), 200, "the gateway is healthy after the run");
+    gw.stop().await;
+}
+
+/// Found by schemathesis: a plain `GET` of a terminal's WebSocket started (or resumed) the
+/// session's hands and made a shell before execd refused the missing handshake.
+#[tokio::test]
+async fn a_plain_get_of_a_terminal_websocket_is_426_and_starts_no_hands() {
+    let gw = TestGateway::start(|data| {
+        let mut args = args_without_agent(data);
+        args.warren_bin = Some(warren_bin());
+        args
+    })
+    .await;
+    let token = gw.register("openapi-plain-ws").await;
+    let session = gw.create_session(&token).await;
+    for name in ["shell-1", "term-1"] {
+        let response = gw
+            .get(&token, &format!("/sessions/{session}/terminals/{name}/ws"))
+            .await;
+        assert_eq!(response.status(), 426, "{name}");
+        let body: Value = response.json().await.expect("a JSON error body");
+        assert_eq!(body["code"], "UPGRADE_REQUIRED", "{name}: {body}");
+    }
+    let info = gw.session_info(&token, &session).await;
+    assert_eq!(info["hands"], "none", "no hands were started: {info}");
     gw.stop().await;
 }
