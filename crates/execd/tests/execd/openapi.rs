@@ -265,3 +265,44 @@ async fn every_route_is_documented_or_listed_as_deliberately_left_out() {
         );
     }
 }
+
+/// GET `path_and_query` and the answer's status and JSON body (a plain-text body fails).
+async fn get_json(daemon: &pty_support::Daemon, path_and_query: &str) -> (u16, Value) {
+    let response = tokio::time::timeout(
+        WAIT,
+        daemon
+            .http
+            .get(format!("{}{path_and_query}", daemon.base))
+            .send(),
+    )
+    .await
+    .expect("answers within the wait")
+    .expect("GET");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    let body = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("{path_and_query}: not JSON: {text:?}"));
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_terminal_id_that_does_not_decode_is_a_json_400_not_plain_text() {
+    let (daemon, _root) = daemon(None).await;
+    let (status, body) = get_json(&daemon, "/v1/terminals/%FF/output").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
+}
+
+#[tokio::test]
+async fn a_workspace_query_that_does_not_parse_is_a_json_400_not_plain_text() {
+    let (daemon, _root) = daemon(None).await;
+    let (status, body) = get_json(&daemon, "/v1/workspace/snapshot?tree=a&tree=b").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("duplicate")),
+        "{body}"
+    );
+}
