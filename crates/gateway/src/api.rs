@@ -90,7 +90,7 @@ async fn list_terminals(
     get,
     path = "/v1/sessions/{id}/terminals/{name}/ws",
     tag = "terminals",
-    params(("id" = String, Path, description = "The session's id"), ("name" = String, Path, description = "`[a-z0-9-]{1,32}`: a shell's name, or an agent's `term-…`/`exec-…`"), ("mode" = Option<String>, Query, description = "`viewer` to watch (pty-sessions.md)"), ("takeover" = Option<String>, Query, description = "`1` to take the terminal over"), ("since" = Option<u64>, Query, description = "The output offset to replay from")),
+    params(("id" = String, Path, description = "The session's id"), ("name" = String, Path, pattern = "^[a-z0-9-]{1,32}$", description = "`[a-z0-9-]{1,32}`: a shell's name, or an agent's `term-…`/`exec-…`"), ("mode" = Option<String>, Query, description = "`viewer` to watch (pty-sessions.md)"), ("takeover" = Option<String>, Query, description = "`1` to take the terminal over"), ("since" = Option<u64>, Query, description = "The output offset to replay from")),
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
         (status = 101, description = "The WebSocket of the terminal, execd's PTY protocol carried through (pty-sessions.md)"),

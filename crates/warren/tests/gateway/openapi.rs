@@ -326,15 +326,22 @@ include-path = "/v1/sessions/{{id}}"
 include-method = "DELETE"
 parameters = {{ "path.id" = "{doomed}" }}
 
+# Registration with the fuzzing device's own token would rotate it (schemathesis learns the id
+# from the admin's device list), and the rest of the run would be 401s.
+[[operations]]
+include-path = "/v1/devices"
+headers = {{ Authorization = "Bearer wr_a-token-of-no-device" }}
+
 [[operations]]
 include-path-regex = "^/v1/admin/"
 headers = {{ Authorization = "Bearer test-admin-token" }}
 
 # A workspace path is checked once normalized ("a/.." is the root, which is refused where a
-# file is needed, "" is the root): no JSON Schema says that, so a valid string may get 400.
+# file is needed, "" is the root): no JSON Schema says that, so a valid string may get 400. And
+# whether a Range is satisfiable (416) depends on the file's size.
 [[operations]]
 include-path-regex = "/files"
-checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409]
+checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409, 416]
 
 # The event stream does not end: read what comes within a second. A header the operation does
 # not name is no invalid input (HTTP takes any), so the check that sends one is off here, the
@@ -389,7 +396,11 @@ checks.negative_data_rejection.expected-statuses = [400, 401, 403, 404, 405, 409
         output.status
     );
     let sessions = gw.get(&token, "/sessions").await;
-    eprintln!("the fuzzing device after the run: {}", sessions.status());
+    assert_eq!(
+        sessions.status(),
+        200,
+        "the fuzzing device kept its token to the end"
+    );
     let document = fetch_document(&gw).await;
     let n_operations = operations(&document).len();
     assert!(
