@@ -195,13 +195,15 @@ impl Terminals {
                 "{name:?} is not a terminal name ([a-z0-9-], 1 to 32 characters)"
             )));
         }
+        // An agent's terminal starts nothing (only running hands have one), and running hands'
+        // execd judges the handshake.
+        if is_agent_name(name) {
+            return attach_agent(session, name, request).await;
+        }
         // Refused before anything starts: a plain request would start (or resume) the hands and
         // make a shell for nothing.
         if !is_websocket_handshake(request.headers()) {
             return Err(GatewayError::UpgradeRequired);
-        }
-        if is_agent_name(name) {
-            return attach_agent(session, name, request).await;
         }
         let endpoint = session.hands.endpoint().await?;
         let client = endpoint.client()?;

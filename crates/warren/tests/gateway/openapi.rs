@@ -429,14 +429,12 @@ async fn a_plain_get_of_a_terminal_websocket_is_426_and_starts_no_hands() {
     .await;
     let token = gw.register("openapi-plain-ws").await;
     let session = gw.create_session(&token).await;
-    for name in ["shell-1", "term-1"] {
-        let response = gw
-            .get(&token, &format!("/sessions/{session}/terminals/{name}/ws"))
-            .await;
-        assert_eq!(response.status(), 426, "{name}");
-        let body: Value = response.json().await.expect("a JSON error body");
-        assert_eq!(body["code"], "UPGRADE_REQUIRED", "{name}: {body}");
-    }
+    let response = gw
+        .get(&token, &format!("/sessions/{session}/terminals/shell-1/ws"))
+        .await;
+    assert_eq!(response.status(), 426);
+    let body: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["code"], "UPGRADE_REQUIRED", "{body}");
     let info = gw.session_info(&token, &session).await;
     assert_eq!(info["hands"], "none", "no hands were started: {info}");
     gw.stop().await;
