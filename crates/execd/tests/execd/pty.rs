@@ -1066,7 +1066,14 @@ fn assert_seq_frame_consistent(offset: u64, bytes: &[u8]) {
 
 #[tokio::test]
 async fn viewer_frames_match_their_offsets_and_a_stalled_viewer_skips_ahead() {
-    let daemon = start().await;
+    // The stalled viewer's socket is full until the output has streamed: on a loaded machine
+    // that can take longer than the default write timeout, which would drop the viewer rather
+    // than show it skipping ahead (the write timeout has tests of its own).
+    let daemon = start_with(Config {
+        pty_write_timeout_ms: 300_000,
+        ..Config::default()
+    })
+    .await;
     let dir = tempfile::tempdir().expect("temp dir");
     let go = dir.path().join("go");
     let n_lines: u64 = 4_000_000;
