@@ -88,6 +88,23 @@ pub async fn fixtures(server: &Server) -> Fixtures {
     let holder = wire::websocket(server.addr, &attach)
         .await
         .expect("the PTY session's holder attaches");
+    // The holder's attach starts the shell; viewers may attach once it runs.
+    let status = Request::new("GET", format!("/pty/{pty}"))
+        .header("X-EXECD-ACCESS-TOKEN", EXECD_TOKEN)
+        .body(Body::Sized(Vec::new()));
+    let deadline = tokio::time::Instant::now() + warren_test_support::WAIT;
+    loop {
+        let body: serde_json::Value =
+            serde_json::from_slice(&send_reading_body(server, &status).await).expect("JSON");
+        if body["running"] == true {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the PTY session's shell never ran: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     Fixtures {
         pty,
         agent_terminal: format!("term-{id}"),
