@@ -61,6 +61,19 @@ pub struct LoadArgs {
     /// servers' RSS every 10 s.
     #[arg(long, value_parser = warren_gateway::config::parse_duration)]
     pub soak: Option<Duration>,
+    /// Measure only these parts (default: all of them).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
+}
+
+/// One part of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Pty,
+    Exec,
+    SlowHeaders,
+    ConnectionLimit,
+    Sse,
 }
 
 pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
@@ -69,20 +82,31 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     if let Some(duration) = args.soak {
         return soak(duration).await;
     }
+    let wanted = |part: Part| args.only.is_empty() || args.only.contains(&part);
     let mut rows = Vec::new();
-    pty_sessions(&mut rows)
-        .await
-        .context("measuring 1,000 PTY sessions")?;
-    exec_calls(&mut rows)
-        .await
-        .context("measuring concurrent exec calls")?;
-    slow_headers(&mut rows)
-        .await
-        .context("measuring slow-header connections")?;
-    connection_limit(&mut rows)
-        .await
-        .context("measuring the connection limit")?;
-    sse(&mut rows).await.context("measuring SSE fan-out")?;
+    if wanted(Part::Pty) {
+        pty_sessions(&mut rows)
+            .await
+            .context("measuring 1,000 PTY sessions")?;
+    }
+    if wanted(Part::Exec) {
+        exec_calls(&mut rows)
+            .await
+            .context("measuring concurrent exec calls")?;
+    }
+    if wanted(Part::SlowHeaders) {
+        slow_headers(&mut rows)
+            .await
+            .context("measuring slow-header connections")?;
+    }
+    if wanted(Part::ConnectionLimit) {
+        connection_limit(&mut rows)
+            .await
+            .context("measuring the connection limit")?;
+    }
+    if wanted(Part::Sse) {
+        sse(&mut rows).await.context("measuring SSE fan-out")?;
+    }
     println!(
         "{} cores. {MACHINE_NOTE}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -324,7 +348,9 @@ async fn exec_call(
     loop {
         let response = http
             .post(format!("{base}/v1/exec"))
-            .json(&json!({"cmd": cmd, "yield_time_ms": 30000}))
+            // Not a login shell: a login profile measures the machine (this one's runs
+            // `pyenv rehash` under a lock, and 200 logins at once take a minute without Warren).
+            .json(&json!({"cmd": cmd, "login": false, "yield_time_ms": 30000}))
             .send()
             .await?;
         let status = response.status();
@@ -404,7 +430,7 @@ async fn exec_calls_on(execd: &ExecdChild, rows: &mut Vec<Row>) -> anyhow::Resul
         let n_ok = latencies.len();
         rows.push(Row {
             measurement: format!(
-                "{N_EXEC_CALLS} concurrent `/v1/exec` {label}: throughput, latency p50 / p99"
+                "{N_EXEC_CALLS} concurrent `/v1/exec` {label} (non-login shell): throughput, latency p50 / p99"
             ),
             result: format!(
                 "{:.0} calls/s, {} (max {}); {n_ok} ok, errors: {}, 429 answers retried: {n_busy}",
