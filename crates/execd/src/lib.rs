@@ -96,10 +96,8 @@ impl Execd {
     /// Unknown paths and methods answer 404/405 in Warren's error shape.
     pub fn router(&self) -> Router {
         let (warren, api) = self.warren_routes().split_for_parts();
-        let document = openapi::to_bytes(&openapi::document(
-            api,
-            self.config.access_token.is_some(),
-        ));
+        let document =
+            openapi::to_bytes(&openapi::document(api, self.config.access_token.is_some()));
         Router::new()
             .merge(warren)
             .route(
