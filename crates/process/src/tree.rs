@@ -19,15 +19,30 @@ pub const TREE_MARKER_VAR: &str = "WARREN_TREE_ID";
 
 /// Identifies one command's process tree: the root pid (a session leader) and an optional
 /// marker value that was put in the root's environment as [`TREE_MARKER_VAR`].
+///
+/// The root's start time is read when the id is made, so a pid the kernel hands to another
+/// process after the root was reaped never makes that process, its children or its session
+/// members of the tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeId {
     pub root_pid: i32,
     pub marker: Option<String>,
+    root_start: Option<u64>,
 }
 
 impl TreeId {
+    /// The tree rooted at `root_pid` as that pid is now: make it while the root is known to be
+    /// the command (an unreaped child, or a recorded pid checked against its start time).
     pub fn new(root_pid: i32, marker: Option<String>) -> Self {
-        Self { root_pid, marker }
+        let root_start = (root_pid > 1)
+            .then(|| procfs::stat(root_pid))
+            .flatten()
+            .map(|stat| stat.start_time);
+        Self {
+            root_pid,
+            marker,
+            root_start,
+        }
     }
 }
 
@@ -125,10 +140,19 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
     for p in &procs {
         children.entry(p.ppid).or_default().push(p.pid);
     }
+    let by_pid: HashMap<i32, Stat> = procs.iter().map(|p| (p.pid, *p)).collect();
     let mut members = BTreeSet::new();
     // Pid 0 is the kernel's (init and kthreadd are its children) and 1 is init: rooting a tree
     // there would make every process on the machine a member. Such a tree is its marker only.
-    let mut stack = if tree.root_pid > 1 {
+    let rooted = tree.root_pid > 1;
+    // Whoever holds the root's pid now is the root only with the root's start time. A pid in
+    // use as a session id is never handed out again, so while nobody holds it, the processes of
+    // that session are the root's; once another process holds it, they are that one's.
+    let holder = by_pid.get(&tree.root_pid);
+    let root_alive = rooted
+        && holder.is_some_and(|p| tree.root_start.is_some_and(|start| p.start_time == start));
+    let session_ours = rooted && (holder.is_none() || root_alive);
+    let mut stack = if root_alive {
         vec![tree.root_pid]
     } else {
         Vec::new()
@@ -141,7 +165,7 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
         }
     }
     for p in &procs {
-        if tree.root_pid > 1 && p.sid == tree.root_pid {
+        if session_ours && p.sid == tree.root_pid {
             members.insert(p.pid);
         }
     }
@@ -152,7 +176,6 @@ pub fn tree_members(tree: &TreeId) -> Vec<i32> {
             }
         }
     }
-    let by_pid: HashMap<i32, Stat> = procs.iter().map(|p| (p.pid, *p)).collect();
     members
         .into_iter()
         .filter(|pid| *pid != me)
@@ -348,6 +371,37 @@ mod tests {
         escalate(&tree, Duration::ZERO, &mut report);
         let status = child.wait().expect("waits for sh");
         assert_eq!(status.signal(), Some(9), "{status:?}");
+    }
+
+    #[test]
+    fn a_root_pid_held_by_another_process_makes_neither_it_nor_its_session_members() {
+        // A session leader with a child and an orphaned session member, standing in for the
+        // process the kernel gave a reaped root's pid to. (`setsid` execs in place: the test's
+        // child is no group leader.)
+        let mut child = std::process::Command::new("setsid")
+            .args(["sh", "-c", "(sleep 30 &); sleep 30"])
+            .spawn()
+            .expect("spawns setsid sh");
+        let pid = child.id() as i32;
+        let tree = TreeId::new(pid, None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tree_members(&tree).len() < 3 {
+            assert!(Instant::now() < deadline, "sh and its two sleeps appear");
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        let mut reused = tree.clone();
+        reused.root_start = tree.root_start.map(|start| start + 1);
+        assert_eq!(tree_members(&reused), Vec::<i32>::new());
+        let unknown = TreeId {
+            root_start: None,
+            ..tree.clone()
+        };
+        assert_eq!(tree_members(&unknown), Vec::<i32>::new());
+        let _ = rustix::process::kill_process_group(
+            Pid::from_raw(pid).expect("a positive pid"),
+            Signal::KILL,
+        );
+        let _ = child.wait();
     }
 
     #[test]
