@@ -77,7 +77,9 @@ def _():
     marker = path("timeout-marker")
     started = time.monotonic()
     try:
-        sbx.commands.run(f"sleep 30; touch {marker}", timeout=1)
+        # Long enough for the login shell's profile to finish: a kill in the middle of it can
+        # leave the profile's own lock files behind (pyenv's rehash lock on some machines).
+        sbx.commands.run(f"sleep 30; touch {marker}", timeout=3)
     except TimeoutException:
         pass
     else:
@@ -242,8 +244,13 @@ async def async_checks():
         assert e.exit_code == 7
     else:
         raise AssertionError("no exception")
-    handle = await asbx.commands.run("sleep 60", background=True)
+    ready = asyncio.Event()
+    handle = await asbx.commands.run(
+        "echo ready; sleep 60", background=True, on_stdout=lambda _: ready.set()
+    )
     assert handle.pid in [p.pid for p in await asbx.commands.list()]
+    # Killed once the login shell's profile has run (see the timeout check).
+    await asyncio.wait_for(ready.wait(), 30)
     assert await asbx.commands.kill(handle.pid)
     await asbx.files.write(path("async.txt"), "async file")
     assert await asbx.files.read(path("async.txt")) == "async file"

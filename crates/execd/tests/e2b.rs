@@ -162,7 +162,8 @@ async fn e2b_python_sdk_sync_and_async_work_against_warren() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "SDK checks failed:\n{stdout}\n{stderr}"
+        "SDK checks failed ({}):\n{stdout}\n{stderr}",
+        output.status
     );
     assert!(stdout.contains("all e2b SDK checks passed"), "{stdout}");
 }
