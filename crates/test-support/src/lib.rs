@@ -2,11 +2,12 @@
 //! a process still runs ([`alive`], from /proc), the repository root and its pinned Python
 //! environment ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, behind
 //! features, the client of execd's PTY sessions (`pty`) and MCP clients with the scenarios
-//! every transport of the exec tools passes (`mcp`).
+//! every transport of the exec tools passes (`mcp`), and the real PostgreSQL and S3 servers the
+//! scale-out tests run on (`services`).
 //!
 //! A dev-dependency only, and it depends on no Warren crate: every crate's tests can use it
-//! without a cycle, and no shipped code can. It starts no server and no `warren` binary; each
-//! suite starts the real thing it tests its own way.
+//! without a cycle, and no shipped code can. It starts no Warren server and no `warren` binary;
+//! each suite starts the real thing it tests its own way.
 
 // A dev-dependency only: tests start real programs (shells, servers, the binary under test).
 #![allow(clippy::disallowed_methods)]
@@ -20,6 +21,8 @@ mod wait;
 pub mod mcp;
 #[cfg(feature = "pty")]
 pub mod pty;
+#[cfg(feature = "services")]
+pub mod services;
 
 pub use environment::{node_packages, python, repo_root};
 pub use process::{alive, processes_mentioning, wait_until_dead};
