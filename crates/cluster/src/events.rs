@@ -61,20 +61,19 @@ impl Store {
         let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
             return Ok(());
         };
-        let consecutive = rows
-            .iter()
-            .zip(first.seq..)
-            .all(|(row, expected)| row.seq == expected);
-        if !consecutive {
-            return Err(StoreError::Conflict(format!(
-                "the seqs of the rows to append to {session_id} are not consecutive"
-            )));
-        }
         let seqs = rows
             .iter()
             .map(|row| i64::try_from(row.seq))
             .collect::<Result<Vec<i64>, _>>()
             .map_err(|_| StoreError::Invalid(format!("a seq beyond {}", i64::MAX)))?;
+        let consecutive = seqs
+            .windows(2)
+            .all(|pair| pair[0].checked_add(1) == Some(pair[1]));
+        if !consecutive {
+            return Err(StoreError::Conflict(format!(
+                "the seqs of the rows to append to {session_id} are not consecutive"
+            )));
+        }
         let kinds: Vec<&str> = rows.iter().map(|row| row.kind.as_str()).collect();
         let bodies: Vec<&str> = rows.iter().map(|row| row.json.as_str()).collect();
 
@@ -93,7 +92,7 @@ impl Store {
             )
             .await?
             .try_get(0)?;
-        if seqs[0] != stored_last + 1 {
+        if stored_last.checked_add(1) != Some(seqs[0]) {
             return Err(StoreError::Conflict(format!(
                 "{session_id} is at seq {stored_last}: cannot append seq {}",
                 first.seq
