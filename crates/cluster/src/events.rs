@@ -51,13 +51,19 @@ pub struct EventRow {
 impl Store {
     /// Appends `rows` to the session's stream in one transaction. The rows' seqs must be
     /// consecutive and the first must be the last stored seq + 1; otherwise (a duplicate, a gap)
-    /// nothing is written and the answer is [`StoreError::Conflict`]. No rows is Ok. Other
+    /// nothing is written and the answer is [`StoreError::Conflict`]. No rows is Ok; an empty
+    /// session id or a seq beyond `i64::MAX` is [`StoreError::Invalid`]. Other
     /// replicas are told by a notice sent with the commit.
     pub async fn append_events(
         &self,
         session_id: &str,
         rows: &[EventRow],
     ) -> Result<(), StoreError> {
+        // The notice names the session first: an empty id could not be told from a malformed
+        // notice.
+        if session_id.is_empty() {
+            return Err(StoreError::Invalid("an empty session id".into()));
+        }
         let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
             return Ok(());
         };

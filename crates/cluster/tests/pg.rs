@@ -219,6 +219,11 @@ async fn a_duplicate_a_gap_or_unordered_rows_are_conflicts_and_write_nothing() {
         .await
         .expect_err("refused");
     assert!(matches!(error, StoreError::Invalid(_)), "{error:?}");
+    let error = store
+        .append_events("", &rows(1..=1))
+        .await
+        .expect_err("an empty session id is refused");
+    assert!(matches!(error, StoreError::Invalid(_)), "{error:?}");
     assert_eq!(
         store.read_events_after("s", 0, 100).await.expect("reads"),
         rows(1..=2)
