@@ -453,6 +453,47 @@ async fn a_postgres_restart_is_unavailable_then_works_and_the_listener_reconnect
     drop(postgres);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_started_while_postgres_is_down_says_reconnected_once_it_listens() {
+    let mut postgres = tokio::task::spawn_blocking(|| {
+        let postgres = Postgres::start();
+        postgres.psql("postgres", "CREATE DATABASE warren");
+        postgres
+    })
+    .await
+    .expect("starts a cluster");
+    let store = connect(&postgres.url("warren")).await;
+    postgres = tokio::task::spawn_blocking(move || {
+        postgres.stop();
+        postgres
+    })
+    .await
+    .expect("stops the cluster");
+    let notices = tokio::time::timeout(WAIT, store.listen())
+        .await
+        .expect("listen returns while PostgreSQL is down");
+    let mut receiver = notices.subscribe();
+    let postgres = tokio::task::spawn_blocking(move || {
+        postgres.start_again();
+        postgres
+    })
+    .await
+    .expect("starts the cluster again");
+    assert_eq!(
+        next_notice(&mut receiver, "Reconnected once listening").await,
+        Notice::Reconnected
+    );
+    store
+        .append_events("s", &rows(1..=1))
+        .await
+        .expect("appends");
+    assert!(matches!(
+        next_notice(&mut receiver, "the append's notice").await,
+        Notice::Appended { seq: 1, .. }
+    ));
+    drop(postgres);
+}
+
 // ---- leases
 
 const TTL: Duration = Duration::from_secs(30);
@@ -626,6 +667,29 @@ async fn a_released_lease_is_taken_at_once_without_a_takeover() {
         b.lease_holder("s").await.expect("reads").map(|h| h.0),
         Some("b".to_owned())
     );
+}
+
+#[tokio::test]
+async fn a_lease_that_expired_but_was_not_taken_is_renewed() {
+    let (a, _) = two_replicas().await;
+    let Acquired::Owned { lease, .. } = a
+        .acquire_lease("s", "a", "http://a", Duration::from_millis(200))
+        .await
+        .expect("acquires")
+    else {
+        panic!("a free session is owned");
+    };
+    wait_until("the lease has expired", || async {
+        matches!(a.lease_holder("s").await, Ok(Some((_, _, None))))
+    })
+    .await;
+    assert!(
+        a.renew_lease(&lease, TTL).await.expect("renews"),
+        "nobody took it"
+    );
+    let (holder, _, left) = a.lease_holder("s").await.expect("reads").expect("held");
+    assert_eq!(holder, "a");
+    assert!(left.is_some(), "unexpired again");
 }
 
 #[tokio::test]
