@@ -20,8 +20,15 @@
 //!
 //! On open the file is repaired: a torn last line is cut off in place (which needs no free
 //! space), and unparsable lines or any line whose seq breaks the +1 chain are dropped by
-//! rewriting the file atomically. Storage is deliberately only this module's business (no trait
-//! yet), so Redis Streams or PostgreSQL can replace the file behind the same operations.
+//! rewriting the file atomically.
+//!
+//! The same log can keep its events in PostgreSQL instead ([`EventLog::open_postgres`], the
+//! `--store postgres://…` of a replicated gateway): the writer job then appends each batch in one
+//! transaction (rows keyed by `(session_id, seq)`, with the `NOTIFY` other replicas listen to) and
+//! publishes it only once committed; a write the database refuses fails the log exactly as a full
+//! disk does. A replica that does not own the session keeps the same log as a follower:
+//! [`EventLog::follow`] reads what the owner committed and publishes it to this replica's
+//! subscribers, so an SSE client may stream from any replica.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -116,16 +123,33 @@ struct SyncWaiter {
     done: oneshot::Sender<Result<(), AppendError>>,
 }
 
-struct Inner {
+/// Where a file log's events are: its descriptor and the offset of each line.
+struct FileState {
     file: Arc<File>,
+    /// Byte offset in the file of stored event `first_seq + i`.
+    offsets: Vec<u64>,
+    file_len: u64,
+}
+
+/// A log kept in PostgreSQL: the store and the session the rows belong to.
+struct PgBackend {
+    store: warren_cluster::pg::Store,
+    session_id: String,
+}
+
+/// How many events go into one PostgreSQL transaction at most.
+const PG_BATCH_MAX: usize = 512;
+
+struct Inner {
+    /// `None` for a log kept in PostgreSQL.
+    file: Option<FileState>,
     /// Set by `close`: appends and subscriptions are refused, the queue is still written.
     closed: bool,
     first_seq: u64,
     /// The seq the next append gets; every seq below it is stored or queued.
     next_seq: u64,
-    /// Byte offset in the file of stored event `first_seq + i`.
-    offsets: Vec<u64>,
-    file_len: u64,
+    /// The seq after the newest stored event.
+    stored_end: u64,
     /// The newest stored events.
     tail: VecDeque<Arc<StoredEvent>>,
     subscribers: Vec<Subscriber>,
@@ -141,13 +165,21 @@ struct Inner {
 impl Inner {
     /// The seq after the newest stored event.
     fn stored_end(&self) -> u64 {
-        self.first_seq + self.offsets.len() as u64
+        self.stored_end
+    }
+
+    fn file(&self) -> &FileState {
+        self.file
+            .as_ref()
+            .expect("only a file log reaches its file state")
     }
 }
 
 /// What the writer job needs, shared between the log and the job.
 struct Shared {
+    /// The file (or, for PostgreSQL, a name for the logs: `postgres:<session>`).
     path: PathBuf,
+    pg: Option<PgBackend>,
     inner: Mutex<Inner>,
     runtime: tokio::runtime::Handle,
     health: Arc<StorageHealth>,
@@ -235,13 +267,17 @@ impl EventLog {
         let log = EventLog {
             shared: Arc::new(Shared {
                 path: path.to_path_buf(),
+                pg: None,
                 inner: Mutex::new(Inner {
-                    file: Arc::new(file),
+                    file: Some(FileState {
+                        file: Arc::new(file),
+                        offsets,
+                        file_len: kept.len() as u64,
+                    }),
                     closed: false,
                     first_seq: first_seq.unwrap_or(next_seq),
                     next_seq,
-                    offsets,
-                    file_len: kept.len() as u64,
+                    stored_end: next_seq,
                     tail,
                     subscribers: Vec::new(),
                     queue: VecDeque::new(),
@@ -254,6 +290,116 @@ impl EventLog {
             }),
         };
         Ok((log, repair))
+    }
+
+    /// Opens the log of `session_id` kept in PostgreSQL and calls `visit` with every stored
+    /// event in order (as [`EventLog::open`] does for a file). Rows that break the +1 chain (none
+    /// should: the key and the append's check forbid it) end what is read, with a warning.
+    pub async fn open_postgres(
+        store: warren_cluster::pg::Store,
+        session_id: &str,
+        health: Arc<StorageHealth>,
+        mut visit: impl FnMut(&Event),
+    ) -> io::Result<EventLog> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| io::Error::other(format!("the event log needs a tokio runtime: {e}")))?;
+        let pg = PgBackend {
+            store,
+            session_id: session_id.to_owned(),
+        };
+        let mut tail = VecDeque::new();
+        let mut first_seq = None;
+        let mut next_seq = 1u64;
+        'pages: loop {
+            let rows = pg
+                .store
+                .read_events_after(session_id, next_seq - 1, PG_BATCH_MAX)
+                .await
+                .map_err(io::Error::other)?;
+            if rows.is_empty() {
+                break;
+            }
+            for row in rows {
+                let Some((event, stored)) = StoredEvent::from_line(&row.json) else {
+                    tracing::warn!(
+                        session = session_id,
+                        seq = row.seq,
+                        "unparsable stored event; the log ends before it"
+                    );
+                    break 'pages;
+                };
+                if first_seq.is_some() && event.seq != next_seq {
+                    tracing::warn!(
+                        session = session_id,
+                        seq = event.seq,
+                        "stored events break the seq chain; the log ends before it"
+                    );
+                    break 'pages;
+                }
+                first_seq.get_or_insert(event.seq);
+                next_seq = event.seq + 1;
+                visit(&event);
+                tail.push_back(Arc::new(stored));
+                if tail.len() > TAIL_CACHE_MAX {
+                    tail.pop_front();
+                }
+            }
+        }
+        Ok(EventLog {
+            shared: Arc::new(Shared {
+                path: PathBuf::from(format!("postgres:{session_id}")),
+                pg: Some(pg),
+                inner: Mutex::new(Inner {
+                    file: None,
+                    closed: false,
+                    first_seq: first_seq.unwrap_or(next_seq),
+                    next_seq,
+                    stored_end: next_seq,
+                    tail,
+                    subscribers: Vec::new(),
+                    queue: VecDeque::new(),
+                    writing: false,
+                    sync_waiters: Vec::new(),
+                    failure: None,
+                }),
+                runtime,
+                health,
+            }),
+        })
+    }
+
+    /// For a replica that does not own the session: reads what the owner committed after this
+    /// log's newest event and publishes it to this replica's subscribers, in order. Does nothing
+    /// for a file log or while this log has events of its own on the way (it is the owner).
+    /// Returns how many events it published.
+    pub async fn follow(&self) -> io::Result<usize> {
+        let Some(pg) = &self.shared.pg else {
+            return Ok(0);
+        };
+        let mut n_published = 0;
+        loop {
+            let after = {
+                let inner = self.lock();
+                if inner.closed || !inner.queue.is_empty() {
+                    return Ok(n_published);
+                }
+                inner.stored_end - 1
+            };
+            let events = read_postgres(pg, after, PG_BATCH_MAX).await?;
+            if events.is_empty() {
+                return Ok(n_published);
+            }
+            let mut inner = self.lock();
+            for event in events {
+                // Another follow (or a takeover's append) may have published some meanwhile.
+                if event.seq != inner.stored_end || !inner.queue.is_empty() {
+                    continue;
+                }
+                inner.next_seq = inner.next_seq.max(event.seq + 1);
+                publish(&mut inner, event);
+                n_published += 1;
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -299,34 +445,56 @@ impl EventLog {
     /// Up to `limit` stored events (in the file, not still queued) with a seq greater than
     /// `after`, oldest first.
     pub async fn read_after(&self, after: u64, limit: usize) -> io::Result<Vec<Arc<StoredEvent>>> {
-        let (start, end) = {
+        /// Where the asked events are, decided under the lock and read after it.
+        enum Source {
+            Tail(Vec<Arc<StoredEvent>>),
+            Postgres { after: u64, limit: usize },
+            File { start: u64, end: u64 },
+        }
+        let source = {
             let inner = self.lock();
             let stored_end = inner.stored_end();
             let tail_first = inner.tail.front().map_or(stored_end, |e| e.seq);
-            if after.saturating_add(1) >= tail_first {
-                return Ok(inner
-                    .tail
-                    .iter()
-                    .filter(|e| e.seq > after)
-                    .take(limit)
-                    .cloned()
-                    .collect());
-            }
             let from_seq = (after + 1).max(inner.first_seq);
-            let to_seq = from_seq.saturating_add(limit as u64).min(stored_end);
-            let index = |seq: u64| (seq - inner.first_seq) as usize;
-            let start = inner.offsets[index(from_seq)];
-            let end = if to_seq >= stored_end {
-                inner.file_len
+            if after.saturating_add(1) >= tail_first {
+                Source::Tail(
+                    inner
+                        .tail
+                        .iter()
+                        .filter(|e| e.seq > after)
+                        .take(limit)
+                        .cloned()
+                        .collect(),
+                )
+            } else if self.shared.pg.is_some() {
+                Source::Postgres {
+                    after: from_seq - 1,
+                    limit: limit.min((stored_end - from_seq) as usize),
+                }
             } else {
-                inner.offsets[index(to_seq)]
-            };
-            (start, end)
+                let to_seq = from_seq.saturating_add(limit as u64).min(stored_end);
+                let index = |seq: u64| (seq - inner.first_seq) as usize;
+                let file = inner.file();
+                let start = file.offsets[index(from_seq)];
+                let end = if to_seq >= stored_end {
+                    file.file_len
+                } else {
+                    file.offsets[index(to_seq)]
+                };
+                Source::File { start, end }
+            }
         };
-        let path = self.shared.path.clone();
-        tokio::task::spawn_blocking(move || read_range(&path, start, end))
-            .await
-            .map_err(io::Error::other)?
+        match (source, &self.shared.pg) {
+            (Source::Tail(events), _) => Ok(events),
+            (Source::Postgres { after, limit }, Some(pg)) => read_postgres(pg, after, limit).await,
+            (Source::Postgres { .. }, None) => Ok(Vec::new()),
+            (Source::File { start, end }, _) => {
+                let path = self.shared.path.clone();
+                tokio::task::spawn_blocking(move || read_range(&path, start, end))
+                    .await
+                    .map_err(io::Error::other)?
+            }
+        }
     }
 
     /// Registers a live subscriber positioned after `after` (see [`Subscription`]).
@@ -400,12 +568,21 @@ impl EventLog {
     /// the held events and syncs. On success the log takes appends again; on failure it stays
     /// failed (and the failure is reported again).
     pub async fn resume(&self) -> Result<(), AppendError> {
+        if self.shared.pg.is_some() {
+            // A refused transaction wrote nothing: the held events are simply sent again.
+            if self.lock().failure.take().is_none() {
+                return Ok(());
+            }
+            tracing::info!(log = %self.shared.path.display(), "event log writes again");
+            return self.sync().await;
+        }
         let (file, file_len) = {
             let inner = self.lock();
             if inner.failure.is_none() {
                 return Ok(());
             }
-            (inner.file.clone(), inner.file_len)
+            let file = inner.file();
+            (file.file.clone(), file.file_len)
         };
         // The failed write may have left part of a line: cut back to the last stored byte.
         let truncated = tokio::task::spawn_blocking(move || file.set_len(file_len))
@@ -457,7 +634,14 @@ impl Shared {
         inner.writing = true;
         let shared = self.clone();
         // Dropping the join handle detaches the job; it ends when nothing is left to write.
-        drop(self.runtime.spawn_blocking(move || shared.write_queued()));
+        if self.pg.is_some() {
+            drop(
+                self.runtime
+                    .spawn(async move { shared.write_queued_postgres().await }),
+            );
+        } else {
+            drop(self.runtime.spawn_blocking(move || shared.write_queued()));
+        }
     }
 
     /// The writer job: writes queued events in batches, publishes them, answers syncs, and ends
@@ -485,7 +669,7 @@ impl Shared {
                 (
                     batch,
                     bytes,
-                    inner.file.clone(),
+                    inner.file().file.clone(),
                     !inner.sync_waiters.is_empty(),
                 )
             };
@@ -495,7 +679,7 @@ impl Shared {
                 let written = (&*file).write_all(&bytes);
                 let mut inner = self.lock();
                 if let Err(e) = written {
-                    let _ = file.set_len(inner.file_len);
+                    let _ = file.set_len(inner.file().file_len);
                     self.fail(inner, e);
                     return;
                 }
@@ -525,28 +709,86 @@ impl Shared {
     fn stored(&self, inner: &mut Inner, batch: Vec<Arc<StoredEvent>>) {
         for stored in batch {
             inner.queue.pop_front();
-            let offset = inner.file_len;
-            inner.offsets.push(offset);
-            inner.file_len += stored.json.len() as u64 + 1;
-            inner.tail.push_back(stored.clone());
-            if inner.tail.len() > TAIL_CACHE_MAX {
-                inner.tail.pop_front();
+            if let Some(file) = &mut inner.file {
+                let offset = file.file_len;
+                file.offsets.push(offset);
+                file.file_len += stored.json.len() as u64 + 1;
             }
-            inner
-                .subscribers
-                .retain(|subscriber| match subscriber.tx.try_send(stored.clone()) {
-                    Ok(()) => true,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        subscriber.dropped.store(true, Ordering::Release);
-                        SLOW_SUBSCRIBERS_DROPPED.fetch_add(1, Ordering::Relaxed);
-                        false
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                });
-            EVENTS_APPENDED.fetch_add(1, Ordering::Relaxed);
+            publish(inner, stored);
         }
     }
 
+    /// The writer job of a PostgreSQL log: each batch in one transaction, published once
+    /// committed (a committed transaction is durable, so a sync needs no more).
+    async fn write_queued_postgres(self: Arc<Self>) {
+        let Some(pg) = &self.pg else {
+            return;
+        };
+        loop {
+            let batch: Vec<Arc<StoredEvent>> = {
+                let mut inner = self.lock();
+                if inner.failure.is_some()
+                    || (inner.queue.is_empty() && inner.sync_waiters.is_empty())
+                {
+                    inner.writing = false;
+                    return;
+                }
+                inner.queue.iter().take(PG_BATCH_MAX).cloned().collect()
+            };
+            if !batch.is_empty() {
+                let rows: Vec<warren_cluster::events::EventRow> = batch
+                    .iter()
+                    .map(|event| warren_cluster::events::EventRow {
+                        seq: event.seq,
+                        kind: event.kind.to_owned(),
+                        json: event.json.to_string(),
+                    })
+                    .collect();
+                let appended = pg.store.append_events(&pg.session_id, &rows).await;
+                let mut inner = self.lock();
+                if let Err(e) = appended {
+                    self.fail(inner, io::Error::other(e));
+                    return;
+                }
+                self.stored(&mut inner, batch);
+            }
+            let mut inner = self.lock();
+            let stored_to = inner.stored_end() - 1;
+            let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.sync_waiters)
+                .into_iter()
+                .partition(|waiter| waiter.seq <= stored_to);
+            inner.sync_waiters = waiting;
+            drop(inner);
+            for waiter in done {
+                let _ = waiter.done.send(Ok(()));
+            }
+        }
+    }
+}
+
+/// Puts one stored event in the tail and hands it to every subscriber (dropping the ones whose
+/// queue is full).
+fn publish(inner: &mut Inner, stored: Arc<StoredEvent>) {
+    inner.stored_end = stored.seq + 1;
+    inner.tail.push_back(stored.clone());
+    if inner.tail.len() > TAIL_CACHE_MAX {
+        inner.tail.pop_front();
+    }
+    inner
+        .subscribers
+        .retain(|subscriber| match subscriber.tx.try_send(stored.clone()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                subscriber.dropped.store(true, Ordering::Release);
+                SLOW_SUBSCRIBERS_DROPPED.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+    EVENTS_APPENDED.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Shared {
     /// Fails the log after a write error: the queue is held, syncs are answered with the error,
     /// the writer job ends and the failure is reported.
     fn fail(&self, mut inner: MutexGuard<'_, Inner>, error: io::Error) {
@@ -562,6 +804,28 @@ impl Shared {
         }
         self.health.report(&error);
     }
+}
+
+/// Up to `limit` events after `after` from PostgreSQL, each checked as a file line would be.
+async fn read_postgres(
+    pg: &PgBackend,
+    after: u64,
+    limit: usize,
+) -> io::Result<Vec<Arc<StoredEvent>>> {
+    let rows = pg
+        .store
+        .read_events_after(&pg.session_id, after, limit)
+        .await
+        .map_err(io::Error::other)?;
+    rows.iter()
+        .map(|row| {
+            StoredEvent::from_line(&row.json)
+                .map(|(_, stored)| Arc::new(stored))
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "unparsable stored event")
+                })
+        })
+        .collect()
 }
 
 fn read_range(path: &Path, start: u64, end: u64) -> io::Result<Vec<Arc<StoredEvent>>> {
@@ -801,5 +1065,151 @@ mod tests {
                 "event {want} is in the file before the subscriber sees it"
             );
         }
+    }
+
+    /// A PostgreSQL log on a fresh database of the shared test cluster, and a second
+    /// connection to it (another replica).
+    async fn postgres_pair() -> (warren_cluster::pg::Store, warren_cluster::pg::Store) {
+        let url = tokio::task::spawn_blocking(|| {
+            warren_test_support::services::Postgres::shared().fresh_database()
+        })
+        .await
+        .expect("the cluster starts");
+        let a = warren_cluster::pg::Store::connect(&url)
+            .await
+            .expect("replica A connects");
+        let b = warren_cluster::pg::Store::connect(&url)
+            .await
+            .expect("replica B connects");
+        (a, b)
+    }
+
+    async fn open_pg(store: &warren_cluster::pg::Store, visit: impl FnMut(&Event)) -> EventLog {
+        EventLog::open_postgres(
+            store.clone(),
+            "s1",
+            Arc::new(StorageHealth::default()),
+            visit,
+        )
+        .await
+        .expect("opens the PostgreSQL log")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_postgres_log_stores_reopens_and_pages_beyond_the_memory_tail() {
+        let (a, _) = postgres_pair().await;
+        let log = open_pg(&a, |_| {}).await;
+        let n = TAIL_CACHE_MAX as u64 + 100;
+        for i in 0..n {
+            log.append(Some(1), message(&i.to_string()))
+                .expect("append");
+        }
+        log.sync().await.expect("sync");
+        assert_eq!(log.last_seq(), n);
+        let mut visited = Vec::new();
+        let reopened = open_pg(&a, |event| visited.push(event.seq)).await;
+        assert_eq!(visited, (1..=n).collect::<Vec<_>>());
+        assert_eq!(reopened.last_seq(), n);
+        // The first 100 are older than the memory tail: they come from the database.
+        let page = reopened.read_after(0, 150).await.expect("reads back");
+        assert_eq!(seqs(&page), (1..=150).collect::<Vec<_>>());
+        let next = reopened.append(None, message("after")).expect("append");
+        assert_eq!(next.seq, n + 1, "seq goes on +1 after a reopen");
+        reopened.sync().await.expect("sync");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_on_another_replica_publishes_every_committed_event_once_in_order() {
+        let (a, b) = postgres_pair().await;
+        let owner = open_pg(&a, |_| {}).await;
+        let follower = open_pg(&b, |_| {}).await;
+        let mut sub = follower.subscribe(0).expect("subscribes on the follower");
+        let notices = b.listen().await;
+        let mut notices_rx = notices.subscribe();
+        let mut seen = Vec::new();
+        for i in 1..=50u64 {
+            owner.append(None, message(&i.to_string())).expect("append");
+            owner.sync().await.expect("sync");
+            // The notice of this append reaches the other replica, which then reads the row.
+            loop {
+                let notice =
+                    tokio::time::timeout(std::time::Duration::from_secs(30), notices_rx.recv())
+                        .await
+                        .expect("a notice within 30 s")
+                        .expect("the listener runs");
+                if let warren_cluster::events::Notice::Appended { session_id, seq } = notice {
+                    assert_eq!(session_id, "s1");
+                    if seq >= i {
+                        break;
+                    }
+                }
+            }
+            follower.follow().await.expect("follows");
+            while let Ok(event) = sub.live.try_recv() {
+                seen.push(event.seq);
+            }
+        }
+        assert_eq!(seen, (1..=50).collect::<Vec<_>>());
+        assert_eq!(follower.last_seq(), 50);
+        assert_eq!(
+            follower.follow().await.expect("follows"),
+            0,
+            "nothing twice"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_postgres_log_whose_database_is_gone_holds_its_events_and_writes_them_once_back() {
+        let mut postgres =
+            tokio::task::spawn_blocking(warren_test_support::services::Postgres::start)
+                .await
+                .expect("the cluster starts");
+        let url = postgres.fresh_database();
+        let store = warren_cluster::pg::Store::connect(&url)
+            .await
+            .expect("connects");
+        let health = Arc::new(StorageHealth::default());
+        let log = EventLog::open_postgres(store.clone(), "s1", health.clone(), |_| {})
+            .await
+            .expect("opens");
+        log.append(None, message("before")).expect("append");
+        log.sync().await.expect("sync");
+        let mut postgres = tokio::task::spawn_blocking(move || {
+            postgres.stop();
+            postgres
+        })
+        .await
+        .expect("stops");
+        log.append(None, message("while down")).expect("queued");
+        let synced = tokio::time::timeout(std::time::Duration::from_secs(30), log.sync())
+            .await
+            .expect("the failed write is reported, no hang");
+        assert!(matches!(synced, Err(AppendError::Failing(_))), "{synced:?}");
+        assert!(log.is_failing());
+        assert!(health.failure().is_some(), "reported to the storage health");
+        assert!(matches!(
+            log.append(None, message("refused")),
+            Err(AppendError::Failing(_))
+        ));
+        let postgres = tokio::task::spawn_blocking(move || {
+            postgres.start_again();
+            postgres
+        })
+        .await
+        .expect("starts again");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while log.resume().await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the log writes again");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let mut stored = Vec::new();
+        let _reopened = open_pg(&store, |event| stored.push(event.seq)).await;
+        assert_eq!(
+            stored,
+            vec![1, 2],
+            "the held event is stored once, with no gap"
+        );
+        drop(store);
+        drop(postgres);
     }
 }

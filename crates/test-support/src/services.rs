@@ -288,7 +288,14 @@ impl Postgres {
     pub fn psql(&self, database: &str, sql: &str) -> String {
         let output = Command::new(self.bin.join("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "warren"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "warren",
+            ])
             .args(["-d", database, "-c", sql])
             .output()
             .expect("runs psql");
@@ -342,7 +349,14 @@ impl S3 {
             "-p".to_owned(),
             self.port.to_string(),
         ];
-        let server = Watched::spawn(&crate::python(), &args, &log, self.dir.path(), "TERM", false);
+        let server = Watched::spawn(
+            &crate::python(),
+            &args,
+            &log,
+            self.dir.path(),
+            "TERM",
+            false,
+        );
         self.server = Some(server);
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], self.port)), "moto", &log);
     }

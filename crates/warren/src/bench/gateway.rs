@@ -23,17 +23,34 @@ const N_FANOUT_EVENTS: u64 = 2_000;
 const N_APPENDS: u64 = 100_000;
 const N_SYNCED_APPENDS: u64 = 2_000;
 
-struct Row {
-    what: String,
-    value: String,
-    note: String,
+pub(super) struct Row {
+    pub(super) what: String,
+    pub(super) value: String,
+    pub(super) note: String,
 }
 
-pub async fn run() -> anyhow::Result<()> {
+#[derive(Debug, clap::Args)]
+pub struct GatewayBenchArgs {
+    /// Also measure the event log kept in this store (`postgres://…`), next to the file log:
+    /// append rate, fan-out over two replicas, cross-replica delivery. `file:` (the default)
+    /// measures the file log only.
+    #[arg(long, default_value = "file:")]
+    pub store: String,
+}
+
+pub async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
+    let postgres = match args.store.as_str() {
+        "file:" => None,
+        url if url.starts_with("postgres://") || url.starts_with("postgresql://") => Some(url),
+        other => anyhow::bail!("--store takes file: or postgres://…, not {other:?}"),
+    };
     let data = std::env::temp_dir().join(format!("warren-bench-gateway-{}", std::process::id()));
     let result = bench(&data).await;
     let _ = std::fs::remove_dir_all(&data);
-    let rows = result?;
+    let mut rows = result?;
+    if let Some(url) = postgres {
+        rows.extend(super::event_store::rows(url).await?);
+    }
     println!("| measurement | result | notes |");
     println!("|---|---|---|");
     for row in rows {
@@ -193,7 +210,7 @@ impl SseReader {
     }
 }
 
-fn percentile(samples: &mut [Duration], pct: f64) -> Duration {
+pub(super) fn percentile(samples: &mut [Duration], pct: f64) -> Duration {
     samples.sort();
     let index = ((samples.len() as f64 - 1.0) * pct).round() as usize;
     samples[index]

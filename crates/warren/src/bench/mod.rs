@@ -4,6 +4,7 @@
 mod agents;
 mod compat;
 mod e2b;
+mod event_store;
 mod exec;
 mod gateway;
 mod hands;
@@ -26,8 +27,9 @@ pub enum Bench {
     Exec,
     /// OpenSandbox-compatible command round trips.
     Compat,
-    /// Warm-brain handout, first-event latency, SSE fan-out and event-log append rate.
-    Gateway,
+    /// Warm-brain handout, first-event latency, SSE fan-out and event-log append rate;
+    /// `--store postgres://…` adds the PostgreSQL event log's figures (two replicas).
+    Gateway(gateway::GatewayBenchArgs),
     /// Hands lifecycle: create, first tool call, pause/resume, snapshot/restore, archive, RSS.
     Hands,
     /// Model proxy overhead (TTFT, total, 32 streams) and brain start in the hands / warm.
@@ -46,7 +48,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Pty => pty::run().await,
         Bench::Exec => exec::run().await,
         Bench::Compat => compat::run().await,
-        Bench::Gateway => gateway::run().await,
+        Bench::Gateway(args) => gateway::run(args).await,
         Bench::Hands => hands::run().await,
         Bench::Agents => agents::run().await,
         Bench::Window => window::run().await,
