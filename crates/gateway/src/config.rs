@@ -53,6 +53,10 @@ pub struct GatewayArgs {
     /// Snapshots larger than this are never archived (the hands stay paused).
     #[arg(long, env = "WARREN_SNAPSHOT_MAX", default_value = "512MiB", value_parser = parse_size)]
     pub snapshot_max: u64,
+    /// Where sessions' snapshots live: `s3://bucket/prefix` (S3-compatible object storage,
+    /// reached with the standard `AWS_*` settings), or, when absent, the data directory.
+    #[arg(long, env = "WARREN_SNAPSHOTS")]
+    pub snapshots: Option<warren_cluster::objects::ObjectUrl>,
     /// How hands are confined: `auto` (bwrap when it works, else unconfined with a warning),
     /// `bwrap` (refuse to start hands without it) or `none`.
     #[arg(
@@ -217,6 +221,7 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_idle_pause", &self.hands_idle_pause)
             .field("hands_archive_after", &self.hands_archive_after)
             .field("snapshot_max", &self.snapshot_max)
+            .field("snapshots", &self.snapshots)
             .field("hands_isolation", &self.hands_isolation)
             .field("hands_network", &self.hands_network)
             .field("hands_uid", &self.hands_uid)

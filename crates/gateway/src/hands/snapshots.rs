@@ -4,13 +4,38 @@
 //! intact); read back as a request body for `POST /v1/workspace/restore`; and, for an archived
 //! session, listed and read file by file straight from the compressed stream (with a byte
 //! range), never unpacked on the gateway's disk.
+//!
+//! With `--snapshots s3://bucket/prefix` ([`keep_in_object_storage`]) the object
+//! `<prefix>/sessions/<id>/snapshot.tar.zst` is the snapshot and the local file is this
+//! replica's cache of it: a write uploads the complete temp file before renaming it (a failed
+//! upload fails the write, and S3 keeps the previous object, which becomes visible to no one
+//! half-written); every read first makes sure the cache matches the object (its size, and a
+//! cache no older than the object), downloading it when it does not. Without the flag nothing
+//! of this runs and the file store behaves as it always did.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
+use warren_cluster::objects::{ObjectError, ObjectUrl, Objects};
 use warren_snapshot::{ArchivedEntry, SnapshotError};
+
+/// The object storage every session's snapshots go to, when `--snapshots` names one. Chosen
+/// once, at startup, before any session is opened: it is a property of the whole process, as
+/// the data directory is.
+static OBJECTS: OnceLock<Objects> = OnceLock::new();
+
+/// Keeps every snapshot stored from now on in `url` (`--snapshots s3://bucket/prefix`), with
+/// the endpoint and credentials of the `AWS_*` variables. Call before any session is opened; a
+/// second call is refused.
+pub fn keep_in_object_storage(url: &ObjectUrl) -> Result<(), ObjectError> {
+    let objects = Objects::from_url(url)?;
+    OBJECTS
+        .set(objects)
+        .map_err(|_| ObjectError::Invalid("the snapshots' object storage is already set".into()))
+}
 
 /// When the stored snapshot was taken and how large it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +52,17 @@ pub enum StoreError {
     Stream(String),
     #[error("cannot write the snapshot: {0}")]
     Io(#[from] std::io::Error),
+    #[error("cannot upload the snapshot: {0}")]
+    Upload(#[from] ObjectError),
+}
+
+/// Where a session's snapshot lives in object storage.
+#[derive(Debug, Clone)]
+struct Remote {
+    objects: Objects,
+    session_id: String,
+    /// `snapshot.tar.zst`.
+    name: String,
 }
 
 /// The snapshot file of one session.
@@ -34,6 +70,8 @@ pub enum StoreError {
 pub struct SnapshotStore {
     path: PathBuf,
     temp: PathBuf,
+    /// Set with `--snapshots`: the object is the snapshot, `path` its local cache.
+    remote: Option<Remote>,
 }
 
 impl SnapshotStore {
@@ -45,9 +83,19 @@ impl SnapshotStore {
     /// Another snapshot of the session, `<stem>.tar.zst` (the agent's home: `agent-home`).
     pub fn named(session_dir: &Path, stem: &str) -> SnapshotStore {
         let name = format!("{stem}.{}", warren_snapshot::EXTENSION);
+        // A session's directory is named after its id (`data/sessions/<id>`).
+        let remote = OBJECTS
+            .get()
+            .zip(session_dir.file_name())
+            .map(|(objects, id)| Remote {
+                objects: objects.clone(),
+                session_id: id.to_string_lossy().into_owned(),
+                name: name.clone(),
+            });
         SnapshotStore {
             path: session_dir.join(&name),
             temp: session_dir.join(format!("{name}.tmp")),
+            remote,
         }
     }
 
@@ -59,14 +107,30 @@ impl SnapshotStore {
         self.path.is_file()
     }
 
-    /// The stored snapshot's time (its file's mtime) and size, if there is one.
+    /// The stored snapshot's time (its file's mtime, or the object's last-modified time) and
+    /// size, if there is one. While the object store cannot be asked, this replica's copy
+    /// answers: a write succeeds only once its upload did, so the copy is what was stored last.
     pub async fn info(&self) -> Option<SnapshotInfo> {
+        if let Some(remote) = &self.remote {
+            return match remote.objects.head(&remote.session_id, &remote.name).await {
+                Ok(found) => found.map(|(bytes, modified)| SnapshotInfo {
+                    taken_at: rfc3339(modified),
+                    bytes,
+                }),
+                Err(e) => {
+                    tracing::warn!(session = %remote.session_id, error = %e, "cannot ask the object store for the snapshot");
+                    self.local_info().await
+                }
+            };
+        }
+        self.local_info().await
+    }
+
+    async fn local_info(&self) -> Option<SnapshotInfo> {
         let metadata = tokio::fs::metadata(&self.path).await.ok()?;
         let modified = metadata.modified().ok()?;
-        let taken_at = chrono::DateTime::<chrono::Utc>::from(modified)
-            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         Some(SnapshotInfo {
-            taken_at,
+            taken_at: rfc3339(modified),
             bytes: metadata.len(),
         })
     }
@@ -77,7 +141,15 @@ impl SnapshotStore {
         &self,
         stream: impl Stream<Item = Result<Bytes, E>>,
     ) -> Result<SnapshotInfo, StoreError> {
-        let written = self.write_temp(stream).await;
+        let mut written = self.write_temp(stream).await;
+        if let (Ok(()), Some(remote)) = (&written, &self.remote) {
+            written = remote
+                .objects
+                .put_file(&remote.session_id, &remote.name, &self.temp)
+                .await
+                .map(|_| ())
+                .map_err(StoreError::from);
+        }
         if let Err(e) = written {
             let _ = tokio::fs::remove_file(&self.temp).await;
             return Err(e);
@@ -89,7 +161,8 @@ impl SnapshotStore {
                 .await
                 .map_err(std::io::Error::other)??;
         }
-        self.info()
+        // The local copy, just renamed, has the object's bytes: no request needed to say them.
+        self.local_info()
             .await
             .ok_or_else(|| StoreError::Io(std::io::Error::other("the snapshot vanished")))
     }
@@ -109,8 +182,54 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// The stored snapshot as a streamed request body (for a restore).
+    /// Makes the local file the stored snapshot (object storage only; a no-op otherwise):
+    /// downloaded when absent, of another size or older than the object. When the object store
+    /// cannot be reached, or has lost the object, the local copy (this replica's latest write or
+    /// download) is used if there is one.
+    async fn cache_locally(&self) -> std::io::Result<()> {
+        let Some(remote) = &self.remote else {
+            return Ok(());
+        };
+        let local = tokio::fs::metadata(&self.path).await.ok();
+        let unavailable = match remote.objects.head(&remote.session_id, &remote.name).await {
+            Ok(Some((bytes, modified))) => {
+                let fresh = local.as_ref().is_some_and(|local| {
+                    local.len() == bytes && local.modified().is_ok_and(|time| time >= modified)
+                });
+                if fresh {
+                    return Ok(());
+                }
+                match remote
+                    .objects
+                    .get_to_file(&remote.session_id, &remote.name, &self.path)
+                    .await
+                {
+                    Ok(_) => return Ok(()),
+                    Err(e) => e,
+                }
+            }
+            Ok(None) => ObjectError::NotFound,
+            Err(e) => e,
+        };
+        if local.is_some() {
+            tracing::warn!(session = %remote.session_id, error = %unavailable, "the snapshot is read from this replica's copy");
+            return Ok(());
+        }
+        Err(match unavailable {
+            ObjectError::NotFound => std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no snapshot in object storage",
+            ),
+            other => std::io::Error::other(other),
+        })
+    }
+
+    /// The stored snapshot as a streamed request body (for a restore). With object storage the
+    /// object is downloaded to the local cache first rather than streamed through: a restore
+    /// tried twice (or an archived download next) then reads it once, the body has a known
+    /// length, and a restore still works from this replica's copy while the store is down.
     pub async fn body(&self) -> std::io::Result<reqwest::Body> {
+        self.cache_locally().await?;
         let file = tokio::fs::File::open(&self.path).await?;
         Ok(reqwest::Body::wrap_stream(
             tokio_util::io::ReaderStream::new(file),
@@ -119,6 +238,7 @@ impl SnapshotStore {
 
     /// Every entry of the stored snapshot (an archived session's file list).
     pub async fn list(&self) -> Result<Vec<ArchivedEntry>, SnapshotError> {
+        self.cache_locally().await.map_err(SnapshotError::Io)?;
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
             let file = std::fs::File::open(&path).map_err(SnapshotError::Io)?;
@@ -136,6 +256,9 @@ impl SnapshotStore {
         range: Option<std::ops::Range<u64>>,
         out: impl std::io::Write + Send + 'static,
     ) -> Result<u64, SnapshotError> {
+        // The compressed archive is read from its start whatever the range, so one ranged
+        // request would not spare the download: the cached copy is read instead.
+        self.cache_locally().await.map_err(SnapshotError::Io)?;
         let path = self.path.clone();
         let file_path = file_path.to_string();
         tokio::task::spawn_blocking(move || {
@@ -145,6 +268,10 @@ impl SnapshotStore {
         .await
         .map_err(|e| SnapshotError::Io(std::io::Error::other(e)))?
     }
+}
+
+fn rfc3339(time: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(time).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ mod real_agents;
 mod recovery;
 mod sandbox;
 mod sessions;
+mod snapshots_s3;
 mod sse;
 mod storage;
 mod terminals;
