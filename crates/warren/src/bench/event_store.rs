@@ -150,7 +150,7 @@ pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
                 (N_FANOUT_EVENTS * N_SUBSCRIBERS as u64) as f64 / elapsed.as_secs_f64()
             ),
             note: format!(
-                "{N_FANOUT_EVENTS} events, 50 subscribers on the owner and 50 on the other \
+                "{N_FANOUT_EVENTS} events, 50 in-process subscribers of the log on the owner and 50 on the other \
                  replica (LISTEN/NOTIFY, rows read back); each got every event once, in order"
             ),
         });
@@ -179,8 +179,8 @@ pub async fn rows(url: &str) -> anyhow::Result<Vec<Row>> {
             what: "cross-replica delivery, PostgreSQL".into(),
             value: format!(
                 "p50 {:.2} ms, p99 {:.2} ms",
-                percentile(&mut samples, 50.0).as_secs_f64() * 1e3,
-                percentile(&mut samples, 99.0).as_secs_f64() * 1e3
+                percentile(&mut samples, 0.50).as_secs_f64() * 1e3,
+                percentile(&mut samples, 0.99).as_secs_f64() * 1e3
             ),
             note: format!(
                 "{N_LATENCY_SAMPLES} events one at a time: append on the owner to delivery on a \

@@ -210,6 +210,7 @@ impl SseReader {
     }
 }
 
+/// The `pct` quantile (0.0 to 1.0) of `samples`.
 pub(super) fn percentile(samples: &mut [Duration], pct: f64) -> Duration {
     samples.sort();
     let index = ((samples.len() as f64 - 1.0) * pct).round() as usize;
