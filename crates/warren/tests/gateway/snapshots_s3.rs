@@ -16,9 +16,11 @@ use crate::helpers::{EventStream, Received, WAIT, text_of, warren_bin};
 
 const APP_KEY: &str = "snapshots-s3-key";
 
-/// A `warren gateway` child process (its own process group), stopped by its pid on drop.
+/// A `warren gateway` child process (its own process group), stopped by its pid on drop, with
+/// the hands it leaves for a next gateway (a stopped gateway pauses them) stopped after it.
 struct Gateway {
     child: Child,
+    data: std::path::PathBuf,
     url: String,
     http: reqwest::Client,
     token: String,
@@ -84,6 +86,7 @@ impl Gateway {
         let token = registered["token"].as_str().expect("token").to_owned();
         Gateway {
             child,
+            data: data.to_path_buf(),
             url,
             http,
             token,
@@ -151,6 +154,7 @@ impl Drop for Gateway {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        crate::helpers::stop_left_hands(&self.data);
     }
 }
 
