@@ -163,6 +163,29 @@ struct Inner {
 }
 
 impl Inner {
+    /// A log just opened: events `first_seq..next_seq` stored (the newest in `tail`), nothing
+    /// queued, nobody subscribed.
+    fn opened(
+        file: Option<FileState>,
+        first_seq: u64,
+        next_seq: u64,
+        tail: VecDeque<Arc<StoredEvent>>,
+    ) -> Inner {
+        Inner {
+            file,
+            closed: false,
+            first_seq,
+            next_seq,
+            stored_end: next_seq,
+            tail,
+            subscribers: Vec::new(),
+            queue: VecDeque::new(),
+            writing: false,
+            sync_waiters: Vec::new(),
+            failure: None,
+        }
+    }
+
     /// The seq after the newest stored event.
     fn stored_end(&self) -> u64 {
         self.stored_end
@@ -268,23 +291,16 @@ impl EventLog {
             shared: Arc::new(Shared {
                 path: path.to_path_buf(),
                 pg: None,
-                inner: Mutex::new(Inner {
-                    file: Some(FileState {
+                inner: Mutex::new(Inner::opened(
+                    Some(FileState {
                         file: Arc::new(file),
                         offsets,
                         file_len: kept.len() as u64,
                     }),
-                    closed: false,
-                    first_seq: first_seq.unwrap_or(next_seq),
+                    first_seq.unwrap_or(next_seq),
                     next_seq,
-                    stored_end: next_seq,
                     tail,
-                    subscribers: Vec::new(),
-                    queue: VecDeque::new(),
-                    writing: false,
-                    sync_waiters: Vec::new(),
-                    failure: None,
-                }),
+                )),
                 runtime,
                 health,
             }),
@@ -349,19 +365,12 @@ impl EventLog {
             shared: Arc::new(Shared {
                 path: PathBuf::from(format!("postgres:{session_id}")),
                 pg: Some(pg),
-                inner: Mutex::new(Inner {
-                    file: None,
-                    closed: false,
-                    first_seq: first_seq.unwrap_or(next_seq),
+                inner: Mutex::new(Inner::opened(
+                    None,
+                    first_seq.unwrap_or(next_seq),
                     next_seq,
-                    stored_end: next_seq,
                     tail,
-                    subscribers: Vec::new(),
-                    queue: VecDeque::new(),
-                    writing: false,
-                    sync_waiters: Vec::new(),
-                    failure: None,
-                }),
+                )),
                 runtime,
                 health,
             }),
@@ -446,10 +455,17 @@ impl EventLog {
     /// `after`, oldest first.
     pub async fn read_after(&self, after: u64, limit: usize) -> io::Result<Vec<Arc<StoredEvent>>> {
         /// Where the asked events are, decided under the lock and read after it.
-        enum Source {
+        enum Source<'a> {
             Tail(Vec<Arc<StoredEvent>>),
-            Postgres { after: u64, limit: usize },
-            File { start: u64, end: u64 },
+            Postgres {
+                pg: &'a PgBackend,
+                after: u64,
+                limit: usize,
+            },
+            File {
+                start: u64,
+                end: u64,
+            },
         }
         let source = {
             let inner = self.lock();
@@ -466,8 +482,9 @@ impl EventLog {
                         .cloned()
                         .collect(),
                 )
-            } else if self.shared.pg.is_some() {
+            } else if let Some(pg) = &self.shared.pg {
                 Source::Postgres {
+                    pg,
                     after: from_seq - 1,
                     limit: limit.min((stored_end - from_seq) as usize),
                 }
@@ -484,11 +501,10 @@ impl EventLog {
                 Source::File { start, end }
             }
         };
-        match (source, &self.shared.pg) {
-            (Source::Tail(events), _) => Ok(events),
-            (Source::Postgres { after, limit }, Some(pg)) => read_postgres(pg, after, limit).await,
-            (Source::Postgres { .. }, None) => Ok(Vec::new()),
-            (Source::File { start, end }, _) => {
+        match source {
+            Source::Tail(events) => Ok(events),
+            Source::Postgres { pg, after, limit } => read_postgres(pg, after, limit).await,
+            Source::File { start, end } => {
                 let path = self.shared.path.clone();
                 tokio::task::spawn_blocking(move || read_range(&path, start, end))
                     .await
