@@ -378,7 +378,7 @@ impl Files {
         store: &SnapshotStore,
     ) -> Result<Arc<Listing>, GatewayError> {
         use std::os::unix::fs::MetadataExt;
-        let metadata = tokio::fs::metadata(store.path()).await?;
+        let metadata = tokio::fs::metadata(store.cached_path().await?).await?;
         let version = SnapshotVersion {
             modified: metadata.modified()?,
             len: metadata.len(),
@@ -421,7 +421,7 @@ async fn source(gateway: &Gateway, session: &Session) -> Result<Source, GatewayE
         return Ok(Source::Live(endpoint.client()?, hold));
     }
     let store = session.hands.snapshots();
-    if !store.exists() {
+    if !store.is_stored().await {
         return Ok(Source::Empty);
     }
     Ok(Source::Snapshot(

@@ -238,6 +238,15 @@ async fn hands_provider(
     warren_bin: &std::path::Path,
     agent: &agents::Agent,
 ) -> Result<Arc<dyn HandsProvider>, GatewayError> {
+    // `--snapshots`: object storage the client cannot be built for is a startup error naming it.
+    let snapshots = args
+        .snapshots
+        .as_ref()
+        .map(|url| {
+            warren_cluster::objects::Objects::from_url(url)
+                .map_err(|e| GatewayError::InvalidRequest(format!("--snapshots {url}: {e}")))
+        })
+        .transpose()?;
     match args.hands_provider {
         HandsProviderKind::Local => {
             let config = LocalConfig {
@@ -254,11 +263,17 @@ async fn hands_provider(
                     BrainPlacement::Hands => agent.install_prefix().map(|p| p.to_path_buf()),
                     BrainPlacement::Host => None,
                 },
+                snapshots,
             };
             std::fs::create_dir_all(&config.run_dir)?;
             Ok(Arc::new(LocalHands::new(config).await))
         }
         HandsProviderKind::Remote => {
+            if snapshots.is_some() {
+                return Err(GatewayError::InvalidRequest(
+                    "--snapshots is not yet supported with --hands-provider remote".into(),
+                ));
+            }
             let template = args.hands_url_template.clone().ok_or_else(|| {
                 GatewayError::InvalidRequest(
                     "--hands-provider remote needs --hands-url-template".into(),

@@ -334,6 +334,7 @@ pub async fn delete_session(
     session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;
+    session.hands.delete_snapshot_objects().await;
     gateway.sessions.map().remove(&session.id);
     session.log.close().await;
     session.release_quota();

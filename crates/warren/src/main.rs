@@ -175,10 +175,6 @@ fn main() -> anyhow::Result<()> {
         Command::Envd(config) => runtime.block_on(run_execd(config, true)),
         Command::Mcp(args) => runtime.block_on(warren_mcp::run(args, shutdown_signal())),
         Command::Gateway(args) | Command::Serve(args) => {
-            if let Some(url) = &args.snapshots {
-                warren_gateway::hands::snapshots::keep_in_object_storage(url)
-                    .map_err(|e| anyhow::anyhow!("--snapshots {url}: {e}"))?;
-            }
             runtime.block_on(warren_gateway::run(args, shutdown_signal()))
         }
         Command::ShellAgent => runtime.block_on(warren_brain::shell_agent::run()),

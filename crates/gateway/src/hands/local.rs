@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 use warren_brain::BoxFuture;
+use warren_cluster::objects::Objects;
 use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
 use warren_process::{CommandSpec, Connect, EnvPolicy, HandsVar, TreeId, TreeMarker};
 use warren_sandbox::{CgroupRoots, HandsCgroup, Limits, Network, SandboxSpec};
@@ -89,6 +90,8 @@ pub struct LocalConfig {
     /// The directory the agent that runs in the hands is installed in (bound read-only at
     /// `/opt/warren/agent`), when it is not under `/usr`.
     pub agent_prefix: Option<PathBuf>,
+    /// `--snapshots`: the object storage the sessions' snapshots are kept in.
+    pub snapshots: Option<Objects>,
 }
 
 impl LocalConfig {
@@ -106,6 +109,7 @@ impl LocalConfig {
             pids: None,
             env: Vec::new(),
             agent_prefix: None,
+            snapshots: None,
         }
     }
 }
@@ -934,6 +938,10 @@ impl HandsProvider for LocalHands {
             let adopted = self.adopt_local(&session_id).await?;
             Ok(adopted.map(|instance| Box::new(instance) as Box<dyn HandsInstance>))
         })
+    }
+
+    fn snapshot_objects(&self) -> Option<&Objects> {
+        self.config.snapshots.as_ref()
     }
 
     fn stop_strays(&self, live: &[String]) -> BoxFuture<'_, usize> {

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use warren_brain::{BoxFuture, McpServerSpec};
+use warren_cluster::objects::Objects;
 use warren_execd_client::{ExecdClient, Tree};
 use warren_protocol::gateway::EventBody;
 
@@ -158,6 +159,11 @@ pub trait HandsProvider: Send + Sync + 'static {
     fn stop_strays(&self, live: &[String]) -> BoxFuture<'_, usize>;
     /// Removes what the provider keeps for the session (records, run directory).
     fn forget(&self, session_id: &str);
+    /// The object storage the sessions' snapshots are kept in (`--snapshots`), the files in the
+    /// session directory being this replica's copies; `None`: the session directory only.
+    fn snapshot_objects(&self) -> Option<&Objects> {
+        None
+    }
 }
 
 /// The lifecycle state (the session's `hands` field).
@@ -302,7 +308,9 @@ impl Hands {
         let workspace = session_dir.join("workspace");
         let agent_home =
             (placement == BrainPlacement::Hands).then(|| session_dir.join("agent-home"));
-        let snapshots = SnapshotStore::new(&session_dir);
+        let objects = provider.snapshot_objects().cloned();
+        let snapshots = SnapshotStore::new(&session_dir, objects.as_ref());
+        // A snapshot only in object storage is found at adoption (it takes a request).
         let state = if !workspace.exists() && snapshots.exists() {
             HandsState::Archived
         } else {
@@ -315,7 +323,7 @@ impl Hands {
             placement,
             home_snapshots: agent_home
                 .as_ref()
-                .map(|_| SnapshotStore::named(&session_dir, "agent-home")),
+                .map(|_| SnapshotStore::named(&session_dir, "agent-home", objects.as_ref())),
             agent_home,
             agent_pty: Mutex::new(None),
             agent_pty_file: session_dir.join("agent-pty"),
@@ -590,7 +598,7 @@ impl Hands {
     async fn bring_up(&self, live: &mut Live) -> Result<(HandsEndpoint, String), HandsError> {
         let previous = self.state();
         let workspace_gone = !self.workspace.exists();
-        let restore = workspace_gone && self.snapshots.exists();
+        let restore = workspace_gone && self.snapshots.is_stored().await;
         let started = Instant::now();
         self.set_state(if restore {
             HandsState::Restoring
@@ -804,7 +812,7 @@ impl Hands {
             .restore(body)
             .await
             .map_err(|e| HandsError::Failed(format!("restore: {e}")))?;
-        if let Some(home) = self.home_snapshot_store().filter(|home| home.exists()) {
+        if let Some(home) = self.stored_home_snapshot().await {
             let body = home
                 .body()
                 .await
@@ -821,10 +829,7 @@ impl Hands {
     async fn clear_workspace(&self) -> Result<(), HandsError> {
         let mut trees = vec![self.workspace.clone()];
         // The home is emptied only when there is a snapshot of it to restore.
-        if let (Some(home), Some(_)) = (
-            &self.agent_home,
-            self.home_snapshot_store().filter(|home| home.exists()),
-        ) {
+        if let (Some(home), Some(_)) = (&self.agent_home, self.stored_home_snapshot().await) {
             trees.push(home.clone());
         }
         tokio::task::spawn_blocking(move || {
@@ -904,6 +909,12 @@ impl Hands {
             Isolation::Remote => None,
             Isolation::Bwrap | Isolation::None => self.home_snapshots.as_ref(),
         }
+    }
+
+    /// The agent home's snapshot store when it holds a snapshot (here or in object storage).
+    async fn stored_home_snapshot(&self) -> Option<&SnapshotStore> {
+        let home = self.home_snapshot_store()?;
+        home.is_stored().await.then_some(home)
     }
 
     fn snapshot_failed(&self, why: &str) {
@@ -1087,7 +1098,18 @@ impl Hands {
                     self.watch_files(&live).await;
                 }
             }
-            Ok(None) => {}
+            // No sandbox, no workspace: archived if a snapshot was stored, maybe by another
+            // replica (in object storage only; the local case was seen at construction).
+            Ok(None) => {
+                if self.state() == HandsState::None
+                    && !self.workspace.exists()
+                    && self.snapshots.is_stored().await
+                {
+                    let mut status = self.status();
+                    status.state = HandsState::Archived;
+                    status.paused_at = Some(Instant::now());
+                }
+            }
             Err(e) => self.mark_lost(&e.to_string()),
         }
     }
@@ -1120,6 +1142,22 @@ impl Hands {
             instance.stop().await;
         }
         self.provider.forget(&self.session_id);
+    }
+
+    /// Session delete, after [`Hands::stop`]: removes the session's objects in object storage
+    /// (its snapshots), once any snapshot being written is done. A failure is logged and left:
+    /// the session is gone either way, and its objects are then only unreachable bytes.
+    pub async fn delete_snapshot_objects(&self) {
+        let _writing = self.snapshotting.lock().await;
+        match self.snapshots.delete_session_objects().await {
+            Ok(0) => {}
+            Ok(n_objects) => {
+                tracing::info!(session = %self.session_id, n_objects, "deleted the session's snapshot objects");
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.session_id, error = %e, "cannot delete the session's snapshot objects");
+            }
+        }
     }
 
     fn terminals_clear(&self) {

@@ -5,37 +5,24 @@
 //! session, listed and read file by file straight from the compressed stream (with a byte
 //! range), never unpacked on the gateway's disk.
 //!
-//! With `--snapshots s3://bucket/prefix` ([`keep_in_object_storage`]) the object
-//! `<prefix>/sessions/<id>/snapshot.tar.zst` is the snapshot and the local file is this
-//! replica's cache of it: a write uploads the complete temp file before renaming it (a failed
-//! upload fails the write, and S3 keeps the previous object, which becomes visible to no one
-//! half-written); every read first makes sure the cache matches the object (its size, and a
-//! cache no older than the object), downloading it when it does not. Without the flag nothing
-//! of this runs and the file store behaves as it always did.
+//! With `--snapshots s3://bucket/prefix` (the provider's [`Objects`], handed to
+//! [`SnapshotStore::new`]) the object `<prefix>/sessions/<id>/snapshot.tar.zst` is the snapshot
+//! and the local file is this replica's cache of it: a write uploads the complete temp file
+//! before renaming it (a failed upload fails the write, and S3 keeps the previous object, which
+//! becomes visible to no one half-written); every read first makes sure the cache matches the
+//! object (its size, and a cache no older than the object), downloading it when it does not.
+//! Whether there is a snapshot at all is the local copy's say when there is one, else the
+//! object store's ([`SnapshotStore::is_stored`]): a replica that never held the session sees
+//! the snapshot another one stored. Without the flag nothing of this runs and the file store
+//! behaves as it always did.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
-use warren_cluster::objects::{ObjectError, ObjectUrl, Objects};
+use warren_cluster::objects::{ObjectError, Objects};
 use warren_snapshot::{ArchivedEntry, SnapshotError};
-
-/// The object storage every session's snapshots go to, when `--snapshots` names one. Chosen
-/// once, at startup, before any session is opened: it is a property of the whole process, as
-/// the data directory is.
-static OBJECTS: OnceLock<Objects> = OnceLock::new();
-
-/// Keeps every snapshot stored from now on in `url` (`--snapshots s3://bucket/prefix`), with
-/// the endpoint and credentials of the `AWS_*` variables. Call before any session is opened; a
-/// second call is refused.
-pub fn keep_in_object_storage(url: &ObjectUrl) -> Result<(), ObjectError> {
-    let objects = Objects::from_url(url)?;
-    OBJECTS
-        .set(objects)
-        .map_err(|_| ObjectError::Invalid("the snapshots' object storage is already set".into()))
-}
 
 /// When the stored snapshot was taken and how large it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,17 +62,17 @@ pub struct SnapshotStore {
 }
 
 impl SnapshotStore {
-    /// The workspace's snapshot, `snapshot.tar.zst`.
-    pub fn new(session_dir: &Path) -> SnapshotStore {
-        Self::named(session_dir, "snapshot")
+    /// The workspace's snapshot, `snapshot.tar.zst`, kept in `objects` when given (the local
+    /// file is then its cache).
+    pub fn new(session_dir: &Path, objects: Option<&Objects>) -> SnapshotStore {
+        Self::named(session_dir, "snapshot", objects)
     }
 
     /// Another snapshot of the session, `<stem>.tar.zst` (the agent's home: `agent-home`).
-    pub fn named(session_dir: &Path, stem: &str) -> SnapshotStore {
+    pub fn named(session_dir: &Path, stem: &str, objects: Option<&Objects>) -> SnapshotStore {
         let name = format!("{stem}.{}", warren_snapshot::EXTENSION);
         // A session's directory is named after its id (`data/sessions/<id>`).
-        let remote = OBJECTS
-            .get()
+        let remote = objects
             .zip(session_dir.file_name())
             .map(|(objects, id)| Remote {
                 objects: objects.clone(),
@@ -103,8 +90,46 @@ impl SnapshotStore {
         &self.path
     }
 
+    /// Whether this replica has a copy of the snapshot (with object storage, maybe a stale
+    /// one; reads refresh it). See [`SnapshotStore::is_stored`] for whether there is a snapshot.
     pub fn exists(&self) -> bool {
         self.path.is_file()
+    }
+
+    /// Whether the session has a stored snapshot: this replica's copy when it has one (no
+    /// request), else the object store's answer. An object store that cannot be asked counts
+    /// as no snapshot, logged: what there is to read is unreachable anyway.
+    pub async fn is_stored(&self) -> bool {
+        if self.exists() {
+            return true;
+        }
+        let Some(remote) = &self.remote else {
+            return false;
+        };
+        match remote.objects.head(&remote.session_id, &remote.name).await {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                tracing::warn!(session = %remote.session_id, error = %e, "cannot ask the object store for the snapshot");
+                false
+            }
+        }
+    }
+
+    /// The local copy's path, made current first (downloaded from object storage when absent
+    /// or stale): for a caller that reads the file itself.
+    pub async fn cached_path(&self) -> std::io::Result<&Path> {
+        self.cache_locally().await?;
+        Ok(&self.path)
+    }
+
+    /// Removes every object of the session, this snapshot's and the others' (session delete);
+    /// the local copies go with the session's directory. Returns how many there were: none
+    /// without object storage.
+    pub async fn delete_session_objects(&self) -> Result<usize, ObjectError> {
+        match &self.remote {
+            Some(remote) => remote.objects.delete_session(&remote.session_id).await,
+            None => Ok(0),
+        }
     }
 
     /// The stored snapshot's time (its file's mtime, or the object's last-modified time) and
@@ -287,7 +312,7 @@ mod tests {
     #[tokio::test]
     async fn a_complete_stream_replaces_the_snapshot_and_a_broken_one_leaves_it() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = SnapshotStore::new(dir.path());
+        let store = SnapshotStore::new(dir.path(), None);
         assert!(!store.exists());
         let info = store
             .write(chunks(vec![Ok(b"first "), Ok(b"snapshot")]))
@@ -313,7 +338,7 @@ mod tests {
         std::fs::write(workspace.join("src/main.rs"), b"fn main() {}\n").expect("write");
         let mut packed = Vec::new();
         warren_snapshot::pack(&workspace, &mut packed).expect("pack");
-        let store = SnapshotStore::new(dir.path());
+        let store = SnapshotStore::new(dir.path(), None);
         store
             .write(futures_util::stream::iter([Ok::<_, &str>(Bytes::from(
                 packed,

@@ -46,11 +46,19 @@ pub fn hands_processes(data: &Path, session: &str) -> Vec<u32> {
         .collect()
 }
 
-pub struct TestGateway {
+/// A client of one gateway's HTTP API: registration with its app key, and a device's requests.
+/// A [`TestGateway`] and a [`GatewayProcess`] are one (their methods are these).
+pub struct Client {
     pub url: String,
-    pub gateway: Arc<Gateway>,
     pub app_key: String,
     pub http: reqwest::Client,
+}
+
+/// A gateway in this process: its [`Client`] (by `Deref`), the [`Gateway`] itself and its data
+/// directory.
+pub struct TestGateway {
+    client: Client,
+    pub gateway: Arc<Gateway>,
     pub data: PathBuf,
     _data_dir: Option<tempfile::TempDir>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -111,10 +119,12 @@ impl TestGateway {
             let _ = stopped.await;
         }));
         TestGateway {
-            url,
+            client: Client {
+                url,
+                app_key,
+                http: reqwest::Client::new(),
+            },
             gateway,
-            app_key,
-            http: reqwest::Client::new(),
             data,
             _data_dir: None,
             stop: Some(stop),
@@ -146,6 +156,29 @@ impl TestGateway {
         self._data_dir.take()
     }
 
+    /// Registers `device_id`, creates a session and opens its event stream.
+    pub async fn conversation(&self, device_id: &str) -> Conversation<'_> {
+        let token = self.register(device_id).await;
+        let session = self.create_session(&token).await;
+        let events = self.events(&token, &session, None).await;
+        Conversation {
+            gw: self,
+            token,
+            session,
+            events,
+        }
+    }
+}
+
+impl std::ops::Deref for TestGateway {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Client {
     /// `POST /v1/devices` for `device_id` with the app key, not sent yet.
     pub fn registration(&self, device_id: &str) -> reqwest::RequestBuilder {
         self.http
@@ -257,19 +290,6 @@ impl TestGateway {
         .expect("permission answer request")
     }
 
-    /// Registers `device_id`, creates a session and opens its event stream.
-    pub async fn conversation(&self, device_id: &str) -> Conversation<'_> {
-        let token = self.register(device_id).await;
-        let session = self.create_session(&token).await;
-        let events = self.events(&token, &session, None).await;
-        Conversation {
-            gw: self,
-            token,
-            session,
-            events,
-        }
-    }
-
     pub async fn events(
         &self,
         token: &str,
@@ -286,6 +306,113 @@ impl TestGateway {
         let response = request.send().await.expect("events request");
         assert_eq!(response.status(), 200, "opening the event stream");
         EventStream::new(response)
+    }
+}
+
+impl Client {
+    /// Sends `text` to `session` with the device's `token`, asserts 202 and reads `events`
+    /// until its `turn_end` (what [`Conversation::turn`] does without a [`Conversation`]).
+    pub async fn turn(
+        &self,
+        token: &str,
+        session: &str,
+        events: &mut EventStream,
+        text: &str,
+    ) -> Vec<Received> {
+        let status = self.post_message(token, session, text).await.status();
+        assert_eq!(status, 202, "message {text:?} accepted");
+        events
+            .until(&format!("turn_end of {text:?}"), |e| e.event == "turn_end")
+            .await
+    }
+}
+
+/// `warren gateway` as a child process, the real binary in a process group of its own: for
+/// tests that need what is the process's own, such as the `AWS_*` settings `--snapshots` reads
+/// from its environment. Its agent is the built-in shell agent beside it, without warm workers;
+/// `extra_args` and `env` come on top. Its [`Client`] by `Deref`. Dropping it stops it by its pid
+/// (SIGTERM, SIGKILL after [`WAIT`]) and then the hands it left for a next gateway.
+pub struct GatewayProcess {
+    client: Client,
+    pub data: PathBuf,
+    child: std::process::Child,
+}
+
+impl GatewayProcess {
+    pub fn start(data: &Path, extra_args: &[String], env: &[(&str, String)]) -> GatewayProcess {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let warren = warren_bin();
+        let app_key = "process-app-key";
+        let mut child = std::process::Command::new(&warren)
+            .args(["gateway", "--listen", "127.0.0.1:0", "--app-key", app_key])
+            .args(["--warm-workers", "0", "--brain-placement", "host"])
+            .arg("--agent")
+            .arg(format!("{} shell-agent", warren.display()))
+            .arg("--data")
+            .arg(data)
+            .args(extra_args)
+            .env("WARREN_BIN", &warren)
+            .env_remove("WARREN_APP_KEY")
+            .env("WARREN_LOG", "warn")
+            .envs(env.iter().map(|(name, value)| (name, value)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .expect("starts warren gateway");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let line = lines
+            .recv_timeout(WAIT)
+            .expect("the gateway prints its address");
+        let url = line
+            .strip_prefix("warren gateway listening on ")
+            .unwrap_or_else(|| panic!("an address line: {line}"))
+            .trim()
+            .to_owned();
+        GatewayProcess {
+            client: Client {
+                url,
+                app_key: app_key.to_owned(),
+                http: reqwest::Client::new(),
+            },
+            data: data.to_path_buf(),
+            child,
+        }
+    }
+}
+
+impl std::ops::Deref for GatewayProcess {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + WAIT;
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        stop_left_hands(&self.data);
     }
 }
 

@@ -1,161 +1,42 @@
-//! `warren gateway --snapshots s3://bucket/prefix` (the real binary) against an S3 endpoint
-//! (moto on loopback): an archived session's snapshot is the object in the bucket and its
-//! files download with ranges; with the endpoint stopped, a snapshot fails with an `error`
-//! event while the previous snapshot still restores.
+//! `warren gateway --snapshots s3://bucket/prefix` (the real binary, whose environment holds the
+//! S3 settings) against an S3 endpoint (moto on loopback): an archived session's snapshot is
+//! the object in the bucket and its files download with ranges; a gateway on another data
+//! directory that never held the snapshot serves and restores it from the bucket; deleting a
+//! session deletes its objects, and a delete while the endpoint is down still succeeds; with the
+//! endpoint stopped, a snapshot fails with an `error` event while the previous snapshot still
+//! restores.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use serde_json::Value;
 use warren_cluster::objects::{ObjectUrl, Objects};
 use warren_test_support::services::S3;
 
-use crate::helpers::{EventStream, Received, WAIT, text_of, warren_bin};
+use super::helpers::{EventStream, GatewayProcess, text_of, warren_bin};
 
-const APP_KEY: &str = "snapshots-s3-key";
+const DEVICE: &str = "phone-s3-01";
 
-/// A `warren gateway` child process (its own process group), stopped by its pid on drop, with
-/// the hands it leaves for a next gateway (a stopped gateway pauses them) stopped after it.
-struct Gateway {
-    child: Child,
-    data: std::path::PathBuf,
-    url: String,
-    http: reqwest::Client,
-    token: String,
+/// `warren gateway --snapshots s3://<bucket>/warren` with hands that pause and archive
+/// quickly, its S3 settings in its environment.
+fn start_gateway(data: &Path, s3: &S3, bucket: &str) -> GatewayProcess {
+    let args = [
+        "--hands-idle-pause",
+        "500ms",
+        "--hands-archive-after",
+        "500ms",
+        "--snapshots",
+        &format!("s3://{bucket}/warren"),
+    ]
+    .map(str::to_owned);
+    GatewayProcess::start(data, &args, &s3.env())
 }
 
-impl Gateway {
-    /// `warren gateway --snapshots s3://<bucket>/warren` with hands that pause and archive
-    /// quickly, its S3 settings in its environment.
-    async fn start(data: &Path, s3: &S3, bucket: &str) -> Gateway {
-        use std::os::unix::process::CommandExt;
-        let warren = warren_bin();
-        let mut command = Command::new(&warren);
-        command
-            .args(["gateway", "--listen", "127.0.0.1:0", "--app-key", APP_KEY])
-            .args(["--warm-workers", "0", "--brain-placement", "host"])
-            .args([
-                "--hands-idle-pause",
-                "500ms",
-                "--hands-archive-after",
-                "500ms",
-            ])
-            .arg("--snapshots")
-            .arg(format!("s3://{bucket}/warren"))
-            .arg("--agent")
-            .arg(format!("{} shell-agent", warren.display()))
-            .arg("--data")
-            .arg(data)
-            .env("WARREN_BIN", &warren)
-            .env_remove("WARREN_APP_KEY")
-            .env("WARREN_LOG", "warn")
-            .envs(s3.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .process_group(0);
-        let mut child = command.spawn().expect("starts warren gateway");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let line = lines
-            .recv_timeout(WAIT)
-            .expect("the gateway prints its address");
-        let url = line
-            .strip_prefix("warren gateway listening on ")
-            .unwrap_or_else(|| panic!("an address line: {line}"))
-            .trim()
-            .to_owned();
-        let http = reqwest::Client::new();
-        let registered: Value = http
-            .post(format!("{url}/v1/devices"))
-            .header("X-App-Key", APP_KEY)
-            .json(&serde_json::json!({"device_id": "phone-s3-01"}))
-            .send()
-            .await
-            .expect("register")
-            .json()
-            .await
-            .expect("register body");
-        let token = registered["token"].as_str().expect("token").to_owned();
-        Gateway {
-            child,
-            data: data.to_path_buf(),
-            url,
-            http,
-            token,
-        }
-    }
-
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, format!("{}/v1{path}", self.url))
-            .bearer_auth(&self.token)
-    }
-
-    async fn create_session(&self) -> String {
-        let created: Value = self
-            .request(reqwest::Method::POST, "/sessions")
-            .json(&serde_json::json!({"title": "s3"}))
-            .send()
-            .await
-            .expect("create")
-            .json()
-            .await
-            .expect("session body");
-        created["id"].as_str().expect("id").to_owned()
-    }
-
-    async fn events(&self, session: &str) -> EventStream {
-        let response = self
-            .request(
-                reqwest::Method::GET,
-                &format!("/sessions/{session}/events?after=0"),
-            )
-            .send()
-            .await
-            .expect("events");
-        EventStream::new(response)
-    }
-
-    /// Sends `text` and reads `events` until its `turn_end`.
-    async fn turn(&self, session: &str, events: &mut EventStream, text: &str) -> Vec<Received> {
-        let sent = self
-            .request(
-                reqwest::Method::POST,
-                &format!("/sessions/{session}/messages"),
-            )
-            .json(&serde_json::json!({ "text": text }))
-            .send()
-            .await
-            .expect("message");
-        assert_eq!(sent.status(), 202, "{text:?} accepted");
-        events
-            .until(&format!("turn_end of {text:?}"), |e| e.event == "turn_end")
-            .await
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = std::time::Instant::now() + WAIT;
-        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        crate::helpers::stop_left_hands(&self.data);
-    }
+/// A device of `gateway` with a session and its event stream from the start.
+async fn session_of(gateway: &GatewayProcess) -> (String, String, EventStream) {
+    let token = gateway.register(DEVICE).await;
+    let session = gateway.create_session(&token).await;
+    let events = gateway.events(&token, &session, None).await;
+    (token, session, events)
 }
 
 async fn archived(events: &mut EventStream) {
@@ -179,17 +60,56 @@ async fn object(s3: &S3, bucket: &str, session: &str) -> Option<Vec<u8>> {
     Some(bytes.to_vec())
 }
 
+/// Every key in `bucket` under `warren/sessions/<session>/`, listed with moto's S3 API
+/// (`ListObjectsV2`, which moto answers unsigned).
+async fn keys_of(s3: &S3, bucket: &str, session: &str) -> Vec<String> {
+    let listing = reqwest::Client::new()
+        .get(format!("{}/{bucket}", s3.endpoint()))
+        .query(&[
+            ("list-type", "2"),
+            ("prefix", &format!("warren/sessions/{session}/")),
+        ])
+        .send()
+        .await
+        .expect("moto lists the bucket");
+    assert_eq!(listing.status(), 200, "the listing of {bucket}");
+    let xml = listing.text().await.expect("the listing's body");
+    xml.split("<Key>")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("</Key>"))
+        .map(|(key, _)| key.to_owned())
+        .collect()
+}
+
+/// `GET files/content?path=notes.txt` with `Range: bytes=6-11`: 206, that range of a 20-byte
+/// file, `object`.
+async fn assert_range_of_notes(gateway: &GatewayProcess, token: &str, session: &str) {
+    let part = gateway
+        .request(
+            reqwest::Method::GET,
+            token,
+            &format!("/sessions/{session}/files/content?path=notes.txt"),
+        )
+        .header("range", "bytes=6-11")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.headers()["content-range"], "bytes 6-11/20");
+    assert_eq!(part.bytes().await.expect("body").as_ref(), b"object");
+}
+
 #[tokio::test]
 async fn an_archived_sessions_snapshot_is_the_object_in_the_bucket_and_serves_ranges() {
     let s3 = S3::start();
     s3.create_bucket("archives");
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
-    let gateway = Gateway::start(&data, &s3, "archives").await;
-    let session = gateway.create_session().await;
-    let mut events = gateway.events(&session).await;
+    let gateway = start_gateway(&data, &s3, "archives");
+    let (token, session, mut events) = session_of(&gateway).await;
     gateway
         .turn(
+            &token,
             &session,
             &mut events,
             "printf 'hello object storage' > notes.txt",
@@ -210,19 +130,123 @@ async fn an_archived_sessions_snapshot_is_the_object_in_the_bucket_and_serves_ra
         stored[..] == local[..],
         "the object is the snapshot the replica wrote"
     );
+    assert_range_of_notes(&gateway, &token, &session).await;
+}
 
-    let part = gateway
-        .request(
-            reqwest::Method::GET,
-            &format!("/sessions/{session}/files/content?path=notes.txt"),
+#[tokio::test]
+async fn a_gateway_that_never_held_the_snapshot_serves_and_restores_it_from_the_bucket() {
+    let s3 = S3::start();
+    s3.create_bucket("shared");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (first_data, second_data) = (dir.path().join("first"), dir.path().join("second"));
+    let first = start_gateway(&first_data, &s3, "shared");
+    let (token, session, mut events) = session_of(&first).await;
+    first
+        .turn(
+            &token,
+            &session,
+            &mut events,
+            "printf 'hello object storage' > notes.txt",
         )
-        .header("range", "bytes=6-11")
-        .send()
-        .await
-        .expect("answers");
-    assert_eq!(part.status(), 206);
-    assert_eq!(part.headers()["content-range"], "bytes 6-11/20");
-    assert_eq!(part.bytes().await.expect("body").as_ref(), b"object");
+        .await;
+    archived(&mut events).await;
+    drop(events);
+    drop(first);
+
+    // The session's records as a shared store would give them to the second gateway; its
+    // snapshot stays in the bucket only.
+    let (from, to) = (
+        first_data.join("sessions").join(&session),
+        second_data.join("sessions").join(&session),
+    );
+    std::fs::create_dir_all(&to).expect("the second data dir's session directory");
+    for name in ["meta.json", "events.jsonl"] {
+        std::fs::copy(from.join(name), to.join(name)).expect("copies the session's records");
+    }
+    let second = start_gateway(&second_data, &s3, "shared");
+    let token = second.register(DEVICE).await;
+    let info = second.session_info(&token, &session).await;
+    assert_eq!(info["hands"], "archived", "{info}");
+    assert!(
+        !to.join("snapshot.tar.zst").exists(),
+        "the second gateway holds no copy of the snapshot yet"
+    );
+
+    assert_range_of_notes(&second, &token, &session).await;
+    // From the first gateway's last event on: the new turn's events, not the old one's.
+    let log = std::fs::read_to_string(to.join("events.jsonl")).expect("the copied log");
+    let last: serde_json::Value =
+        serde_json::from_str(log.lines().last().expect("an event")).expect("an event line");
+    let last_seq = last["seq"].as_u64().expect("a seq");
+    let mut events = second.events(&token, &session, Some(last_seq)).await;
+    let seen = second
+        .turn(&token, &session, &mut events, "cat notes.txt")
+        .await;
+    assert!(
+        seen.iter()
+            .any(|e| e.event == "hands" && e.data["state"] == "restored"),
+        "the hands were restored on the second gateway: {seen:#?}"
+    );
+    assert!(
+        text_of(&seen).contains("hello object storage"),
+        "the workspace came back from the bucket: {seen:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(to.join("workspace").join("notes.txt")).expect("restored file"),
+        "hello object storage"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_session_deletes_its_objects() {
+    let s3 = S3::start();
+    s3.create_bucket("deletes");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gateway = start_gateway(&dir.path().join("data"), &s3, "deletes");
+    let (token, session, mut events) = session_of(&gateway).await;
+    gateway
+        .turn(&token, &session, &mut events, "printf 'to go' > notes.txt")
+        .await;
+    archived(&mut events).await;
+    let keys = keys_of(&s3, "deletes", &session).await;
+    assert_eq!(
+        keys,
+        [format!("warren/sessions/{session}/snapshot.tar.zst")],
+        "the snapshot is in the bucket before the delete"
+    );
+
+    let deleted = gateway
+        .delete(&token, &format!("/sessions/{session}"))
+        .await;
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(
+        keys_of(&s3, "deletes", &session).await,
+        Vec::<String>::new(),
+        "no object of the deleted session is left"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_session_while_object_storage_is_down_still_deletes_it() {
+    let mut s3 = S3::start();
+    s3.create_bucket("down");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gateway = start_gateway(&dir.path().join("data"), &s3, "down");
+    let (token, session, mut events) = session_of(&gateway).await;
+    gateway
+        .turn(&token, &session, &mut events, "printf 'to go' > notes.txt")
+        .await;
+    archived(&mut events).await;
+
+    s3.stop();
+    let path = format!("/sessions/{session}");
+    let deleted = gateway.delete(&token, &path).await;
+    assert_eq!(
+        deleted.status(),
+        204,
+        "the delete does not wait on the bucket"
+    );
+    assert_eq!(gateway.get(&token, &path).await.status(), 404);
 }
 
 #[tokio::test]
@@ -231,11 +255,15 @@ async fn a_snapshot_while_object_storage_is_down_is_an_error_and_the_previous_on
     s3.create_bucket("outage");
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
-    let gateway = Gateway::start(&data, &s3, "outage").await;
-    let session = gateway.create_session().await;
-    let mut events = gateway.events(&session).await;
+    let gateway = start_gateway(&data, &s3, "outage");
+    let (token, session, mut events) = session_of(&gateway).await;
     gateway
-        .turn(&session, &mut events, "printf 'version one' > notes.txt")
+        .turn(
+            &token,
+            &session,
+            &mut events,
+            "printf 'version one' > notes.txt",
+        )
         .await;
     archived(&mut events).await;
     let snapshot = data
@@ -252,6 +280,7 @@ async fn a_snapshot_while_object_storage_is_down_is_an_error_and_the_previous_on
     s3.stop();
     let seen = gateway
         .turn(
+            &token,
             &session,
             &mut events,
             "cat notes.txt; printf 'version two' > notes.txt",
