@@ -6,6 +6,12 @@
 //! an execd that stops answering, or answers with another nonce, makes the hands `lost`, and the
 //! next use connects again. Remote hands cannot be frozen (they are never paused or archived);
 //! snapshots, restore, files and terminals use the same routes as local hands.
+//!
+//! A gateway that stops lets go of its remote hands and touches nothing in them, so their
+//! processes and files outlive it (tests/gateway/remote_netns.rs). The next gateway adopts
+//! nothing at start (its sessions' hands read `none`) and connects again on first use, learning
+//! the nonce afresh: it keeps no record of the previous one, so an execd replaced at the URL
+//! while no gateway ran is taken without a `reset` notice.
 
 use std::time::Duration;
 

@@ -21,6 +21,7 @@ mod previews;
 mod python_agent;
 mod real_agents;
 mod recovery;
+mod remote_netns;
 mod sandbox;
 mod sessions;
 mod snapshots_s3;
