@@ -181,7 +181,7 @@ impl Store {
         let (stop, stopped) = oneshot::channel();
         let (first_listen, first_listen_done) = oneshot::channel();
         tokio::spawn(run_listener(
-            self.config.clone(),
+            (*self.config).clone(),
             sender.clone(),
             stopped,
             first_listen,

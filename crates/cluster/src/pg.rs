@@ -33,11 +33,18 @@ const MIGRATION_LOCK_KEY: i64 = 0x5741_5252_454e_0001;
 
 /// The schema, in order. A version is never reused or edited once released: a change is a new
 /// migration.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: include_str!("../migrations/0001_initial.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: include_str!("../migrations/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "device_tokens",
+        sql: include_str!("../migrations/0002_device_tokens.sql"),
+    },
+];
 
 struct Migration {
     version: i32,
@@ -101,7 +108,7 @@ impl From<PoolError> for StoreError {
 pub struct Store {
     pub(crate) pool: Pool,
     /// The parsed URL, for connections outside the pool (migrations, the listener).
-    pub(crate) config: tokio_postgres::Config,
+    pub(crate) config: std::sync::Arc<tokio_postgres::Config>,
     url: String,
 }
 
@@ -140,7 +147,7 @@ impl Store {
         migrate(&config).await?;
         Ok(Store {
             pool,
-            config,
+            config: std::sync::Arc::new(config),
             url: url.to_owned(),
         })
     }
@@ -148,6 +155,13 @@ impl Store {
     /// The URL this store was made from (it may carry a password: do not log it).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Whether the database answers a trivial query now (the gateway's storage watch probes
+    /// with it while the store fails).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
     }
 
     /// A pooled connection.

@@ -29,6 +29,52 @@ impl Store {
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
 
+    /// Replaces the device's record only when the stored one is still `expected` (`None`: there
+    /// is none yet), so two replicas registering one device id cannot both bind it. Returns
+    /// whether the record was written.
+    pub async fn put_device_if(
+        &self,
+        id: &str,
+        expected: Option<&serde_json::Value>,
+        record: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let written = match expected {
+            None => client
+                .execute(
+                    "INSERT INTO devices (id, record) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                    &[&id, record],
+                )
+                .await?,
+            Some(expected) => {
+                client
+                    .execute(
+                        "UPDATE devices SET record = $3 WHERE id = $1 AND record = $2",
+                        &[&id, expected, record],
+                    )
+                    .await?
+            }
+        };
+        Ok(written == 1)
+    }
+
+    /// The id and record of the device whose record holds `token_sha256` (hex), `None` when
+    /// none does. The caller still checks the token's liveness and compares in constant time.
+    pub async fn device_by_token_hash(
+        &self,
+        token_sha256: &str,
+    ) -> Result<Option<(String, serde_json::Value)>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT id, record FROM devices WHERE record->>'token_sha256' = $1",
+                &[&token_sha256],
+            )
+            .await?;
+        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .transpose()
+    }
+
     /// Every device's id and record, by id.
     pub async fn devices(&self) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
         let client = self.client().await?;

@@ -123,7 +123,7 @@ async fn four_replicas_starting_together_apply_each_migration_once() {
     })
     .await
     .expect("psql runs");
-    assert_eq!(applied.trim(), "1:1");
+    assert_eq!(applied.trim().replace('\n', " "), "1:1 2:1");
 }
 
 #[tokio::test]
@@ -827,6 +827,37 @@ async fn brain_slots_are_limited_per_device_and_freed_by_release_or_expiry() {
 // ---- records
 
 #[tokio::test]
+async fn a_device_is_replaced_only_while_its_record_is_the_expected_one() {
+    let (a, b) = two_replicas().await;
+    let first = json!({ "token_sha256": "aa", "n": 1 });
+    assert!(a.put_device_if("d1", None, &first).await.expect("inserts"));
+    assert!(
+        !b.put_device_if("d1", None, &json!({ "n": 2 }))
+            .await
+            .expect("answers"),
+        "a second first registration loses"
+    );
+    let second = json!({ "token_sha256": "bb", "n": 2 });
+    assert!(
+        b.put_device_if("d1", Some(&first), &second)
+            .await
+            .expect("replaces")
+    );
+    assert!(
+        !a.put_device_if("d1", Some(&first), &json!({ "n": 3 }))
+            .await
+            .expect("answers"),
+        "a replacement of a record that changed meanwhile loses"
+    );
+    assert_eq!(
+        a.device_by_token_hash("bb").await.expect("finds"),
+        Some(("d1".to_string(), second))
+    );
+    assert_eq!(a.device_by_token_hash("aa").await.expect("answers"), None);
+    a.ping().await.expect("the database answers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_are_put_read_listed_and_deleted() {
     let (a, b) = two_replicas().await;
     a.put_device("d2", &json!({ "name": "two" }))

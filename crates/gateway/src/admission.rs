@@ -141,6 +141,10 @@ impl Admission {
         })
     }
 
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
     pub fn n_brains(&self) -> usize {
         self.lock().n_brains
     }

@@ -56,6 +56,11 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .merge(crate::console::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
+        // With replicas: sessions made elsewhere are loaded, owner-bound requests forwarded.
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            crate::replicas::layer,
+        ))
         // Before every route: a preview origin's requests never reach the API.
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
@@ -223,7 +228,7 @@ impl FromRequestParts<Arc<Gateway>> for Device {
         gateway: &Arc<Gateway>,
     ) -> Result<Self, Self::Rejection> {
         let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
-        gateway.devices.authenticate(&token).map(Device)
+        gateway.devices.authenticate(&token).await.map(Device)
     }
 }
 
@@ -285,16 +290,7 @@ async fn register_device(
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token)
         .map(str::to_string);
-    // Registration fsyncs the device file: keep it off the async workers.
-    let device_id = body.device_id.clone();
-    let registering = gateway.clone();
-    let token = tokio::task::spawn_blocking(move || {
-        registering
-            .devices
-            .register(&device_id, presented.as_deref())
-    })
-    .await
-    .map_err(|e| GatewayError::Internal(e.to_string()))??;
+    let token = gateway.devices.register(&body.device_id, presented).await?;
     tracing::info!(device_id = %body.device_id, "device registered");
     let registered = DeviceRegistered {
         device_id: body.device_id,
@@ -321,6 +317,7 @@ async fn admin_list_devices(
     let devices = gateway
         .devices
         .list()
+        .await?
         .into_iter()
         .map(|(device_id, created_at, bound, last_used_at)| DeviceInfo {
             n_sessions: gateway.sessions.count_for(&device_id),
@@ -352,11 +349,7 @@ async fn admin_reset_device(
     _admin: Admin,
     Path(device_id): Path<String>,
 ) -> Result<StatusCode, GatewayError> {
-    let resetting = gateway.clone();
-    let id = device_id.clone();
-    tokio::task::spawn_blocking(move || resetting.devices.reset(&id))
-        .await
-        .map_err(|e| GatewayError::Internal(e.to_string()))??;
+    gateway.devices.reset(&device_id).await?;
     tracing::info!(%device_id, "device tokens revoked by admin");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -15,6 +15,28 @@ pub struct GatewayArgs {
     /// Data directory (devices, sessions, event logs, workspaces).
     #[arg(long, env = "WARREN_DATA", default_value = "./warren-data")]
     pub data: PathBuf,
+    /// Where devices, session metadata and event logs live: `file:` (the data directory) or
+    /// `postgres://user@host:port/db` (a PostgreSQL database the gateway's replicas share;
+    /// workspaces and caches stay in `--data`).
+    #[arg(
+        long,
+        env = "WARREN_STORE",
+        default_value = "file:",
+        hide_env_values = true
+    )]
+    pub store: StoreUrl,
+    /// This replica's id among the gateways sharing a `--store postgres://…` (default: one
+    /// made at the first start and kept in `--data`).
+    #[arg(long, env = "WARREN_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// How the other replicas reach this one (default: `http://` and the listen address, with
+    /// loopback for an unspecified one).
+    #[arg(long, env = "WARREN_REPLICA_URL")]
+    pub replica_url: Option<String>,
+    /// How long a replica's hold on a session lasts without renewal (renewed every third of
+    /// it); when its replica dies, another takes the session after this.
+    #[arg(long, env = "WARREN_LEASE_TTL", default_value = "15s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
     /// Key a client presents (`X-App-Key`) to register a device; generated and printed if absent.
     #[arg(long, env = "WARREN_APP_KEY", hide_env_values = true)]
     pub app_key: Option<String>,
@@ -165,6 +187,38 @@ pub struct GatewayArgs {
     pub model: crate::model_proxy::ModelArgs,
 }
 
+/// `--store`: the data directory (`file:`) or a PostgreSQL database.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    File,
+    /// A `postgres://` or `postgresql://` URL (it may carry a password).
+    Postgres(String),
+}
+
+impl std::str::FromStr for StoreUrl {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<StoreUrl, String> {
+        if text == "file:" || text == "file" {
+            Ok(StoreUrl::File)
+        } else if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Ok(StoreUrl::Postgres(text.to_owned()))
+        } else {
+            Err("the store is `file:` or a postgres:// URL".into())
+        }
+    }
+}
+
+// Hand-written so a password in the URL never reaches a log.
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::File => f.write_str("file:"),
+            StoreUrl::Postgres(_) => f.write_str("postgres://<redacted>"),
+        }
+    }
+}
+
 /// `--brain-placement`: where the agent process runs (agents.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BrainPlacement {
@@ -207,6 +261,10 @@ impl std::fmt::Debug for GatewayArgs {
         f.debug_struct("GatewayArgs")
             .field("listen", &self.listen)
             .field("data", &self.data)
+            .field("store", &self.store)
+            .field("replica_id", &self.replica_id)
+            .field("replica_url", &self.replica_url)
+            .field("lease_ttl", &self.lease_ttl)
             .field("app_key", &self.app_key.as_ref().map(|_| "<redacted>"))
             .field(
                 "admin_token",
@@ -417,6 +475,8 @@ mod tests {
             .args;
         assert_eq!(args.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
         assert_eq!(args.data, PathBuf::from("./warren-data"));
+        assert_eq!(args.store, StoreUrl::File);
+        assert_eq!(args.lease_ttl, Duration::from_secs(15));
         assert_eq!(args.warm_workers, 2);
         assert_eq!(args.max_brains, 24);
         assert_eq!(args.brain_idle, Duration::from_secs(2 * 3600));
@@ -424,6 +484,23 @@ mod tests {
         assert_eq!(args.hands_archive_after, Duration::from_secs(24 * 3600));
         assert_eq!(args.snapshot_max, 512 << 20);
         assert_eq!(args.serve_config(), ServeConfig::default());
+    }
+
+    #[test]
+    fn store_is_file_or_a_postgres_url_whose_password_is_never_shown() {
+        use clap::Parser;
+        let url = "postgres://warren:s3cret@127.0.0.1:5432/warren";
+        let args = Cli::try_parse_from(["warren", "--store", url])
+            .expect("a postgres URL parses")
+            .args;
+        assert_eq!(args.store, StoreUrl::Postgres(url.into()));
+        assert!(!format!("{args:?}").contains("s3cret"));
+        for bad in ["mysql://x", "", "/var/lib/warren", "s3://bucket"] {
+            assert!(
+                Cli::try_parse_from(["warren", "--store", bad]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -63,6 +63,13 @@ pub enum GatewayError {
         "the gateway's storage is full: new messages, sessions and devices are refused until space is freed"
     )]
     StorageFull,
+    /// The PostgreSQL store (`--store postgres://…`) cannot be reached; worth retrying.
+    #[error("the gateway's store is unavailable: {0}")]
+    StoreUnavailable(String),
+    /// The replica that owns the session does not answer; its lease runs this many seconds
+    /// more, then another replica takes the session.
+    #[error("the replica that owns this session does not answer; retry in {0} s")]
+    OwnerUnavailable(u64),
     #[error(transparent)]
     Hands(#[from] HandsError),
     /// A file request the workspace refused (files-terminals-previews.md "Files").
@@ -119,6 +126,12 @@ impl GatewayError {
             },
             GatewayError::Files(error) => error.kind.status_and_code(),
             GatewayError::StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL"),
+            GatewayError::StoreUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE")
+            }
+            GatewayError::OwnerUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "OWNER_UNAVAILABLE")
+            }
             GatewayError::Io(_) | GatewayError::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")
             }
@@ -135,6 +148,29 @@ impl IntoResponse for GatewayError {
                 tracing::warn!(error = %self, "request refused");
                 self.to_string()
             }
+            GatewayError::OwnerUnavailable(seconds) => {
+                let mut response = warren_http::error_response(status, code, self.to_string());
+                if let Ok(value) = axum::http::HeaderValue::from_str(&seconds.to_string()) {
+                    response
+                        .headers_mut()
+                        .insert(axum::http::header::RETRY_AFTER, value);
+                }
+                return response;
+            }
+            // The database's own message may name hosts and users: a fixed text, and a retry.
+            GatewayError::StoreUnavailable(_) => {
+                tracing::warn!(error = %self, "request refused");
+                let mut response = warren_http::error_response(
+                    status,
+                    code,
+                    "the gateway's store is unavailable; retry shortly".to_string(),
+                );
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static(STORE_RETRY_AFTER_SECONDS),
+                );
+                return response;
+            }
             _ if status.is_server_error() => {
                 tracing::error!(error = %self, "request failed");
                 "internal error".to_string()
@@ -145,11 +181,38 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// The `Retry-After` of a 503 `STORE_UNAVAILABLE`.
+const STORE_RETRY_AFTER_SECONDS: &str = "1";
+
+impl From<warren_cluster::pg::StoreError> for GatewayError {
+    fn from(error: warren_cluster::pg::StoreError) -> Self {
+        use warren_cluster::pg::StoreError;
+        match error {
+            StoreError::Unavailable(message) => GatewayError::StoreUnavailable(message),
+            StoreError::Conflict(message) | StoreError::Invalid(message) => {
+                GatewayError::Internal(format!("store: {message}"))
+            }
+        }
+    }
+}
+
+/// Whether `error` carries a [`warren_cluster::pg::StoreError::Unavailable`] (what the
+/// PostgreSQL event log fails with while the database is away).
+pub fn is_store_unavailable(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<warren_cluster::pg::StoreError>())
+        .is_some_and(|store| store.is_unavailable())
+}
+
 /// A full disk is [`GatewayError::StorageFull`] wherever the error comes from (device files,
-/// session metadata, event logs); every other I/O error stays internal.
+/// session metadata, event logs), an unreachable store [`GatewayError::StoreUnavailable`];
+/// every other I/O error stays internal.
 impl From<std::io::Error> for GatewayError {
     fn from(error: std::io::Error) -> Self {
-        if crate::store::is_storage_full(&error) {
+        if is_store_unavailable(&error) {
+            GatewayError::StoreUnavailable(error.to_string())
+        } else if crate::store::is_storage_full(&error) {
             tracing::warn!(%error, "the data directory is full");
             GatewayError::StorageFull
         } else {
@@ -165,6 +228,9 @@ impl From<crate::event_log::AppendError> for GatewayError {
             AppendError::Closed => GatewayError::Internal(error.to_string()),
             AppendError::Failing(io) if crate::store::is_storage_full(&io) => {
                 GatewayError::StorageFull
+            }
+            AppendError::Failing(io) if is_store_unavailable(&io) => {
+                GatewayError::StoreUnavailable(io.to_string())
             }
             AppendError::Failing(io) => {
                 GatewayError::Io(std::io::Error::new(io.kind(), io.to_string()))

@@ -34,6 +34,7 @@ pub mod model_proxy;
 pub mod model_socket;
 pub mod openapi;
 pub mod previews;
+pub mod replicas;
 pub mod session;
 pub mod sessions;
 pub mod sse;
@@ -86,6 +87,8 @@ pub struct Gateway {
     pub warm: warm::WarmSandboxes,
     /// The proxy's per-session sockets for hands without a network.
     pub model_sockets: model_socket::ModelSockets,
+    /// With `--store postgres://…`: this replica's leases and its peers' URLs.
+    pub replicas: Option<Arc<replicas::Replicas>>,
     /// The `warren` binary that runs hands, the MCP server and the built-in agent.
     pub warren_bin: PathBuf,
     pub started: Instant,
@@ -138,8 +141,20 @@ impl Gateway {
         let provider = hands_provider(&args, &warren_bin, &agent).await?;
         let registry = trees.clone();
         let placement = agent.placement;
+        let admission_for_store = admission.clone();
+        let provider_for_store = provider.clone();
         let storage = Arc::new(StorageHealth::default());
-        let (devices, sessions) = tokio::task::spawn_blocking(move || {
+        let pg = match &args.store {
+            config::StoreUrl::File => None,
+            config::StoreUrl::Postgres(url) => Some(
+                warren_cluster::pg::Store::connect(url)
+                    .await
+                    .map_err(|e| GatewayError::InvalidRequest(format!("--store: {e}")))?,
+            ),
+        };
+        let file_storage = storage.clone();
+        let file_store = pg.is_none();
+        let loaded = tokio::task::spawn_blocking(move || {
             // Agents and hands a gateway killed with SIGKILL left running (and whatever they
             // started): stopped before any new one starts.
             let n_left = registry.stop_leftovers(LEFTOVER_STOP_GRACE);
@@ -153,15 +168,38 @@ impl Gateway {
             // `/healthz` says so and new work is refused from the start.
             if let Err(e) = store::probe_space(&data) {
                 tracing::error!(error = %e, "the data directory does not take writes");
-                storage.report(&e);
+                file_storage.report(&e);
             }
-            Ok::<_, std::io::Error>((
+            if !file_store {
+                return Ok::<_, std::io::Error>(None);
+            }
+            Ok(Some((
                 Devices::load(&data)?,
-                Sessions::load(&data, admission, provider, placement, storage)?,
-            ))
+                Sessions::load(&data, admission, provider, placement, file_storage)?,
+            )))
         })
         .await
         .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        let (devices, sessions) = match (loaded, pg) {
+            (Some(loaded), _) => loaded,
+            (None, Some(pg)) => (
+                Devices::postgres(pg.clone()),
+                Sessions::load_postgres(
+                    &args.data,
+                    pg,
+                    admission_for_store,
+                    provider_for_store,
+                    placement,
+                    storage,
+                )
+                .await?,
+            ),
+            (None, None) => {
+                return Err(GatewayError::Internal(
+                    "the file store was not loaded".into(),
+                ));
+            }
+        };
         // Warm workers are agents on the host that need nothing of a session; the others start
         // per session (in its hands, or with its model token).
         let n_warm = match (agent.placement, agent.needs_session_env()) {
@@ -169,6 +207,29 @@ impl Gateway {
             _ => 0,
         };
         let pool = WorkerPool::with_registry(agent.command.clone(), n_warm, Some(trees));
+        let replicas = match sessions.store() {
+            Some(store) => Some(replicas::Replicas::new(
+                store.clone(),
+                replica_id(&args)?,
+                replica_url(&args),
+                args.lease_ttl,
+            )),
+            None => None,
+        };
+        if let Some(replicas) = &replicas {
+            // The sessions whose lease this replica takes are its own; the others it follows.
+            for session in sessions.all() {
+                match replicas.acquire(&session.id).await {
+                    Ok(warren_cluster::leases::Acquired::Owned { .. }) => {}
+                    Ok(warren_cluster::leases::Acquired::HeldBy { replica_id, .. }) => {
+                        tracing::info!(session = %session.id, owner = %replica_id, "session followed");
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %session.id, error = %e, "session lease not taken; followed")
+                    }
+                }
+            }
+        }
         let n_warm_sandboxes = match (agent.placement, args.hands_provider) {
             (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
             _ => 0,
@@ -183,6 +244,7 @@ impl Gateway {
             model: Arc::new(model),
             model_sockets: model_socket::ModelSockets::default(),
             warm: warm::WarmSandboxes::new(n_warm_sandboxes),
+            replicas,
             previews,
             console,
             terminals: terminals::Terminals::default(),
@@ -191,8 +253,16 @@ impl Gateway {
             started: Instant::now(),
             _data_lock: data_lock,
         });
-        gateway.sessions.close_turns_left_open().await;
-        gateway.sessions.adopt_hands().await;
+        let owned = |session: &sessions::Session| {
+            gateway
+                .replicas
+                .as_ref()
+                .is_none_or(|replicas| replicas.holds(&session.id))
+        };
+        gateway.sessions.close_turns_left_open(owned).await;
+        gateway.sessions.adopt_hands(owned).await;
+        replicas::spawn_lease_renewal(&gateway);
+        replicas::spawn_follower(&gateway);
         turns::spawn_idle_sweeper(&gateway);
         spawn_hands_sweeper(&gateway);
         gateway.warm.refill(&gateway);
@@ -229,6 +299,42 @@ impl Gateway {
         self.model_sockets.stop_all();
         let sessions = self.sessions.all();
         futures_util::future::join_all(sessions.iter().map(sessions::shut_down_session)).await;
+        if let Some(replicas) = &self.replicas {
+            // Given up, not left to expire: another replica takes the sessions at once.
+            replicas.release_all().await;
+        }
+    }
+}
+
+/// `--replica-id`, or the id kept in `--data` (made at the first start), so a gateway that
+/// restarts on its data directory is the same replica and keeps its leases.
+fn replica_id(args: &GatewayArgs) -> Result<String, GatewayError> {
+    if let Some(id) = &args.replica_id {
+        return Ok(id.clone());
+    }
+    let path = args.data.join("replica-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+        _ => {
+            let id = format!(
+                "replica-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            );
+            store::write_atomic(&path, id.as_bytes())?;
+            Ok(id)
+        }
+    }
+}
+
+/// `--replica-url`, or `http://` and the listen address (loopback for an unspecified one).
+fn replica_url(args: &GatewayArgs) -> String {
+    if let Some(url) = &args.replica_url {
+        return url.trim_end_matches('/').to_owned();
+    }
+    let port = args.listen.port();
+    match args.listen.ip() {
+        ip if ip.is_unspecified() => format!("http://127.0.0.1:{port}"),
+        ip => format!("http://{}", std::net::SocketAddr::new(ip, port)),
     }
 }
 

@@ -263,7 +263,7 @@ async fn serve(
         .previews
         .lookup(token)
         .ok_or(PreviewError::NotFound)?;
-    if carries_device_token(gateway, &request) {
+    if carries_device_token(gateway, presented_tokens(&request)).await {
         return Err(PreviewError::DeviceToken);
     }
     let session = gateway
@@ -288,8 +288,18 @@ async fn serve(
     Ok(answer)
 }
 
-/// Whether the request presents a device token (bearer or `?access_token=`).
-fn carries_device_token(gateway: &Gateway, request: &Request) -> bool {
+/// Whether one of the request's tokens is a device token.
+async fn carries_device_token(gateway: &Gateway, tokens: Vec<String>) -> bool {
+    for token in tokens {
+        if gateway.devices.authenticate(&token).await.is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// The tokens a request presents (bearer or `?access_token=`).
+fn presented_tokens(request: &Request) -> Vec<String> {
     let bearer = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -301,10 +311,7 @@ fn carries_device_token(gateway: &Gateway, request: &Request) -> bool {
             .split('&')
             .find_map(|pair| pair.strip_prefix("access_token=").map(str::to_owned))
     });
-    [bearer, query]
-        .into_iter()
-        .flatten()
-        .any(|token| gateway.devices.authenticate(&token).is_ok())
+    [bearer, query].into_iter().flatten().collect()
 }
 
 #[cfg(test)]

@@ -47,13 +47,22 @@ pub struct Session {
     pub device_id: String,
     pub created_at: String,
     pub dir: PathBuf,
-    meta_path: PathBuf,
+    meta_store: MetaStore,
     pub log: EventLog,
     /// The sandbox; nothing runs until first use.
     pub hands: Arc<Hands>,
     /// Held while the brain is being brought up, so two turns never start two workers.
     pub brain_gate: tokio::sync::Mutex<()>,
     state: Mutex<SessionState>,
+}
+
+/// Where a session's [`SessionMeta`] is kept.
+#[derive(Clone)]
+pub enum MetaStore {
+    /// `meta.json` at this path, written atomically.
+    File(PathBuf),
+    /// The `sessions` row of a PostgreSQL store.
+    Postgres(warren_cluster::pg::Store),
 }
 
 /// Everything about a session that changes.
@@ -291,13 +300,14 @@ impl Session {
     pub fn new(
         meta: SessionMeta,
         dir: PathBuf,
+        meta_store: MetaStore,
         log: EventLog,
         hands: Arc<Hands>,
         open_turns: OpenTurns,
         session_slot: SessionSlot,
     ) -> Session {
         Session {
-            meta_path: dir.join("meta.json"),
+            meta_store,
             id: meta.id,
             device_id: meta.device_id,
             created_at: meta.created_at,
@@ -344,25 +354,30 @@ impl Session {
         self.lock().title.clone()
     }
 
-    /// Renames the session and stores the new title in `meta.json`.
+    /// Renames the session and stores the new title with its meta.
     pub async fn rename(&self, title: String) -> Result<(), GatewayError> {
         self.lock().title = title;
         self.save_meta().await
     }
 
-    /// Writes `meta.json` (blocking: temp file, fsync, rename).
-    pub fn write_meta(&self) -> Result<(), GatewayError> {
-        store::write_json_atomic(&self.meta_path, &self.meta())?;
-        Ok(())
-    }
-
-    /// [`Session::write_meta`] off the async workers.
+    /// Stores the session's meta: `meta.json` (temp file, fsync, rename, off the async
+    /// workers) or its PostgreSQL row.
     pub async fn save_meta(&self) -> Result<(), GatewayError> {
         let meta = self.meta();
-        let path = self.meta_path.clone();
-        tokio::task::spawn_blocking(move || store::write_json_atomic(&path, &meta))
-            .await
-            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        match &self.meta_store {
+            MetaStore::File(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || store::write_json_atomic(&path, &meta))
+                    .await
+                    .map_err(|e| GatewayError::Internal(e.to_string()))??;
+            }
+            MetaStore::Postgres(store) => {
+                let value = serde_json::to_value(&meta)
+                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
+                // A row that is gone belongs to a session being deleted: nothing to keep.
+                store.update_session_meta(&self.id, &value).await?;
+            }
+        }
         Ok(())
     }
 
@@ -775,6 +790,15 @@ impl Session {
         running.cancel.cancel();
         state.last_active = Instant::now();
         Some(running.turn)
+    }
+
+    /// Takes what a scan of the whole log found (a replica taking the session over, whose
+    /// follower log was published without being visited): its open turns, last turn and usage.
+    pub fn adopt_history(&self, open_turns: OpenTurns) {
+        let mut state = self.lock();
+        state.turn = state.turn.max(open_turns.last_turn());
+        state.usage = open_turns.usage();
+        state.open_turns = open_turns;
     }
 
     /// Whether the log holds a turn open that no running turn will close.

@@ -6,7 +6,8 @@
 //! transitions.
 //!
 //! Recovery: every `sessions/<id>/meta.json` is loaded and its `events.jsonl` repaired by the
-//! event log; every turn the log leaves open (a crash, or a disk that filled mid-turn) is closed
+//! event log (with `--store postgres://…`: every row of the `sessions` table, with its events
+//! from the store, and a local directory made for any that has none); every turn the log leaves open (a crash, or a disk that filled mid-turn) is closed
 //! with `permission_resolved` (`cancelled`) for each unanswered request, `turn_end`
 //! (`interrupted`) and a `status` event. (Hands and agents a killed gateway left running are
 //! stopped before this, through the gateway's tree registry.)
@@ -28,7 +29,7 @@ use crate::config::BrainPlacement;
 use crate::error::GatewayError;
 use crate::event_log::EventLog;
 use crate::hands::{Hands, HandsProvider};
-use crate::session::OpenTurns;
+use crate::session::{MetaStore, OpenTurns};
 // Re-exported: a session is reached through the registry, so callers name it from here.
 pub use crate::session::{Session, SessionMeta};
 use crate::store::{self, StorageHealth};
@@ -51,6 +52,8 @@ pub struct Sessions {
     placement: BrainPlacement,
     admission: Arc<Admission>,
     storage: Arc<StorageHealth>,
+    /// `--store postgres://…`: session metadata and event logs live there.
+    store: Option<warren_cluster::pg::Store>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
 }
 
@@ -101,8 +104,146 @@ impl Sessions {
             placement,
             admission,
             storage,
+            store: None,
             by_id: Mutex::new(by_id),
         })
+    }
+
+    /// Loads every session of a PostgreSQL store with its event log; a session without a
+    /// directory under `data_dir/sessions` (made on another machine) gets one, and a directory
+    /// that names no session (a warm sandbox nobody took, a session deleted elsewhere) goes.
+    pub async fn load_postgres(
+        data_dir: &Path,
+        store: warren_cluster::pg::Store,
+        admission: Arc<Admission>,
+        hands_provider: Arc<dyn HandsProvider>,
+        placement: BrainPlacement,
+        storage: Arc<StorageHealth>,
+    ) -> Result<Sessions, GatewayError> {
+        let dir = data_dir.join("sessions");
+        let rows = store.load_sessions().await?;
+        let known: std::collections::HashSet<String> =
+            rows.iter().map(|(id, _, _)| id.clone()).collect();
+        let scan_dir = dir.clone();
+        tokio::task::spawn_blocking(move || remove_unknown_dirs(&scan_dir, &known))
+            .await
+            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        let sessions = Sessions {
+            dir,
+            hands_provider,
+            placement,
+            admission,
+            storage,
+            store: Some(store),
+            by_id: Mutex::new(HashMap::new()),
+        };
+        for (id, _, value) in rows {
+            if let Err(e) = sessions.open_stored(&id, value).await {
+                tracing::error!(session = %id, error = %e, "session not loaded from the store");
+            }
+        }
+        Ok(sessions)
+    }
+
+    /// Opens the stored session `id` (its meta as stored) with its event log, and registers it.
+    async fn open_stored(
+        &self,
+        id: &str,
+        value: serde_json::Value,
+    ) -> Result<Arc<Session>, GatewayError> {
+        let store = self
+            .store
+            .clone()
+            .ok_or_else(|| GatewayError::Internal("no store".into()))?;
+        let meta: SessionMeta = serde_json::from_value(value).map_err(|e| {
+            GatewayError::Internal(format!("stored session meta of {id} does not parse: {e}"))
+        })?;
+        if meta.id != id {
+            return Err(GatewayError::Internal(format!(
+                "stored session meta of {id} names another session"
+            )));
+        }
+        // Only the directory: the hands make the workspace when they start, and a session whose
+        // workspace is missing with a snapshot stored (made on another machine) is archived.
+        let session_dir = self.dir.join(&meta.id);
+        let making = session_dir.clone();
+        tokio::task::spawn_blocking(move || std::fs::create_dir_all(making))
+            .await
+            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        let mut open_turns = OpenTurns::default();
+        let log = EventLog::open_postgres(store.clone(), &meta.id, self.storage.clone(), |event| {
+            open_turns.visit(event.turn, &event.body)
+        })
+        .await?;
+        tracing::info!(session = %meta.id, last_seq = log.last_seq(), "session loaded from the store");
+        let slot = self.admission.adopt_session(&meta.device_id);
+        let hands = Hands::new(
+            self.hands_provider.clone(),
+            &meta.id,
+            &session_dir,
+            self.placement,
+        );
+        let session = Arc::new(Session::new(
+            meta,
+            session_dir,
+            MetaStore::Postgres(store),
+            log,
+            hands,
+            open_turns,
+            slot,
+        ));
+        session.wire_hands();
+        // Two requests may load one session at once: the first registered stays.
+        let registered = self
+            .map()
+            .entry(session.id.clone())
+            .or_insert_with(|| session.clone())
+            .clone();
+        if !Arc::ptr_eq(&registered, &session) {
+            session.log.close().await;
+        }
+        Ok(registered)
+    }
+
+    /// The session `id`, loaded from the store when another replica made it since this one
+    /// started; `None` when there is no such session (one deleted on another replica is
+    /// forgotten here too). Without a store, what the map holds.
+    pub async fn find(&self, id: &str) -> Result<Option<Arc<Session>>, GatewayError> {
+        let local = self.by_id(id);
+        let Some(store) = &self.store else {
+            return Ok(local);
+        };
+        match (local, store.session_meta(id).await?) {
+            (Some(session), Some(_)) => Ok(Some(session)),
+            (None, Some(value)) => self.open_stored(id, value).await.map(Some),
+            (Some(session), None) => {
+                // Deleted by its owner on another replica.
+                self.map().remove(id);
+                session.log.close().await;
+                Ok(None)
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Loads every stored session this replica has not loaded yet (made on another replica).
+    pub async fn load_missing(&self) -> Result<(), GatewayError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        for (id, _, value) in store.load_sessions().await? {
+            if self.by_id(&id).is_none()
+                && let Err(e) = self.open_stored(&id, value).await
+            {
+                tracing::error!(session = %id, error = %e, "session not loaded from the store");
+            }
+        }
+        Ok(())
+    }
+
+    /// The PostgreSQL store, when sessions live there.
+    pub fn store(&self) -> Option<&warren_cluster::pg::Store> {
+        self.store.as_ref()
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -156,6 +297,7 @@ impl Sessions {
             let session = Session::new(
                 meta,
                 session_dir.clone(),
+                MetaStore::File(session_dir.join("meta.json")),
                 log,
                 hands,
                 OpenTurns::default(),
@@ -179,6 +321,80 @@ impl Sessions {
                 return Err(e.into());
             }
         };
+        self.map().insert(id, session.clone());
+        Ok((session, brain_slot))
+    }
+
+    /// [`Sessions::create_blocking`] for a PostgreSQL store: the device's quota is checked and
+    /// the session's row inserted in one transaction (so replicas admitting at once never
+    /// exceed it), then its directory is made and its (empty) event log opened.
+    async fn create_in_store(
+        &self,
+        store: &warren_cluster::pg::Store,
+        device_id: &str,
+        title: Option<String>,
+        want_brain: bool,
+        warm: Option<(String, Arc<Hands>)>,
+    ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
+        let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
+        let (id, warm_hands) = match warm {
+            Some((id, hands)) => (id, Some(hands)),
+            None => (uuid::Uuid::new_v4().to_string(), None),
+        };
+        let meta = SessionMeta {
+            id: id.clone(),
+            device_id: device_id.to_string(),
+            title: title.unwrap_or_else(|| "untitled".to_string()),
+            created_at: store::now_rfc3339(),
+            acp_session_id: None,
+        };
+        let value =
+            serde_json::to_value(&meta).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let limit = self.admission.limits().sessions_per_device;
+        match store
+            .create_session_within(&id, device_id, &value, limit)
+            .await?
+        {
+            warren_cluster::admission::Admit::Admitted => {}
+            _ => {
+                return Err(GatewayError::QuotaExceeded(format!(
+                    "a device may hold {limit} sessions"
+                )));
+            }
+        }
+        let session_dir = self.dir.join(&id);
+        let made = async {
+            let workspace = session_dir.join("workspace");
+            tokio::task::spawn_blocking(move || std::fs::create_dir_all(workspace))
+                .await
+                .map_err(|e| GatewayError::Internal(e.to_string()))??;
+            let log =
+                EventLog::open_postgres(store.clone(), &id, self.storage.clone(), |_| {}).await?;
+            Ok::<_, GatewayError>(log)
+        }
+        .await;
+        let log = match made {
+            Ok(log) => log,
+            Err(e) => {
+                if let Err(undo) = store.delete_session(&id).await {
+                    tracing::error!(session = %id, error = %undo, "a session that could not be made keeps its row");
+                }
+                let dir = session_dir.clone();
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+                return Err(e);
+            }
+        };
+        let hands = warm_hands.unwrap_or_else(|| self.new_hands(&id, &session_dir));
+        let session = Arc::new(Session::new(
+            meta,
+            session_dir,
+            MetaStore::Postgres(store.clone()),
+            log,
+            hands,
+            OpenTurns::default(),
+            session_slot,
+        ));
+        session.wire_hands();
         self.map().insert(id, session.clone());
         Ok((session, brain_slot))
     }
@@ -231,10 +447,11 @@ impl Sessions {
             .count()
     }
 
-    /// Closes every turn a session's log left open (at start: a crash, a full disk).
-    pub async fn close_turns_left_open(&self) {
+    /// Closes every turn a session's log left open (at start: a crash, a full disk), of the
+    /// sessions `owned` says this gateway runs.
+    pub async fn close_turns_left_open(&self, owned: impl Fn(&Session) -> bool) {
         for session in self.all() {
-            if !session.has_turns_left_open() {
+            if !owned(&session) || !session.has_turns_left_open() {
                 continue;
             }
             let closed = session
@@ -269,17 +486,28 @@ pub async fn create_session(
     let warm_parts = warm
         .as_ref()
         .map(|warm| (warm.id.clone(), warm.hands.clone()));
-    // Creation fsyncs the new files: keep it off the async workers.
-    let creating = gateway.clone();
-    let owner = device_id.to_string();
-    let created = tokio::task::spawn_blocking(move || {
-        creating
-            .sessions
-            .create_blocking(&owner, title, warm_available, warm_parts)
-    })
-    .await
-    .map_err(|e| GatewayError::Internal(e.to_string()));
-    let (session, brain_slot) = match created.and_then(|created| created) {
+    let created = match gateway.sessions.store() {
+        Some(store) => {
+            gateway
+                .sessions
+                .create_in_store(store, device_id, title, warm_available, warm_parts)
+                .await
+        }
+        None => {
+            // Creation fsyncs the new files: keep it off the async workers.
+            let creating = gateway.clone();
+            let owner = device_id.to_string();
+            tokio::task::spawn_blocking(move || {
+                creating
+                    .sessions
+                    .create_blocking(&owner, title, warm_available, warm_parts)
+            })
+            .await
+            .map_err(|e| GatewayError::Internal(e.to_string()))
+            .and_then(|created| created)
+        }
+    };
+    let (session, brain_slot) = match created {
         Ok(created) => created,
         Err(e) => {
             if let Some(warm) = warm {
@@ -290,6 +518,12 @@ pub async fn create_session(
         }
     };
     tracing::info!(session = %session.id, %device_id, warm = warm.is_some(), "session created");
+    if let Some(replicas) = &gateway.replicas {
+        // A new session is owned by the replica that made it.
+        if let Err(e) = replicas.acquire(&session.id).await {
+            tracing::warn!(session = %session.id, error = %e, "the new session's lease is taken at its first use");
+        }
+    }
     if let Some(warm) = warm {
         match brain_slot {
             Some(slot) => {
@@ -325,6 +559,11 @@ pub async fn delete_session(
     gateway: &Arc<Gateway>,
     session: &Arc<Session>,
 ) -> Result<(), GatewayError> {
+    // In a store, the row goes first: once it is gone no replica loads the session again, and
+    // a store that cannot be reached refuses the delete before anything is torn down.
+    if let Some(store) = gateway.sessions.store() {
+        store.delete_session(&session.id).await?;
+    }
     // The session's model token and socket go first: nothing it left running can use them.
     gateway.model.revoke(&session.id);
     gateway.model_sockets.stop(&session.id);
@@ -338,6 +577,18 @@ pub async fn delete_session(
     gateway.sessions.map().remove(&session.id);
     session.log.close().await;
     session.release_quota();
+    if let Some(store) = gateway.sessions.store() {
+        // Left rows are harmless (no session names them) but take space: say so.
+        if let Err(e) = store.delete_events(&session.id).await {
+            tracing::warn!(session = %session.id, error = %e, "the session's events stay in the store");
+        }
+        if let Err(e) = store.delete_preview_tokens(&session.id).await {
+            tracing::warn!(session = %session.id, error = %e, "the session's preview tokens stay in the store");
+        }
+    }
+    if let Some(replicas) = &gateway.replicas {
+        replicas.release(&session.id).await;
+    }
     let dir = session.dir.clone();
     tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
         .await
@@ -358,8 +609,8 @@ pub async fn shut_down_session(session: &Arc<Session>) {
 impl Sessions {
     /// Gateway start: every session takes over the hands an earlier gateway left for it, and
     /// hands left for sessions that are gone are stopped.
-    pub async fn adopt_hands(&self) {
-        let sessions = self.all();
+    pub async fn adopt_hands(&self, owned: impl Fn(&Session) -> bool) {
+        let sessions: Vec<Arc<Session>> = self.all().into_iter().filter(|s| owned(s)).collect();
         futures_util::future::join_all(sessions.iter().map(|session| session.hands.adopt())).await;
         let live: Vec<String> = sessions.iter().map(|session| session.id.clone()).collect();
         let n_strays = self.hands_provider.stop_strays(&live).await;
@@ -374,6 +625,7 @@ pub fn spawn_storage_watch(gateway: &Arc<Gateway>) {
     let weak = Arc::downgrade(gateway);
     let storage = gateway.sessions.storage.clone();
     let data_dir = gateway.args.data.clone();
+    let pg = gateway.sessions.store.clone();
     tokio::spawn(async move {
         loop {
             let period = match storage.failure() {
@@ -412,6 +664,12 @@ pub fn spawn_storage_watch(gateway: &Arc<Gateway>) {
                     continue;
                 }
             }
+            if let Some(pg) = &pg
+                && let Err(e) = pg.ping().await
+            {
+                tracing::debug!(error = %e, "store still unavailable");
+                continue;
+            }
             let mut all_resumed = true;
             for session in &sessions {
                 if let Err(e) = resume_storage(session).await {
@@ -436,6 +694,23 @@ async fn resume_storage(session: &Session) -> Result<(), crate::event_log::Appen
     if session.has_turns_left_open() {
         session.close_open_turns(None, STORAGE_MESSAGE)?;
         session.log.sync().await?;
+    }
+    Ok(())
+}
+
+/// Removes every directory under `sessions_dir` whose name is not in `known`.
+fn remove_unknown_dirs(
+    sessions_dir: &Path,
+    known: &std::collections::HashSet<String>,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(sessions_dir)?;
+    for entry in std::fs::read_dir(sessions_dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() && !known.contains(name) {
+            tracing::info!(dir = %path.display(), "removing a directory that names no stored session");
+            let _ = std::fs::remove_dir_all(&path);
+        }
     }
     Ok(())
 }
@@ -466,6 +741,7 @@ fn recover_session(
     Ok(Some(Session::new(
         meta,
         dir.to_path_buf(),
+        MetaStore::File(meta_path),
         log,
         hands,
         open_turns,

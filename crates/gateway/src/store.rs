@@ -31,6 +31,8 @@ pub fn is_storage_full(error: &io::Error) -> bool {
 pub struct StorageFailure {
     /// The disk or quota is full (rather than some other write error).
     pub full: bool,
+    /// The PostgreSQL store cannot be reached (`--store postgres://…`).
+    pub store_unavailable: bool,
     /// The error, without paths: `/healthz` answers anyone.
     pub message: String,
     /// When the failure was first reported (RFC 3339).
@@ -68,13 +70,20 @@ impl StorageHealth {
             let mut state = self.lock();
             state.n_reports += 1;
             let full = is_storage_full(error);
+            let store_unavailable = crate::error::is_store_unavailable(error);
             let since = match &state.failure {
                 Some(failure) => failure.since.clone(),
                 None => now_rfc3339(),
             };
+            let message = if store_unavailable {
+                "cannot reach the store".to_string()
+            } else {
+                format!("cannot write the data directory: {error}")
+            };
             state.failure = Some(StorageFailure {
                 full,
-                message: format!("cannot write the data directory: {error}"),
+                store_unavailable,
+                message,
                 since,
             });
         }
@@ -86,10 +95,14 @@ impl StorageHealth {
         self.lock().failure.clone()
     }
 
-    /// Refuses new work (a message, a session, a device) while the disk is full.
+    /// Refuses new work (a message, a session, a device) while the disk is full or the store
+    /// cannot be reached.
     pub fn check(&self) -> Result<(), GatewayError> {
         match &self.lock().failure {
             Some(failure) if failure.full => Err(GatewayError::StorageFull),
+            Some(failure) if failure.store_unavailable => {
+                Err(GatewayError::StoreUnavailable(failure.message.clone()))
+            }
             _ => Ok(()),
         }
     }

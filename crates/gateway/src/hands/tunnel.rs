@@ -24,19 +24,37 @@ pub struct TunnelError(String);
 pub async fn forward(
     endpoint: &HandsEndpoint,
     path_and_query: &str,
+    request: Request,
+    keep: impl Send + 'static,
+) -> Result<Response, TunnelError> {
+    let mut extra = axum::http::HeaderMap::new();
+    extra.insert(header::HOST, HeaderValue::from_static("hands"));
+    if let Ok(token) = HeaderValue::from_str(&endpoint.token) {
+        extra.insert("x-execd-access-token", token);
+    }
+    if let Ok(nonce) = HeaderValue::from_str(&endpoint.nonce) {
+        extra.insert(warren_protocol::hands::HANDS_NONCE_HEADER, nonce);
+    }
+    forward_to(&endpoint.url, path_and_query, request, extra, keep).await
+}
+
+/// Sends `request` to `path_and_query` of the server at `url` (`unix:/path` or
+/// `http://host:port`) with its hop-by-hop headers left behind and `extra` set on top (another
+/// replica's gateway, or an execd by [`forward`]); upgrades and streamed answers as the module
+/// docs say.
+pub async fn forward_to(
+    url: &str,
+    path_and_query: &str,
     mut request: Request,
+    extra: axum::http::HeaderMap,
     keep: impl Send + 'static,
 ) -> Result<Response, TunnelError> {
     let upgrade = warren_http::hop::wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
     let mut headers = warren_http::hop::forwardable(&parts.headers, upgrade);
-    headers.insert(header::HOST, HeaderValue::from_static("hands"));
-    if let Ok(token) = HeaderValue::from_str(&endpoint.token) {
-        headers.insert("x-execd-access-token", token);
-    }
-    if let Ok(nonce) = HeaderValue::from_str(&endpoint.nonce) {
-        headers.insert(warren_protocol::hands::HANDS_NONCE_HEADER, nonce);
+    for (name, value) in extra.iter() {
+        headers.insert(name.clone(), value.clone());
     }
     let mut upstream = Request::builder()
         .method(parts.method.clone())
@@ -44,7 +62,7 @@ pub async fn forward(
         .body(body)
         .map_err(|e| TunnelError(e.to_string()))?;
     *upstream.headers_mut() = headers;
-    let mut answer = send(&endpoint.url, upstream).await?;
+    let mut answer = send(url, upstream).await?;
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_upgrade) = client_upgrade
     {

@@ -4,7 +4,7 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::helpers::{LogBuffer, TestGateway, args_without_agent};
+use super::helpers::{LogBuffer, TestGateway, args_without_agent};
 
 #[tokio::test]
 async fn registering_a_bound_device_without_its_token_is_409() {
@@ -187,7 +187,7 @@ async fn tokens_never_reach_the_data_dir_or_the_logs() {
     let data = gw.data.clone();
     let _data_dir = gw.stop().await;
 
-    let files = crate::helpers::files_under(&data);
+    let files = super::helpers::files_under(&data);
     for path in &files {
         let bytes = std::fs::read(path).expect("read file");
         assert!(
@@ -197,7 +197,16 @@ async fn tokens_never_reach_the_data_dir_or_the_logs() {
         );
     }
     let n_files = files.len();
-    assert!(n_files >= 3, "device, meta and events files were checked");
+    if super::helpers::on_postgres() {
+        let stored = super::helpers::stored_rows(&data);
+        assert!(
+            stored.contains("laptop-0001"),
+            "the rows were read: {stored}"
+        );
+        assert!(!stored.contains(&token), "token found in the store");
+    } else {
+        assert!(n_files >= 3, "device, meta and events files were checked");
+    }
     let logged =
         String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).to_string();
     assert!(

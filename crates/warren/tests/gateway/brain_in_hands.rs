@@ -9,7 +9,7 @@ use warren_gateway::GatewayArgs;
 use warren_gateway::config::BrainPlacement;
 use warren_gateway::hands::local::IsolationMode;
 
-use crate::helpers::{
+use super::helpers::{
     LeftHands, TestGateway, WAIT, args_with_shell_agent, hands_processes, stop_reason, text_of,
 };
 

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::helpers::{
+use super::helpers::{
     Received, TestGateway, args_with_shell_agent, args_without_agent, stop_reason, test_agent_bin,
     text_of,
 };

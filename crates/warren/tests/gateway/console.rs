@@ -13,7 +13,7 @@ use reqwest::header::{
 use serde_json::Value;
 use warren_test_support::repo_root;
 
-use crate::helpers::{TestGateway, args_without_agent, files_under};
+use super::helpers::{TestGateway, args_without_agent, files_under};
 
 /// console.md's policy, spelled out, with `frame_src` the preview origins.
 fn policy(frame_src: &str) -> String {

@@ -31,7 +31,7 @@ use std::time::Duration;
 use warren_gateway::hands::local::IsolationMode;
 use warren_test_support::{python, repo_root};
 
-use crate::helpers::{TestGateway, args_with_shell_agent};
+use super::helpers::{TestGateway, args_with_shell_agent};
 
 /// How long the whole browser run may take (both sizes, every flow).
 const BROWSER_TESTS_WAIT: Duration = Duration::from_secs(15 * 60);

@@ -14,7 +14,7 @@ use warren_gateway::hands::local::{LocalConfig, LocalHands};
 use warren_gateway::hands::{BrainPlacement, Hands, HandsProvider};
 use warren_test_support::{alive, eventually, within};
 
-use crate::helpers::{test_agent_bin, warren_bin};
+use super::helpers::{test_agent_bin, warren_bin};
 
 /// The local provider as `warren serve` makes it (bwrap where it works), with its run
 /// directory in `data`.
@@ -40,7 +40,7 @@ pub struct HandsCleanup(pub tempfile::TempDir);
 
 impl Drop for HandsCleanup {
     fn drop(&mut self) {
-        crate::helpers::stop_left_hands(self.0.path());
+        super::helpers::stop_left_hands(self.0.path());
     }
 }
 

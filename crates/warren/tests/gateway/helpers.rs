@@ -54,6 +54,73 @@ pub struct Client {
     pub http: reqwest::Client,
 }
 
+/// Whether this test binary runs the suite against the PostgreSQL store: `gateway_postgres`
+/// (tests/gateway_postgres.rs) is this same suite with every gateway on a database of its own.
+pub fn on_postgres() -> bool {
+    env!("CARGO_CRATE_NAME") == "gateway_postgres"
+}
+
+/// The store a gateway on `data` uses in this suite: the data directory, or (on PostgreSQL) a
+/// fresh database per data directory, the same one again for a gateway restarted on it.
+pub fn store_for(data: &Path) -> warren_gateway::config::StoreUrl {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static DATABASES: Mutex<Option<HashMap<PathBuf, String>>> = Mutex::new(None);
+    if !on_postgres() {
+        return warren_gateway::config::StoreUrl::File;
+    }
+    let mut databases = DATABASES.lock().unwrap_or_else(|p| p.into_inner());
+    let url = databases
+        .get_or_insert_with(HashMap::new)
+        .entry(data.to_path_buf())
+        .or_insert_with(|| warren_test_support::services::Postgres::shared().fresh_database())
+        .clone();
+    warren_gateway::config::StoreUrl::Postgres(url)
+}
+
+/// Every row the PostgreSQL store of the gateway on `data` holds (devices, sessions, events,
+/// preview tokens), as text: for tests that check what is stored.
+pub fn stored_rows(data: &Path) -> String {
+    let warren_gateway::config::StoreUrl::Postgres(url) = store_for(data) else {
+        return String::new();
+    };
+    let database = url.rsplit('/').next().expect("the URL names a database");
+    let tables = ["devices", "sessions", "events", "preview_tokens"];
+    tables
+        .iter()
+        .map(|table| {
+            warren_test_support::services::Postgres::shared().psql(
+                database,
+                &format!("SELECT coalesce(string_agg(t::text, E'\\n'), '') FROM {table} t"),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// On PostgreSQL, deletes the session's row from the store of the gateway on `data` (what
+/// removing its directory is for the file store); nothing otherwise.
+pub fn delete_stored_session(data: &Path, session: &str) {
+    let warren_gateway::config::StoreUrl::Postgres(url) = store_for(data) else {
+        return;
+    };
+    let database = url.rsplit('/').next().expect("the URL names a database");
+    warren_test_support::services::Postgres::shared().psql(
+        database,
+        &format!("DELETE FROM sessions WHERE id = '{session}'"),
+    );
+}
+
+/// For a test of the file store's own files (`events.jsonl`, `meta.json`, a full data disk):
+/// true, with a note, when the suite runs on PostgreSQL, where those files do not exist (the
+/// store's own faults are tested in tests/gateway/store_faults.rs).
+pub fn file_store_only(what: &str) -> bool {
+    if on_postgres() {
+        eprintln!("not run on the PostgreSQL store: {what}");
+    }
+    on_postgres()
+}
+
 /// A gateway in this process: its [`Client`] (by `Deref`), the [`Gateway`] itself and its data
 /// directory.
 pub struct TestGateway {
@@ -106,6 +173,12 @@ impl TestGateway {
 
     pub async fn start_in(mut args: GatewayArgs) -> TestGateway {
         let data = args.data.clone();
+        if args.store == warren_gateway::config::StoreUrl::File {
+            let for_data = data.clone();
+            args.store = tokio::task::spawn_blocking(move || store_for(&for_data))
+                .await
+                .expect("a store");
+        }
         let app_key = args.app_key.clone().expect("tests pass an app key");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use warren_gateway::GatewayArgs;
 use warren_protocol::gateway::EventBody;
 
-use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent};
+use super::helpers::{EventStream, TestGateway, WAIT, args_without_agent};
 
 /// Timeouts short enough to watch them fire.
 fn args_with_short_timeouts(data: PathBuf) -> GatewayArgs {

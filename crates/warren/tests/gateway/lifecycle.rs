@@ -10,7 +10,7 @@ use serde_json::Value;
 use warren_gateway::GatewayArgs;
 use warren_test_support::{alive, eventually};
 
-use crate::helpers::{EventStream, Received, TestGateway, args_with_shell_agent, hands_processes};
+use super::helpers::{EventStream, Received, TestGateway, args_with_shell_agent, hands_processes};
 
 /// What the agent said (its message chunks), in order.
 fn text_of(events: &[Received]) -> String {
@@ -381,6 +381,7 @@ async fn hands_left_for_a_session_deleted_while_no_gateway_ran_are_stopped_at_st
     first.stop_leaving_hands().await;
     std::fs::remove_dir_all(data.join("sessions").join(&device.session))
         .expect("the session goes while no gateway runs");
+    super::helpers::delete_stored_session(&data, &device.session);
     let second = TestGateway::start_in(args_with_shell_agent(data.clone())).await;
     eventually("the stray hands are stopped", || {
         !processes.iter().any(|pid| alive(*pid))

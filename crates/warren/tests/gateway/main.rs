@@ -27,6 +27,7 @@ mod sessions;
 mod snapshots_s3;
 mod sse;
 mod storage;
+mod store_faults;
 mod terminals;
 mod turns;
 mod window_files;

@@ -13,7 +13,7 @@ use serde_json::Value;
 use warren_gateway::openapi::UNDOCUMENTED;
 use warren_test_support::repo_root;
 
-use crate::helpers::{TestGateway, args_without_agent, files_under, warren_bin};
+use super::helpers::{TestGateway, args_without_agent, files_under, warren_bin};
 
 /// The methods an OpenAPI path item may hold.
 const METHODS: [&str; 8] = [

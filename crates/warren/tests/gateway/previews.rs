@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use warren_gateway::hands::local::{IsolationMode, NetworkMode};
 
-use crate::helpers::{TestGateway, args_with_shell_agent, stop_reason};
+use super::helpers::{TestGateway, args_with_shell_agent, stop_reason};
 
 /// A client that sends every `*.localhost` name to the gateway, as browsers resolve them.
 fn preview_client(gateway_url: &str, preview_url: &str) -> reqwest::Client {
@@ -230,7 +230,7 @@ async fn a_websocket_goes_through_a_preview_into_hands_without_a_network() {
             .send(Message::Text(text.into()))
             .await
             .expect("sends");
-        let answer = tokio::time::timeout(crate::helpers::WAIT, socket.next())
+        let answer = tokio::time::timeout(super::helpers::WAIT, socket.next())
             .await
             .expect("an answer in time")
             .expect("a frame")

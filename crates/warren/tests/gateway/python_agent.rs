@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use warren_test_support::{python, repo_root};
 
-use crate::helpers::{Received, TestGateway, args_with_shell_agent, first_of, stop_reason};
+use super::helpers::{Received, TestGateway, args_with_shell_agent, first_of, stop_reason};
 
 /// The python echo agent's command line: the venv python with the ACP SDK (from the
 /// repository's own setup script) running `tests/python/acp_echo_agent.py`.

@@ -16,7 +16,7 @@ use warren_test_support::{python, repo_root};
 
 use warren_gateway::hands::local::NetworkMode;
 
-use crate::helpers::{Received, TestGateway, args_with_shell_agent, first_of, stop_reason};
+use super::helpers::{Received, TestGateway, args_with_shell_agent, first_of, stop_reason};
 
 /// The real key the gateway holds: it must reach the fake upstream and nothing else.
 const REAL_KEY: &str = "sk-real-3c1f9e-never-in-the-hands";
@@ -157,7 +157,7 @@ fn provider_of(preset: &str) -> &'static str {
 /// Answers every permission request of the turn with its first allow option until the turn
 /// ends; returns the turn's events and how many questions were answered.
 async fn run_turn_allowing(
-    chat: &mut crate::helpers::Conversation<'_>,
+    chat: &mut super::helpers::Conversation<'_>,
     text: &str,
 ) -> (Vec<Received>, usize) {
     chat.accept(text).await;
@@ -199,7 +199,7 @@ async fn run_turn_allowing(
 
 /// Every file under `dir` whose bytes contain `needle`.
 fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    crate::helpers::files_under(dir)
+    super::helpers::files_under(dir)
         .into_iter()
         .filter(|path| {
             std::fs::read(path)

@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use warren_test_support::{alive, processes_mentioning};
 
-use crate::helpers::{EventStream, TestGateway, WAIT, args_without_agent, stop_reason, warren_bin};
+use super::helpers::{
+    EventStream, TestGateway, WAIT, args_without_agent, file_store_only, stop_reason, warren_bin,
+};
 
 /// A `warren` child process in its own process group, and the lines it prints on stdout.
 struct WarrenProcess {
@@ -180,6 +182,9 @@ fn kill_processes_mentioning(needle: &str) {
 
 #[tokio::test]
 async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
+    if file_store_only("events.jsonl written or torn by the test") {
+        return;
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     let (mut first, first_url) = start_gateway(&data);
@@ -225,9 +230,9 @@ async fn kill_9_mid_turn_then_torn_line_then_restart_recovers() {
     stream
         .until("the agent working on the sleep", |e| e.event == "update")
         .await;
-    let hands = crate::helpers::hands_processes(&data, &session);
+    let hands = super::helpers::hands_processes(&data, &session);
     assert!(!hands.is_empty(), "the hands run");
-    let _cleanup = crate::helpers::LeftHands(data.clone());
+    let _cleanup = super::helpers::LeftHands(data.clone());
     // The tool call is announced before the hands start the command: wait for it to appear.
     let deadline = tokio::time::Instant::now() + WAIT;
     while processes_mentioning(duration).is_empty() {
@@ -357,10 +362,13 @@ fn pids_in(path: &Path) -> Vec<u32> {
 /// when the next gateway opens the same data directory, before it starts agents of its own.
 #[tokio::test]
 async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
+    if file_store_only("runs the binary on its default store") {
+        return;
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     // The message below starts hands, which outlive both gateways on purpose.
-    let _cleanup = crate::helpers::LeftHands(data.clone());
+    let _cleanup = super::helpers::LeftHands(data.clone());
     let jobs = dir.path().join("agent-jobs");
     // Each agent leaves a background job that ignores its stdin closing (as a third-party
     // agent might) and notes its pid, then becomes the shell agent.
@@ -515,6 +523,9 @@ async fn restart_with_log(events: &[(u64, Option<u64>, Value)]) -> Restarted {
 
 #[tokio::test]
 async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
+    if file_store_only("events.jsonl written or torn by the test") {
+        return;
+    }
     let restarted = restart_with_log(&[
             (
                 1,
@@ -565,6 +576,9 @@ async fn restart_closes_an_open_turn_and_its_unanswered_permission_request() {
 /// (a full disk) stayed open forever once a later turn had started.
 #[tokio::test]
 async fn recovery_closes_every_open_turn_not_only_the_last() {
+    if file_store_only("events.jsonl written or torn by the test") {
+        return;
+    }
     let message = |text: &str| serde_json::json!({"type": "user_message", "text": text});
     let start = serde_json::json!({"type": "turn_start"});
     let restarted = restart_with_log(&[
@@ -613,6 +627,9 @@ async fn recovery_closes_every_open_turn_not_only_the_last() {
 
 #[tokio::test]
 async fn asking_for_compacted_history_starts_with_a_gap_event() {
+    if file_store_only("events.jsonl written or torn by the test") {
+        return;
+    }
     let status = serde_json::json!({"type": "status", "brain": "ready"});
     let restarted = restart_with_log(&[
         (5, None, status.clone()),
@@ -651,6 +668,9 @@ async fn asking_for_compacted_history_starts_with_a_gap_event() {
 
 #[tokio::test]
 async fn serve_prints_the_url_the_console_the_generated_app_key_and_how_to_register() {
+    if file_store_only("runs the binary on its default store") {
+        return;
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("warren-data");
     let serve = WarrenProcess::spawn(

@@ -18,7 +18,7 @@ use warren_gateway::config::HandsProviderKind;
 use warren_gateway::hands::local::{IsolationMode, NetworkMode};
 use warren_test_support::{eventually, processes_mentioning, within};
 
-use crate::helpers::{
+use super::helpers::{
     Conversation, Received, TestGateway, agent_text, args_with_shell_agent, warren_bin,
 };
 
@@ -482,7 +482,7 @@ async fn commands_run_as_the_unprivileged_hands_uid_without_capabilities() {
     );
     assert_eq!(ran.value("NoNewPrivs"), "1", "no_new_privs is set");
     // On the host too every process of the sandbox runs as the hands uid, never root.
-    let pids = crate::helpers::hands_processes(&gw.data, &chat.session);
+    let pids = super::helpers::hands_processes(&gw.data, &chat.session);
     assert!(!pids.is_empty(), "the hands run");
     for pid in pids {
         let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {

@@ -14,7 +14,7 @@ use warren_gateway::event_log::SUBSCRIBER_QUEUE_MAX;
 use warren_gateway::sessions::Session;
 use warren_protocol::gateway::EventBody;
 
-use crate::helpers::{EventStream, Received, TestGateway, WAIT, args_without_agent};
+use super::helpers::{EventStream, Received, TestGateway, WAIT, args_without_agent};
 
 fn filler(i: u64, size: usize) -> EventBody {
     EventBody::Update {

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::helpers::{Received, TestGateway, agent_text, args_with_shell_agent};
+use super::helpers::{Received, TestGateway, agent_text, args_with_shell_agent};
 
 /// The `raw_output` the agent reported for the terminal's end (`exit_code`, `signal`).
 fn reported_exit(events: &[Received]) -> Value {

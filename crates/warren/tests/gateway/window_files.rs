@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use warren_gateway::hands::local::IsolationMode;
 
-use crate::helpers::{Conversation, TestGateway, WAIT, args_with_shell_agent, stop_reason};
+use super::helpers::{Conversation, TestGateway, WAIT, args_with_shell_agent, stop_reason};
 
 async fn in_bwrap(configure: impl FnOnce(&mut warren_gateway::GatewayArgs)) -> TestGateway {
     TestGateway::start(|data| {
@@ -578,7 +578,7 @@ async fn an_archived_session_is_browsed_from_its_snapshot_without_waking_the_han
 
 /// Everything in the workspace on the host, hidden files too.
 fn workspace_files(chat: &Conversation<'_>) -> Vec<String> {
-    crate::helpers::files_under(&chat.workspace())
+    super::helpers::files_under(&chat.workspace())
         .into_iter()
         .map(|path| path.display().to_string())
         .collect()

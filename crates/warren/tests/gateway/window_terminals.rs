@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use warren_gateway::hands::local::IsolationMode;
 
-use crate::helpers::{
+use super::helpers::{
     TestGateway, WAIT, agent_text, args_with_shell_agent, test_agent_bin, text_of,
 };
 
