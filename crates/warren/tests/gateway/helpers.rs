@@ -465,6 +465,18 @@ impl GatewayProcess {
     }
 }
 
+impl GatewayProcess {
+    /// SIGKILL to the gateway's whole process group (it and the agents it runs on the host),
+    /// as a machine that dies would; waits until the gateway is gone. Its hands are left.
+    pub fn kill_9(&mut self) {
+        let group = self.child.id();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{group}")])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
 impl std::ops::Deref for GatewayProcess {
     type Target = Client;
 

@@ -22,6 +22,7 @@ mod python_agent;
 mod real_agents;
 mod recovery;
 mod remote_netns;
+mod replicas;
 mod sandbox;
 mod sessions;
 mod snapshots_s3;

@@ -1,0 +1,358 @@
+//! Two gateway replicas on one PostgreSQL store (scale-out.md "One owner per session"): a
+//! session made on A is streamed from B and driven through B (its owner-bound requests
+//! forwarded to A), every event once and in order on both; a session whose owner is gone is 503
+//! `OWNER_UNAVAILABLE` with `Retry-After` until the lease expires, then taken over by the next
+//! request; creations racing over both replicas never exceed a device's quota.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::Value;
+
+use super::helpers::{Received, TestGateway, WAIT, args_with_shell_agent, on_postgres};
+
+/// A lease short enough that a failover test waits seconds, not the default 15.
+const LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// Two replicas `a` and `b` on one fresh database, each with its own data directory.
+struct Pair {
+    a: TestGateway,
+    b: TestGateway,
+    database: String,
+}
+
+fn replica_args(url: &str) -> impl FnOnce(PathBuf) -> warren_gateway::GatewayArgs {
+    let url = url.to_owned();
+    move |data| {
+        let mut args = args_with_shell_agent(data);
+        args.store = warren_gateway::config::StoreUrl::Postgres(url);
+        args.lease_ttl = LEASE_TTL;
+        args
+    }
+}
+
+async fn pair() -> Pair {
+    let url = tokio::task::spawn_blocking(|| {
+        warren_test_support::services::Postgres::shared().fresh_database()
+    })
+    .await
+    .expect("a database");
+    let database = url.rsplit('/').next().expect("a name").to_owned();
+    let a = TestGateway::start(replica_args(&url)).await;
+    let b = TestGateway::start(replica_args(&url)).await;
+    Pair { a, b, database }
+}
+
+fn psql(database: &str, sql: &str) -> String {
+    warren_test_support::services::Postgres::shared().psql(database, sql)
+}
+
+/// Every id of `events` follows the one before by exactly 1, from `after + 1`.
+fn assert_in_order(events: &[Received], after: u64, what: &str) {
+    let mut expected = after + 1;
+    for event in events {
+        assert_eq!(
+            event.id,
+            Some(expected),
+            "{what}: seq continues +1 ({})",
+            event.event
+        );
+        expected += 1;
+    }
+}
+
+fn kinds(events: &[Received]) -> Vec<&str> {
+    events.iter().map(|e| e.event.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_made_on_a_is_streamed_from_b_and_driven_through_b() {
+    if on_postgres() {
+        return;
+    }
+    let Pair { a, b, .. } = pair().await;
+    let token = a.register("phone-replica-01").await;
+    let session = a.create_session(&token).await;
+    // The device and the session are known on B at once.
+    let info = b.session_info(&token, &session).await;
+    assert_eq!(info["id"], session.as_str(), "{info}");
+    let mut on_a = a.events(&token, &session, None).await;
+    let mut on_b = b.events(&token, &session, None).await;
+
+    for (n, text) in ["echo one", "echo two"].into_iter().enumerate() {
+        let sent = b.post_message(&token, &session, text).await;
+        assert_eq!(sent.status(), 202, "a message sent to B is forwarded to A");
+        let seen_b = on_b
+            .until(&format!("turn_end of {text} on B"), |e| {
+                e.event == "turn_end"
+            })
+            .await;
+        let seen_a = on_a
+            .until(&format!("turn_end of {text} on A"), |e| {
+                e.event == "turn_end"
+            })
+            .await;
+        let ids = |events: &[Received]| events.iter().map(|e| e.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&seen_a),
+            ids(&seen_b),
+            "turn {n}: both replicas deliver the same events"
+        );
+        assert_eq!(kinds(&seen_a), kinds(&seen_b));
+        assert!(
+            seen_b
+                .iter()
+                .any(|e| e.event == "user_message" && e.data["text"] == text),
+            "{:?}",
+            kinds(&seen_b)
+        );
+    }
+    // A resumed stream on B is the same history, with no gap and no duplicate.
+    let mut resumed = b.events(&token, &session, Some(0)).await;
+    let history = resumed
+        .until("the second turn_end again", {
+            let mut n = 0;
+            move |e| {
+                n += usize::from(e.event == "turn_end");
+                n == 2
+            }
+        })
+        .await;
+    assert_in_order(&history, 0, "history on B");
+    // The session's owner-bound routes answer on B too: its state is A's.
+    let info = b.session_info(&token, &session).await;
+    assert_eq!(info["turn"], 2, "{info}");
+    let deleted = b.delete(&token, &format!("/sessions/{session}")).await;
+    assert_eq!(deleted.status(), 204, "a delete sent to B is A's");
+    for gw in [&a, &b] {
+        let gone = gw.get(&token, &format!("/sessions/{session}")).await;
+        assert_eq!(gone.status(), 404);
+    }
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_is_gone_is_503_until_its_lease_expires_then_the_session_is_taken_over() {
+    if on_postgres() {
+        return;
+    }
+    let Pair { a, b, database } = pair().await;
+    let token = a.register("phone-replica-02").await;
+    let session = a.create_session(&token).await;
+    let mut events = a.events(&token, &session, None).await;
+    let first = a.turn(&token, &session, &mut events, "echo before").await;
+    let last_seen = first.last().and_then(|e| e.id).expect("events");
+    drop(events);
+    a.stop().await;
+    // A replica that died holding the lease: nothing listens at its URL.
+    let dead = "http://127.0.0.1:9";
+    psql(
+        &database,
+        &format!(
+            "UPDATE leases SET replica_id = 'dead', replica_url = '{dead}', \
+             expires_at = now() + interval '{} seconds' WHERE session_id = '{session}'",
+            LEASE_TTL.as_secs()
+        ),
+    );
+    let started = Instant::now();
+    let refused = b.post_message(&token, &session, "echo during").await;
+    assert_eq!(refused.status(), 503);
+    let retry: u64 = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!((1..=LEASE_TTL.as_secs() + 1).contains(&retry), "{retry}");
+    let body: Value = refused.json().await.expect("a JSON error");
+    assert_eq!(body["code"], "OWNER_UNAVAILABLE", "{body}");
+    // A forwarded request is never forwarded again.
+    let hop = b
+        .request(Method::POST, &token, &format!("/sessions/{session}/cancel"))
+        .header("x-warren-forwarded-by", "another-replica")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(hop.status(), 503);
+
+    let mut stream = b.events(&token, &session, Some(last_seen)).await;
+    let accepted = loop {
+        let sent = b.post_message(&token, &session, "echo after").await;
+        if sent.status() == 202 {
+            break started.elapsed();
+        }
+        assert_eq!(sent.status(), 503, "until the lease expires");
+        assert!(
+            started.elapsed() < LEASE_TTL + WAIT,
+            "the lease expires in time"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        accepted >= LEASE_TTL - Duration::from_millis(500),
+        "not before the lease expired: {accepted:?}"
+    );
+    let after = stream
+        .until("turn_end of echo after", |e| e.event == "turn_end")
+        .await;
+    assert_in_order(&after, last_seen, "after the takeover");
+    assert!(
+        after
+            .iter()
+            .any(|e| e.event == "user_message" && e.data["text"] == "echo after")
+    );
+    let holder = psql(
+        &database,
+        &format!("SELECT replica_id FROM leases WHERE session_id = '{session}'"),
+    );
+    assert_ne!(holder.trim(), "dead", "B holds the lease now");
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_creations_racing_over_two_replicas_never_exceed_the_device_quota() {
+    if on_postgres() {
+        return;
+    }
+    let Pair { a, b, database } = pair().await;
+    let token = a.register("phone-replica-03").await;
+    let create = |gw: &TestGateway| {
+        gw.request(Method::POST, &token, "/sessions")
+            .json(&serde_json::json!({"title": "race"}))
+            .send()
+    };
+    let answers =
+        futures_util::future::join_all((0..50).map(|n| create(if n % 2 == 0 { &a } else { &b })))
+            .await;
+    let mut n_created = 0;
+    for answer in answers {
+        let answer = answer.expect("answers");
+        match answer.status().as_u16() {
+            201 => n_created += 1,
+            429 => {
+                let body: Value = answer.json().await.expect("json");
+                assert_eq!(body["code"], "QUOTA_EXCEEDED", "{body}");
+            }
+            other => panic!("a creation answered {other}"),
+        }
+    }
+    assert_eq!(
+        n_created, 20,
+        "a device holds at most 20 sessions across replicas"
+    );
+    let stored = psql(&database, "SELECT count(*) FROM sessions");
+    assert_eq!(stored.trim(), "20");
+    let listed = b.get_json(&token, "/sessions").await;
+    assert_eq!(
+        listed["sessions"].as_array().map(Vec::len),
+        Some(20),
+        "B lists A's sessions too"
+    );
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once_and_goes_on() {
+    if on_postgres() {
+        return;
+    }
+    let url = tokio::task::spawn_blocking(|| {
+        warren_test_support::services::Postgres::shared().fresh_database()
+    })
+    .await
+    .expect("a database");
+    let database = url.rsplit('/').next().expect("a name").to_owned();
+    let a_data = tempfile::tempdir().expect("A's data");
+    let extra = [
+        "--store".to_owned(),
+        url.clone(),
+        "--lease-ttl".to_owned(),
+        format!("{}s", LEASE_TTL.as_secs()),
+    ];
+    let mut a = super::helpers::GatewayProcess::start(a_data.path(), &extra, &[]);
+    let b = TestGateway::start(replica_args(&url)).await;
+    let token = a.register("phone-replica-04").await;
+    let session = a.create_session(&token).await;
+    let mut on_b = b.events(&token, &session, None).await;
+    let sent = a.post_message(&token, &session, "sleep 60").await;
+    assert_eq!(sent.status(), 202);
+    on_b.until("the turn running on A, seen on B", |e| e.event == "update")
+        .await;
+
+    let killed_at = Instant::now();
+    tokio::task::spawn_blocking(move || {
+        a.kill_9();
+        a
+    })
+    .await
+    .map(drop)
+    .expect("A is killed");
+    // B's subscribers stay connected; the next message on B waits out A's lease, then B takes
+    // the session: the turn A ran is closed `interrupted` once, and the new turn runs on B.
+    let accepted = loop {
+        let answer = b.post_message(&token, &session, "echo after").await;
+        match answer.status().as_u16() {
+            202 => break killed_at.elapsed(),
+            503 => {
+                let body: Value = answer.json().await.expect("json");
+                assert_eq!(body["code"], "OWNER_UNAVAILABLE", "{body}");
+            }
+            other => panic!("a message while A is gone answered {other}"),
+        }
+        assert!(
+            killed_at.elapsed() < LEASE_TTL + WAIT,
+            "B takes over in time"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        accepted < LEASE_TTL + Duration::from_secs(10),
+        "within the lease timeout: {accepted:?}"
+    );
+    let seen = on_b
+        .until("turn_end of echo after on B", |e| {
+            e.event == "turn_end" && e.data["stop_reason"] != "interrupted"
+        })
+        .await;
+    let interrupted: Vec<&Received> = seen
+        .iter()
+        .filter(|e| e.event == "turn_end" && e.data["stop_reason"] == "interrupted")
+        .collect();
+    assert_eq!(
+        interrupted.len(),
+        1,
+        "the running turn is closed once: {:?}",
+        kinds(&seen)
+    );
+    assert!(
+        seen.iter()
+            .any(|e| e.event == "user_message" && e.data["text"] == "echo after")
+    );
+    // One history, every seq once: what B streamed live is what the store holds.
+    let mut history = b.events(&token, &session, Some(0)).await;
+    let n_stored: u64 = psql(
+        &database,
+        &format!("SELECT count(*) FROM events WHERE session_id = '{session}'"),
+    )
+    .trim()
+    .parse()
+    .expect("a count");
+    let all = history
+        .until("every stored event", |e| e.id == Some(n_stored))
+        .await;
+    assert_in_order(&all, 0, "the whole history");
+    let n_interrupted = all
+        .iter()
+        .filter(|e| e.event == "turn_end" && e.data["stop_reason"] == "interrupted")
+        .count();
+    assert_eq!(n_interrupted, 1);
+    let again = b.post_message(&token, &session, "echo more").await;
+    assert_eq!(again.status(), 202, "the session goes on");
+    on_b.until("turn_end of echo more", |e| e.event == "turn_end")
+        .await;
+    super::helpers::stop_left_hands(a_data.path());
+    b.stop().await;
+}
