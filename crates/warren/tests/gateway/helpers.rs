@@ -111,6 +111,19 @@ pub fn delete_stored_session(data: &Path, session: &str) {
     );
 }
 
+/// Every id of `events` follows the one before it by exactly 1, from `after + 1`: no gap, no
+/// duplicate (`what` names the stream in the failure).
+pub fn assert_seq_from(events: &[Received], after: u64, what: &str) {
+    for (expected, event) in (after + 1..).zip(events) {
+        assert_eq!(
+            event.id,
+            Some(expected),
+            "{what}: seq continues +1 ({})",
+            event.event
+        );
+    }
+}
+
 /// For a test of the file store's own files (`events.jsonl`, `meta.json`, a full data disk):
 /// true, with a note, when the suite runs on PostgreSQL, where those files do not exist (the
 /// store's own faults are tested in tests/gateway/store_faults.rs).

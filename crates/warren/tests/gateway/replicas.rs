@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::Value;
 
-use super::helpers::{Received, TestGateway, WAIT, args_with_shell_agent, on_postgres};
+use super::helpers::{
+    Received, TestGateway, WAIT, args_with_shell_agent, assert_seq_from, on_postgres,
+};
 
 /// A lease short enough that a failover test waits seconds, not the default 15.
 const LEASE_TTL: Duration = Duration::from_secs(3);
@@ -46,20 +48,6 @@ async fn pair() -> Pair {
 
 fn psql(database: &str, sql: &str) -> String {
     warren_test_support::services::Postgres::shared().psql(database, sql)
-}
-
-/// Every id of `events` follows the one before by exactly 1, from `after + 1`.
-fn assert_in_order(events: &[Received], after: u64, what: &str) {
-    let mut expected = after + 1;
-    for event in events {
-        assert_eq!(
-            event.id,
-            Some(expected),
-            "{what}: seq continues +1 ({})",
-            event.event
-        );
-        expected += 1;
-    }
 }
 
 fn kinds(events: &[Received]) -> Vec<&str> {
@@ -119,7 +107,7 @@ async fn a_session_made_on_a_is_streamed_from_b_and_driven_through_b() {
             }
         })
         .await;
-    assert_in_order(&history, 0, "history on B");
+    assert_seq_from(&history, 0, "history on B");
     // The session's owner-bound routes answer on B too: its state is A's.
     let info = b.session_info(&token, &session).await;
     assert_eq!(info["turn"], 2, "{info}");
@@ -197,7 +185,7 @@ async fn an_owner_that_is_gone_is_503_until_its_lease_expires_then_the_session_i
     let after = stream
         .until("turn_end of echo after", |e| e.event == "turn_end")
         .await;
-    assert_in_order(&after, last_seen, "after the takeover");
+    assert_seq_from(&after, last_seen, "after the takeover");
     assert!(
         after
             .iter()
@@ -343,7 +331,7 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
     let all = history
         .until("every stored event", |e| e.id == Some(n_stored))
         .await;
-    assert_in_order(&all, 0, "the whole history");
+    assert_seq_from(&all, 0, "the whole history");
     let n_interrupted = all
         .iter()
         .filter(|e| e.event == "turn_end" && e.data["stop_reason"] == "interrupted")

@@ -5,17 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::helpers::{Received, TestGateway, WAIT, args_with_shell_agent, on_postgres};
-
-/// Every id of `events` follows the one before it by exactly 1.
-fn assert_no_gap(events: &[Received], after: u64) {
-    let mut expected = after + 1;
-    for event in events {
-        let id = event.id.expect("every event has an id");
-        assert_eq!(id, expected, "seq continues +1: {:?}", event.event);
-        expected += 1;
-    }
-}
+use super::helpers::{TestGateway, WAIT, args_with_shell_agent, assert_seq_from, on_postgres};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_is_503_store_unavailable_meanwhile_and_nothing_is_lost() {
@@ -37,7 +27,7 @@ async fn a_postgres_restart_is_503_store_unavailable_meanwhile_and_nothing_is_lo
     let session = gw.create_session(&token).await;
     let mut events = gw.events(&token, &session, None).await;
     let first = gw.turn(&token, &session, &mut events, "echo before").await;
-    assert_no_gap(&first, 0);
+    assert_seq_from(&first, 0, "before");
     let last_seen = first.last().and_then(|e| e.id).expect("events");
 
     let mut postgres = tokio::task::spawn_blocking(move || {
@@ -120,7 +110,7 @@ async fn a_postgres_restart_is_503_store_unavailable_meanwhile_and_nothing_is_lo
     let after = resumed
         .until("turn_end of echo after", |e| e.event == "turn_end")
         .await;
-    assert_no_gap(&after, last_seen);
+    assert_seq_from(&after, last_seen, "after the restart");
     assert!(
         after
             .iter()
