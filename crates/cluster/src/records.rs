@@ -148,4 +148,21 @@ impl Store {
             )
             .await?)
     }
+
+    /// Deletes the session's preview tokens whose record contains `record_subset` (JSON
+    /// containment: `{"port": 3000}` is every token of that port), live or expired; returns how
+    /// many rows went.
+    pub async fn delete_preview_tokens_matching(
+        &self,
+        session_id: &str,
+        record_subset: &serde_json::Value,
+    ) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM preview_tokens WHERE session_id = $1 AND record @> $2",
+                &[&session_id, record_subset],
+            )
+            .await?)
+    }
 }

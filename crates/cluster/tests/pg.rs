@@ -919,3 +919,46 @@ async fn preview_tokens_are_found_until_they_expire_or_their_session_goes() {
     assert_eq!(b.delete_preview_tokens("s").await.expect("deletes"), 3);
     assert_eq!(b.preview_token("h2").await.expect("reads"), None);
 }
+
+#[tokio::test]
+async fn preview_tokens_of_one_port_are_deleted_and_no_others() {
+    let (a, b) = two_replicas().await;
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits");
+    let hour_ms = 3_600_000;
+    let record = |port: u16| json!({ "port": port, "expires_at": "2100-01-01T00:00:00Z" });
+    for (hash, session, port) in [("h1", "s", 3000), ("h2", "s", 3001), ("h3", "t", 3000)] {
+        a.put_preview_token(hash, session, &record(port), now_ms + hour_ms)
+            .await
+            .expect("puts");
+    }
+    let port_3000 = json!({ "port": 3000 });
+    assert_eq!(
+        b.delete_preview_tokens_matching("s", &port_3000)
+            .await
+            .expect("deletes"),
+        1
+    );
+    assert_eq!(b.preview_token("h1").await.expect("reads"), None);
+    assert_eq!(
+        b.preview_token("h2").await.expect("reads"),
+        Some(("s".to_owned(), record(3001))),
+        "another port stays"
+    );
+    assert_eq!(
+        b.preview_token("h3").await.expect("reads"),
+        Some(("t".to_owned(), record(3000))),
+        "another session's stays"
+    );
+    assert_eq!(
+        b.delete_preview_tokens_matching("s", &port_3000)
+            .await
+            .expect("answers"),
+        0
+    );
+}

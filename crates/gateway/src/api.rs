@@ -150,7 +150,10 @@ async fn create_preview(
 ) -> Result<Response, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
     let port = crate::previews::parse_port(body.port)?;
-    let preview = gateway.previews.create(&session.id, port);
+    let preview = gateway
+        .previews
+        .create(gateway.sessions.store(), &session.id, port)
+        .await?;
     Ok((StatusCode::CREATED, axum::Json(preview)).into_response())
 }
 
@@ -195,7 +198,11 @@ async fn delete_preview(
 ) -> Result<StatusCode, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
     let port = crate::previews::parse_port(port)?;
-    match gateway.previews.revoke(&session.id, port) {
+    match gateway
+        .previews
+        .revoke(gateway.sessions.store(), &session.id, port)
+        .await?
+    {
         true => Ok(StatusCode::NO_CONTENT),
         false => Err(GatewayError::PreviewNotFound),
     }

@@ -9,19 +9,33 @@
 //! route, and a device token presented there is refused. It is forwarded to the hands' execd
 //! `/proxy/{port}/{path}` ([`crate::hands::tunnel`], WebSocket upgrades included). Each request
 //! is a use of the hands (paused ones resume).
+//!
+//! With a store (`--store postgres://…`) every preview is also a row of `preview_tokens`, keyed
+//! by the hex SHA-256 of its token (never the token), so any replica serves its URL: a replica
+//! that does not know a token looks it up there and, when another replica owns the session
+//! ([`crate::replicas::route`]), forwards the whole request (upgrades included) to the owner
+//! with its `Host`, so the owner's [`route`] recognises it. A replica that takes the session
+//! over keeps the stored preview and serves it itself.
+//!
+//! Architecture Invariant: a forwarded preview request is never forwarded again; a replica that
+//! receives one and does not own the session answers 503 `OWNER_UNAVAILABLE`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use warren_cluster::pg::Store;
 
 use crate::Gateway;
 use crate::error::GatewayError;
+use crate::replicas::{FORWARDED_HEADER, Route};
+use crate::session::Session;
 
 /// Token length: 32 characters of `[a-z0-9]`, about 165 bits.
 const TOKEN_LEN: usize = 32;
@@ -40,6 +54,24 @@ struct Preview {
     port: u16,
     expires: Instant,
     expires_at: String,
+}
+
+/// A preview's record in the store's `preview_tokens` (its session and token hash are columns).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    port: u16,
+    /// RFC 3339.
+    expires_at: String,
+}
+
+/// The store's key of a token: its hex SHA-256.
+fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// What the store matches to find every token of a session's port.
+fn port_match(port: u16) -> serde_json::Value {
+    serde_json::json!({ "port": port })
 }
 
 /// The live previews, by token.
@@ -104,7 +136,13 @@ impl Previews {
     }
 
     /// A new preview of `port` for the session (an earlier one of the same port is replaced).
-    pub fn create(&self, session_id: &str, port: u16) -> PreviewInfo {
+    /// With a `store` it is written there first: a store that cannot be reached fails it.
+    pub async fn create(
+        &self,
+        store: Option<&Store>,
+        session_id: &str,
+        port: u16,
+    ) -> Result<PreviewInfo, GatewayError> {
         let token = new_token();
         let expires_at = chrono::Utc::now()
             + chrono::Duration::from_std(self.ttl).unwrap_or(chrono::Duration::hours(1));
@@ -114,11 +152,52 @@ impl Previews {
             expires: Instant::now() + self.ttl,
             expires_at: expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         };
+        if let Some(store) = store {
+            let record = Record {
+                port,
+                expires_at: preview.expires_at.clone(),
+            };
+            let record =
+                serde_json::to_value(&record).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            store
+                .delete_preview_tokens_matching(session_id, &port_match(port))
+                .await?;
+            store
+                .put_preview_token(
+                    &token_hash(&token),
+                    session_id,
+                    &record,
+                    expires_at.timestamp_millis(),
+                )
+                .await?;
+        }
         let info = self.info(&token, &preview);
+        self.insert(token, preview);
+        Ok(info)
+    }
+
+    /// Puts `preview` under `token`, replacing the session's earlier preview of its port.
+    fn insert(&self, token: String, preview: Preview) {
         let mut map = self.map();
-        map.retain(|_, p| !(p.session_id == session_id && p.port == port));
+        map.retain(|_, p| !(p.session_id == preview.session_id && p.port == preview.port));
         map.insert(token, preview);
-        info
+    }
+
+    /// Keeps a preview found in the store (this replica owns its session now); `None` when its
+    /// record's expiry does not parse.
+    fn adopt(&self, token: &str, session_id: &str, record: &Record) -> Option<()> {
+        let expires_at = chrono::DateTime::parse_from_rfc3339(&record.expires_at).ok()?;
+        let left = (expires_at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        let preview = Preview {
+            session_id: session_id.to_owned(),
+            port: record.port,
+            expires: Instant::now() + left,
+            expires_at: record.expires_at.clone(),
+        };
+        self.insert(token.to_owned(), preview);
+        Some(())
     }
 
     /// The session's live previews, by port.
@@ -135,12 +214,27 @@ impl Previews {
         list
     }
 
-    /// Revokes the session's preview of `port`; false when there was none.
-    pub fn revoke(&self, session_id: &str, port: u16) -> bool {
+    /// Revokes the session's preview of `port`, in the `store` first (its row goes whichever
+    /// replica made it); false when there was none.
+    pub async fn revoke(
+        &self,
+        store: Option<&Store>,
+        session_id: &str,
+        port: u16,
+    ) -> Result<bool, GatewayError> {
+        let stored = match store {
+            Some(store) => {
+                store
+                    .delete_preview_tokens_matching(session_id, &port_match(port))
+                    .await?
+                    > 0
+            }
+            None => false,
+        };
         let mut map = self.map();
         let before = map.len();
         map.retain(|_, p| !(p.session_id == session_id && p.port == port));
-        map.len() < before
+        Ok(map.len() < before || stored)
     }
 
     /// Revokes every preview of the session (it is deleted).
@@ -233,6 +327,14 @@ enum PreviewError {
     NotFound,
     DeviceToken,
     Unreachable(String),
+    /// The store or the session's owner (another replica) is away.
+    Gateway(GatewayError),
+}
+
+impl From<GatewayError> for PreviewError {
+    fn from(error: GatewayError) -> Self {
+        PreviewError::Gateway(error)
+    }
 }
 
 impl IntoResponse for PreviewError {
@@ -249,6 +351,7 @@ impl IntoResponse for PreviewError {
                 "a device token is never accepted on a preview origin".to_owned(),
             ),
             PreviewError::Unreachable(why) => (StatusCode::BAD_GATEWAY, "PREVIEW_UNREACHABLE", why),
+            PreviewError::Gateway(error) => return error.into_response(),
         };
         warren_http::error_response(status, code, message)
     }
@@ -259,17 +362,30 @@ async fn serve(
     token: &str,
     request: Request,
 ) -> Result<Response, PreviewError> {
-    let (session_id, port) = gateway
-        .previews
-        .lookup(token)
-        .ok_or(PreviewError::NotFound)?;
+    let (session_id, port, stored) = match gateway.previews.lookup(token) {
+        Some((session_id, port)) => (session_id, port, None),
+        None => {
+            let (session_id, record) = stored(gateway, token)
+                .await?
+                .ok_or(PreviewError::NotFound)?;
+            (session_id, record.port, Some(record))
+        }
+    };
     if carries_device_token(gateway, presented_tokens(&request)).await {
         return Err(PreviewError::DeviceToken);
     }
-    let session = gateway
-        .sessions
-        .by_id(&session_id)
+    let session = owned_or_found(gateway, &session_id)
+        .await?
         .ok_or(PreviewError::NotFound)?;
+    if let Route::There { url, expires_in } = crate::replicas::route(gateway, &session).await? {
+        return forward_to_owner(gateway, &url, expires_in, request).await;
+    }
+    if let Some(record) = stored {
+        gateway
+            .previews
+            .adopt(token, &session_id, &record)
+            .ok_or(PreviewError::NotFound)?;
+    }
     let endpoint = session
         .hands
         .endpoint()
@@ -286,6 +402,74 @@ async fn serve(
         )));
     }
     Ok(answer)
+}
+
+/// The stored preview of `token` (none without a store): its session and record.
+async fn stored(gateway: &Gateway, token: &str) -> Result<Option<(String, Record)>, GatewayError> {
+    let Some(store) = gateway.sessions.store() else {
+        return Ok(None);
+    };
+    let Some((session_id, record)) = store.preview_token(&token_hash(token)).await? else {
+        return Ok(None);
+    };
+    match serde_json::from_value(record) {
+        Ok(record) => Ok(Some((session_id, record))),
+        Err(e) => {
+            tracing::warn!(session = %session_id, error = %e, "a stored preview does not parse");
+            Ok(None)
+        }
+    }
+}
+
+/// The session, from the map while this replica owns it, else as the store has it now.
+async fn owned_or_found(
+    gateway: &Gateway,
+    session_id: &str,
+) -> Result<Option<Arc<Session>>, GatewayError> {
+    let owned = gateway
+        .replicas
+        .as_ref()
+        .is_none_or(|replicas| replicas.holds(session_id));
+    match gateway.sessions.by_id(session_id).filter(|_| owned) {
+        Some(session) => Ok(Some(session)),
+        None => gateway.sessions.find(session_id).await,
+    }
+}
+
+/// Sends a preview request to the replica at `url` that owns its session, `Host` kept so that
+/// replica's [`route`] serves it. A request forwarded already, or an owner that does not answer,
+/// is 503 `OWNER_UNAVAILABLE` for the lease's time left.
+async fn forward_to_owner(
+    gateway: &Gateway,
+    url: &str,
+    expires_in: Duration,
+    request: Request,
+) -> Result<Response, PreviewError> {
+    let retry_after = crate::replicas::retry_after(expires_in);
+    let Some(replicas) = &gateway.replicas else {
+        return Err(GatewayError::Internal("forwarding without replicas".into()).into());
+    };
+    if request.headers().contains_key(FORWARDED_HEADER) {
+        return Err(GatewayError::OwnerUnavailable(retry_after).into());
+    }
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    let mut extra = HeaderMap::new();
+    if let Some(host) = request.headers().get(header::HOST) {
+        extra.insert(header::HOST, host.clone());
+    }
+    if let Ok(id) = HeaderValue::from_str(&replicas.id) {
+        extra.insert(FORWARDED_HEADER, id);
+    }
+    crate::hands::tunnel::forward_to(url, &path, request, extra, ())
+        .await
+        .map_err(|e| {
+            tracing::warn!(owner = %url, error = %e, "the preview's owner did not answer");
+            GatewayError::OwnerUnavailable(retry_after).into()
+        })
 }
 
 /// Whether one of the request's tokens is a device token.
@@ -367,10 +551,10 @@ mod tests {
         assert_eq!(previews.frame_source(), "http://*.localhost:41234");
     }
 
-    #[test]
-    fn tokens_are_dns_labels_and_previews_expire_and_revoke() {
+    #[tokio::test]
+    async fn tokens_are_dns_labels_and_previews_expire_and_revoke() {
         let previews = Previews::new(None, 8080, Duration::from_secs(60)).expect("default");
-        let info = previews.create("s1", 3000);
+        let info = previews.create(None, "s1", 3000).await.expect("made");
         let token = info
             .url
             .strip_prefix("http://p-")
@@ -384,10 +568,11 @@ mod tests {
         );
         assert_eq!(previews.lookup(token), Some(("s1".to_owned(), 3000)));
         assert_eq!(previews.list("s1"), std::slice::from_ref(&info));
-        assert!(previews.revoke("s1", 3000));
+        assert!(previews.revoke(None, "s1", 3000).await.expect("revoked"));
+        assert!(!previews.revoke(None, "s1", 3000).await.expect("answers"));
         assert_eq!(previews.lookup(token), None);
         let expired = Previews::new(None, 8080, Duration::ZERO).expect("default");
-        let info = expired.create("s1", 3000);
+        let info = expired.create(None, "s1", 3000).await.expect("made");
         assert!(expired.list("s1").is_empty(), "{info:?} expired at once");
     }
 }

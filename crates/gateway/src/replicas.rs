@@ -334,7 +334,7 @@ pub async fn layer(State(gateway): State<Arc<Gateway>>, request: Request, next: 
 }
 
 /// Whole seconds to wait for a lease with `expires_in` left (at least 1).
-fn retry_after(expires_in: Duration) -> u64 {
+pub(crate) fn retry_after(expires_in: Duration) -> u64 {
     expires_in.as_secs() + 1
 }
 

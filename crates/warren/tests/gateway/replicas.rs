@@ -344,3 +344,89 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
     super::helpers::stop_left_hands(a_data.path());
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_made_on_a_is_served_through_b_until_it_is_revoked() {
+    if on_postgres() {
+        return;
+    }
+    let Pair { a, b, database } = pair().await;
+    let mut chat = a.conversation("phone-replica-preview").await;
+    chat.turn("echo served-by-a > index.txt; setsid nohup python3 -m http.server 18766 --bind 127.0.0.1 >/dev/null 2>&1 & echo started")
+        .await;
+    let created = a
+        .request(
+            Method::POST,
+            &chat.token,
+            &format!("/sessions/{}/previews", chat.session),
+        )
+        .json(&serde_json::json!({"port": 18766}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(created.status(), 201);
+    let preview: Value = created.json().await.expect("json");
+    let url = preview["url"].as_str().expect("url").to_owned();
+    let host = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let token = host
+        .strip_prefix("p-")
+        .and_then(|rest| rest.split('.').next())
+        .expect("the default URL shape")
+        .to_owned();
+    let through_b = |path: &str| {
+        reqwest::Client::new()
+            .get(format!("{}{path}", b.url))
+            .header(reqwest::header::HOST, &host)
+    };
+    let body = warren_test_support::eventually_async("A's preview answers through B", || {
+        let request = through_b("/index.txt");
+        async move {
+            let response = request.send().await.ok()?;
+            (response.status() == 200).then_some(())?;
+            response.text().await.ok()
+        }
+    })
+    .await;
+    assert_eq!(body, "served-by-a\n");
+    // A request B is handed as forwarded already is never forwarded again.
+    let bounced = through_b("/index.txt")
+        .header("x-warren-forwarded-by", "another-replica")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(bounced.status(), 503);
+    let bounced: Value = bounced.json().await.expect("json");
+    assert_eq!(bounced["code"], "OWNER_UNAVAILABLE", "{bounced}");
+    // The store holds the token's hash, never the token.
+    let rows = psql(
+        &database,
+        "SELECT token_hash || ' ' || session_id || ' ' || record::text FROM preview_tokens",
+    );
+    let rows: Vec<&str> = rows.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let hash = rows[0].split(' ').next().expect("a hash");
+    assert_eq!(hash.len(), 64, "a hex SHA-256: {hash}");
+    assert!(!rows[0].contains(&token), "{rows:?}");
+    assert!(rows[0].contains(&chat.session), "{rows:?}");
+
+    let revoked = a
+        .delete(
+            &chat.token,
+            &format!("/sessions/{}/previews/18766", chat.session),
+        )
+        .await;
+    assert_eq!(revoked.status(), 204);
+    let gone = through_b("/index.txt").send().await.expect("answers");
+    assert_eq!(gone.status(), 404);
+    let gone: Value = gone.json().await.expect("json");
+    assert_eq!(gone["code"], "PREVIEW_NOT_FOUND", "{gone}");
+    assert_eq!(
+        psql(&database, "SELECT count(*) FROM preview_tokens").trim(),
+        "0"
+    );
+    b.stop().await;
+    a.stop().await;
+}
