@@ -74,6 +74,23 @@ struct DeviceRecord {
 }
 
 impl DeviceRecord {
+    /// A fresh token for `device_id` and the record that binds it, keeping the creation time
+    /// of the `existing` record.
+    fn bind(
+        device_id: &str,
+        existing: Option<&DeviceRecord>,
+        now: DateTime<Utc>,
+    ) -> (String, DeviceRecord) {
+        let token = new_secret("wr_");
+        let record = DeviceRecord {
+            device_id: device_id.to_string(),
+            created_at: existing.map_or(now, |r| r.created_at),
+            token_sha256: Some(hex::encode(sha256(&token))),
+            last_used_at: Some(now),
+        };
+        (token, record)
+    }
+
     fn token_live(&self, now: DateTime<Utc>) -> bool {
         let fresh = self
             .last_used_at
@@ -279,13 +296,7 @@ async fn register_in_store(
                 return Err(GatewayError::DeviceAlreadyBound);
             }
         }
-        let token = new_secret("wr_");
-        let record = DeviceRecord {
-            device_id: device_id.to_string(),
-            created_at: existing.map_or(now, |r| r.created_at),
-            token_sha256: Some(hex::encode(sha256(&token))),
-            last_used_at: Some(now),
-        };
+        let (token, record) = DeviceRecord::bind(device_id, existing.as_ref(), now);
         if store
             .put_device_if(device_id, stored.as_ref(), &to_value(&record)?)
             .await?
@@ -406,13 +417,7 @@ impl FileDevices {
                 return Err(GatewayError::DeviceAlreadyBound);
             }
         }
-        let token = new_secret("wr_");
-        let record = DeviceRecord {
-            device_id: device_id.to_string(),
-            created_at: existing.map_or(now, |r| r.created_at),
-            token_sha256: Some(hex::encode(sha256(&token))),
-            last_used_at: Some(now),
-        };
+        let (token, record) = DeviceRecord::bind(device_id, existing.as_ref(), now);
         store::write_json_atomic(&self.record_path(device_id), &record)?;
         state.insert(record);
         Ok(token)

@@ -149,27 +149,18 @@ impl IntoResponse for GatewayError {
                 self.to_string()
             }
             GatewayError::OwnerUnavailable(seconds) => {
-                let mut response = warren_http::error_response(status, code, self.to_string());
-                if let Ok(value) = axum::http::HeaderValue::from_str(&seconds.to_string()) {
-                    response
-                        .headers_mut()
-                        .insert(axum::http::header::RETRY_AFTER, value);
-                }
-                return response;
+                let response = warren_http::error_response(status, code, self.to_string());
+                return with_retry_after(response, *seconds);
             }
             // The database's own message may name hosts and users: a fixed text, and a retry.
             GatewayError::StoreUnavailable(_) => {
                 tracing::warn!(error = %self, "request refused");
-                let mut response = warren_http::error_response(
+                let response = warren_http::error_response(
                     status,
                     code,
                     "the gateway's store is unavailable; retry shortly".to_string(),
                 );
-                response.headers_mut().insert(
-                    axum::http::header::RETRY_AFTER,
-                    axum::http::HeaderValue::from_static(STORE_RETRY_AFTER_SECONDS),
-                );
-                return response;
+                return with_retry_after(response, STORE_RETRY_AFTER_SECONDS);
             }
             _ if status.is_server_error() => {
                 tracing::error!(error = %self, "request failed");
@@ -182,7 +173,15 @@ impl IntoResponse for GatewayError {
 }
 
 /// The `Retry-After` of a 503 `STORE_UNAVAILABLE`.
-const STORE_RETRY_AFTER_SECONDS: &str = "1";
+const STORE_RETRY_AFTER_SECONDS: u64 = 1;
+
+/// `response` with `Retry-After: seconds`.
+fn with_retry_after(mut response: Response, seconds: u64) -> Response {
+    response
+        .headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, seconds.into());
+    response
+}
 
 impl From<warren_cluster::pg::StoreError> for GatewayError {
     fn from(error: warren_cluster::pg::StoreError) -> Self {

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -34,8 +34,7 @@ use warren_cluster::pg::Store;
 
 use crate::Gateway;
 use crate::error::GatewayError;
-use crate::replicas::{FORWARDED_HEADER, Route};
-use crate::session::Session;
+use crate::replicas::Route;
 
 /// Token length: 32 characters of `[a-z0-9]`, about 165 bits.
 const TOKEN_LEN: usize = 32;
@@ -374,11 +373,11 @@ async fn serve(
     if carries_device_token(gateway, presented_tokens(&request)).await {
         return Err(PreviewError::DeviceToken);
     }
-    let session = owned_or_found(gateway, &session_id)
+    let session = crate::replicas::session_for_request(gateway, &session_id)
         .await?
         .ok_or(PreviewError::NotFound)?;
     if let Route::There { url, expires_in } = crate::replicas::route(gateway, &session).await? {
-        return forward_to_owner(gateway, &url, expires_in, request).await;
+        return Ok(crate::replicas::forward(gateway, &url, request, expires_in).await?);
     }
     if let Some(record) = stored {
         gateway
@@ -419,57 +418,6 @@ async fn stored(gateway: &Gateway, token: &str) -> Result<Option<(String, Record
             Ok(None)
         }
     }
-}
-
-/// The session, from the map while this replica owns it, else as the store has it now.
-async fn owned_or_found(
-    gateway: &Gateway,
-    session_id: &str,
-) -> Result<Option<Arc<Session>>, GatewayError> {
-    let owned = gateway
-        .replicas
-        .as_ref()
-        .is_none_or(|replicas| replicas.holds(session_id));
-    match gateway.sessions.by_id(session_id).filter(|_| owned) {
-        Some(session) => Ok(Some(session)),
-        None => gateway.sessions.find(session_id).await,
-    }
-}
-
-/// Sends a preview request to the replica at `url` that owns its session, `Host` kept so that
-/// replica's [`route`] serves it. A request forwarded already, or an owner that does not answer,
-/// is 503 `OWNER_UNAVAILABLE` for the lease's time left.
-async fn forward_to_owner(
-    gateway: &Gateway,
-    url: &str,
-    expires_in: Duration,
-    request: Request,
-) -> Result<Response, PreviewError> {
-    let retry_after = crate::replicas::retry_after(expires_in);
-    let Some(replicas) = &gateway.replicas else {
-        return Err(GatewayError::Internal("forwarding without replicas".into()).into());
-    };
-    if request.headers().contains_key(FORWARDED_HEADER) {
-        return Err(GatewayError::OwnerUnavailable(retry_after).into());
-    }
-    let path = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |pq| pq.as_str())
-        .to_owned();
-    let mut extra = HeaderMap::new();
-    if let Some(host) = request.headers().get(header::HOST) {
-        extra.insert(header::HOST, host.clone());
-    }
-    if let Ok(id) = HeaderValue::from_str(&replicas.id) {
-        extra.insert(FORWARDED_HEADER, id);
-    }
-    crate::hands::tunnel::forward_to(url, &path, request, extra, ())
-        .await
-        .map_err(|e| {
-            tracing::warn!(owner = %url, error = %e, "the preview's owner did not answer");
-            GatewayError::OwnerUnavailable(retry_after).into()
-        })
 }
 
 /// Whether one of the request's tokens is a device token.

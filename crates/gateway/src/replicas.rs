@@ -305,13 +305,7 @@ pub async fn layer(State(gateway): State<Arc<Gateway>>, request: Request, next: 
     else {
         return next.run(request).await;
     };
-    let held = gateway.replicas.as_ref().is_some_and(|r| r.holds(id));
-    let local = gateway.sessions.by_id(id).filter(|_| held);
-    let found = match local {
-        // Deletes of an owned session go through this replica: the map is the truth.
-        Some(session) => Ok(Some(session)),
-        None => gateway.sessions.find(id).await,
-    };
+    let found = session_for_request(&gateway, id).await;
     let session = match found {
         Ok(Some(session)) => session,
         // Unknown: the route answers 404 itself (after authentication).
@@ -323,43 +317,71 @@ pub async fn layer(State(gateway): State<Arc<Gateway>>, request: Request, next: 
     }
     match route(&gateway, &session).await {
         Ok(Route::Here) => next.run(request).await,
-        Ok(Route::There { url, expires_in }) => {
-            if request.headers().contains_key(FORWARDED_HEADER) {
-                return GatewayError::OwnerUnavailable(retry_after(expires_in)).into_response();
-            }
-            forward(&gateway, &url, request, expires_in).await
-        }
+        Ok(Route::There { url, expires_in }) => forward(&gateway, &url, request, expires_in)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
 
+/// The session `id` for a request: from the map while this replica owns it (its deletes go
+/// through this replica, so the map is the truth), else as the store has it now (see
+/// [`Sessions::find`](crate::sessions::Sessions::find)).
+pub async fn session_for_request(
+    gateway: &Gateway,
+    id: &str,
+) -> Result<Option<Arc<Session>>, GatewayError> {
+    let owned = gateway
+        .replicas
+        .as_ref()
+        .is_none_or(|replicas| replicas.holds(id));
+    match gateway.sessions.by_id(id).filter(|_| owned) {
+        Some(session) => Ok(Some(session)),
+        None => gateway.sessions.find(id).await,
+    }
+}
+
 /// Whole seconds to wait for a lease with `expires_in` left (at least 1).
-pub(crate) fn retry_after(expires_in: Duration) -> u64 {
+fn retry_after(expires_in: Duration) -> u64 {
     expires_in.as_secs() + 1
 }
 
-/// Sends `request` to the owner at `url`; an owner that does not answer is 503
-/// `OWNER_UNAVAILABLE` until its lease expires.
-async fn forward(gateway: &Gateway, url: &str, request: Request, expires_in: Duration) -> Response {
-    let Some(replicas) = &gateway.replicas else {
-        return GatewayError::Internal("forwarding without replicas".into()).into_response();
-    };
+/// Sends `request` to the owner at `url` as it came (its `Host` kept, so a preview origin's
+/// request is one on the owner too), marked forwarded by this replica. A request that was
+/// forwarded already, or an owner that does not answer, is 503 `OWNER_UNAVAILABLE` until the
+/// lease expires.
+pub async fn forward(
+    gateway: &Gateway,
+    url: &str,
+    request: Request,
+    expires_in: Duration,
+) -> Result<Response, GatewayError> {
+    let unavailable = || GatewayError::OwnerUnavailable(retry_after(expires_in));
+    if request.headers().contains_key(FORWARDED_HEADER) {
+        return Err(unavailable());
+    }
+    let replicas = gateway
+        .replicas
+        .as_ref()
+        .ok_or_else(|| GatewayError::Internal("forwarding without replicas".into()))?;
     let path = request
         .uri()
         .path_and_query()
         .map_or("/", |pq| pq.as_str())
         .to_owned();
     let mut extra = axum::http::HeaderMap::new();
+    if let Some(host) = request.headers().get(axum::http::header::HOST) {
+        extra.insert(axum::http::header::HOST, host.clone());
+    }
     if let Ok(value) = axum::http::HeaderValue::from_str(&replicas.id) {
         extra.insert(FORWARDED_HEADER, value);
     }
-    match crate::hands::tunnel::forward_to(url, &path, request, extra, ()).await {
-        Ok(answer) => answer,
-        Err(e) => {
+    crate::hands::tunnel::forward_to(url, &path, request, extra, ())
+        .await
+        .map_err(|e| {
             tracing::warn!(owner = %url, error = %e, "the session's owner did not answer");
-            GatewayError::OwnerUnavailable(retry_after(expires_in)).into_response()
-        }
-    }
+            unavailable()
+        })
 }
 
 #[cfg(test)]

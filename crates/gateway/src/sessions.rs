@@ -271,11 +271,8 @@ impl Sessions {
         warm: Option<(String, Arc<Hands>)>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
         let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
-        // A warm sandbox was made under its session's id, in its session's directory.
-        let (id, warm_hands) = match warm {
-            Some((id, hands)) => (id, Some(hands)),
-            None => (uuid::Uuid::new_v4().to_string(), None),
-        };
+        let (meta, warm_hands) = new_meta(device_id, title, warm);
+        let id = meta.id.clone();
         let session_dir = self.dir.join(&id);
         let made = (|| {
             std::fs::create_dir_all(session_dir.join("workspace"))?;
@@ -284,13 +281,6 @@ impl Sessions {
                 self.storage.clone(),
                 |_| {},
             )?;
-            let meta = SessionMeta {
-                id: id.clone(),
-                device_id: device_id.to_string(),
-                title: title.unwrap_or_else(|| "untitled".to_string()),
-                created_at: store::now_rfc3339(),
-                acp_session_id: None,
-            };
             let hands = warm_hands
                 .clone()
                 .unwrap_or_else(|| self.new_hands(&id, &session_dir));
@@ -337,17 +327,8 @@ impl Sessions {
         warm: Option<(String, Arc<Hands>)>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
         let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
-        let (id, warm_hands) = match warm {
-            Some((id, hands)) => (id, Some(hands)),
-            None => (uuid::Uuid::new_v4().to_string(), None),
-        };
-        let meta = SessionMeta {
-            id: id.clone(),
-            device_id: device_id.to_string(),
-            title: title.unwrap_or_else(|| "untitled".to_string()),
-            created_at: store::now_rfc3339(),
-            acp_session_id: None,
-        };
+        let (meta, warm_hands) = new_meta(device_id, title, warm);
+        let id = meta.id.clone();
         let value =
             serde_json::to_value(&meta).map_err(|e| GatewayError::Internal(e.to_string()))?;
         let limit = self.admission.limits().sessions_per_device;
@@ -696,6 +677,27 @@ async fn resume_storage(session: &Session) -> Result<(), crate::event_log::Appen
         session.log.sync().await?;
     }
     Ok(())
+}
+
+/// A new session's meta and, when it takes a warm sandbox, that sandbox's hands (a warm
+/// sandbox was made under its session's id, in its session's directory).
+fn new_meta(
+    device_id: &str,
+    title: Option<String>,
+    warm: Option<(String, Arc<Hands>)>,
+) -> (SessionMeta, Option<Arc<Hands>>) {
+    let (id, warm_hands) = match warm {
+        Some((id, hands)) => (id, Some(hands)),
+        None => (uuid::Uuid::new_v4().to_string(), None),
+    };
+    let meta = SessionMeta {
+        id,
+        device_id: device_id.to_string(),
+        title: title.unwrap_or_else(|| "untitled".to_string()),
+        created_at: store::now_rfc3339(),
+        acp_session_id: None,
+    };
+    (meta, warm_hands)
 }
 
 /// Removes every directory under `sessions_dir` whose name is not in `known`.
