@@ -7,8 +7,10 @@
 //! device are serialized and admissions of different devices are not.
 //!
 //! A brain slot belongs to the replica running the brain and expires with its ttl unless that
-//! replica renews it ([`Store::renew_brain_slots`]), so the slots of a dead replica free
-//! themselves. `--max-brains` is per replica and is not counted here: the gateway checks it and
+//! replica renews it ([`Store::renew_brain_slots`], which also writes back the row of a brain it
+//! runs whose row went missing), so the slots of a dead replica free themselves. Each row
+//! carries the token of its reservation: a release names it, so releasing an earlier
+//! reservation of a session never frees a later one. `--max-brains` is per replica and is not counted here: the gateway checks it and
 //! says [`Admit::ServerLimit`] itself.
 
 use std::time::Duration;
@@ -129,12 +131,12 @@ impl Store {
     }
 
     /// Reserves a brain slot of `device_id` for the session on `replica_id` for `ttl`, when the
-    /// device holds fewer than `brains_per_device` unexpired slots. The session's own slot is
-    /// not counted: reserving again moves it to `replica_id` and extends it.
+    /// device holds fewer than `brains_per_device` unexpired slots; the row carries `token`.
+    /// The session's own slot is not counted: reserving again moves it to `replica_id`, gives
+    /// it `token` and extends it.
     pub async fn reserve_brain(
         &self,
-        session_id: &str,
-        device_id: &str,
+        slot: HeldSlot<'_>,
         replica_id: &str,
         brains_per_device: usize,
         ttl: Duration,
@@ -144,14 +146,14 @@ impl Store {
         transaction
             .execute(
                 "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                &[&BRAIN_SLOTS_LOCK_CLASS, &device_id],
+                &[&BRAIN_SLOTS_LOCK_CLASS, &slot.device_id],
             )
             .await?;
         let n_slots: i64 = transaction
             .query_one(
                 "SELECT count(*) FROM brain_slots
                  WHERE device_id = $1 AND session_id <> $2 AND expires_at >= now()",
-                &[&device_id, &session_id],
+                &[&slot.device_id, &slot.session_id],
             )
             .await?
             .try_get(0)?;
@@ -162,45 +164,89 @@ impl Store {
         }
         transaction
             .execute(
-                "INSERT INTO brain_slots (session_id, device_id, replica_id, expires_at)
-                 VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond')
+                "INSERT INTO brain_slots (session_id, device_id, replica_id, token, expires_at)
+                 VALUES ($1, $2, $3, $4, now() + $5::bigint * interval '1 millisecond')
                  ON CONFLICT (session_id) DO UPDATE SET
                      device_id = EXCLUDED.device_id,
                      replica_id = EXCLUDED.replica_id,
+                     token = EXCLUDED.token,
                      expires_at = EXCLUDED.expires_at",
-                &[&session_id, &device_id, &replica_id, &millis(ttl)],
+                &[
+                    &slot.session_id,
+                    &slot.device_id,
+                    &replica_id,
+                    &slot.token,
+                    &millis(ttl),
+                ],
             )
             .await?;
         transaction.commit().await?;
         Ok(Admit::Admitted)
     }
 
-    /// Extends every unexpired brain slot of `replica_id` by `ttl` from now; returns how many.
-    /// A slot that already expired stays expired (it may have been counted free meanwhile).
+    /// The brain slots `replica_id` holds, each extended by `ttl` from now (and written back
+    /// when its row went missing or names another reservation: the replica runs those brains,
+    /// so they count). Returns how many rows were written.
     pub async fn renew_brain_slots(
         &self,
         replica_id: &str,
+        slots: &[HeldSlot<'_>],
         ttl: Duration,
     ) -> Result<u64, StoreError> {
+        if slots.is_empty() {
+            return Ok(0);
+        }
+        let sessions: Vec<&str> = slots.iter().map(|slot| slot.session_id).collect();
+        let devices: Vec<&str> = slots.iter().map(|slot| slot.device_id).collect();
+        let tokens: Vec<&str> = slots.iter().map(|slot| slot.token).collect();
         let client = self.client().await?;
         Ok(client
             .execute(
-                "UPDATE brain_slots SET expires_at = now() + $2::bigint * interval '1 millisecond'
-                 WHERE replica_id = $1 AND expires_at >= now()",
-                &[&replica_id, &millis(ttl)],
+                "INSERT INTO brain_slots (session_id, device_id, replica_id, token, expires_at)
+                 SELECT held.session_id, held.device_id, $1, held.token,
+                        now() + $5::bigint * interval '1 millisecond'
+                 FROM unnest($2::text[], $3::text[], $4::text[])
+                     AS held (session_id, device_id, token)
+                 ON CONFLICT (session_id) DO UPDATE SET
+                     device_id = EXCLUDED.device_id,
+                     replica_id = EXCLUDED.replica_id,
+                     token = EXCLUDED.token,
+                     expires_at = EXCLUDED.expires_at",
+                &[&replica_id, &sessions, &devices, &tokens, &millis(ttl)],
             )
             .await?)
     }
 
-    /// Frees the session's brain slot; `false` when it had none.
-    pub async fn release_brain(&self, session_id: &str) -> Result<bool, StoreError> {
+    /// Frees the session's brain slot when its row still carries `token` (a later reservation
+    /// of the session stays); `false` when it had none.
+    pub async fn release_brain(&self, session_id: &str, token: &str) -> Result<bool, StoreError> {
         let client = self.client().await?;
         let deleted = client
             .execute(
-                "DELETE FROM brain_slots WHERE session_id = $1",
-                &[&session_id],
+                "DELETE FROM brain_slots WHERE session_id = $1 AND token = $2",
+                &[&session_id, &token],
             )
             .await?;
         Ok(deleted == 1)
     }
+
+    /// Frees every brain slot of `replica_id` (a replica shutting down); returns how many.
+    pub async fn release_replica_brains(&self, replica_id: &str) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM brain_slots WHERE replica_id = $1",
+                &[&replica_id],
+            )
+            .await?)
+    }
+}
+
+/// One brain slot as the store keeps it: the session running the brain, its device, and the
+/// token of the reservation.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldSlot<'a> {
+    pub session_id: &'a str,
+    pub device_id: &'a str,
+    pub token: &'a str,
 }

@@ -44,6 +44,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "device_tokens",
         sql: include_str!("../migrations/0002_device_tokens.sql"),
     },
+    Migration {
+        version: 3,
+        name: "brain_slot_tokens",
+        sql: include_str!("../migrations/0003_brain_slot_tokens.sql"),
+    },
 ];
 
 struct Migration {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::sync::{Barrier, broadcast};
-use warren_cluster::admission::Admit;
+use warren_cluster::admission::{Admit, HeldSlot};
 use warren_cluster::events::{EventRow, Notice, Notices};
 use warren_cluster::leases::Acquired;
 use warren_cluster::pg::{Store, StoreError};
@@ -123,7 +123,7 @@ async fn four_replicas_starting_together_apply_each_migration_once() {
     })
     .await
     .expect("psql runs");
-    assert_eq!(applied.trim().replace('\n', " "), "1:1 2:1");
+    assert_eq!(applied.trim().replace('\n', " "), "1:1 2:1 3:1");
 }
 
 #[tokio::test]
@@ -775,11 +775,16 @@ async fn sessions_are_created_read_updated_and_deleted() {
 #[tokio::test]
 async fn brain_slots_are_limited_per_device_and_freed_by_release_or_expiry() {
     let (a, b) = two_replicas().await;
+    let slot = |session_id, device_id, token| HeldSlot {
+        session_id,
+        device_id,
+        token,
+    };
     let reserve = |store: &Store, session: &'static str, replica: &'static str, ttl| {
         let store = store.clone();
         async move {
             store
-                .reserve_brain(session, "d", replica, 2, ttl)
+                .reserve_brain(slot(session, "d", "t1"), replica, 2, ttl)
                 .await
                 .expect("answers")
         }
@@ -799,7 +804,7 @@ async fn brain_slots_are_limited_per_device_and_freed_by_release_or_expiry() {
         "its own slot"
     );
     assert_eq!(
-        a.reserve_brain("s9", "other", "a", 2, TTL)
+        a.reserve_brain(slot("s9", "other", "t1"), "a", 2, TTL)
             .await
             .expect("answers"),
         Admit::Admitted,
@@ -807,21 +812,43 @@ async fn brain_slots_are_limited_per_device_and_freed_by_release_or_expiry() {
     );
     // b stops renewing (it died): its slot frees itself.
     wait_until("b's slot has expired", || async {
-        a.reserve_brain("s3", "d", "a", 2, TTL)
+        a.reserve_brain(slot("s3", "d", "t1"), "a", 2, TTL)
             .await
             .expect("answers")
             == Admit::Admitted
     })
     .await;
-    assert_eq!(a.renew_brain_slots("a", TTL).await.expect("renews"), 3);
     assert_eq!(
-        b.renew_brain_slots("b", TTL).await.expect("renews"),
-        0,
-        "expired stays so"
+        a.renew_brain_slots("a", &[slot("s1", "d", "t1"), slot("s3", "d", "t1")], TTL)
+            .await
+            .expect("renews"),
+        2
     );
-    assert!(a.release_brain("s1").await.expect("releases"));
-    assert!(!a.release_brain("s1").await.expect("answers"));
+    assert_eq!(b.renew_brain_slots("b", &[], TTL).await.expect("renews"), 0);
+    // A release names its reservation: an earlier one of the session frees nothing.
+    assert!(!a.release_brain("s1", "t0").await.expect("answers"));
+    assert!(a.release_brain("s1", "t1").await.expect("releases"));
+    assert!(!a.release_brain("s1", "t1").await.expect("answers"));
     assert_eq!(reserve(&b, "s4", "b", TTL).await, Admit::Admitted);
+    assert_eq!(
+        reserve(&b, "s5", "b", TTL).await,
+        Admit::DeviceLimit { limit: 2 }
+    );
+    // A renewal writes back a slot whose row went missing: the replica runs that brain.
+    assert!(a.release_brain("s3", "t1").await.expect("releases"));
+    assert_eq!(
+        a.renew_brain_slots("a", &[slot("s3", "d", "t2")], TTL)
+            .await
+            .expect("renews"),
+        1
+    );
+    assert_eq!(
+        reserve(&b, "s5", "b", TTL).await,
+        Admit::DeviceLimit { limit: 2 }
+    );
+    // A replica that shuts down frees all of its slots at once.
+    assert_eq!(a.release_replica_brains("a").await.expect("releases"), 2);
+    assert_eq!(reserve(&b, "s5", "b", TTL).await, Admit::Admitted);
 }
 
 // ---- records

@@ -217,6 +217,12 @@ impl Gateway {
             None => None,
         };
         if let Some(replicas) = &replicas {
+            // A device's brains are counted over all replicas.
+            let store = sessions.store().cloned();
+            if let Some(store) = store {
+                let (id, ttl) = (replicas.id.clone(), args.lease_ttl);
+                sessions.admission().count_brains_in(store, id, ttl);
+            }
             // The sessions whose lease this replica takes are its own; the others it follows.
             for session in sessions.all() {
                 match replicas.acquire(&session.id).await {
@@ -302,6 +308,7 @@ impl Gateway {
         if let Some(replicas) = &self.replicas {
             // Given up, not left to expire: another replica takes the sessions at once.
             replicas.release_all().await;
+            self.sessions.admission().release_all_in_store().await;
         }
     }
 }

@@ -160,6 +160,9 @@ pub fn spawn_lease_renewal(gateway: &Arc<Gateway>) {
             if weak.strong_count() == 0 {
                 return;
             }
+            if let Some(gateway) = weak.upgrade() {
+                gateway.sessions.admission().renew_in_store().await;
+            }
             for lost in replicas.renew_all().await {
                 tracing::warn!(session = %lost, "another replica took this session's lease");
                 let Some(gateway) = weak.upgrade() else {
@@ -243,9 +246,11 @@ pub async fn route(gateway: &Arc<Gateway>, session: &Arc<Session>) -> Result<Rou
     }
 }
 
-/// Makes this replica the session's owner: its log reads everything committed, the turns the
-/// old owner left open are closed `interrupted`, and the hands are adopted.
+/// Makes this replica the session's owner: its meta is the one the old owner stored (so the
+/// next brain resumes the agent's ACP session), its log reads everything committed, the turns
+/// the old owner left open are closed `interrupted`, and the hands are adopted.
 async fn take_over(session: &Arc<Session>) -> Result<(), GatewayError> {
+    session.reload_meta().await?;
     session.log.follow().await?;
     session.adopt_history(scan_history(&session.log).await?);
     if session.has_turns_left_open() {

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use warren_brain::{BrainSession, Worker};
 use warren_protocol::gateway::{EventBody, ModelUsage, SessionInfo, UsageTotals};
 
-use crate::admission::{Admission, BrainSlot, SessionSlot};
+use crate::admission::{Admission, BrainSlot, SessionSlot, StoreTicket};
 use crate::error::GatewayError;
 use crate::event_log::{AppendError, EventLog, StoredEvent};
 use crate::hands::Hands;
@@ -381,6 +381,24 @@ impl Session {
         Ok(())
     }
 
+    /// Reads the session's meta back from its PostgreSQL row (what the owner last stored: the
+    /// title, the agent's ACP session id), for a replica that followed the session and now owns
+    /// it. A file store's meta is only ever this gateway's: nothing to read.
+    pub async fn reload_meta(&self) -> Result<(), GatewayError> {
+        let MetaStore::Postgres(store) = &self.meta_store else {
+            return Ok(());
+        };
+        let Some(value) = store.session_meta(&self.id).await? else {
+            return Err(GatewayError::SessionNotFound);
+        };
+        let meta: SessionMeta =
+            serde_json::from_value(value).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let mut state = self.lock();
+        state.title = meta.title;
+        state.acp_session_id = meta.acp_session_id;
+        Ok(())
+    }
+
     pub fn workspace(&self) -> PathBuf {
         self.dir.join("workspace")
     }
@@ -496,13 +514,20 @@ impl Session {
         None
     }
 
+    /// Whether the session holds a brain slot (a brain running, starting or warm).
+    pub fn holds_brain_slot(&self) -> bool {
+        self.lock().brain.holds_slot()
+    }
+
     /// `POST .../messages`: appends `user_message` and `turn_start` of turn n+1 and makes it the
-    /// running turn; reserves a brain slot first when the session holds none. A log that refuses
-    /// the message leaves the session as it was.
+    /// running turn; reserves a brain slot first when the session holds none, with the store's
+    /// `ticket` for it (see [`Admission::ticket`]). A log that refuses the message leaves the
+    /// session as it was.
     pub fn begin_turn(
         &self,
         text: String,
         admission: &Arc<Admission>,
+        ticket: Option<StoreTicket>,
     ) -> Result<(u64, CancellationToken), GatewayError> {
         let mut state = self.lock();
         if state.deleted {
@@ -513,7 +538,7 @@ impl Session {
         }
         let new_slot = match state.brain.holds_slot() {
             true => None,
-            false => Some(admission.reserve_brain(&self.device_id)?),
+            false => Some(admission.reserve_brain(&self.device_id, &self.id, ticket)?),
         };
         let turn = state.turn + 1;
         self.record(&mut state, Some(turn), EventBody::UserMessage { text })?;
@@ -688,7 +713,10 @@ impl Session {
             // A dead brain's slot carries over to its replacement.
             BrainState::Ready(_, slot) | BrainState::Starting(slot) => (None, slot),
             BrainState::Warm(worker, slot) => (Some(worker), slot),
-            BrainState::None => (None, admission.reserve_brain(&self.device_id)?),
+            BrainState::None => (
+                None,
+                admission.reserve_brain(&self.device_id, &self.id, None)?,
+            ),
         };
         state.brain = BrainState::Starting(slot);
         Ok(BrainStart::Start {

@@ -326,7 +326,7 @@ impl Sessions {
         want_brain: bool,
         warm: Option<(String, Arc<Hands>)>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
-        let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
+        let (session_slot, _) = self.admission.reserve_session(device_id, false)?;
         let (meta, warm_hands) = new_meta(device_id, title, warm);
         let id = meta.id.clone();
         let value =
@@ -364,6 +364,18 @@ impl Sessions {
                 let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
                 return Err(e);
             }
+        };
+        // A brain now when the device's brains on every replica together leave room: without
+        // one the session is made all the same, and its first message reserves one.
+        let brain_slot = match want_brain {
+            true => match self.admission.ticket(&id, device_id).await {
+                Ok(ticket) => self.admission.reserve_brain(device_id, &id, ticket).ok(),
+                Err(e) => {
+                    tracing::debug!(session = %id, error = %e, "no brain slot at creation");
+                    None
+                }
+            },
+            false => None,
         };
         let hands = warm_hands.unwrap_or_else(|| self.new_hands(&id, &session_dir));
         let session = Arc::new(Session::new(

@@ -48,7 +48,14 @@ pub async fn start_turn(
     text: String,
 ) -> Result<u64, GatewayError> {
     gateway.sessions.storage().check()?;
-    let (turn, cancel) = session.begin_turn(text.clone(), gateway.sessions.admission())?;
+    let admission = gateway.sessions.admission();
+    // With a store, a session without a brain reserves one there first: over the device's
+    // limit on all replicas together the message is refused before anything is recorded.
+    let ticket = match session.holds_brain_slot() {
+        true => None,
+        false => admission.ticket(&session.id, &session.device_id).await?,
+    };
+    let (turn, cancel) = session.begin_turn(text.clone(), admission, ticket)?;
     let gateway = gateway.clone();
     let session = session.clone();
     tokio::spawn(async move { run_turn(gateway, session, turn, text, cancel).await });

@@ -50,6 +50,16 @@ fn psql(database: &str, sql: &str) -> String {
     warren_test_support::services::Postgres::shared().psql(database, sql)
 }
 
+/// The agent's session id the store keeps in `session`'s meta.
+fn acp_session_id(database: &str, session: &str) -> String {
+    psql(
+        database,
+        &format!("SELECT meta->>'acp_session_id' FROM sessions WHERE id = '{session}'"),
+    )
+    .trim()
+    .to_owned()
+}
+
 fn kinds(events: &[Received]) -> Vec<&str> {
     events.iter().map(|e| e.event.as_str()).collect()
 }
@@ -243,6 +253,107 @@ async fn fifty_creations_racing_over_two_replicas_never_exceed_the_device_quota(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_devices_brains_on_both_replicas_together_never_exceed_its_limit() {
+    if on_postgres() {
+        return;
+    }
+    let Pair { a, b, database } = pair().await;
+    let token = a.register("phone-replica-05").await;
+    let n_slots = || {
+        psql(
+            &database,
+            "SELECT count(*) FROM brain_slots WHERE expires_at >= now()",
+        )
+    };
+    // Six sessions, three made on each replica (a creation takes a warm brain while the limit
+    // leaves room).
+    let mut sessions = Vec::new();
+    for n in 0..6 {
+        let maker = if n % 2 == 0 { &a } else { &b };
+        sessions.push(maker.create_session(&token).await);
+    }
+    let held: u64 = n_slots().trim().parse().expect("a count");
+    assert!(held <= 4, "at most 4 brains at creation: {held}");
+    let n_events = |session: &str| {
+        psql(
+            &database,
+            &format!("SELECT count(*) FROM events WHERE session_id = '{session}'"),
+        )
+    };
+    let events_before: std::collections::HashMap<String, String> = sessions
+        .iter()
+        .map(|session| (session.clone(), n_events(session)))
+        .collect();
+    // A message to each session at once, each sent to the replica that did not make it (so it is
+    // forwarded to its owner): the device runs at most 4 brains over both replicas together.
+    let sends = sessions.iter().enumerate().map(|(n, session)| {
+        let via = if n % 2 == 0 { &b } else { &a };
+        via.post_message(&token, session, "echo hi")
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    let mut refused = Vec::new();
+    for (answer, session) in answers.into_iter().zip(&sessions) {
+        match answer.status().as_u16() {
+            202 => {}
+            429 => {
+                let body: Value = answer.json().await.expect("json");
+                assert_eq!(body["code"], "QUOTA_EXCEEDED", "{body}");
+                assert!(
+                    body["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("4 brains")),
+                    "{body}"
+                );
+                refused.push(session.clone());
+            }
+            other => panic!("a message answered {other}"),
+        }
+    }
+    assert_eq!(refused.len(), 2, "4 of 6 sessions run a brain");
+    assert_eq!(n_slots().trim(), "4");
+    // A refused session got nothing recorded.
+    assert_eq!(
+        n_events(&refused[0]),
+        events_before[&refused[0]],
+        "nothing recorded"
+    );
+    // Deleting a session that runs a brain frees its slot for the others, on either replica.
+    let running = sessions
+        .iter()
+        .find(|session| !refused.contains(session))
+        .expect("a session with a brain");
+    let gone = a.delete(&token, &format!("/sessions/{running}")).await;
+    assert_eq!(gone.status(), 204);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = a.post_message(&token, &refused[0], "echo now").await;
+        match answer.status().as_u16() {
+            202 => break,
+            429 => assert!(Instant::now() < deadline, "the freed slot is taken in time"),
+            other => panic!("a message answered {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(n_slots().trim(), "4");
+    // A replica that stops gives its slots back at once.
+    let b_id = psql(
+        &database,
+        &format!(
+            "SELECT replica_id FROM leases WHERE session_id = '{}'",
+            sessions[1]
+        ),
+    );
+    let b_slots = format!(
+        "SELECT count(*) FROM brain_slots WHERE replica_id = '{}'",
+        b_id.trim()
+    );
+    let n_on_b: u64 = psql(&database, &b_slots).trim().parse().expect("a count");
+    b.stop().await;
+    assert_eq!(psql(&database, &b_slots).trim(), "0", "B held {n_on_b}");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once_and_goes_on() {
     if on_postgres() {
         return;
@@ -269,6 +380,11 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
     assert_eq!(sent.status(), 202);
     on_b.until("the turn running on A, seen on B", |e| e.event == "update")
         .await;
+    let acp_session_on_a = acp_session_id(&database, &session);
+    assert!(
+        acp_session_on_a.starts_with("shell-"),
+        "A's agent session is stored: {acp_session_on_a:?}"
+    );
 
     let killed_at = Instant::now();
     tokio::task::spawn_blocking(move || {
@@ -319,6 +435,16 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
         seen.iter()
             .any(|e| e.event == "user_message" && e.data["text"] == "echo after")
     );
+    // B's brain resumed the agent's session A had (`session/resume`), so the agent keeps its
+    // context: no `CONTEXT_LOST`, and the stored ACP session id is still A's.
+    assert!(
+        !seen
+            .iter()
+            .any(|e| e.event == "error" && e.data["code"] == "CONTEXT_LOST"),
+        "the ACP session is resumed: {:?}",
+        kinds(&seen)
+    );
+    assert_eq!(acp_session_id(&database, &session), acp_session_on_a);
     // One history, every seq once: what B streamed live is what the store holds.
     let mut history = b.events(&token, &session, Some(0)).await;
     let n_stored: u64 = psql(
