@@ -457,7 +457,11 @@ async fn list_sessions(
         .sessions
         .list(&device_id)
         .iter()
-        .map(|s| s.info())
+        .map(|session| match &gateway.replicas {
+            // A session another replica owns: as the events followed here say.
+            Some(replicas) if !replicas.holds(&session.id) => session.followed_info(),
+            _ => session.info(),
+        })
         .collect();
     axum::Json(SessionList { sessions })
 }

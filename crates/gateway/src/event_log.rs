@@ -380,23 +380,23 @@ impl EventLog {
     /// For a replica that does not own the session: reads what the owner committed after this
     /// log's newest event and publishes it to this replica's subscribers, in order. Does nothing
     /// for a file log or while this log has events of its own on the way (it is the owner).
-    /// Returns how many events it published.
-    pub async fn follow(&self) -> io::Result<usize> {
+    /// Returns the events it published.
+    pub async fn follow(&self) -> io::Result<Vec<Arc<StoredEvent>>> {
+        let mut published = Vec::new();
         let Some(pg) = &self.shared.pg else {
-            return Ok(0);
+            return Ok(published);
         };
-        let mut n_published = 0;
         loop {
             let after = {
                 let inner = self.lock();
                 if inner.closed || !inner.queue.is_empty() {
-                    return Ok(n_published);
+                    return Ok(published);
                 }
                 inner.stored_end - 1
             };
             let events = read_postgres(pg, after, PG_BATCH_MAX).await?;
             if events.is_empty() {
-                return Ok(n_published);
+                return Ok(published);
             }
             let mut inner = self.lock();
             for event in events {
@@ -405,8 +405,8 @@ impl EventLog {
                     continue;
                 }
                 inner.next_seq = inner.next_seq.max(event.seq + 1);
-                publish(&mut inner, event);
-                n_published += 1;
+                publish(&mut inner, event.clone());
+                published.push(event);
             }
         }
     }
@@ -1167,9 +1167,8 @@ mod tests {
         }
         assert_eq!(seen, (1..=50).collect::<Vec<_>>());
         assert_eq!(follower.last_seq(), 50);
-        assert_eq!(
-            follower.follow().await.expect("follows"),
-            0,
+        assert!(
+            follower.follow().await.expect("follows").is_empty(),
             "nothing twice"
         );
     }

@@ -208,7 +208,7 @@ pub fn spawn_follower(gateway: &Arc<Gateway>) {
                 if replicas.holds(&session.id) {
                     continue;
                 }
-                if let Err(e) = session.log.follow().await {
+                if let Err(e) = session.follow().await {
                     tracing::debug!(session = %session.id, error = %e, "followed log not read yet");
                 }
             }

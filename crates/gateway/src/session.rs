@@ -177,6 +177,10 @@ pub struct OpenTurns {
     last_turn: u64,
     /// The `usage` events seen, summed: the session's totals at start.
     usage: UsageTotals,
+    /// The brain and hands as the last `status` and `hands` events said (what a replica that
+    /// follows the session reports of them).
+    brain_said: Option<String>,
+    hands_said: Option<String>,
 }
 
 impl OpenTurns {
@@ -209,6 +213,15 @@ impl OpenTurns {
                 }
             }
             EventBody::Usage(usage) => self.usage.add(usage),
+            EventBody::Status { brain, hands, .. } => {
+                if brain.is_some() {
+                    self.brain_said.clone_from(brain);
+                }
+                if hands.is_some() {
+                    self.hands_said.clone_from(hands);
+                }
+            }
+            EventBody::Hands { state, .. } => self.hands_said = Some(state.clone()),
             _ => {}
         }
     }
@@ -423,6 +436,48 @@ impl Session {
             brain_placement: self.hands.brain_placement().label().to_string(),
             usage: state.usage,
         }
+    }
+
+    /// [`Session::info`] of a session another replica owns, from the events this replica
+    /// follows: a turn open in the log is running; brain and hands are as the last `status`
+    /// and `hands` events said.
+    pub fn followed_info(&self) -> SessionInfo {
+        let mut info = self.info();
+        let state = self.lock();
+        let said = &state.open_turns;
+        info.status = match said.by_turn.is_empty() {
+            true => "idle",
+            false => "running",
+        }
+        .to_string();
+        info.turn = state.turn.max(said.last_turn);
+        info.brain = match said.brain_said.as_deref() {
+            Some("ready") => "ready",
+            _ => "none",
+        }
+        .to_string();
+        if let Some(hands) = &said.hands_said {
+            info.hands.clone_from(hands);
+        }
+        info
+    }
+
+    /// Reads what the session's owner (another replica) committed since the last read and
+    /// publishes it to this replica's subscribers; the session's turns and usage follow.
+    pub async fn follow(&self) -> std::io::Result<()> {
+        let published = self.log.follow().await?;
+        let mut state = self.lock();
+        for stored in published {
+            match serde_json::from_str::<warren_protocol::gateway::Event>(&stored.json) {
+                Ok(event) => state.open_turns.visit(event.turn, &event.body),
+                Err(e) => {
+                    tracing::warn!(seq = stored.seq, error = %e, "a followed event does not parse")
+                }
+            }
+        }
+        state.turn = state.turn.max(state.open_turns.last_turn());
+        state.usage = state.open_turns.usage();
+        Ok(())
     }
 
     /// The model tokens the session used so far (what `--model-budget-tokens` counts).

@@ -1,8 +1,9 @@
 //! Remote hands on a second "machine": a real `warren execd` in a network namespace of its own,
 //! joined to the host by a veth pair and reached by the gateway only by URL
-//! (`--hands-provider remote`), and a gateway restart on the same data directory that keeps those
-//! hands and a process running in them (scale-out.md's failover with one gateway standing in for
-//! a replica).
+//! (`--hands-provider remote`), and the next gateway keeping those hands and a process running in
+//! them: on the file store a restart on the same data directory, on PostgreSQL another replica on
+//! a data directory of its own taking the session over (scale-out.md's failover with remote
+//! hands).
 //!
 //! The test makes the namespace and the link itself (it runs as root, as CI does) and a guard
 //! removes the execd, every process in the namespace, the link and the namespace, also when an
@@ -21,7 +22,8 @@ use warren_gateway::config::HandsProviderKind;
 use warren_test_support::{alive, eventually, within};
 
 use super::helpers::{
-    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, warren_bin,
+    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, on_postgres, store_for,
+    warren_bin,
 };
 
 const TOKEN: &str = "netns-hands-token";
@@ -308,7 +310,7 @@ fn value<'a>(output: &'a str, word: &str) -> &'a str {
 }
 
 #[tokio::test]
-async fn remote_hands_in_another_network_namespace_keep_their_processes_across_a_gateway_restart() {
+async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_next_gateway() {
     let mut netns = Netns::make();
     let root = tempfile::tempdir().expect("the execd's root");
     let url = netns.start_execd(root.path()).await;
@@ -381,13 +383,23 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_across_a
     let (token, session) = (chat.token.clone(), chat.session.clone());
     drop(chat);
 
-    // The gateway stops the way SIGTERM stops it; a new one opens the same data directory.
+    // The gateway stops the way SIGTERM stops it (giving its leases up). On the file store a new
+    // one opens the same data directory; on PostgreSQL another replica, with a data directory
+    // of its own and the same database, takes the session over at its first request.
     gw.stop_leaving_hands().await;
     assert!(
         alive(sleeper_pid),
         "the sleeper outlives the gateway that started it"
     );
-    let gw = TestGateway::start_in(remote_args(data.path().to_path_buf(), &url)).await;
+    let other_data = tempfile::tempdir().expect("the other replica's data directory");
+    let gw = match on_postgres() {
+        true => {
+            let mut args = remote_args(other_data.path().to_path_buf(), &url);
+            args.store = store_for(data.path());
+            TestGateway::start_in(args).await
+        }
+        false => TestGateway::start_in(remote_args(data.path().to_path_buf(), &url)).await,
+    };
     // The stream resumes after what the first gateway's turn appended.
     let last_seq = gw.session_info(&token, &session).await["last_seq"]
         .as_u64()

@@ -106,6 +106,41 @@ async fn a_session_made_on_a_is_streamed_from_b_and_driven_through_b() {
             kinds(&seen_b)
         );
     }
+    // B lists A's session as the events it follows say: what A says of it.
+    let listed_on_b = || async {
+        let list = b.get_json(&token, "/sessions").await;
+        list["sessions"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["id"] == session.as_str()).cloned())
+            .expect("B lists the session")
+    };
+    let on_a_info = a.session_info(&token, &session).await;
+    let listed = listed_on_b().await;
+    for field in ["status", "turn", "last_seq", "brain", "hands"] {
+        assert_eq!(
+            listed[field], on_a_info[field],
+            "{field}: {listed} vs {on_a_info}"
+        );
+    }
+    assert_eq!(listed["status"], "idle");
+    assert_eq!(listed["brain"], "ready", "{listed}");
+    let sent = b.post_message(&token, &session, "sleep 30").await;
+    assert_eq!(sent.status(), 202);
+    on_b.until("the sleep running, seen on B", |e| e.event == "update")
+        .await;
+    let listed = listed_on_b().await;
+    assert_eq!(listed["status"], "running", "{listed}");
+    assert_eq!(listed["turn"], 3, "{listed}");
+    let cancelled = b
+        .request(Method::POST, &token, &format!("/sessions/{session}/cancel"))
+        .send()
+        .await
+        .expect("answers");
+    assert!(cancelled.status().is_success(), "{}", cancelled.status());
+    on_b.until("the sleep cancelled", |e| e.event == "turn_end")
+        .await;
+    let listed = listed_on_b().await;
+    assert_eq!(listed["status"], "idle", "{listed}");
     // A resumed stream on B is the same history, with no gap and no duplicate.
     let mut resumed = b.events(&token, &session, Some(0)).await;
     let history = resumed
@@ -120,7 +155,7 @@ async fn a_session_made_on_a_is_streamed_from_b_and_driven_through_b() {
     assert_seq_from(&history, 0, "history on B");
     // The session's owner-bound routes answer on B too: its state is A's.
     let info = b.session_info(&token, &session).await;
-    assert_eq!(info["turn"], 2, "{info}");
+    assert_eq!(info["turn"], 3, "{info}");
     let deleted = b.delete(&token, &format!("/sessions/{session}")).await;
     assert_eq!(deleted.status(), 204, "a delete sent to B is A's");
     for gw in [&a, &b] {
