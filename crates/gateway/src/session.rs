@@ -40,6 +40,10 @@ pub struct SessionMeta {
     /// The agent's ACP session id, for `session/resume` / `session/load` after a brain stop.
     #[serde(default)]
     pub acp_session_id: Option<String>,
+    /// The nonce the session's remote hands last reported, so the next gateway (or replica)
+    /// tells an execd replaced at the address from the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hands_nonce: Option<String>,
 }
 
 pub struct Session {
@@ -73,6 +77,7 @@ pub struct SessionState {
     turn: u64,
     running: Option<RunningTurn>,
     acp_session_id: Option<String>,
+    hands_nonce: Option<String>,
     brain: BrainState,
     last_active: Instant,
     deleted: bool,
@@ -319,6 +324,7 @@ impl Session {
         open_turns: OpenTurns,
         session_slot: SessionSlot,
     ) -> Session {
+        hands.remember_nonce(meta.hands_nonce.clone());
         Session {
             meta_store,
             id: meta.id,
@@ -333,6 +339,7 @@ impl Session {
                 turn: open_turns.last_turn(),
                 running: None,
                 acp_session_id: meta.acp_session_id,
+                hands_nonce: meta.hands_nonce,
                 brain: BrainState::None,
                 last_active: Instant::now(),
                 deleted: false,
@@ -359,6 +366,7 @@ impl Session {
             title: state.title.clone(),
             created_at: self.created_at.clone(),
             acp_session_id: state.acp_session_id.clone(),
+            hands_nonce: state.hands_nonce.clone(),
         }
     }
 
@@ -406,9 +414,11 @@ impl Session {
         };
         let meta: SessionMeta =
             serde_json::from_value(value).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        self.hands.remember_nonce(meta.hands_nonce.clone());
         let mut state = self.lock();
         state.title = meta.title;
         state.acp_session_id = meta.acp_session_id;
+        state.hands_nonce = meta.hands_nonce;
         Ok(())
     }
 
@@ -524,6 +534,20 @@ impl Session {
             if let Some(session) = session.upgrade() {
                 let turn = session.running_turn();
                 session.emit(turn, body);
+            }
+        }));
+        let session = Arc::downgrade(self);
+        self.hands.set_nonce_keeper(Box::new(move |nonce| {
+            let Some(session) = session.upgrade() else {
+                return;
+            };
+            session.lock().hands_nonce = Some(nonce);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(e) = session.save_meta().await {
+                        tracing::warn!(session = %session.id, error = %e, "the hands' nonce is not stored");
+                    }
+                });
             }
         }));
     }

@@ -708,6 +708,7 @@ fn new_meta(
         title: title.unwrap_or_else(|| "untitled".to_string()),
         created_at: store::now_rfc3339(),
         acp_session_id: None,
+        hands_nonce: None,
     };
     (meta, warm_hands)
 }

@@ -269,6 +269,11 @@ pub struct Hands {
     watching: std::sync::atomic::AtomicU64,
     status: Mutex<Status>,
     emit: OnceLock<EmitFn>,
+    /// The nonce the session's remote execd last reported (kept in the session's meta, so the
+    /// next gateway or replica knows it): another one at the same address is new hands.
+    known_nonce: Mutex<Option<String>>,
+    /// Told each nonce that differs from the known one (the session stores it).
+    on_nonce: OnceLock<Box<dyn Fn(String) + Send + Sync>>,
     /// The agent's terminals (see [`host`]).
     terminals: Mutex<std::collections::HashMap<String, ExecdClient>>,
     me: Weak<Hands>,
@@ -349,6 +354,8 @@ impl Hands {
                 stopped: false,
             }),
             emit: OnceLock::new(),
+            known_nonce: Mutex::new(None),
+            on_nonce: OnceLock::new(),
             terminals: Mutex::new(std::collections::HashMap::new()),
             me: me.clone(),
         })
@@ -357,6 +364,43 @@ impl Hands {
     /// Where the hands' events go (the session's log); set once by the session.
     pub fn set_emitter(&self, emit: EmitFn) {
         let _ = self.emit.set(emit);
+    }
+
+    /// The remote execd's nonce as last stored (the session's meta), and who stores the next.
+    pub fn remember_nonce(&self, nonce: Option<String>) {
+        *self
+            .known_nonce
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = nonce;
+    }
+
+    /// Set once by the session: stores each new nonce of its remote execd.
+    pub fn set_nonce_keeper(&self, keep: Box<dyn Fn(String) + Send + Sync>) {
+        let _ = self.on_nonce.set(keep);
+    }
+
+    /// For remote hands just connected: whether the execd at the address is another one than
+    /// the one last known (its nonce differs), keeping the new nonce.
+    fn replaced_remote(&self, live: &Live) -> bool {
+        let Some(instance) = live.instance.as_ref() else {
+            return false;
+        };
+        if instance.isolation() != Isolation::Remote {
+            return false;
+        }
+        let nonce = instance.endpoint().nonce.clone();
+        let previous = self
+            .known_nonce
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .replace(nonce.clone());
+        if previous.as_deref() == Some(nonce.as_str()) {
+            return false;
+        }
+        if let Some(keep) = self.on_nonce.get() {
+            keep(nonce);
+        }
+        previous.is_some()
     }
 
     /// The workspace's absolute path on the gateway's disk: the `cwd` given to the agent.
@@ -633,7 +677,8 @@ impl Hands {
                 return Err(e);
             }
         };
-        let reset = previous == HandsState::Lost || restore;
+        let replaced = self.replaced_remote(live);
+        let reset = previous == HandsState::Lost || restore || replaced;
         if reset {
             let notice = match &restored_from {
                 Some(info) => format!(
@@ -641,6 +686,10 @@ impl Hands {
                      processes and shell state were reset.",
                     info.taken_at
                 ),
+                None if replaced => "Note: this session's sandbox was replaced by another at \
+                                     its address. Files are as that one holds them; running \
+                                     processes and shell state were reset."
+                    .to_string(),
                 None => "Note: this session's sandbox was restarted. Files are as they were; \
                          running processes and shell state were reset."
                     .to_string(),

@@ -9,9 +9,11 @@
 //!
 //! A gateway that stops lets go of its remote hands and touches nothing in them, so their
 //! processes and files outlive it (tests/gateway/remote_netns.rs). The next gateway adopts
-//! nothing at start (its sessions' hands read `none`) and connects again on first use, learning
-//! the nonce afresh: it keeps no record of the previous one, so an execd replaced at the URL
-//! while no gateway ran is taken without a `reset` notice.
+//! nothing at start (its sessions' hands read `none`) and connects again on first use. The nonce
+//! the execd last reported is kept in the session's meta (the file or the store's row), so that
+//! gateway, or another replica taking the session over, tells an execd replaced at the URL while
+//! no gateway watched from the same one: the hands come up `reset`, with the notice for the
+//! agent.
 
 use std::time::Duration;
 

@@ -139,8 +139,10 @@ impl Netns {
 
     /// Starts `warren execd` inside the namespace, listening only on the namespace's end of the
     /// link (port 0: it prints the one it got), with its access token and `root` as workspace.
-    async fn start_execd(&mut self, root: &Path) -> String {
-        let listen = format!("{}:0", self.hands_addr);
+    /// Starts `warren execd` on `root` in the namespace, listening on `port` of its end of the
+    /// link (0: any); returns its URL.
+    async fn start_execd(&mut self, root: &Path, port: u16) -> String {
+        let listen = format!("{}:{port}", self.hands_addr);
         // `ip netns exec` enters the namespace and execs the command: the child is the execd.
         let mut child = tokio::process::Command::new("ip")
             .args(["netns", "exec", &self.name])
@@ -313,7 +315,7 @@ fn value<'a>(output: &'a str, word: &str) -> &'a str {
 async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_next_gateway() {
     let mut netns = Netns::make();
     let root = tempfile::tempdir().expect("the execd's root");
-    let url = netns.start_execd(root.path()).await;
+    let url = netns.start_execd(root.path(), 0).await;
     let execd_pid = netns.execd_pid.expect("the execd's pid");
     let port = url.rsplit(':').next().expect("a port in the execd's url");
     assert_eq!(url, format!("http://{}:{port}", netns.hands_addr));
@@ -437,6 +439,50 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_
     let info = chat.info().await;
     assert_eq!(info["isolation"], "remote", "the session object: {info}");
     assert_eq!(info["hands"], "running", "the session object: {info}");
+    let (token, session) = (chat.token.clone(), chat.session.clone());
+    drop(chat);
+    // On PostgreSQL a third replica, with nothing of the session on its disk (no snapshot to
+    // restore from): what it knows of the hands is the session's stored meta.
+    let third_data = tempfile::tempdir().expect("the third replica's data directory");
+    let last_data = match on_postgres() {
+        true => third_data.path().to_path_buf(),
+        false => data.path().to_path_buf(),
+    };
+    gw.stop_leaving_hands().await;
+
+    // While no gateway runs, another execd takes the address: the next gateway knows the nonce
+    // the session's hands had (it is in the session's meta), so it tells the new execd from the
+    // old one and says the hands were reset.
+    let old_execd = netns.execd_pid.take().expect("the execd's pid");
+    kill(old_execd);
+    eventually("the first execd is gone", || !alive(old_execd)).await;
+    let port: u16 = port.parse().expect("a port number");
+    let again = netns.start_execd(root.path(), port).await;
+    assert_eq!(again, url, "the new execd answers at the same address");
+    let mut args = remote_args(last_data, &url);
+    if on_postgres() {
+        args.store = store_for(data.path());
+    }
+    let gw = TestGateway::start_in(args).await;
+    let last_seq = gw.session_info(&token, &session).await["last_seq"]
+        .as_u64()
+        .expect("the session's last_seq");
+    let events = gw.events(&token, &session, Some(last_seq)).await;
+    let mut chat = Conversation {
+        gw: &gw,
+        token,
+        session,
+        events,
+    };
+    let (output, events) = run_ok(&mut chat, "cat proof.txt | sed 's/^/PROOF /'").await;
+    assert_eq!(value(&output, "PROOF"), "netns", "the files are the root's");
+    let replaced: Vec<&Received> = events.iter().filter(|e| e.event == "hands").collect();
+    assert!(
+        replaced
+            .iter()
+            .any(|e| e.data["state"] == "running" && e.data["reset"] == true),
+        "an execd replaced at the address is new hands, reset: {replaced:#?}"
+    );
     drop(chat);
     gw.stop().await;
 
