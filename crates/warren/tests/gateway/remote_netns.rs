@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use warren_gateway::GatewayArgs;
 use warren_gateway::config::HandsProviderKind;
-use warren_test_support::{alive, eventually, within};
+use warren_test_support::{WAIT, alive, eventually, within};
 
 use super::helpers::{
     Conversation, Received, TestGateway, agent_text, args_with_shell_agent, on_postgres, store_for,
@@ -137,11 +137,25 @@ impl Netns {
         netns
     }
 
-    /// Starts `warren execd` inside the namespace, listening only on the namespace's end of the
-    /// link (port 0: it prints the one it got), with its access token and `root` as workspace.
-    /// Starts `warren execd` on `root` in the namespace, listening on `port` of its end of the
-    /// link (0: any); returns its URL.
+    /// Starts `warren execd` inside the namespace, listening only on `port` (0: any; it prints
+    /// the one it got) of the namespace's end of the link, with its access token and `root` as
+    /// workspace; returns its URL. A given port may still be held for a moment by an execd just
+    /// killed: the start is tried again until [`WAIT`] has passed.
     async fn start_execd(&mut self, root: &Path, port: u16) -> String {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match self.try_start_execd(root, port).await {
+                Some(url) => return url,
+                None if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                None => panic!("no execd starts on port {port} of {}", self.hands_addr),
+            }
+        }
+    }
+
+    /// One start of the execd: `None` when it exits before it listens.
+    async fn try_start_execd(&mut self, root: &Path, port: u16) -> Option<String> {
         let listen = format!("{}:{port}", self.hands_addr);
         // `ip netns exec` enters the namespace and execs the command: the child is the execd.
         let mut child = tokio::process::Command::new("ip")
@@ -160,8 +174,12 @@ impl Netns {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let line = within("the execd's `listening on` line", lines.next_line())
             .await
-            .expect("read execd stdout")
-            .expect("execd printed a line");
+            .expect("read execd stdout");
+        let Some(line) = line else {
+            let _ = child.wait().await;
+            self.execd_pid = None;
+            return None;
+        };
         let url = line
             .strip_prefix("warren execd listening on ")
             .unwrap_or_else(|| panic!("a `listening on` line, got {line:?}"))
@@ -173,7 +191,7 @@ impl Netns {
             while let Ok(Some(_)) = lines.next_line().await {}
             let _ = child.wait().await;
         });
-        url
+        Some(url)
     }
 
     /// Every process in the namespace (`ip netns pids`).
@@ -192,7 +210,7 @@ impl Netns {
         if let Some(pid) = self.execd_pid.take() {
             kill(pid);
         }
-        let deadline = std::time::Instant::now() + warren_test_support::WAIT;
+        let deadline = std::time::Instant::now() + WAIT;
         loop {
             let left: Vec<u32> = self.pids().into_iter().filter(|pid| alive(*pid)).collect();
             if left.is_empty() {
