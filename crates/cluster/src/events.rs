@@ -4,7 +4,8 @@
 //!
 //! Architecture Invariant: a session's seqs are 1, 2, 3, … with no gap and no duplicate, across
 //! replicas. [`Store::append_events`] takes a per-session transaction lock, checks that the
-//! first row is the last seq + 1, and writes every row or none.
+//! first row is the last seq + 1, and writes every row or none; an owner's appends are also
+//! fenced by its lease ([`Store::append_events_fenced`]).
 //!
 //! Architecture Invariant: a notice is a hint, never data. Its payload only names a session and
 //! its last seq (PostgreSQL delivers it after the commit, so the rows are there); subscribers
@@ -59,6 +60,20 @@ impl Store {
         session_id: &str,
         rows: &[EventRow],
     ) -> Result<(), StoreError> {
+        self.append_events_fenced(session_id, rows, None).await
+    }
+
+    /// [`Store::append_events`] by the holder of `fence`, the session's lease: the rows are
+    /// written only while the lease row still names its replica and epoch, and the transaction
+    /// holds that row (`FOR SHARE`) until it commits, so a takeover waits for it and reads what
+    /// it wrote. A replica that lost the lease (it stalled and another took the session) is
+    /// refused with [`StoreError::Conflict`] and never writes after the new owner.
+    pub async fn append_events_fenced(
+        &self,
+        session_id: &str,
+        rows: &[EventRow],
+        fence: Option<&crate::leases::Lease>,
+    ) -> Result<(), StoreError> {
         // The notice names the session first: an empty id could not be told from a malformed
         // notice.
         if session_id.is_empty() {
@@ -91,6 +106,22 @@ impl Store {
                 &[&APPEND_LOCK_CLASS, &session_id],
             )
             .await?;
+        if let Some(lease) = fence {
+            let held = transaction
+                .query_opt(
+                    "SELECT 1 FROM leases
+                     WHERE session_id = $1 AND replica_id = $2 AND epoch = $3
+                     FOR SHARE",
+                    &[&lease.session_id, &lease.replica_id, &lease.epoch],
+                )
+                .await?;
+            if held.is_none() || lease.session_id != session_id {
+                return Err(StoreError::Conflict(format!(
+                    "the lease of {session_id} is no longer {}'s (epoch {})",
+                    lease.replica_id, lease.epoch
+                )));
+            }
+        }
         let stored_last: i64 = transaction
             .query_one(
                 "SELECT coalesce(max(seq), 0) FROM events WHERE session_id = $1",

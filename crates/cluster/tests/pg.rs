@@ -546,6 +546,53 @@ async fn concurrent_acquires_from_two_replicas_make_exactly_one_owner() {
 }
 
 #[tokio::test]
+async fn a_replica_that_lost_its_lease_cannot_append_after_the_new_owner() {
+    let (a, b) = two_replicas().await;
+    let Acquired::Owned { lease: old, .. } = a
+        .acquire_lease("s", "a", "http://a", Duration::from_secs(1))
+        .await
+        .expect("acquires")
+    else {
+        panic!("a free session is owned");
+    };
+    a.append_events_fenced("s", &rows(1..=2), Some(&old))
+        .await
+        .expect("the holder appends");
+    // a stalls past its lease; b takes the session over and goes on from what a committed.
+    wait_until("a's lease has expired", || async {
+        matches!(b.lease_holder("s").await, Ok(Some((_, _, None))))
+    })
+    .await;
+    let Acquired::Owned { lease: new, .. } = b
+        .acquire_lease("s", "b", "http://b", TTL)
+        .await
+        .expect("acquires")
+    else {
+        panic!("an expired lease is taken");
+    };
+    // a wakes with events queued at the next seq: refused, though the seq is free.
+    let refused = a
+        .append_events_fenced("s", &rows(3..=3), Some(&old))
+        .await
+        .expect_err("a's lease is gone");
+    assert!(matches!(refused, StoreError::Conflict(_)), "{refused:?}");
+    assert_eq!(a.last_event_seq("s").await.expect("reads"), 2);
+    b.append_events_fenced("s", &rows(3..=4), Some(&new))
+        .await
+        .expect("the new owner appends");
+    let wrong_session = warren_cluster::leases::Lease {
+        session_id: "other".into(),
+        ..new.clone()
+    };
+    assert!(matches!(
+        b.append_events_fenced("s", &rows(5..=5), Some(&wrong_session))
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(b.last_event_seq("s").await.expect("reads"), 4);
+}
+
+#[tokio::test]
 async fn an_expired_lease_is_taken_over_and_its_old_holder_cannot_renew() {
     let (a, b) = two_replicas().await;
     let Acquired::Owned { lease: old, .. } = a

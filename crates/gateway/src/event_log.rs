@@ -135,6 +135,9 @@ struct FileState {
 struct PgBackend {
     store: warren_cluster::pg::Store,
     session_id: String,
+    /// The session's lease as this replica took it: every append is fenced by it (`None`
+    /// without replicas, or before a lease was taken).
+    fence: Mutex<Option<warren_cluster::leases::Lease>>,
 }
 
 /// How many events go into one PostgreSQL transaction at most.
@@ -322,6 +325,7 @@ impl EventLog {
         let pg = PgBackend {
             store,
             session_id: session_id.to_owned(),
+            fence: Mutex::new(None),
         };
         let mut tail = VecDeque::new();
         let mut first_seq = None;
@@ -408,6 +412,16 @@ impl EventLog {
                 publish(&mut inner, event.clone());
                 published.push(event);
             }
+        }
+    }
+
+    /// Fences every later append of a PostgreSQL log by `lease`, the session's lease this
+    /// replica just took (see `Store::append_events_fenced`). Nothing for a file log.
+    pub fn set_fence(&self, lease: warren_cluster::leases::Lease) {
+        if let Some(pg) = &self.shared.pg {
+            *pg.fence
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(lease);
         }
     }
 
@@ -760,11 +774,26 @@ impl Shared {
                         json: event.json.to_string(),
                     })
                     .collect();
-                let appended = pg.store.append_events(&pg.session_id, &rows).await;
+                let fence = pg
+                    .fence
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone();
+                let appended = pg
+                    .store
+                    .append_events_fenced(&pg.session_id, &rows, fence.as_ref())
+                    .await;
                 let mut inner = self.lock();
-                if let Err(e) = appended {
-                    self.fail(inner, io::Error::other(e));
-                    return;
+                match appended {
+                    Ok(()) => {}
+                    Err(warren_cluster::pg::StoreError::Conflict(why)) => {
+                        self.superseded(inner, &why);
+                        return;
+                    }
+                    Err(e) => {
+                        self.fail(inner, io::Error::other(e));
+                        return;
+                    }
                 }
                 self.stored(&mut inner, batch);
             }
@@ -805,6 +834,26 @@ fn publish(inner: &mut Inner, stored: Arc<StoredEvent>) {
 }
 
 impl Shared {
+    /// Another replica owns the session now (this one stalled past its lease and the session
+    /// was taken over): what is queued here was never published, and goes, untold to anyone
+    /// but the log; the store's rows are the session's history, which this log follows from
+    /// here. Nothing is reported: the storage is fine, and the replica's other sessions go on.
+    fn superseded(&self, mut inner: MutexGuard<'_, Inner>, why: &str) {
+        let n_dropped = inner.queue.len();
+        inner.queue.clear();
+        inner.next_seq = inner.stored_end;
+        inner.writing = false;
+        let waiters = std::mem::take(&mut inner.sync_waiters);
+        drop(inner);
+        tracing::warn!(path = %self.path.display(), why, n_dropped, "another replica owns this session: the events queued here are dropped, and the log follows the store");
+        let error = Arc::new(io::Error::other(format!(
+            "another replica owns the session: {why}"
+        )));
+        for waiter in waiters {
+            let _ = waiter.done.send(Err(AppendError::Failing(error.clone())));
+        }
+    }
+
     /// Fails the log after a write error: the queue is held, syncs are answered with the error,
     /// the writer job ends and the failure is reported.
     fn fail(&self, mut inner: MutexGuard<'_, Inner>, error: io::Error) {

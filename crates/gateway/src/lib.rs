@@ -225,7 +225,7 @@ impl Gateway {
             }
             // The sessions whose lease this replica takes are its own; the others it follows.
             for session in sessions.all() {
-                match replicas.acquire(&session.id).await {
+                match replicas.acquire(&session).await {
                     Ok(warren_cluster::leases::Acquired::Owned { .. }) => {}
                     Ok(warren_cluster::leases::Acquired::HeldBy { replica_id, .. }) => {
                         tracing::info!(session = %session.id, owner = %replica_id, "session followed");

@@ -89,13 +89,16 @@ impl Replicas {
 
     /// Takes (or renews) the session's lease when it is free, expired or ours. Returns whether
     /// this replica owns it now and, if so, which replica it was taken from.
-    pub async fn acquire(&self, session_id: &str) -> Result<Acquired, GatewayError> {
+    pub async fn acquire(&self, session: &Session) -> Result<Acquired, GatewayError> {
         let acquired = self
             .store
-            .acquire_lease(session_id, &self.id, &self.url, self.ttl)
+            .acquire_lease(&session.id, &self.id, &self.url, self.ttl)
             .await?;
         if let Acquired::Owned { lease, .. } = &acquired {
-            self.held().insert(session_id.to_owned(), lease.clone());
+            // From now on the session's appends are this lease's: once another replica takes
+            // it, none of this one's can land after the new owner's.
+            session.log.set_fence(lease.clone());
+            self.held().insert(session.id.clone(), lease.clone());
         }
         Ok(acquired)
     }
@@ -229,7 +232,7 @@ pub async fn route(gateway: &Arc<Gateway>, session: &Arc<Session>) -> Result<Rou
     if replicas.holds(&session.id) {
         return Ok(Route::Here);
     }
-    match replicas.acquire(&session.id).await? {
+    match replicas.acquire(session).await? {
         Acquired::Owned { took_over_from, .. } => {
             tracing::info!(session = %session.id, from = ?took_over_from, "session taken over");
             take_over(session).await?;
@@ -353,8 +356,8 @@ fn retry_after(expires_in: Duration) -> u64 {
 
 /// Sends `request` to the owner at `url` as it came (its `Host` kept, so a preview origin's
 /// request is one on the owner too), marked forwarded by this replica. A request that was
-/// forwarded already, or an owner that does not answer, is 503 `OWNER_UNAVAILABLE` until the
-/// lease expires.
+/// forwarded already, or an owner that does not answer (in [`forward_head_timeout`]), is 503
+/// `OWNER_UNAVAILABLE` until the lease expires.
 pub async fn forward(
     gateway: &Gateway,
     url: &str,
@@ -381,12 +384,27 @@ pub async fn forward(
     if let Ok(value) = axum::http::HeaderValue::from_str(&replicas.id) {
         extra.insert(FORWARDED_HEADER, value);
     }
-    crate::hands::tunnel::forward_to(url, &path, request, extra, ())
-        .await
-        .map_err(|e| {
+    // An owner that stalls (stopped, swapping, partitioned) accepts the connection and never
+    // answers: past the head timeout the request is 503 too, and the lease it cannot renew
+    // soon expires.
+    let forwarded = crate::hands::tunnel::forward_to(url, &path, request, extra, ());
+    match tokio::time::timeout(forward_head_timeout(replicas.ttl), forwarded).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) => {
             tracing::warn!(owner = %url, error = %e, "the session's owner did not answer");
-            unavailable()
-        })
+            Err(unavailable())
+        }
+        Err(_) => {
+            tracing::warn!(owner = %url, "the session's owner did not answer in time");
+            Err(unavailable())
+        }
+    }
+}
+
+/// How long a forwarded request waits for the owner's answer to begin: the lease's ttl (an
+/// owner silent that long loses its sessions anyway), and at least 5 s.
+fn forward_head_timeout(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(5))
 }
 
 #[cfg(test)]

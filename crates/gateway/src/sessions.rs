@@ -513,7 +513,7 @@ pub async fn create_session(
     tracing::info!(session = %session.id, %device_id, warm = warm.is_some(), "session created");
     if let Some(replicas) = &gateway.replicas {
         // A new session is owned by the replica that made it.
-        if let Err(e) = replicas.acquire(&session.id).await {
+        if let Err(e) = replicas.acquire(&session).await {
             tracing::warn!(session = %session.id, error = %e, "the new session's lease is taken at its first use");
         }
     }

@@ -479,6 +479,17 @@ impl GatewayProcess {
 }
 
 impl GatewayProcess {
+    /// Sends the gateway process itself (not its agents) `signal` (`STOP`, `CONT`, ...), as
+    /// `kill -<signal> <pid>` does.
+    pub fn signal(&self, signal: &str) {
+        let sent = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill -{signal} {}", self.child.id());
+    }
+
     /// SIGKILL to the gateway's whole process group (it and the agents it runs on the host),
     /// as a machine that dies would; waits until the gateway is gone. Its hands are left.
     pub fn kill_9(&mut self) {

@@ -507,6 +507,114 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stalls_past_its_lease_writes_nothing_after_the_new_owner_and_goes_on() {
+    if on_postgres() {
+        return;
+    }
+    let url = tokio::task::spawn_blocking(|| {
+        warren_test_support::services::Postgres::shared().fresh_database()
+    })
+    .await
+    .expect("a database");
+    let database = url.rsplit('/').next().expect("a name").to_owned();
+    let a_data = tempfile::tempdir().expect("A's data");
+    let extra = [
+        "--store".to_owned(),
+        url.clone(),
+        "--lease-ttl".to_owned(),
+        format!("{}s", LEASE_TTL.as_secs()),
+    ];
+    let a = super::helpers::GatewayProcess::start(a_data.path(), &extra, &[]);
+    let b = TestGateway::start(replica_args(&url)).await;
+    let token = a.register("phone-replica-06").await;
+    let session = a.create_session(&token).await;
+    let mut on_b = b.events(&token, &session, None).await;
+    let sent = a.post_message(&token, &session, "sleep 30").await;
+    assert_eq!(sent.status(), 202);
+    on_b.until("the turn running on A, seen on B", |e| e.event == "update")
+        .await;
+
+    // A stalls (SIGSTOP): it still accepts connections and answers nothing. A message sent to
+    // B is a clear 503 while A's lease runs (the forward does not hang), then B takes over.
+    a.signal("STOP");
+    let stalled_at = Instant::now();
+    loop {
+        let answer = tokio::time::timeout(
+            LEASE_TTL + WAIT,
+            b.post_message(&token, &session, "echo after"),
+        )
+        .await
+        .expect("B answers while A is stalled");
+        match answer.status().as_u16() {
+            202 => break,
+            503 => {
+                let body: Value = answer.json().await.expect("json");
+                assert_eq!(body["code"], "OWNER_UNAVAILABLE", "{body}");
+            }
+            other => panic!("a message while A is stalled answered {other}"),
+        }
+        assert!(
+            stalled_at.elapsed() < LEASE_TTL + 2 * WAIT,
+            "B takes over in time"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    on_b.until("turn_end of echo after on B", |e| {
+        e.event == "turn_end" && e.data["stop_reason"] != "interrupted"
+    })
+    .await;
+    let n_stored = || {
+        psql(
+            &database,
+            &format!("SELECT count(*) FROM events WHERE session_id = '{session}'"),
+        )
+        .trim()
+        .parse::<u64>()
+        .expect("a count")
+    };
+    let before_wake = n_stored();
+
+    // A wakes: it finds its lease gone and stops the brain; what that appends is refused by the
+    // fence, so nothing of A's lands after B's events, and A stays healthy for its other work.
+    a.signal("CONT");
+    tokio::time::sleep(LEASE_TTL).await;
+    assert_eq!(n_stored(), before_wake, "nothing of A's after B's events");
+    let health = a
+        .http
+        .get(format!("{}/healthz", a.url))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200, "A's storage is fine");
+    let other = a.create_session(&token).await;
+    let mut on_other = a.events(&token, &other, None).await;
+    let sent = a.post_message(&token, &other, "echo fine").await;
+    assert_eq!(sent.status(), 202, "A takes new work");
+    on_other
+        .until("turn_end on A", |e| e.event == "turn_end")
+        .await;
+    // One history: seq +1 throughout, the stalled turn closed `interrupted` once, by B.
+    let again = b.post_message(&token, &session, "echo more").await;
+    assert_eq!(again.status(), 202, "the session goes on on B");
+    on_b.until("turn_end of echo more", |e| e.event == "turn_end")
+        .await;
+    let mut history = b.events(&token, &session, Some(0)).await;
+    let n_all = n_stored();
+    let all = history
+        .until("every stored event", |e| e.id == Some(n_all))
+        .await;
+    assert_seq_from(&all, 0, "the whole history");
+    let first_turn_ends: Vec<&Received> = all
+        .iter()
+        .filter(|e| e.event == "turn_end" && e.data["turn"] == 1)
+        .collect();
+    assert_eq!(first_turn_ends.len(), 1, "{first_turn_ends:?}");
+    assert_eq!(first_turn_ends[0].data["stop_reason"], "interrupted");
+    drop(a);
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preview_made_on_a_is_served_through_b_until_it_is_revoked() {
     if on_postgres() {
         return;
