@@ -315,8 +315,10 @@ impl Hands {
             (placement == BrainPlacement::Hands).then(|| session_dir.join("agent-home"));
         let objects = provider.snapshot_objects().cloned();
         let snapshots = SnapshotStore::new(&session_dir, objects.as_ref());
-        // A snapshot only in object storage is found at adoption (it takes a request).
-        let state = if !workspace.exists() && snapshots.exists() {
+        // A snapshot only in object storage is found at adoption (it takes a request). Remote
+        // hands keep their files on their own machine: no workspace here says nothing of them.
+        let files_here = provider.isolation() != Isolation::Remote;
+        let state = if files_here && !workspace.exists() && snapshots.exists() {
             HandsState::Archived
         } else {
             HandsState::None
@@ -364,6 +366,13 @@ impl Hands {
     /// Where the hands' events go (the session's log); set once by the session.
     pub fn set_emitter(&self, emit: EmitFn) {
         let _ = self.emit.set(emit);
+    }
+
+    /// Whether the session's files are gone from where its hands keep them: the workspace on
+    /// this disk. Remote hands keep theirs on their own machine, which no local directory
+    /// tells of (a replica that did not make the session never has one), so never.
+    fn workspace_gone(&self) -> bool {
+        self.provider.isolation() != Isolation::Remote && !self.workspace.exists()
     }
 
     /// The remote execd's nonce as last stored (the session's meta), and who stores the next.
@@ -641,8 +650,7 @@ impl Hands {
     /// workspace gone).
     async fn bring_up(&self, live: &mut Live) -> Result<(HandsEndpoint, String), HandsError> {
         let previous = self.state();
-        let workspace_gone = !self.workspace.exists();
-        let restore = workspace_gone && self.snapshots.is_stored().await;
+        let restore = self.workspace_gone() && self.snapshots.is_stored().await;
         let started = Instant::now();
         self.set_state(if restore {
             HandsState::Restoring
@@ -1151,7 +1159,7 @@ impl Hands {
             // replica (in object storage only; the local case was seen at construction).
             Ok(None) => {
                 if self.state() == HandsState::None
-                    && !self.workspace.exists()
+                    && self.workspace_gone()
                     && self.snapshots.is_stored().await
                 {
                     let mut status = self.status();

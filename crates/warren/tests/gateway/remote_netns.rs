@@ -459,6 +459,45 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_
     assert_eq!(info["hands"], "running", "the session object: {info}");
     let (token, session) = (chat.token.clone(), chat.session.clone());
     drop(chat);
+    gw.stop_leaving_hands().await;
+
+    // That gateway again: it has the snapshot its turn took, but the hands' files are on their
+    // own machine (on PostgreSQL this replica never had a workspace of the session), so it
+    // connects the same hands and restores nothing into them.
+    let second_data = match on_postgres() {
+        true => other_data.path().to_path_buf(),
+        false => data.path().to_path_buf(),
+    };
+    let mut args = remote_args(second_data, &url);
+    if on_postgres() {
+        args.store = store_for(data.path());
+    }
+    let gw = TestGateway::start_in(args).await;
+    let last_seq = gw.session_info(&token, &session).await["last_seq"]
+        .as_u64()
+        .expect("the session's last_seq");
+    let events = gw.events(&token, &session, Some(last_seq)).await;
+    let mut chat = Conversation {
+        gw: &gw,
+        token,
+        session,
+        events,
+    };
+    let (output, events) = run_ok(
+        &mut chat,
+        &format!("kill -0 {sleeper} && echo \"ALIVE {sleeper}\""),
+    )
+    .await;
+    assert_eq!(value(&output, "ALIVE"), sleeper, "the same hands");
+    let hands: Vec<&Received> = events.iter().filter(|e| e.event == "hands").collect();
+    assert!(
+        hands
+            .iter()
+            .all(|e| e.data["state"] != "restoring" && e.data.get("reset").is_none()),
+        "nothing restored into the live hands: {hands:#?}"
+    );
+    let (token, session) = (chat.token.clone(), chat.session.clone());
+    drop(chat);
     // On PostgreSQL a third replica, with nothing of the session on its disk (no snapshot to
     // restore from): what it knows of the hands is the session's stored meta.
     let third_data = tempfile::tempdir().expect("the third replica's data directory");
