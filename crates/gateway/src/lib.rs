@@ -382,11 +382,6 @@ async fn hands_provider(
             Ok(Arc::new(LocalHands::new(config).await))
         }
         HandsProviderKind::Remote => {
-            if snapshots.is_some() {
-                return Err(GatewayError::InvalidRequest(
-                    "--snapshots is not yet supported with --hands-provider remote".into(),
-                ));
-            }
             let template = args.hands_url_template.clone().ok_or_else(|| {
                 GatewayError::InvalidRequest(
                     "--hands-provider remote needs --hands-url-template".into(),
@@ -395,7 +390,7 @@ async fn hands_provider(
             let token = args.hands_token.clone().ok_or_else(|| {
                 GatewayError::InvalidRequest("--hands-provider remote needs --hands-token".into())
             })?;
-            Ok(Arc::new(RemoteHands::new(template, token)))
+            Ok(Arc::new(RemoteHands::new(template, token, snapshots)))
         }
     }
 }

@@ -274,7 +274,8 @@ mod tests {
 
     #[test]
     fn paths_outside_the_workspace_are_refused_and_inside_ones_rewritten_beneath_execds_root() {
-        let provider = crate::hands::remote::RemoteHands::new("http://127.0.0.1:9/{session}", "t");
+        let provider =
+            crate::hands::remote::RemoteHands::new("http://127.0.0.1:9/{session}", "t", None);
         let hands = Hands::new(
             std::sync::Arc::new(provider),
             "s1",

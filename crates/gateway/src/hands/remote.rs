@@ -5,7 +5,10 @@
 //! on every request (another sandbox at that address answers 409), and watches the identity:
 //! an execd that stops answering, or answers with another nonce, makes the hands `lost`, and the
 //! next use connects again. Remote hands cannot be frozen (they are never paused or archived);
-//! snapshots, restore, files and terminals use the same routes as local hands.
+//! snapshots, restore, files and terminals use the same routes as local hands. With
+//! `--snapshots` their snapshots are in object storage, so the files of hands whose machine is
+//! gone are still read from there; they are never restored by themselves, since no local
+//! directory tells whether their files are still on their machine.
 //!
 //! A gateway that stops lets go of its remote hands and touches nothing in them, so their
 //! processes and files outlive it (tests/gateway/remote_netns.rs). The next gateway adopts
@@ -21,6 +24,8 @@ use tokio::sync::watch;
 use warren_brain::BoxFuture;
 use warren_execd_client::ExecdClient;
 
+use warren_cluster::objects::Objects;
+
 use super::{HandsEndpoint, HandsError, HandsInstance, HandsProvider, Isolation, StartSpec};
 
 /// How often a remote execd's identity is checked while the session uses it.
@@ -33,6 +38,8 @@ const MAX_MISSES: u32 = 3;
 pub struct RemoteHands {
     template: String,
     token: String,
+    /// `--snapshots`: the hands' snapshots in object storage, readable by every replica.
+    snapshots: Option<Objects>,
 }
 
 impl std::fmt::Debug for RemoteHands {
@@ -45,10 +52,15 @@ impl std::fmt::Debug for RemoteHands {
 }
 
 impl RemoteHands {
-    pub fn new(template: impl Into<String>, token: impl Into<String>) -> RemoteHands {
+    pub fn new(
+        template: impl Into<String>,
+        token: impl Into<String>,
+        snapshots: Option<Objects>,
+    ) -> RemoteHands {
         RemoteHands {
             template: template.into(),
             token: token.into(),
+            snapshots,
         }
     }
 
@@ -183,6 +195,10 @@ impl HandsProvider for RemoteHands {
     }
 
     fn forget(&self, _session_id: &str) {}
+
+    fn snapshot_objects(&self) -> Option<&Objects> {
+        self.snapshots.as_ref()
+    }
 }
 
 #[cfg(test)]
@@ -191,7 +207,7 @@ mod tests {
 
     #[test]
     fn the_template_names_each_sessions_execd() {
-        let remote = RemoteHands::new("http://hands-{session}.warren.svc:44772/", "t");
+        let remote = RemoteHands::new("http://hands-{session}.warren.svc:44772/", "t", None);
         assert_eq!(remote.url_for("abc"), "http://hands-abc.warren.svc:44772");
         let debug = format!("{remote:?}");
         assert!(!debug.contains("\"t\""), "{debug}");

@@ -847,14 +847,14 @@ async fn isolation_none_is_said_everywhere_and_keeps_the_clean_environment() {
 }
 
 /// A `warren execd` on TCP that the test runs, as something outside the gateway would.
-struct RemoteExecd {
+pub struct RemoteExecd {
     child: tokio::process::Child,
-    url: String,
-    root: tempfile::TempDir,
+    pub url: String,
+    pub root: tempfile::TempDir,
 }
 
 impl RemoteExecd {
-    async fn start(token: &str) -> RemoteExecd {
+    pub async fn start(token: &str) -> RemoteExecd {
         let root = tempfile::tempdir().expect("the execd's root");
         let mut child = tokio::process::Command::new(warren_bin())
             .args(["execd", "--listen", "127.0.0.1:0", "--root"])
@@ -883,7 +883,7 @@ impl RemoteExecd {
     }
 
     /// Kills the execd by its pid and reaps it.
-    async fn stop(mut self) {
+    pub async fn stop(mut self) {
         let pid = self.child.id().expect("the execd still runs");
         self.child.start_kill().expect("kill the execd");
         within(&format!("execd pid {pid} exits"), self.child.wait())

@@ -4,7 +4,8 @@
 //! directory that never held the snapshot serves and restores it from the bucket; deleting a
 //! session deletes its objects, and a delete while the endpoint is down still succeeds; with the
 //! endpoint stopped, a snapshot fails with an `error` event while the previous snapshot still
-//! restores.
+//! restores; remote hands' snapshots go to the bucket too, and once their machine is gone their
+//! files are read from it.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -329,4 +330,59 @@ fn a_bad_snapshots_url_is_a_startup_error_naming_it() {
             "{url}: {stderr}"
         );
     }
+}
+
+#[tokio::test]
+async fn remote_hands_snapshots_are_in_the_bucket_and_serve_their_files_once_the_hands_are_gone() {
+    let s3 = S3::start();
+    s3.create_bucket("remote");
+    let execd = super::sandbox::RemoteExecd::start("s3-remote-token").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = [
+        "--hands-provider",
+        "remote",
+        "--hands-url-template",
+        &execd.url,
+        "--hands-token",
+        "s3-remote-token",
+        "--snapshots",
+        "s3://remote/warren",
+    ]
+    .map(str::to_owned);
+    let gateway = GatewayProcess::start(&dir.path().join("data"), &args, &s3.env());
+    let (token, session, mut events) = session_of(&gateway).await;
+    gateway
+        .turn(
+            &token,
+            &session,
+            &mut events,
+            "printf 'hello object storage' > notes.txt",
+        )
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(execd.root.path().join("notes.txt")).expect("in the execd's root"),
+        "hello object storage"
+    );
+    // The change is snapshotted shortly after, into the bucket.
+    let deadline = std::time::Instant::now() + warren_test_support::WAIT;
+    let stored = loop {
+        if let Some(stored) = object(&s3, "remote", &session).await {
+            break stored;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the remote hands' snapshot reaches the bucket"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(!stored.is_empty());
+    // The hands' machine goes away: they are lost, and their files are answered from the
+    // snapshot in the bucket, ranges included.
+    execd.stop().await;
+    events
+        .until("the remote hands lost", |e| {
+            e.event == "hands" && e.data["state"] == "lost"
+        })
+        .await;
+    assert_range_of_notes(&gateway, &token, &session).await;
 }
