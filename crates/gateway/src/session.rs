@@ -141,6 +141,11 @@ impl BrainState {
 pub struct RetiredBrain(BrainState);
 
 impl RetiredBrain {
+    /// Whether it was a brain with an ACP session (not a warm worker, not none).
+    pub fn was_ready(&self) -> bool {
+        matches!(self.0, BrainState::Ready(..))
+    }
+
     /// Stops the brain: `session/close` then kill when this is the only handle; otherwise the
     /// last handle's drop kills the worker.
     pub async fn stop(self) {

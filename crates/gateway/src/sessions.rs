@@ -301,6 +301,9 @@ impl Sessions {
             Ok(session) => {
                 let session = Arc::new(session);
                 session.wire_hands();
+                if warm_hands.is_some() {
+                    session.hands.announce_warm();
+                }
                 session
             }
             Err(e) => {
@@ -377,6 +380,7 @@ impl Sessions {
             },
             false => None,
         };
+        let took_warm = warm_hands.is_some();
         let hands = warm_hands.unwrap_or_else(|| self.new_hands(&id, &session_dir));
         let session = Arc::new(Session::new(
             meta,
@@ -388,6 +392,9 @@ impl Sessions {
             session_slot,
         ));
         session.wire_hands();
+        if took_warm {
+            session.hands.announce_warm();
+        }
         self.map().insert(id, session.clone());
         Ok((session, brain_slot))
     }
@@ -594,7 +601,21 @@ pub async fn delete_session(
 /// hands and leaves them for the next gateway, and flushes the log.
 pub async fn shut_down_session(session: &Arc<Session>) {
     session.hands.wake_for_brain_stop().await;
-    session.retire_for_shutdown().stop().await;
+    let retired = session.retire_for_shutdown();
+    let had_brain = retired.was_ready();
+    retired.stop().await;
+    if had_brain {
+        // The log says the brain is gone, so what follows the session (another replica's
+        // list, a client) does not take it for running.
+        session.emit(
+            None,
+            warren_protocol::gateway::EventBody::Status {
+                brain: Some("idle".into()),
+                hands: None,
+                message: Some("the gateway stopped".into()),
+            },
+        );
+    }
     session.hands.shutdown().await;
     session.log.close().await;
 }

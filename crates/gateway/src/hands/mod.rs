@@ -375,6 +375,19 @@ impl Hands {
         self.provider.isolation() != Isolation::Remote && !self.workspace.exists()
     }
 
+    /// A warm sandbox just became these hands (at the session's creation): says so in the
+    /// session's log, `hands` `running` with message `warm`, so its history (and every replica
+    /// that follows it) tells from the start that the hands run.
+    pub fn announce_warm(&self) {
+        self.emit_transition(
+            "running",
+            Transition {
+                message: Some("warm".into()),
+                ..Transition::default()
+            },
+        );
+    }
+
     /// The remote execd's nonce as last stored (the session's meta), and who stores the next.
     pub fn remember_nonce(&self, nonce: Option<String>) {
         *self

@@ -10,7 +10,8 @@ use warren_gateway::config::BrainPlacement;
 use warren_gateway::hands::local::IsolationMode;
 
 use super::helpers::{
-    LeftHands, TestGateway, WAIT, args_with_shell_agent, hands_processes, stop_reason, text_of,
+    LeftHands, Received, TestGateway, WAIT, args_with_shell_agent, hands_processes, stop_reason,
+    text_of,
 };
 
 fn in_the_hands(data: std::path::PathBuf) -> GatewayArgs {
@@ -116,9 +117,17 @@ async fn a_new_session_takes_a_warm_sandbox_whole_and_the_pool_refills() {
     let seen = chat.turn("echo \"at=$(pwd)\"").await;
     assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
     assert!(text_of(&seen).contains("at=/workspace"));
-    assert!(
-        seen.iter().all(|e| e.event != "hands"),
-        "no hands started for the first message: {seen:#?}"
+    // The history says the hands run from the start (the warm sandbox), and nothing started
+    // for the first message.
+    let hands: Vec<&Received> = seen.iter().filter(|e| e.event == "hands").collect();
+    assert_eq!(hands.len(), 1, "{hands:#?}");
+    assert_eq!(hands[0].id, Some(1), "the session's first event");
+    assert_eq!(
+        (
+            hands[0].data["state"].as_str(),
+            hands[0].data["message"].as_str()
+        ),
+        (Some("running"), Some("warm"))
     );
     assert!(
         gw.gateway.warm.wait_ready(1, WAIT).await,

@@ -162,8 +162,31 @@ async fn a_session_made_on_a_is_streamed_from_b_and_driven_through_b() {
         let gone = gw.get(&token, &format!("/sessions/{session}")).await;
         assert_eq!(gone.status(), 404);
     }
-    b.stop().await;
+    // A stops with a brain running for another session: B's list stops calling it ready.
+    let other = a.create_session(&token).await;
+    let mut other_on_b = b.events(&token, &other, None).await;
+    let sent = a.post_message(&token, &other, "echo x").await;
+    assert_eq!(sent.status(), 202);
+    other_on_b
+        .until("turn_end of echo x on B", |e| e.event == "turn_end")
+        .await;
+    let brain_on_b = || async {
+        let list = b.get_json(&token, "/sessions").await;
+        list["sessions"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["id"] == other.as_str()).cloned())
+            .expect("B lists the other session")["brain"]
+            .clone()
+    };
+    assert_eq!(brain_on_b().await, "ready");
     a.stop().await;
+    other_on_b
+        .until("the brain stopped with A, seen on B", |e| {
+            e.event == "status" && e.data["brain"] == "idle"
+        })
+        .await;
+    assert_eq!(brain_on_b().await, "none");
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
