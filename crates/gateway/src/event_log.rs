@@ -387,32 +387,47 @@ impl EventLog {
     /// Returns the events it published.
     pub async fn follow(&self) -> io::Result<Vec<Arc<StoredEvent>>> {
         let mut published = Vec::new();
-        let Some(pg) = &self.shared.pg else {
-            return Ok(published);
-        };
         loop {
-            let after = {
-                let inner = self.lock();
-                if inner.closed || !inner.queue.is_empty() {
-                    return Ok(published);
-                }
-                inner.stored_end - 1
-            };
-            let events = read_postgres(pg, after, PG_BATCH_MAX).await?;
-            if events.is_empty() {
+            let page = self.read_followed().await?;
+            if page.is_empty() {
                 return Ok(published);
             }
-            let mut inner = self.lock();
-            for event in events {
-                // Another follow (or a takeover's append) may have published some meanwhile.
-                if event.seq != inner.stored_end || !inner.queue.is_empty() {
-                    continue;
-                }
-                inner.next_seq = inner.next_seq.max(event.seq + 1);
-                publish(&mut inner, event.clone());
-                published.push(event);
-            }
+            published.extend(self.publish_followed(page));
         }
+    }
+
+    /// [`EventLog::follow`]'s read: the next page of what the owner committed after this log's
+    /// newest event, not published yet; empty when there is nothing (or this log is a file's,
+    /// closed, or has events of its own on the way).
+    pub async fn read_followed(&self) -> io::Result<Vec<Arc<StoredEvent>>> {
+        let Some(pg) = &self.shared.pg else {
+            return Ok(Vec::new());
+        };
+        let after = {
+            let inner = self.lock();
+            if inner.closed || !inner.queue.is_empty() {
+                return Ok(Vec::new());
+            }
+            inner.stored_end - 1
+        };
+        read_postgres(pg, after, PG_BATCH_MAX).await
+    }
+
+    /// [`EventLog::follow`]'s publish: the events of `page` that come next, handed to this
+    /// replica's subscribers in order; returns those (another follow, or a takeover's append,
+    /// may have published some meanwhile).
+    pub fn publish_followed(&self, page: Vec<Arc<StoredEvent>>) -> Vec<Arc<StoredEvent>> {
+        let mut inner = self.lock();
+        let mut published = Vec::new();
+        for event in page {
+            if event.seq != inner.stored_end || !inner.queue.is_empty() {
+                continue;
+            }
+            inner.next_seq = inner.next_seq.max(event.seq + 1);
+            publish(&mut inner, event.clone());
+            published.push(event);
+        }
+        published
     }
 
     /// Fences every later append of a PostgreSQL log by `lease`, the session's lease this
@@ -864,10 +879,12 @@ impl Shared {
         let n_held = inner.queue.len();
         drop(inner);
         tracing::error!(path = %self.path.display(), %error, n_held, "cannot write the event log; appends are refused until storage recovers");
+        // Reported before anyone waiting hears of it: whoever a sync fails for finds the
+        // failure in the storage health already.
+        self.health.report(&error);
         for waiter in waiters {
             let _ = waiter.done.send(Err(AppendError::Failing(error.clone())));
         }
-        self.health.report(&error);
     }
 }
 

@@ -480,19 +480,25 @@ impl Session {
     /// Reads what the session's owner (another replica) committed since the last read and
     /// publishes it to this replica's subscribers; the session's turns and usage follow.
     pub async fn follow(&self) -> std::io::Result<()> {
-        let published = self.log.follow().await?;
-        let mut state = self.lock();
-        for stored in published {
-            match serde_json::from_str::<warren_protocol::gateway::Event>(&stored.json) {
-                Ok(event) => state.open_turns.visit(event.turn, &event.body),
-                Err(e) => {
-                    tracing::warn!(seq = stored.seq, error = %e, "a followed event does not parse")
+        loop {
+            let page = self.log.read_followed().await?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            // Published and visited under the session's lock: whoever sees an event and then
+            // asks for the session finds its state as of that event.
+            let mut state = self.lock();
+            for stored in self.log.publish_followed(page) {
+                match serde_json::from_str::<warren_protocol::gateway::Event>(&stored.json) {
+                    Ok(event) => state.open_turns.visit(event.turn, &event.body),
+                    Err(e) => {
+                        tracing::warn!(seq = stored.seq, error = %e, "a followed event does not parse")
+                    }
                 }
             }
+            state.turn = state.turn.max(state.open_turns.last_turn());
+            state.usage = state.open_turns.usage();
         }
-        state.turn = state.turn.max(state.open_turns.last_turn());
-        state.usage = state.open_turns.usage();
-        Ok(())
     }
 
     /// The model tokens the session used so far (what `--model-budget-tokens` counts).
