@@ -291,6 +291,30 @@ async fn identity_at(url: &str) -> Result<Value, String> {
     response.json().await.map_err(|e| e.to_string())
 }
 
+/// A next gateway of the test's session on `data`, with the store of the first one's
+/// `first_data` (on PostgreSQL the same database; on files, `data` is `first_data`).
+async fn next_gateway(data: &Path, first_data: &Path, url: &str) -> TestGateway {
+    let mut args = remote_args(data.to_path_buf(), url);
+    if on_postgres() {
+        args.store = store_for(first_data);
+    }
+    TestGateway::start_in(args).await
+}
+
+/// `session`'s conversation on `gw`, its stream from after the last event stored.
+async fn rejoin(gw: &TestGateway, token: String, session: String) -> Conversation<'_> {
+    let last_seq = gw.session_info(&token, &session).await["last_seq"]
+        .as_u64()
+        .expect("the session's last_seq");
+    let events = gw.events(&token, &session, Some(last_seq)).await;
+    Conversation {
+        gw,
+        token,
+        session,
+        events,
+    }
+}
+
 fn remote_args(data: PathBuf, url: &str) -> GatewayArgs {
     let mut args = args_with_shell_agent(data);
     args.hands_provider = HandsProviderKind::Remote;
@@ -412,25 +436,13 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_
         "the sleeper outlives the gateway that started it"
     );
     let other_data = tempfile::tempdir().expect("the other replica's data directory");
-    let gw = match on_postgres() {
-        true => {
-            let mut args = remote_args(other_data.path().to_path_buf(), &url);
-            args.store = store_for(data.path());
-            TestGateway::start_in(args).await
-        }
-        false => TestGateway::start_in(remote_args(data.path().to_path_buf(), &url)).await,
+    let replica_data = |own: &Path| match on_postgres() {
+        true => own.to_path_buf(),
+        false => data.path().to_path_buf(),
     };
+    let gw = next_gateway(&replica_data(other_data.path()), data.path(), &url).await;
     // The stream resumes after what the first gateway's turn appended.
-    let last_seq = gw.session_info(&token, &session).await["last_seq"]
-        .as_u64()
-        .expect("the session's last_seq");
-    let events = gw.events(&token, &session, Some(last_seq)).await;
-    let mut chat = Conversation {
-        gw: &gw,
-        token,
-        session,
-        events,
-    };
+    let mut chat = rejoin(&gw, token, session).await;
     let (output, events) = run_ok(
         &mut chat,
         &format!(
@@ -464,25 +476,8 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_
     // That gateway again: it has the snapshot its turn took, but the hands' files are on their
     // own machine (on PostgreSQL this replica never had a workspace of the session), so it
     // connects the same hands and restores nothing into them.
-    let second_data = match on_postgres() {
-        true => other_data.path().to_path_buf(),
-        false => data.path().to_path_buf(),
-    };
-    let mut args = remote_args(second_data, &url);
-    if on_postgres() {
-        args.store = store_for(data.path());
-    }
-    let gw = TestGateway::start_in(args).await;
-    let last_seq = gw.session_info(&token, &session).await["last_seq"]
-        .as_u64()
-        .expect("the session's last_seq");
-    let events = gw.events(&token, &session, Some(last_seq)).await;
-    let mut chat = Conversation {
-        gw: &gw,
-        token,
-        session,
-        events,
-    };
+    let gw = next_gateway(&replica_data(other_data.path()), data.path(), &url).await;
+    let mut chat = rejoin(&gw, token, session).await;
     let (output, events) = run_ok(
         &mut chat,
         &format!("kill -0 {sleeper} && echo \"ALIVE {sleeper}\""),
@@ -501,10 +496,6 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_
     // On PostgreSQL a third replica, with nothing of the session on its disk (no snapshot to
     // restore from): what it knows of the hands is the session's stored meta.
     let third_data = tempfile::tempdir().expect("the third replica's data directory");
-    let last_data = match on_postgres() {
-        true => third_data.path().to_path_buf(),
-        false => data.path().to_path_buf(),
-    };
     gw.stop_leaving_hands().await;
 
     // While no gateway runs, another execd takes the address: the next gateway knows the nonce
@@ -516,21 +507,8 @@ async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_
     let port: u16 = port.parse().expect("a port number");
     let again = netns.start_execd(root.path(), port).await;
     assert_eq!(again, url, "the new execd answers at the same address");
-    let mut args = remote_args(last_data, &url);
-    if on_postgres() {
-        args.store = store_for(data.path());
-    }
-    let gw = TestGateway::start_in(args).await;
-    let last_seq = gw.session_info(&token, &session).await["last_seq"]
-        .as_u64()
-        .expect("the session's last_seq");
-    let events = gw.events(&token, &session, Some(last_seq)).await;
-    let mut chat = Conversation {
-        gw: &gw,
-        token,
-        session,
-        events,
-    };
+    let gw = next_gateway(&replica_data(third_data.path()), data.path(), &url).await;
+    let mut chat = rejoin(&gw, token, session).await;
     let (output, events) = run_ok(&mut chat, "cat proof.txt | sed 's/^/PROOF /'").await;
     assert_eq!(value(&output, "PROOF"), "netns", "the files are the root's");
     let replaced: Vec<&Received> = events.iter().filter(|e| e.event == "hands").collect();

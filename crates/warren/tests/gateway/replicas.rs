@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::helpers::{
-    Received, TestGateway, WAIT, args_with_shell_agent, assert_seq_from, on_postgres,
+    EventStream, Received, TestGateway, WAIT, args_with_shell_agent, assert_seq_from, on_postgres,
 };
 
 /// A lease short enough that a failover test waits seconds, not the default 15.
@@ -48,6 +48,53 @@ async fn pair() -> Pair {
 
 fn psql(database: &str, sql: &str) -> String {
     warren_test_support::services::Postgres::shared().psql(database, sql)
+}
+
+/// A real `warren gateway` A (a child process, to be killed or stopped) and an in-process B
+/// on one fresh database, with a session of a new device made on A running `command`, its
+/// stream open on B since before the first event.
+struct OwnerProcess {
+    a: super::helpers::GatewayProcess,
+    a_data: tempfile::TempDir,
+    b: TestGateway,
+    database: String,
+    token: String,
+    session: String,
+    on_b: EventStream,
+}
+
+async fn running_on_a_process(device: &str, command: &str) -> OwnerProcess {
+    let url = tokio::task::spawn_blocking(|| {
+        warren_test_support::services::Postgres::shared().fresh_database()
+    })
+    .await
+    .expect("a database");
+    let database = url.rsplit('/').next().expect("a name").to_owned();
+    let a_data = tempfile::tempdir().expect("A's data");
+    let extra = [
+        "--store".to_owned(),
+        url.clone(),
+        "--lease-ttl".to_owned(),
+        format!("{}s", LEASE_TTL.as_secs()),
+    ];
+    let a = super::helpers::GatewayProcess::start(a_data.path(), &extra, &[]);
+    let b = TestGateway::start(replica_args(&url)).await;
+    let token = a.register(device).await;
+    let session = a.create_session(&token).await;
+    let mut on_b = b.events(&token, &session, None).await;
+    let sent = a.post_message(&token, &session, command).await;
+    assert_eq!(sent.status(), 202);
+    on_b.until("the turn running on A, seen on B", |e| e.event == "update")
+        .await;
+    OwnerProcess {
+        a,
+        a_data,
+        b,
+        database,
+        token,
+        session,
+        on_b,
+    }
 }
 
 /// The agent's session id the store keeps in `session`'s meta.
@@ -416,28 +463,15 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
     if on_postgres() {
         return;
     }
-    let url = tokio::task::spawn_blocking(|| {
-        warren_test_support::services::Postgres::shared().fresh_database()
-    })
-    .await
-    .expect("a database");
-    let database = url.rsplit('/').next().expect("a name").to_owned();
-    let a_data = tempfile::tempdir().expect("A's data");
-    let extra = [
-        "--store".to_owned(),
-        url.clone(),
-        "--lease-ttl".to_owned(),
-        format!("{}s", LEASE_TTL.as_secs()),
-    ];
-    let mut a = super::helpers::GatewayProcess::start(a_data.path(), &extra, &[]);
-    let b = TestGateway::start(replica_args(&url)).await;
-    let token = a.register("phone-replica-04").await;
-    let session = a.create_session(&token).await;
-    let mut on_b = b.events(&token, &session, None).await;
-    let sent = a.post_message(&token, &session, "sleep 60").await;
-    assert_eq!(sent.status(), 202);
-    on_b.until("the turn running on A, seen on B", |e| e.event == "update")
-        .await;
+    let OwnerProcess {
+        mut a,
+        a_data,
+        b,
+        database,
+        token,
+        session,
+        mut on_b,
+    } = running_on_a_process("phone-replica-04", "sleep 60").await;
     let acp_session_on_a = acp_session_id(&database, &session);
     assert!(
         acp_session_on_a.starts_with("shell-"),
@@ -534,28 +568,15 @@ async fn a_replica_that_stalls_past_its_lease_writes_nothing_after_the_new_owner
     if on_postgres() {
         return;
     }
-    let url = tokio::task::spawn_blocking(|| {
-        warren_test_support::services::Postgres::shared().fresh_database()
-    })
-    .await
-    .expect("a database");
-    let database = url.rsplit('/').next().expect("a name").to_owned();
-    let a_data = tempfile::tempdir().expect("A's data");
-    let extra = [
-        "--store".to_owned(),
-        url.clone(),
-        "--lease-ttl".to_owned(),
-        format!("{}s", LEASE_TTL.as_secs()),
-    ];
-    let a = super::helpers::GatewayProcess::start(a_data.path(), &extra, &[]);
-    let b = TestGateway::start(replica_args(&url)).await;
-    let token = a.register("phone-replica-06").await;
-    let session = a.create_session(&token).await;
-    let mut on_b = b.events(&token, &session, None).await;
-    let sent = a.post_message(&token, &session, "sleep 30").await;
-    assert_eq!(sent.status(), 202);
-    on_b.until("the turn running on A, seen on B", |e| e.event == "update")
-        .await;
+    let OwnerProcess {
+        a,
+        a_data: _a_data,
+        b,
+        database,
+        token,
+        session,
+        mut on_b,
+    } = running_on_a_process("phone-replica-06", "sleep 30").await;
 
     // A stalls (SIGSTOP): it still accepts connections and answers nothing. A message sent to
     // B is a clear 503 while A's lease runs (the forward does not hang), then B takes over.
