@@ -77,7 +77,6 @@ pub struct SessionState {
     turn: u64,
     running: Option<RunningTurn>,
     acp_session_id: Option<String>,
-    hands_nonce: Option<String>,
     brain: BrainState,
     last_active: Instant,
     deleted: bool,
@@ -344,7 +343,6 @@ impl Session {
                 turn: open_turns.last_turn(),
                 running: None,
                 acp_session_id: meta.acp_session_id,
-                hands_nonce: meta.hands_nonce,
                 brain: BrainState::None,
                 last_active: Instant::now(),
                 deleted: false,
@@ -371,7 +369,7 @@ impl Session {
             title: state.title.clone(),
             created_at: self.created_at.clone(),
             acp_session_id: state.acp_session_id.clone(),
-            hands_nonce: state.hands_nonce.clone(),
+            hands_nonce: self.hands.known_nonce(),
         }
     }
 
@@ -423,7 +421,6 @@ impl Session {
         let mut state = self.lock();
         state.title = meta.title;
         state.acp_session_id = meta.acp_session_id;
-        state.hands_nonce = meta.hands_nonce;
         Ok(())
     }
 
@@ -548,11 +545,10 @@ impl Session {
             }
         }));
         let session = Arc::downgrade(self);
-        self.hands.set_nonce_keeper(Box::new(move |nonce| {
+        self.hands.set_nonce_keeper(Box::new(move || {
             let Some(session) = session.upgrade() else {
                 return;
             };
-            session.lock().hands_nonce = Some(nonce);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     if let Err(e) = session.save_meta().await {

@@ -301,9 +301,6 @@ impl Sessions {
             Ok(session) => {
                 let session = Arc::new(session);
                 session.wire_hands();
-                if warm_hands.is_some() {
-                    session.hands.announce_warm();
-                }
                 session
             }
             Err(e) => {
@@ -380,7 +377,6 @@ impl Sessions {
             },
             false => None,
         };
-        let took_warm = warm_hands.is_some();
         let hands = warm_hands.unwrap_or_else(|| self.new_hands(&id, &session_dir));
         let session = Arc::new(Session::new(
             meta,
@@ -392,9 +388,6 @@ impl Sessions {
             session_slot,
         ));
         session.wire_hands();
-        if took_warm {
-            session.hands.announce_warm();
-        }
         self.map().insert(id, session.clone());
         Ok((session, brain_slot))
     }
@@ -525,6 +518,7 @@ pub async fn create_session(
         }
     }
     if let Some(warm) = warm {
+        session.hands.announce_warm();
         match brain_slot {
             Some(slot) => {
                 if let Some(unwanted) = session.adopt_warm_worker(warm.worker, slot) {

@@ -272,8 +272,8 @@ pub struct Hands {
     /// The nonce the session's remote execd last reported (kept in the session's meta, so the
     /// next gateway or replica knows it): another one at the same address is new hands.
     known_nonce: Mutex<Option<String>>,
-    /// Told each nonce that differs from the known one (the session stores it).
-    on_nonce: OnceLock<Box<dyn Fn(String) + Send + Sync>>,
+    /// Told when the known nonce changed (the session stores its meta).
+    on_nonce: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// The agent's terminals (see [`host`]).
     terminals: Mutex<std::collections::HashMap<String, ExecdClient>>,
     me: Weak<Hands>,
@@ -296,6 +296,13 @@ impl Drop for HandsHold {
     }
 }
 
+/// Whether a session's files are gone from `workspace`, its directory on this disk. Remote
+/// hands keep theirs on their own machine, which no local directory tells of (a replica that
+/// did not make the session never has one), so for them never.
+fn files_gone(provider: &dyn HandsProvider, workspace: &Path) -> bool {
+    provider.isolation() != Isolation::Remote && !workspace.exists()
+}
+
 /// How long after a change through the files API its snapshot is taken (later changes share it).
 pub const SNAPSHOT_AFTER_CHANGE: Duration = Duration::from_secs(1);
 
@@ -315,10 +322,8 @@ impl Hands {
             (placement == BrainPlacement::Hands).then(|| session_dir.join("agent-home"));
         let objects = provider.snapshot_objects().cloned();
         let snapshots = SnapshotStore::new(&session_dir, objects.as_ref());
-        // A snapshot only in object storage is found at adoption (it takes a request). Remote
-        // hands keep their files on their own machine: no workspace here says nothing of them.
-        let files_here = provider.isolation() != Isolation::Remote;
-        let state = if files_here && !workspace.exists() && snapshots.exists() {
+        // A snapshot only in object storage is found at adoption (it takes a request).
+        let state = if files_gone(provider.as_ref(), &workspace) && snapshots.exists() {
             HandsState::Archived
         } else {
             HandsState::None
@@ -368,11 +373,9 @@ impl Hands {
         let _ = self.emit.set(emit);
     }
 
-    /// Whether the session's files are gone from where its hands keep them: the workspace on
-    /// this disk. Remote hands keep theirs on their own machine, which no local directory
-    /// tells of (a replica that did not make the session never has one), so never.
+    /// Whether the session's files are gone from where its hands keep them ([`files_gone`]).
     fn workspace_gone(&self) -> bool {
-        self.provider.isolation() != Isolation::Remote && !self.workspace.exists()
+        files_gone(self.provider.as_ref(), &self.workspace)
     }
 
     /// A warm sandbox just became these hands (at the session's creation): says so in the
@@ -396,8 +399,16 @@ impl Hands {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = nonce;
     }
 
-    /// Set once by the session: stores each new nonce of its remote execd.
-    pub fn set_nonce_keeper(&self, keep: Box<dyn Fn(String) + Send + Sync>) {
+    /// The remote execd's nonce as known now (for the session's meta).
+    pub fn known_nonce(&self) -> Option<String> {
+        self.known_nonce
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Set once by the session: stores its meta whenever the known nonce changed.
+    pub fn set_nonce_keeper(&self, keep: Box<dyn Fn() + Send + Sync>) {
         let _ = self.on_nonce.set(keep);
     }
 
@@ -420,7 +431,7 @@ impl Hands {
             return false;
         }
         if let Some(keep) = self.on_nonce.get() {
-            keep(nonce);
+            keep();
         }
         previous.is_some()
     }

@@ -40,6 +40,20 @@ async fn session_of(gateway: &GatewayProcess) -> (String, String, EventStream) {
     (token, session, events)
 }
 
+/// [`session_of`] after a turn that wrote the 20-byte `notes.txt` ("hello object storage").
+async fn session_with_notes(gateway: &GatewayProcess) -> (String, String, EventStream) {
+    let (token, session, mut events) = session_of(gateway).await;
+    gateway
+        .turn(
+            &token,
+            &session,
+            &mut events,
+            "printf 'hello object storage' > notes.txt",
+        )
+        .await;
+    (token, session, events)
+}
+
 async fn archived(events: &mut EventStream) {
     events
         .until("the hands archived", |e| {
@@ -107,15 +121,7 @@ async fn an_archived_sessions_snapshot_is_the_object_in_the_bucket_and_serves_ra
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     let gateway = start_gateway(&data, &s3, "archives");
-    let (token, session, mut events) = session_of(&gateway).await;
-    gateway
-        .turn(
-            &token,
-            &session,
-            &mut events,
-            "printf 'hello object storage' > notes.txt",
-        )
-        .await;
+    let (token, session, mut events) = session_with_notes(&gateway).await;
     archived(&mut events).await;
 
     let stored = object(&s3, "archives", &session)
@@ -141,15 +147,7 @@ async fn a_gateway_that_never_held_the_snapshot_serves_and_restores_it_from_the_
     let dir = tempfile::tempdir().expect("temp dir");
     let (first_data, second_data) = (dir.path().join("first"), dir.path().join("second"));
     let first = start_gateway(&first_data, &s3, "shared");
-    let (token, session, mut events) = session_of(&first).await;
-    first
-        .turn(
-            &token,
-            &session,
-            &mut events,
-            "printf 'hello object storage' > notes.txt",
-        )
-        .await;
+    let (_, session, mut events) = session_with_notes(&first).await;
     archived(&mut events).await;
     drop(events);
     drop(first);
@@ -350,15 +348,7 @@ async fn remote_hands_snapshots_are_in_the_bucket_and_serve_their_files_once_the
     ]
     .map(str::to_owned);
     let gateway = GatewayProcess::start(&dir.path().join("data"), &args, &s3.env());
-    let (token, session, mut events) = session_of(&gateway).await;
-    gateway
-        .turn(
-            &token,
-            &session,
-            &mut events,
-            "printf 'hello object storage' > notes.txt",
-        )
-        .await;
+    let (token, session, mut events) = session_with_notes(&gateway).await;
     assert_eq!(
         std::fs::read_to_string(execd.root.path().join("notes.txt")).expect("in the execd's root"),
         "hello object storage"
