@@ -18,11 +18,15 @@ terminal's keystroke-to-echo time.
 """
 
 import argparse
+import faulthandler
+import gc
 import json
+import os
 import re
 import socket
 import statistics
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -37,6 +41,10 @@ SIZES = {
     "desktop": {"viewport": {"width": 1280, "height": 800}},
 }
 TIMEOUT_MS = 20_000
+# How long one flow (or the start, or the end) may take before the run is ended: Playwright's
+# waits are bounded by TIMEOUT_MS, but a few calls (a page's `evaluate` behind an open dialog, a
+# download's `path`) wait without a bound.
+FLOW_LIMIT_S = 240
 
 # Browser-made console errors for failures a flow causes on purpose: the network going away,
 # a holder attach refused because another page holds the terminal (409), an SSE stream cut.
@@ -45,6 +53,41 @@ EXPECTED_NETWORK_ERRORS = re.compile(
     r"|WebSocket connection to .* failed|net::ERR_FAILED"
 )
 FLOWS_WITH_NETWORK_ERRORS = {"terminal_reload", "terminal_takeover", "reconnect_no_duplicate", "agent_terminal_watch"}
+
+
+class Watchdog:
+    """Ends the run when one step takes longer than FLOW_LIMIT_S: it prints the step, where
+    every thread and every suspended greenlet (Playwright's sync API runs the flows in one) was,
+    and exits with status 3, so a hang is a failure that says where it hung."""
+
+    def __init__(self):
+        self.timer = None
+
+    def arm(self, step, limit_s=FLOW_LIMIT_S):
+        self.disarm()
+        self.timer = threading.Timer(limit_s, self.fire, args=(step, limit_s))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def disarm(self):
+        if self.timer:
+            self.timer.cancel()
+            self.timer = None
+
+    @staticmethod
+    def fire(step, limit_s):
+        print(f"FAIL {step}: still running after {limit_s} s; where it was:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        for thing in gc.get_objects():
+            frame = getattr(thing, "gr_frame", None) if type(thing).__name__ == "greenlet" else None
+            if frame is not None:
+                print("greenlet:", file=sys.stderr)
+                traceback.print_stack(frame, file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(3)
+
+
+WATCHDOG = Watchdog()
 
 
 class Gateway:
@@ -95,6 +138,7 @@ class Run:
         self.size = size
         self.shots = Path(args.shots)
         self.origin = args.url.rstrip("/")
+        WATCHDOG.arm(f"{size} setup")
         self.context = browser.new_context(**SIZES[size])
         self.context.set_default_timeout(TIMEOUT_MS)
         self.flow = "setup"
@@ -140,10 +184,14 @@ class Run:
             self.problems.append(f"[{self.flow}] request to another origin: {origin} ({url})")
 
     def on_dialog(self, dialog):
+        # A dialog is always answered: one left open would keep every later call into the page
+        # (`evaluate`, which Playwright does not time out) waiting.
         if self.dialog_answers:
             kind, answer = self.dialog_answers.pop(0)
-            assert dialog.type == kind, f"expected a {kind}, got a {dialog.type}: {dialog.message}"
-            if answer is None:
+            if dialog.type != kind:
+                self.problems.append(f"[{self.flow}] expected a {kind}, got a {dialog.type}: {dialog.message}")
+                dialog.dismiss()
+            elif answer is None:
                 dialog.dismiss()
             elif kind == "prompt":
                 dialog.accept(answer)
@@ -655,6 +703,8 @@ class Run:
     def run(self):
         for name in self.FLOWS:
             self.flow = name
+            WATCHDOG.arm(f"{self.size} {name}")
+            self.dialog_answers.clear()  # what a failed flow queued is not the next one's
             n_problems = len(self.problems)
             started = time.monotonic()
             try:
@@ -676,6 +726,7 @@ class Run:
                 print(f"FAIL {self.size:7} {name} ({seconds:.1f} s): {error or ''} {'; '.join(problems)}".rstrip(), flush=True)
             else:
                 print(f"ok   {self.size:7} {name} ({seconds:.1f} s)", flush=True)
+        WATCHDOG.arm(f"{self.size} clean-up")
         self.clean_up()
         self.context.close()
         return not self.failed
@@ -800,19 +851,24 @@ def main():
     origin = args.url.rstrip("/")
     ok = True
     expect.set_options(timeout=TIMEOUT_MS)
+    WATCHDOG.arm("start")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True)
         try:
             total, _ = measure_first_load(browser, origin)
+            WATCHDOG.disarm()
             verdict = "ok  " if total < 300_000 else "FAIL"
             ok &= total < 300_000
             print(f"{verdict} first_load_size: {total} bytes on the wire (target < 300000)", flush=True)
             for size in filter(None, args.sizes.split(",")):
                 ok &= Run(args, browser, size).run()
+            WATCHDOG.disarm()
             if args.measure:
                 run_measurements(browser, origin, args)
         finally:
+            WATCHDOG.arm("end")
             browser.close()
+    WATCHDOG.disarm()
     print("all flows passed" if ok else "some flows FAILED", flush=True)
     return 0 if ok else 1
 

@@ -15,9 +15,10 @@
 //! - `--app-key`: the key that registers devices (`X-App-Key`).
 //! - `--shots`: a directory (it may not exist yet) for the screenshots at both sizes;
 //!   `target/console-shots/`.
-//! - Exit status 0 when every flow passed; anything else fails this test, which shows run.py's
-//!   stdout and stderr. run.py bounds its own waits; this side stops it after
-//!   [`BROWSER_TESTS_WAIT`].
+//! - Exit status 0 when every flow passed; anything else fails this test, which shows what
+//!   run.py printed (stdout and stderr, into one file). run.py bounds each flow (a flow past its
+//!   limit prints where every thread was and ends the run); this side stops run.py's whole
+//!   process group after [`BROWSER_TESTS_WAIT`] and shows what it had printed by then.
 //!
 //! The gateway is in-process ([`TestGateway`]), with the built-in shell agent and bwrap hands
 //! on the host network, as the other gateway tests start it; nothing extra is built.
@@ -52,6 +53,9 @@ async fn the_console_works_in_a_real_browser() {
     })
     .await;
     let shots = repo_root().join("target/console-shots");
+    // run.py's output goes to a file, not a pipe: what it printed is there even when it has to
+    // be stopped, and a process it leaves behind cannot keep this side waiting for an EOF.
+    let log_file = tempfile::NamedTempFile::new().expect("a file for run.py's output");
     let mut command = tokio::process::Command::new(python());
     command
         .arg(&run_py)
@@ -63,24 +67,32 @@ async fn the_console_works_in_a_real_browser() {
         .arg(&shots)
         .current_dir(repo_root())
         .stdin(Stdio::null())
+        .stdout(log_file.reopen().expect("reopens the log"))
+        .stderr(log_file.reopen().expect("reopens the log"))
+        .process_group(0)
         .kill_on_drop(true);
-    let output = tokio::time::timeout(BROWSER_TESTS_WAIT, command.output())
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} did not finish within {BROWSER_TESTS_WAIT:?}",
-                run_py.display()
-            )
-        })
+    let mut child = command
+        .spawn()
         .unwrap_or_else(|e| panic!("starts {}: {e}", run_py.display()));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    eprintln!("{stdout}{stderr}");
+    let group = child.id().expect("run.py has a pid");
+    let status = tokio::time::timeout(BROWSER_TESTS_WAIT, child.wait()).await;
+    // Whatever run.py started (Playwright's driver, chromium) goes with it.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stderr(Stdio::null())
+        .status();
+    let printed = std::fs::read_to_string(log_file.path()).unwrap_or_default();
+    eprintln!("{printed}");
+    let status = match status {
+        Ok(status) => status.unwrap_or_else(|e| panic!("waits for {}: {e}", run_py.display())),
+        Err(_) => panic!(
+            "{} did not finish within {BROWSER_TESTS_WAIT:?}; it printed:\n{printed}",
+            run_py.display()
+        ),
+    };
     assert!(
-        output.status.success(),
-        "the console's browser flows failed ({}); screenshots in {}:\n--- stdout ---\n{stdout}\n\
-         --- stderr ---\n{stderr}",
-        output.status,
+        status.success(),
+        "the console's browser flows failed ({status}); screenshots in {}:\n{printed}",
         shots.display()
     );
     gw.stop().await;
