@@ -63,9 +63,9 @@ class Watchdog:
     def __init__(self):
         self.timer = None
 
-    def arm(self, step, limit_s=FLOW_LIMIT_S):
+    def arm(self, step):
         self.disarm()
-        self.timer = threading.Timer(limit_s, self.fire, args=(step, limit_s))
+        self.timer = threading.Timer(FLOW_LIMIT_S, self.fire, args=(step,))
         self.timer.daemon = True
         self.timer.start()
 
@@ -75,8 +75,8 @@ class Watchdog:
             self.timer = None
 
     @staticmethod
-    def fire(step, limit_s):
-        print(f"FAIL {step}: still running after {limit_s} s; where it was:", file=sys.stderr, flush=True)
+    def fire(step):
+        print(f"FAIL {step}: still running after {FLOW_LIMIT_S} s; where it was:", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         for thing in gc.get_objects():
             frame = getattr(thing, "gr_frame", None) if type(thing).__name__ == "greenlet" else None

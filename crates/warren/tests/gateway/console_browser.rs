@@ -32,7 +32,7 @@ use std::time::Duration;
 use warren_gateway::hands::local::IsolationMode;
 use warren_test_support::{python, repo_root};
 
-use super::helpers::{TestGateway, args_with_shell_agent};
+use super::helpers::{TestGateway, args_with_shell_agent, kill_group};
 
 /// How long the whole browser run may take (both sizes, every flow).
 const BROWSER_TESTS_WAIT: Duration = Duration::from_secs(15 * 60);
@@ -77,10 +77,7 @@ async fn the_console_works_in_a_real_browser() {
     let group = child.id().expect("run.py has a pid");
     let status = tokio::time::timeout(BROWSER_TESTS_WAIT, child.wait()).await;
     // Whatever run.py started (Playwright's driver, chromium) goes with it.
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{group}")])
-        .stderr(Stdio::null())
-        .status();
+    kill_group(group);
     let printed = std::fs::read_to_string(log_file.path()).unwrap_or_default();
     eprintln!("{printed}");
     let status = match status {

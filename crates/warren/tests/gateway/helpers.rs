@@ -493,11 +493,19 @@ impl GatewayProcess {
     /// SIGKILL to the gateway's whole process group (it and the agents it runs on the host),
     /// as a machine that dies would; waits until the gateway is gone. Its hands are left.
     pub fn kill_9(&mut self) {
-        let group = self.child.id();
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{group}")])
-            .status();
+        kill_group(self.child.id());
         let _ = self.child.wait();
+    }
+}
+
+/// SIGKILL to the process group whose leader is `leader` (a child started with its own group):
+/// it and whatever it started that stayed in the group. A group already gone is not an error.
+pub fn kill_group(leader: u32) {
+    if let Some(group) = i32::try_from(leader)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
     }
 }
 
