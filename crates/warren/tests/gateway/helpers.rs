@@ -493,19 +493,9 @@ impl GatewayProcess {
     /// SIGKILL to the gateway's whole process group (it and the agents it runs on the host),
     /// as a machine that dies would; waits until the gateway is gone. Its hands are left.
     pub fn kill_9(&mut self) {
-        kill_group(self.child.id());
+        // A group already gone is not an error: the gateway may have died by itself.
+        let _ = warren_process::signal_group(self.child.id() as i32, rustix::process::Signal::KILL);
         let _ = self.child.wait();
-    }
-}
-
-/// SIGKILL to the process group whose leader is `leader` (a child started with its own group):
-/// it and whatever it started that stayed in the group. A group already gone is not an error.
-pub fn kill_group(leader: u32) {
-    if let Some(group) = i32::try_from(leader)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
     }
 }
 
