@@ -309,7 +309,7 @@ impl Engine {
         let (output, truncated) = state
             .tail
             .as_ref()
-            .map(|tail| tail.text())
+            .map(|tail| tail.text(state.finished))
             .unwrap_or_default();
         let exit_status = match (state.finished, state.exit) {
             (true, Some(exit)) => Some(TerminalExitStatus {

@@ -209,24 +209,28 @@ impl RawTail {
     }
 
     /// The kept bytes as text, and whether earlier bytes were dropped. A character cut in two
-    /// by the limit is dropped whole rather than shown as a replacement character.
-    pub fn text(&self) -> (String, bool) {
+    /// by the limit is dropped whole rather than shown as a replacement character. While the
+    /// output goes on (`complete` false), a trailing incomplete UTF-8 sequence is held back: its
+    /// other bytes may still come, and a reader polling the text would otherwise see a
+    /// replacement character that later turns into the real one.
+    pub fn text(&self, complete: bool) -> (String, bool) {
         let truncated = self.total > self.bytes.len() as u64;
         let (front, back) = self.bytes.as_slices();
         let mut bytes = Vec::with_capacity(self.bytes.len());
         bytes.extend_from_slice(front);
         bytes.extend_from_slice(back);
         let start = if truncated {
-            bytes
-                .iter()
-                .take(3)
-                .take_while(|b| (**b & 0xC0) == 0x80)
-                .count()
+            warren_output::utf8::first_char_boundary(&bytes)
         } else {
             0
         };
+        let end = if complete {
+            bytes.len()
+        } else {
+            warren_output::utf8::incomplete_suffix_start(&bytes).max(start)
+        };
         (
-            String::from_utf8_lossy(&bytes[start..]).into_owned(),
+            String::from_utf8_lossy(&bytes[start..end]).into_owned(),
             truncated,
         )
     }
@@ -662,5 +666,38 @@ async fn drain_after_exit(session: &Session, exit_drain: Duration) {
     // background on purpose).
     if let Some(reader) = lock(&session.reader).take() {
         reader.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RawTail;
+
+    #[test]
+    fn raw_tail_text_holds_an_incomplete_character_until_the_output_is_complete() {
+        // (limit, pushes, complete, text, truncated)
+        type Row<'a> = (usize, &'a [&'a [u8]], bool, &'a str, bool);
+        let table: &[Row<'_>] = &[
+            (64, &[b"ok\n"], false, "ok\n", false),
+            (64, &[b"A\xe4\xbd"], false, "A", false),
+            (64, &[b"A\xe4\xbd"], true, "A\u{fffd}", false),
+            (64, &[b"A\xe4\xbd", b"\xa0\n"], false, "A\u{4f60}\n", false),
+            (64, &[b"\xf0\x9f\x98"], false, "", false),
+            (64, &[b"\xff"], false, "\u{fffd}", false),
+            // The limit cut the first character: it is dropped whole.
+            (4, &[b"\xe4\xbd\xa0abc"], false, "abc", true),
+            (4, &[b"\xe4\xbd\xa0ab\xe5"], false, "ab", true),
+        ];
+        for (limit, pushes, complete, text, truncated) in table {
+            let mut tail = RawTail::new(*limit);
+            for data in *pushes {
+                tail.push(data);
+            }
+            assert_eq!(
+                tail.text(*complete),
+                ((*text).to_owned(), *truncated),
+                "pushes {pushes:?}, complete {complete}"
+            );
+        }
     }
 }

@@ -1236,3 +1236,46 @@ async fn a_watchers_input_reaches_the_command_the_agent_waits_on() {
         .expect_err("the command is gone");
     assert_eq!(gone.kind(), std::io::ErrorKind::NotFound);
 }
+
+#[tokio::test]
+async fn a_character_split_across_writes_reaches_a_terminal_reader_whole() {
+    let engine = Engine::new(EngineConfig::default());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go = dir.path().join("go");
+    // The rest of the character is written only once the test has read the first part.
+    let script = format!(
+        r"printf 'A\xe4\xbd'; while [ ! -e '{}' ]; do sleep 0.02; done; printf '\xa0\xe5\xa5\xbd\n'",
+        go.display()
+    );
+    let create = warren_protocol::terminal::TerminalCreate {
+        command: "bash".into(),
+        args: vec!["-c".into(), script],
+        ..Default::default()
+    };
+    let created = engine.start_terminal(create).expect("terminal");
+    // The first write has arrived once "A" shows; the two bytes after it wait for the third.
+    let mut first = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.is_empty() {
+        assert!(Instant::now() < deadline, "no output of the first write");
+        first = engine
+            .terminal_output(&created.terminal_id, Duration::ZERO)
+            .await
+            .expect("output")
+            .output;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        first, "A",
+        "an incomplete character is held back, not replaced"
+    );
+    std::fs::write(&go, "").expect("go");
+    let output = within(
+        "the terminal's exit",
+        engine.terminal_output(&created.terminal_id, Duration::from_secs(20)),
+    )
+    .await
+    .expect("output");
+    assert!(output.exit_status.is_some(), "{output:?}");
+    assert_eq!(output.output, "A你好\n");
+}

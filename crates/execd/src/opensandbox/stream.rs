@@ -132,7 +132,11 @@ impl LineSplitter {
                 _ => {
                     self.partial.push(byte);
                     if self.partial.len() >= MAX_LINE_BYTES {
+                        // A character cut by the piece's end goes whole into the next piece.
+                        let cut = warren_output::utf8::incomplete_suffix_start(&self.partial);
+                        let rest = self.partial.split_off(cut);
                         lines.push(self.take_line());
+                        self.partial = rest;
                     }
                 }
             }
@@ -195,6 +199,16 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].len(), MAX_LINE_BYTES);
         assert_eq!(lines[1].len(), 10);
+    }
+
+    #[test]
+    fn a_character_at_the_end_of_an_overlong_piece_is_not_split() {
+        let mut long = vec![b'x'; MAX_LINE_BYTES - 1];
+        long.extend_from_slice("你好".as_bytes());
+        let lines = split(&[&long, b"\n"]);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].len(), MAX_LINE_BYTES - 1);
+        assert_eq!(lines[1], "你好");
     }
 
     #[test]
