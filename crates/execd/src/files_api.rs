@@ -409,7 +409,7 @@ async fn write(
 /// (1 to [`MAX_LIST_DEPTH`]), sorted by path, symlinks described and never followed.
 /// The entries below a directory, sorted by path.
 #[utoipa::path(
-    get, path = "/v1/files/list", tag = "files",
+    get, path = "/v1/files/list", tag = "files", operation_id = "list_files",
     params(ListQuery),
     responses(
         (status = 200, description = "The listing", body = FileList),

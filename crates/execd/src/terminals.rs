@@ -56,7 +56,7 @@ async fn create(
 
 /// Every terminal not yet released.
 #[utoipa::path(
-    get, path = "/v1/terminals", tag = "terminals",
+    get, path = "/v1/terminals", tag = "terminals", operation_id = "list_terminals",
     responses((status = 200, description = "The terminals", body = TerminalList))
 )]
 async fn list(State(state): State<ExecState>) -> axum::Json<TerminalList> {

@@ -72,28 +72,9 @@ fn install_node_packages() -> PathBuf {
 
 fn run_python_env() -> PathBuf {
     let script = repo_root().join("scripts/python-env.sh");
-    let child = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starts scripts/python-env.sh");
-    let pid = child.id();
-    let (done, output) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    let output = match output.recv_timeout(PYTHON_ENV_WAIT) {
-        Ok(output) => output.expect("waits for scripts/python-env.sh"),
-        Err(_) => {
-            // Stopped by its pid: it is this process's own child and not yet reaped.
-            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-            panic!("scripts/python-env.sh did not finish within {PYTHON_ENV_WAIT:?}");
-        }
-    };
+    let mut command = Command::new("bash");
+    command.arg(&script);
+    let output = output_within(command, PYTHON_ENV_WAIT, "scripts/python-env.sh");
     assert!(
         output.status.success(),
         "scripts/python-env.sh failed ({}): {}",
@@ -102,4 +83,57 @@ fn run_python_env() -> PathBuf {
     );
     let path = String::from_utf8(output.stdout).expect("the python path is UTF-8");
     PathBuf::from(path.trim())
+}
+
+/// Checks an OpenAPI document (its JSON text) with the pinned `openapi-spec-validator`, the
+/// check client generators make before they accept a document (unique operation ids, valid
+/// schemas and references). Panics with the validator's words when it refuses.
+pub fn validate_openapi(name: &str, document_json: &str) {
+    let dir = std::env::temp_dir().join(format!(
+        "warren-openapi-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir).expect("creates the document's directory");
+    let file = dir.join(format!("{name}.json"));
+    std::fs::write(&file, document_json).expect("writes the document");
+    let mut command = Command::new(python());
+    command.args(["-m", "openapi_spec_validator"]).arg(&file);
+    let output = output_within(command, Duration::from_secs(120), "openapi-spec-validator");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        output.status.success(),
+        "openapi-spec-validator refuses {name}'s document ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Runs `command` (no stdin, output captured) and waits at most `limit` for it; past that it is
+/// killed and the test fails naming `what`.
+fn output_within(mut command: Command, limit: Duration, what: &str) -> std::process::Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("starts {what}: {err}"));
+    let pid = child.id();
+    let (done, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match output.recv_timeout(limit) {
+        Ok(output) => output.unwrap_or_else(|err| panic!("waits for {what}: {err}")),
+        Err(_) => {
+            // Stopped by its pid: it is this process's own child and not yet reaped.
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            panic!("{what} did not finish within {limit:?}");
+        }
+    }
 }

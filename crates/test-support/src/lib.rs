@@ -24,7 +24,7 @@ pub mod pty;
 #[cfg(feature = "services")]
 pub mod services;
 
-pub use environment::{node_packages, python, repo_root};
+pub use environment::{node_packages, python, repo_root, validate_openapi};
 pub use process::{alive, processes_mentioning, wait_until_dead};
 pub use wait::{
     Done, TimedOut, WAIT, eventually, eventually_async, try_within, wait_until, within,

@@ -194,7 +194,7 @@ pub fn routes(state: AgentTerminals) -> OpenApiRouter {
 
 /// Every command of the exec engine, oldest first.
 #[utoipa::path(
-    get, path = "/v1/agent-terminals", tag = "agent-terminals",
+    get, path = "/v1/agent-terminals", tag = "agent-terminals", operation_id = "list_agent_terminals",
     responses((status = 200, description = "The agent's commands", body = AgentTerminalList))
 )]
 async fn list(State(terminals): State<AgentTerminals>) -> axum::Json<AgentTerminalList> {
@@ -205,6 +205,7 @@ async fn list(State(terminals): State<AgentTerminals>) -> axum::Json<AgentTermin
 /// needs `takeover=1`), then a viewer or the holder.
 #[utoipa::path(
     get, path = "/v1/agent-terminals/{name}/ws", tag = "agent-terminals",
+    operation_id = "attach_agent_terminal",
     description = "Watches (`mode=viewer`) or answers (`takeover=1`) one of the agent's commands \
         over pty-sessions.md's WebSocket protocol.",
     params(

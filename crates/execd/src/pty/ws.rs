@@ -50,7 +50,7 @@ const CLOSE_TRY_AGAIN: u16 = 1013;
 
 /// `GET /pty/{id}/ws`.
 #[utoipa::path(
-    get, path = "/pty/{id}/ws", tag = "pty",
+    get, path = "/pty/{id}/ws", tag = "pty", operation_id = "attach_pty",
     description = "Attaches to a session over WebSocket (pty-sessions.md's frames): the holder, \
         a viewer (`mode=viewer`) or a takeover (`takeover=1`); the first holder starts the shell.",
     params(

@@ -57,6 +57,24 @@ async fn fetch_document(gw: &TestGateway) -> Value {
 }
 
 #[tokio::test]
+async fn the_document_passes_openapi_spec_validator_with_unique_operation_ids() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let document = fetch_document(&gw).await;
+    let mut seen = BTreeSet::new();
+    for (method, path, operation) in operations(&document) {
+        let id = operation["operationId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            seen.insert(id.clone()),
+            "{method} {path}: operationId {id:?} used twice"
+        );
+    }
+    warren_test_support::validate_openapi("gateway", &document.to_string());
+}
+
+#[tokio::test]
 async fn the_document_is_openapi_3_1_with_the_version_and_the_credential_schemes() {
     let gw = TestGateway::start(args_without_agent).await;
     let document = fetch_document(&gw).await;
