@@ -1,7 +1,8 @@
 """The pinned `e2b` Python SDK (sync and async, debug mode) against `warren execd --e2b-listen`.
 
 Usage: e2b_sdk_test.py URL ROOT. Every check runs; failures are printed by name and the script
-exits non-zero. Prints "all e2b SDK checks passed" at the end otherwise.
+exits non-zero. Prints "all e2b SDK checks passed" at the end otherwise. The daemon's home (its
+processes' `~`) must lie beneath ROOT, so relative paths have somewhere to land there.
 """
 
 import asyncio
@@ -41,6 +42,30 @@ def check(name):
 
 def path(rel):
     return os.path.join(ROOT, rel)
+
+
+def wait_until(what, condition, timeout=10):
+    """Polls `condition` until it holds; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def collect_until(handle, wanted, timeout=10):
+    """The events of a polled watch until every (name, type) of `wanted` was among them."""
+    seen = []
+
+    def done():
+        seen.extend(handle.get_new_events())
+        return wanted <= {(e.name, e.type) for e in seen}
+
+    try:
+        shown = sorted(f"{name} {kind.value}" for name, kind in wanted)
+        wait_until(f"{shown} in {[(e.name, e.type.value) for e in seen]}", done, timeout)
+    finally:
+        handle.stop()
+    return seen
 
 
 sbx = Sandbox.create(debug=True, sandbox_url=URL)
@@ -94,8 +119,10 @@ def _():
     handle = sbx.commands.run("read line; echo got:$line; sleep 60", background=True, stdin=True)
     pids = [p.pid for p in sbx.commands.list()]
     assert handle.pid in pids, pids
-    sbx.commands.send_stdin(handle.pid, "hi\n")
+    # Attached before the input: a stream gets output from when it attaches, and a shell that
+    # starts fast may answer before a later connect.
     other = sbx.commands.connect(handle.pid)
+    sbx.commands.send_stdin(handle.pid, "hi\n")
     deadline = time.monotonic() + 10
     seen = []
     for stdout, _stderr, _pty in other:
@@ -234,6 +261,122 @@ def _():
     assert wanted <= seen, seen
 
 
+@check("connect shortly after the process exited gets its end: the exit code, or success")
+def _():
+    failing = sbx.commands.run("exit 5", background=True)
+    succeeding = sbx.commands.run("true", background=True)
+    for handle in (failing, succeeding):
+        try:
+            handle.wait()
+        except CommandExitException:
+            pass
+    # Both leave the list, as in envd; their ends are kept for 30 s for a late connect.
+    wait_until(
+        "both to leave the list",
+        lambda: not {failing.pid, succeeding.pid} & {p.pid for p in sbx.commands.list()},
+    )
+    try:
+        sbx.commands.connect(failing.pid).wait()
+    except CommandExitException as e:
+        assert e.exit_code == 5, e
+    else:
+        raise AssertionError("no CommandExitException for exit 5")
+    result = sbx.commands.connect(succeeding.pid).wait()
+    assert result.exit_code == 0, result
+
+
+@check("files.list and get_info report a symlink's resolved absolute target")
+def _():
+    os.makedirs(path("links/dir"), exist_ok=True)
+    with open(path("links/dir/t.txt"), "w") as f:
+        f.write("t")
+    os.symlink("t.txt", path("links/dir/rel"))
+    os.symlink(path("links/dir/t.txt"), path("links/abs"))
+    os.symlink("dir/rel", path("links/chain"))
+    targets = {e.name: e.symlink_target for e in sbx.files.list(path("links"), depth=2)}
+    resolved = path("links/dir/t.txt")
+    assert targets["rel"] == resolved, targets
+    assert targets["abs"] == resolved, targets
+    assert targets["chain"] == resolved, targets
+    assert targets["t.txt"] is None, targets
+    assert sbx.files.get_info(path("links/dir/rel")).symlink_target == resolved
+
+
+@check("relative paths start at the user's home (cd ~ && pwd -P), inside the root")
+def _():
+    home = sbx.commands.run("cd ~ && pwd -P").stdout.strip()
+    assert home.startswith(ROOT + "/"), (home, ROOT)
+    info = sbx.files.write("rel-dir/y.txt", "relative")
+    assert info.path == os.path.join(home, "rel-dir/y.txt"), info
+    with open(os.path.join(home, "rel-dir/y.txt")) as f:
+        assert f.read() == "relative"
+    assert not os.path.exists(path("rel-dir")), "not taken from the root"
+    assert sbx.files.read("rel-dir/y.txt") == "relative"
+    assert sbx.files.exists("rel-dir/y.txt")
+    assert sbx.files.get_info("rel-dir/y.txt").path == os.path.join(home, "rel-dir/y.txt")
+    assert [e.name for e in sbx.files.list("rel-dir")] == ["y.txt"]
+    assert sbx.files.make_dir("rel-made") is True
+    assert os.path.isdir(os.path.join(home, "rel-made"))
+    sbx.files.remove("rel-made")
+    assert not os.path.exists(os.path.join(home, "rel-made"))
+
+
+@check("watch_dir reports a write through the SDK as create and write of its own name only")
+def _():
+    os.makedirs(path("tempwatch"), exist_ok=True)
+    handle = sbx.files.watch_dir(path("tempwatch"))
+    sbx.files.write(path("tempwatch/inner.txt"), "inner")
+    wanted = {("inner.txt", FilesystemEventType.CREATE), ("inner.txt", FilesystemEventType.WRITE)}
+    seen = collect_until(handle, wanted)
+    assert all(e.name == "inner.txt" for e in seen), [(e.name, e.type) for e in seen]
+
+
+@check("watch_dir(recursive=True) reports a directory made after it started and what is in it")
+def _():
+    os.makedirs(path("rwatch"), exist_ok=True)
+    handle = sbx.files.watch_dir(path("rwatch"), recursive=True)
+    # Made at once, before any watch of the new directories can be in place.
+    os.makedirs(path("rwatch/later/sub"))
+    with open(path("rwatch/later/sub/deep.txt"), "w") as f:
+        f.write("deep")
+    with open(path("rwatch/top.txt"), "w") as f:
+        f.write("top")
+    created = FilesystemEventType.CREATE
+    wanted = {("later", created), ("later/sub", created), ("later/sub/deep.txt", created),
+              ("top.txt", created)}
+    collect_until(handle, wanted)
+
+
+async def async_recursive_watch(asbx):
+    os.makedirs(path("arwatch"), exist_ok=True)
+    events = []
+    watch = await asbx.files.watch_dir(
+        path("arwatch"), on_event=lambda e: events.append((e.name, e.type)), recursive=True
+    )
+    await asbx.files.write(path("arwatch/sdk.txt"), "sdk")
+    with open(path("arwatch/plain.txt"), "w") as f:
+        f.write("plain")
+    os.remove(path("arwatch/plain.txt"))
+    os.makedirs(path("arwatch/later"))
+    with open(path("arwatch/later/deep.txt"), "w") as f:
+        f.write("deep")
+    wanted = {
+        ("sdk.txt", FilesystemEventType.CREATE),
+        ("sdk.txt", FilesystemEventType.WRITE),
+        ("plain.txt", FilesystemEventType.CREATE),
+        ("plain.txt", FilesystemEventType.WRITE),
+        ("plain.txt", FilesystemEventType.REMOVE),
+        ("later", FilesystemEventType.CREATE),
+        ("later/deep.txt", FilesystemEventType.CREATE),
+    }
+    deadline = time.monotonic() + 10
+    while not wanted <= set(events):
+        assert time.monotonic() < deadline, (sorted(wanted - set(events)), events)
+        await asyncio.sleep(0.05)
+    await watch.stop()
+    assert not any(".warren-" in name for name, _ in events), events
+
+
 async def async_checks():
     asbx = await AsyncSandbox.create(debug=True, sandbox_url=URL)
     result = await asbx.commands.run("echo async")
@@ -274,6 +417,15 @@ async def async_checks():
 @check("async: run, exit codes, background, kill, files, watch_dir stream")
 def _():
     asyncio.run(async_checks())
+
+
+@check("async: a recursive watch_dir reports an SDK write, plain files and a new directory")
+def _():
+    async def run():
+        asbx = await AsyncSandbox.create(debug=True, sandbox_url=URL)
+        await async_recursive_watch(asbx)
+
+    asyncio.run(run())
 
 
 if failures:

@@ -24,11 +24,22 @@ struct Server {
 }
 
 async fn start(token: Option<&str>) -> Server {
+    start_with(token, None).await
+}
+
+/// A server whose daemon user's home (`--home`) is `home` below the root, created.
+async fn start_with(token: Option<&str>, home: Option<&str>) -> Server {
     let root_dir = tempfile::tempdir().expect("creates a temporary root");
     let root = std::fs::canonicalize(root_dir.path()).expect("canonical root");
+    let home = home.map(|home| {
+        let home = root.join(home);
+        std::fs::create_dir_all(&home).expect("creates the home");
+        home
+    });
     let execd = Execd::new(Config {
         root: root.clone(),
         access_token: token.map(str::to_owned),
+        home,
         ..Config::default()
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -144,7 +155,8 @@ fn end_error(envelopes: &[(u8, Value)]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2b_python_sdk_sync_and_async_work_against_warren() {
     let python = python();
-    let server = start(None).await;
+    // The script's relative paths land in the home, which must be inside the root to be seen.
+    let server = start_with(None, Some("home/user")).await;
     let script = repo_root().join("tests/python/e2b_sdk_test.py");
     let output = tokio::time::timeout(
         Duration::from_secs(300),
@@ -1232,4 +1244,313 @@ async fn a_stream_whose_client_never_reads_ends_with_data_loss_not_a_stall() {
     assert!(stdout_bytes < output_bytes, "some output was dropped");
     let error = end_error(&rest);
     assert_eq!(error["code"], "data_loss", "{error}");
+}
+
+/// The name and type of each filesystem event of a watch stream, read until `done` holds of
+/// them (or fails after [`WAIT`]).
+async fn watch_events_until(
+    stream: &mut EnvelopeStream,
+    done: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    let mut events = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while !done(&events) {
+            let (flags, envelope) = stream.next().await;
+            assert_eq!(flags, 0, "the watch goes on: {envelope}");
+            let event = &envelope["filesystem"];
+            if let (Some(name), Some(kind)) = (event["name"].as_str(), event["type"].as_str()) {
+                events.push((name.to_owned(), kind.to_owned()));
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the expected watch events came in time: {events:?}"));
+    events
+}
+
+fn has(events: &[(String, String)], name: &str, kind: &str) -> bool {
+    events.iter().any(|(n, k)| n == name && k == kind)
+}
+
+/// A watch stream of `path` that has sent its `start`.
+async fn open_watch(server: &Server, path: &str, recursive: bool) -> EnvelopeStream {
+    let mut stream = server
+        .open_stream(
+            "filesystem.Filesystem/WatchDir",
+            json!({"path": path, "recursive": recursive}),
+        )
+        .await;
+    let (_, first) = stream.next().await;
+    assert!(first.get("start").is_some(), "{first}");
+    stream
+}
+
+#[tokio::test]
+async fn connect_to_a_process_that_just_exited_answers_start_and_its_end() {
+    let server = start(None).await;
+    let mut stream = server
+        .open_stream(
+            "process.Process/Start",
+            json!({"process": {"cmd": "/bin/sh", "args": ["-c", "exit 3"]}, "tag": "short",
+                   "stdin": false}),
+        )
+        .await;
+    let pid = stream.next().await.1["event"]["start"]["pid"]
+        .as_u64()
+        .expect("started");
+    stream.rest().await;
+    server.wait_until_gone(pid).await;
+
+    for selector in [json!({"pid": pid}), json!({"tag": "short"})] {
+        let envelopes = server
+            .stream("process.Process/Connect", json!({"process": selector}), &[])
+            .await;
+        let events: Vec<Value> = envelopes.iter().map(|(_, e)| e["event"].clone()).collect();
+        assert_eq!(events.len(), 3, "start, end, end of stream: {envelopes:?}");
+        assert_eq!(events[0]["start"]["pid"].as_u64(), Some(pid), "{selector}");
+        let end = &events[1]["end"];
+        assert_eq!(
+            (&end["exitCode"], &end["exited"], &end["status"]),
+            (&json!(3), &json!(true), &json!("exit status 3")),
+            "{selector}: {end}"
+        );
+        assert_eq!(envelopes[2], (2, json!({})), "{selector}");
+    }
+    // Only `Connect` sees a finished process; the other calls name running ones, as in envd.
+    let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}).to_string();
+    let (status, answer) = server.unary("process.Process/SendSignal", &body).await;
+    assert_eq!((status, answer["code"].clone()), (404, json!("not_found")));
+}
+
+#[tokio::test]
+async fn stat_and_list_report_where_a_symlink_finally_leads_as_an_absolute_path() {
+    let server = start(None).await;
+    let dir = server.root.join("links");
+    std::fs::create_dir_all(dir.join("sub")).expect("dirs");
+    std::fs::write(dir.join("sub/t.txt"), "t").expect("file");
+    let links = [
+        ("rel", PathBuf::from("sub/t.txt")),
+        ("abs", dir.join("sub/t.txt")),
+        ("chain", PathBuf::from("rel")),
+        ("updir", PathBuf::from("sub/../sub")),
+        ("broken", PathBuf::from("missing")),
+        ("outside", PathBuf::from("/etc/passwd")),
+        ("loop", PathBuf::from("loop")),
+    ];
+    for (name, target) in &links {
+        std::os::unix::fs::symlink(target, dir.join(name)).expect("a link");
+    }
+    let shown = |rel: &str| dir.join(rel).to_string_lossy().into_owned();
+    // Resolved like Go's `filepath.EvalSymlinks`; unresolvable (or outside the root): the
+    // link's own path, as envd reports it.
+    let expected = [
+        ("rel", shown("sub/t.txt")),
+        ("abs", shown("sub/t.txt")),
+        ("chain", shown("sub/t.txt")),
+        ("updir", shown("sub")),
+        ("broken", shown("broken")),
+        ("outside", shown("outside")),
+        ("loop", shown("loop")),
+    ];
+    let (status, listed) = server
+        .unary(
+            "filesystem.Filesystem/ListDir",
+            &json!({"path": dir}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    let entries = listed["entries"].as_array().cloned().unwrap_or_default();
+    for (name, target) in &expected {
+        let entry = entries
+            .iter()
+            .find(|e| e["name"] == *name)
+            .unwrap_or_else(|| panic!("{name} is listed: {listed}"));
+        assert_eq!(entry["symlinkTarget"], json!(target), "list {name}");
+        let (_, stat) = server
+            .unary(
+                "filesystem.Filesystem/Stat",
+                &json!({"path": shown(name)}).to_string(),
+            )
+            .await;
+        assert_eq!(stat["entry"]["symlinkTarget"], json!(target), "stat {name}");
+    }
+    let sub = entries
+        .iter()
+        .find(|e| e["name"] == "sub")
+        .expect("sub is listed");
+    assert!(sub.get("symlinkTarget").is_none(), "no target: {sub}");
+}
+
+#[tokio::test]
+async fn relative_paths_start_at_the_users_home_for_every_file_call() {
+    let server = start_with(None, Some("home/user")).await;
+    let home = server.root.join("home/user");
+    let at_home = |rel: &str| home.join(rel).to_string_lossy().into_owned();
+
+    let (mut process, _) = server
+        .start_process(
+            json!({"cmd": "/bin/sh", "args": ["-c", "cd ~ && pwd -P"]}),
+            false,
+        )
+        .await;
+    process
+        .stdout_until(format!("{}\n", home.display()).as_bytes())
+        .await;
+
+    // Upload and download (`/files`).
+    let response = server
+        .client
+        .post(format!("{}/files?path=up/a.txt", server.base))
+        .header("content-type", "application/octet-stream")
+        .body("uploaded")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status().as_u16(), 200);
+    let written: Value = response.json().await.expect("JSON");
+    assert_eq!(
+        written,
+        json!([{"name": "a.txt", "type": "file", "path": at_home("up/a.txt")}])
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("up/a.txt")).expect("written in the home"),
+        "uploaded"
+    );
+    let downloaded = server
+        .client
+        .get(format!("{}/files?path=up/a.txt", server.base))
+        .send()
+        .await
+        .expect("answered")
+        .text()
+        .await
+        .expect("a body");
+    assert_eq!(downloaded, "uploaded");
+
+    // Every filesystem call, `~` and `~/x` included.
+    let calls = [
+        ("MakeDir", json!({"path": "made"}), at_home("made")),
+        ("Stat", json!({"path": "up/a.txt"}), at_home("up/a.txt")),
+        ("Stat", json!({"path": "~/up/a.txt"}), at_home("up/a.txt")),
+        ("Stat", json!({"path": "~"}), at_home("")),
+        (
+            "Move",
+            json!({"source": "up/a.txt", "destination": "made/b.txt"}),
+            at_home("made/b.txt"),
+        ),
+    ];
+    for (method, body, path) in calls {
+        let (status, answer) = server
+            .unary(
+                &format!("filesystem.Filesystem/{method}"),
+                &body.to_string(),
+            )
+            .await;
+        assert_eq!(status, 200, "{method} {body}: {answer}");
+        assert_eq!(
+            answer["entry"]["path"]
+                .as_str()
+                .map(|p| p.trim_end_matches('/')),
+            Some(path.trim_end_matches('/')),
+            "{method} {body}"
+        );
+    }
+    let (_, listed) = server
+        .unary(
+            "filesystem.Filesystem/ListDir",
+            &json!({"path": "made"}).to_string(),
+        )
+        .await;
+    assert_eq!(listed["entries"][0]["path"], json!(at_home("made/b.txt")));
+    let (status, _) = server
+        .unary(
+            "filesystem.Filesystem/Remove",
+            &json!({"path": "made"}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(!home.join("made").exists(), "removed from the home");
+    let mut watch = open_watch(&server, "~", false).await;
+    std::fs::write(home.join("seen.txt"), "seen").expect("file");
+    watch_events_until(&mut watch, |events| {
+        has(events, "seen.txt", "EVENT_TYPE_CREATE")
+    })
+    .await;
+    let (status, answer) = server
+        .unary(
+            "filesystem.Filesystem/Stat",
+            &json!({"path": "~other/x"}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["code"].clone()),
+        (400, json!("invalid_argument"))
+    );
+}
+
+#[tokio::test]
+async fn a_watch_reports_an_upload_as_create_and_write_of_its_name_never_its_temporary_file() {
+    let server = start(None).await;
+    let dir = server.root.join("watched");
+    std::fs::create_dir(&dir).expect("dir");
+    let mut watch = open_watch(&server, &dir.to_string_lossy(), false).await;
+    let response = server
+        .client
+        .post(format!(
+            "{}/files?path={}/inner.txt",
+            server.base,
+            dir.display()
+        ))
+        .header("content-type", "application/octet-stream")
+        .body("inner")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status().as_u16(), 200);
+    let events = watch_events_until(&mut watch, |events| {
+        has(events, "inner.txt", "EVENT_TYPE_CREATE")
+            && has(events, "inner.txt", "EVENT_TYPE_WRITE")
+    })
+    .await;
+    // The temporary file's events came before its rename into place, so all are here.
+    assert!(
+        events.iter().all(|(name, _)| name == "inner.txt"),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_recursive_watch_reports_a_new_directory_and_what_was_made_in_it_before_its_watch() {
+    let server = start(None).await;
+    let dir = server.root.join("rwatched");
+    std::fs::create_dir_all(dir.join("old")).expect("dirs");
+    let mut watch = open_watch(&server, &dir.to_string_lossy(), true).await;
+    // All at once: the new directories' contents exist before their watches can.
+    std::fs::create_dir_all(dir.join("later/sub")).expect("dirs");
+    std::fs::write(dir.join("later/sub/deep.txt"), "deep").expect("file");
+    std::fs::write(dir.join("top.txt"), "top").expect("file");
+    std::fs::write(dir.join("old/inner.txt"), "inner").expect("file");
+    let wanted = [
+        "later",
+        "later/sub",
+        "later/sub/deep.txt",
+        "top.txt",
+        "old/inner.txt",
+    ];
+    let events = watch_events_until(&mut watch, |events| {
+        wanted
+            .iter()
+            .all(|name| has(events, name, "EVENT_TYPE_CREATE"))
+    })
+    .await;
+    // What is made in a directory once it is watched is the watch's to report.
+    std::fs::write(dir.join("later/sub/after.txt"), "after").expect("file");
+    watch_events_until(&mut watch, |events| {
+        has(events, "later/sub/after.txt", "EVENT_TYPE_CREATE")
+    })
+    .await;
+    assert!(
+        events.iter().all(|(name, _)| !name.contains(".warren-")),
+        "{events:?}"
+    );
 }

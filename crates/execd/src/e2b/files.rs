@@ -1,6 +1,9 @@
 //! envd's plain HTTP routes: `GET /files` (download), `POST /files` (upload, multipart or
 //! octet-stream, parents created), `GET /envs` and `POST /init`.
 //!
+//! Relative paths start at the home of the `username=` user (the daemon's own user without
+//! one), as envd takes them.
+//!
 //! Errors are envd's HTTP shape, `{"code": <status>, "message": "..."}`, with the status the
 //! Connect code maps to (404 for a missing file, which the SDKs raise as their not-found
 //! error). Uploads stream into a temporary file beside the target and are renamed into place,
@@ -63,7 +66,8 @@ pub async fn download(
             .path
             .ok_or_else(|| ConnectError::invalid_argument("path is required"))?;
         let fs = &e2b.inner.filesystem;
-        let target = fs.target(&path)?;
+        let base = fs.base(query.username.as_deref())?;
+        let target = fs.target(&path, &base)?;
         let (file, size) = fs
             .with_root(move |_, root| {
                 let (fd, _) = root
@@ -105,6 +109,7 @@ pub async fn upload(
             ));
         }
         let fs = std::sync::Arc::clone(&e2b.inner.filesystem);
+        let base = fs.base(query.username.as_deref())?;
         let content_type = content_type(request.headers());
         let mut written = Vec::new();
         if content_type.starts_with("multipart/form-data") {
@@ -126,7 +131,7 @@ pub async fn upload(
                     }
                 };
                 let chunks = field.map_err(|e| ConnectError::invalid_argument(e.body_text()));
-                written.push(write_file(&fs, &path, chunks).await?);
+                written.push(write_file(&fs, &base, &path, chunks).await?);
             }
         } else {
             let path = query
@@ -136,7 +141,7 @@ pub async fn upload(
                 .into_body()
                 .into_data_stream()
                 .map_err(|e| ConnectError::new(Code::Canceled, format!("reading the upload: {e}")));
-            written.push(write_file(&fs, &path, chunks).await?);
+            written.push(write_file(&fs, &base, &path, chunks).await?);
         }
         if written.is_empty() {
             return Err(ConnectError::invalid_argument("the upload holds no file"));
@@ -155,19 +160,25 @@ fn content_type(headers: &HeaderMap) -> String {
         .to_ascii_lowercase()
 }
 
-/// Streams `chunks` into `path` atomically; envd's `{"name","type":"file","path"}`.
+/// Streams `chunks` into `path` (relative ones from `base`) atomically; envd's
+/// `{"name","type":"file","path"}`.
 async fn write_file(
     fs: &std::sync::Arc<Filesystem>,
+    base: &std::path::Path,
     path: &str,
     mut chunks: impl Stream<Item = Result<bytes::Bytes, ConnectError>> + Unpin,
 ) -> Result<serde_json::Value, ConnectError> {
-    let target = fs.target(path)?;
+    let target = fs.target(path, base)?;
     let Some(Part::Name(name)) = target.parts.last().cloned() else {
         return Err(ConnectError::invalid_argument(format!(
             "{path} names no file"
         )));
     };
-    let Target { shown, parts } = target;
+    let Target {
+        shown,
+        parts,
+        absolute,
+    } = target;
     let (entry, temp, file) = fs
         .with_root(move |_, root| {
             root.create_dirs(&parts[..parts.len() - 1])
@@ -201,11 +212,6 @@ async fn write_file(
         temp.persist(&entry).map_err(|e| fs_error(&shown, e))
     })
     .await?;
-    let absolute = if std::path::Path::new(path).is_absolute() {
-        path.to_owned()
-    } else {
-        fs.root().join(path).to_string_lossy().into_owned()
-    };
     Ok(serde_json::json!({
         "name": name.to_string_lossy(),
         "type": "file",

@@ -9,13 +9,18 @@
 //! [`SUBSCRIBER_BUFFER`] chunks behind is dropped and ends with `data_loss`. Every signal ends
 //! the whole tree (SIGTERM, [`KILL_GRACE`], SIGKILL): upstream envd signals only its direct
 //! child, so a `sleep` behind `bash -c` would outlive it.
+//!
+//! A finished process leaves the registry, but its end is kept for [`FINISHED_RETENTION`] (at
+//! most [`MAX_FINISHED`] of them), as envd keeps it: a `Connect` that comes just too late
+//! still gets `start{pid}` and the `end` instead of `not_found`, so the SDKs learn the exit
+//! code. Only `Connect` sees these; every other call names running processes only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -41,6 +46,12 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
 const INPUT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most bytes one read of a process's output takes.
 const READ_CHUNK_BYTES: usize = 32 * 1024;
+/// How long a finished process's end is kept for a late `Connect` (envd's
+/// `terminatedRetentionTTL`).
+pub const FINISHED_RETENTION: Duration = Duration::from_secs(30);
+/// Most finished processes whose end is kept at once, whatever their age: a client starting
+/// many short commands cannot grow the registry without limit. The oldest go first.
+pub const MAX_FINISHED: usize = 1024;
 
 /// Which output a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +86,74 @@ pub struct Launch {
     pub timeout: Option<Duration>,
 }
 
-/// The registry of running processes, by pid.
+/// The registry of running processes, by pid, and the ends of recently finished ones.
 #[derive(Default)]
 pub struct Processes {
     by_pid: Mutex<HashMap<u32, Arc<Process>>>,
+    finished: Mutex<FinishedEnds>,
+}
+
+/// One finished process's end, kept until `expires_at`.
+struct Finished {
+    pid: u32,
+    tag: Option<String>,
+    ended: Ended,
+    expires_at: Instant,
+}
+
+/// The ends of finished processes in the order they finished (so also in order of expiry),
+/// at most [`MAX_FINISHED`].
+#[derive(Default)]
+struct FinishedEnds {
+    entries: VecDeque<Finished>,
+}
+
+impl FinishedEnds {
+    /// Keeps `ended` for [`FINISHED_RETENTION`] from `now`, dropping the oldest beyond
+    /// [`MAX_FINISHED`].
+    fn record(&mut self, pid: u32, tag: Option<String>, ended: Ended, now: Instant) {
+        self.prune(now);
+        self.entries.retain(|f| f.pid != pid);
+        self.entries.push_back(Finished {
+            pid,
+            tag,
+            ended,
+            expires_at: now + FINISHED_RETENTION,
+        });
+        while self.entries.len() > MAX_FINISHED {
+            self.entries.pop_front();
+        }
+    }
+
+    /// Forgets what a new process with this pid or tag would be mistaken for (as envd does):
+    /// a `Connect` by either must reach the new one, not a predecessor's end.
+    fn forget_reused(&mut self, pid: u32, tag: Option<&str>) {
+        self.entries
+            .retain(|f| f.pid != pid && (tag.is_none() || f.tag.as_deref() != tag));
+    }
+
+    /// The end a selector names, the most recent first for a tag.
+    fn find(
+        &mut self,
+        selector: &process_selector::Selector,
+        now: Instant,
+    ) -> Option<(u32, Ended)> {
+        self.prune(now);
+        self.entries
+            .iter()
+            .rev()
+            .find(|f| match selector {
+                process_selector::Selector::Pid(pid) => f.pid == *pid,
+                process_selector::Selector::Tag(tag) => f.tag.as_deref() == Some(tag.as_str()),
+            })
+            .map(|f| (f.pid, f.ended.clone()))
+    }
+
+    fn prune(&mut self, now: Instant) {
+        while self.entries.front().is_some_and(|f| f.expires_at <= now) {
+            self.entries.pop_front();
+        }
+    }
 }
 
 /// One running process.
@@ -179,24 +254,57 @@ impl Processes {
             fanout: Mutex::new(Fanout::default()),
         });
         let subscription = process.subscribe();
+        self.finished_ends()
+            .forget_reused(pid, process.info.tag.as_deref());
         self.map().insert(pid, Arc::clone(&process));
         let registry = Arc::clone(self);
         let driven = Arc::clone(&process);
         tokio::spawn(async move {
             let ended = drive(&driven, child, readers, launch.timeout).await;
-            driven.publish_end(ended);
-            registry.forget(&driven);
+            driven.publish_end(ended.clone());
+            registry.finish(&driven, ended);
         });
         Ok((process, subscription))
     }
 
-    fn forget(&self, process: &Arc<Process>) {
+    fn finished_ends(&self) -> std::sync::MutexGuard<'_, FinishedEnds> {
+        // Every critical section leaves the queue consistent, so a poisoned lock is too.
+        self.finished.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves an ended process from the running ones to the finished ones. Its end is kept
+    /// before it leaves the map, so a `Connect` racing the exit finds one or the other.
+    fn finish(&self, process: &Arc<Process>, ended: Ended) {
         let mut map = self.map();
-        if map
+        if !map
             .get(&process.pid)
             .is_some_and(|p| Arc::ptr_eq(p, process))
         {
-            map.remove(&process.pid);
+            // The pid already belongs to a newer process: this end would be mistaken for its.
+            return;
+        }
+        self.finished_ends()
+            .record(process.pid, process.info.tag.clone(), ended, Instant::now());
+        map.remove(&process.pid);
+    }
+
+    /// What `Connect` attaches to: a running process's live events, or the kept end of one
+    /// that finished within [`FINISHED_RETENTION`]; `not_found` otherwise.
+    pub fn connect(
+        &self,
+        selector: Option<&ProcessSelector>,
+    ) -> Result<(u32, Subscription), ConnectError> {
+        match self.find(selector) {
+            Ok(process) => Ok((process.pid, process.subscribe())),
+            Err(not_found) => {
+                let Some(selector) = selector.and_then(|s| s.selector.as_ref()) else {
+                    return Err(not_found);
+                };
+                self.finished_ends()
+                    .find(selector, Instant::now())
+                    .map(|(pid, ended)| (pid, Subscription::Ended(ended)))
+                    .ok_or(not_found)
+            }
         }
     }
 
@@ -572,13 +680,20 @@ async fn finish_ended<T: super::connect::Message>(
     }
 }
 
+/// Whom a process runs as: uid and gid (`None`: the daemon's own) and that user's home.
+pub struct RunAs<'a> {
+    pub ids: Option<(u32, u32)>,
+    /// Its `HOME` (below `/init`'s and the request's own variables), as envd sets it.
+    pub home: Option<&'a Path>,
+}
+
 /// Validates a `StartRequest` into a [`Launch`]: `cmd` required, no NUL anywhere, `cwd`
 /// absolute or relative to `default_cwd` and an existing directory.
 pub fn launch(
     request: StartRequest,
     default_cwd: &Path,
     base_envs: &HashMap<String, String>,
-    user: Option<(u32, u32)>,
+    user: RunAs<'_>,
     timeout: Option<Duration>,
 ) -> Result<Launch, ConnectError> {
     let config = request
@@ -620,10 +735,13 @@ pub fn launch(
     let mut spec = CommandSpec::new(&config.cmd, &TreeMarker::new())
         .args(config.args.clone())
         .cwd(cwd);
+    if let Some(home) = user.home {
+        spec = spec.env("HOME", home);
+    }
     for (name, value) in base_envs.iter().chain(&config.envs) {
         spec = spec.env(name, value);
     }
-    if let Some((uid, gid)) = user {
+    if let Some((uid, gid)) = user.ids {
         spec.uid = Some(uid);
         spec.gid = Some(gid);
     }
@@ -643,4 +761,92 @@ pub fn launch(
         stdin: request.stdin.unwrap_or(true),
         timeout,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(exit_code: i32) -> Ended {
+        Ended {
+            end: process_event::EndEvent {
+                exit_code,
+                exited: true,
+                status: format!("exit status {exit_code}"),
+                error: None,
+            },
+            timed_out: None,
+        }
+    }
+
+    fn pid(pid: u32) -> process_selector::Selector {
+        process_selector::Selector::Pid(pid)
+    }
+
+    fn tag(tag: &str) -> process_selector::Selector {
+        process_selector::Selector::Tag(tag.to_owned())
+    }
+
+    fn exit_code(found: Option<(u32, Ended)>) -> Option<(u32, i32)> {
+        found.map(|(pid, ended)| (pid, ended.end.exit_code))
+    }
+
+    #[test]
+    fn a_finished_end_is_found_by_pid_or_tag_until_it_expires() {
+        let t0 = Instant::now();
+        let mut ends = FinishedEnds::default();
+        ends.record(10, Some("job".into()), ended(3), t0);
+        ends.record(11, None, ended(0), t0 + Duration::from_secs(5));
+        let just_before = t0 + FINISHED_RETENTION - Duration::from_millis(1);
+        let table = [
+            (pid(10), t0, Some((10, 3))),
+            (tag("job"), t0, Some((10, 3))),
+            (pid(11), t0, Some((11, 0))),
+            (pid(12), t0, None),
+            (tag("other"), t0, None),
+            (pid(10), just_before, Some((10, 3))),
+            // Expired: 10 is gone, 11 finished 5 s later and is still kept.
+            (pid(10), t0 + FINISHED_RETENTION, None),
+            (pid(11), t0 + FINISHED_RETENTION, Some((11, 0))),
+        ];
+        for (selector, now, expected) in table {
+            assert_eq!(
+                exit_code(ends.find(&selector, now)),
+                expected,
+                "{selector:?} at +{:?}",
+                now - t0
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_process_hides_the_end_of_the_one_whose_pid_or_tag_it_reuses() {
+        let t0 = Instant::now();
+        let mut ends = FinishedEnds::default();
+        ends.record(10, Some("job".into()), ended(3), t0);
+        ends.record(20, Some("other".into()), ended(4), t0);
+        ends.forget_reused(10, None);
+        assert!(ends.find(&pid(10), t0).is_none());
+        assert!(ends.find(&tag("job"), t0).is_none());
+        ends.forget_reused(30, Some("other"));
+        assert!(ends.find(&pid(20), t0).is_none());
+    }
+
+    #[test]
+    fn at_most_max_finished_ends_are_kept_the_oldest_go_first() {
+        let t0 = Instant::now();
+        let mut ends = FinishedEnds::default();
+        for n in 0..MAX_FINISHED + 10 {
+            let n = u32::try_from(n).expect("a small count");
+            ends.record(n + 1, None, ended(0), t0);
+        }
+        assert_eq!(ends.entries.len(), MAX_FINISHED);
+        assert!(ends.find(&pid(10), t0).is_none(), "the oldest went");
+        let newest = u32::try_from(MAX_FINISHED + 10).expect("a small count");
+        assert!(ends.find(&pid(newest), t0).is_some());
+        // The same pid again replaces its older end.
+        ends.record(newest, None, ended(7), t0);
+        assert_eq!(exit_code(ends.find(&pid(newest), t0)), Some((newest, 7)));
+        assert_eq!(ends.entries.len(), MAX_FINISHED);
+    }
 }

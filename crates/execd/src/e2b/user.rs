@@ -3,8 +3,15 @@
 //! only when the daemon is root (its uid and primary gid from `/etc/passwd`). Anything else is
 //! refused with `permission_denied`, never silently run as someone else.
 //!
+//! A request's user also has a home: where envd takes relative paths from (`cd ~ && pwd -P`
+//! as that user) and the `HOME` of the processes it starts. The daemon's own user's home is
+//! execd's `--home` when given (the agent's home), else its `$HOME`, else `/etc/passwd`'s;
+//! another user's is `/etc/passwd`'s.
+//!
 //! Names come from `/etc/passwd` and `/etc/group`, read on each lookup (they are small and
 //! this keeps no cache to go stale).
+
+use std::path::{Path, PathBuf};
 
 use axum::http::{HeaderMap, header};
 use base64::Engine as _;
@@ -17,15 +24,7 @@ pub fn request_user(headers: &HeaderMap) -> Result<Option<(u32, u32)>, ConnectEr
         return Ok(None);
     };
     let own_uid = rustix::process::getuid().as_raw();
-    let Some((uid, gid)) = lookup_user(&name) else {
-        return Err(ConnectError::new(
-            Code::PermissionDenied,
-            format!(
-                "user {name:?} does not exist here; execd runs as {}",
-                user_name(own_uid).unwrap_or_else(|| own_uid.to_string())
-            ),
-        ));
-    };
+    let KnownUser { uid, gid, .. } = known_user(&name)?;
     if uid == own_uid {
         return Ok(None);
     }
@@ -66,19 +65,75 @@ pub fn basic_user(headers: &HeaderMap) -> Result<Option<String>, ConnectError> {
     Ok((!name.is_empty()).then(|| name.to_owned()))
 }
 
-fn lookup_user(name: &str) -> Option<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+/// The home of the daemon's own user: `configured` (execd's `--home`), else `$HOME`, else its
+/// `/etc/passwd` entry's.
+pub fn own_home(configured: Option<&Path>) -> Option<PathBuf> {
+    configured
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("HOME").map(PathBuf::from))
+        .filter(|home| home.is_absolute())
+        .or_else(|| {
+            let own_uid = rustix::process::getuid().as_raw();
+            let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+            passwd_entries(&passwd)
+                .find(|entry| entry.uid == own_uid)
+                .and_then(|entry| entry.home())
+        })
+}
+
+/// The home of the user `name` (`None`: the daemon's own user, whose home is `own_home`), not
+/// resolved: what `HOME` is for that user's processes. A user that does not exist is refused
+/// as [`request_user`] refuses it.
+pub fn home_of(
+    name: Option<&str>,
+    own_home: Option<&Path>,
+) -> Result<Option<PathBuf>, ConnectError> {
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return Ok(own_home.map(Path::to_path_buf));
+    };
+    let user = known_user(name)?;
+    if user.uid == rustix::process::getuid().as_raw() {
+        return Ok(own_home.map(Path::to_path_buf));
+    }
+    Ok(user.home)
+}
+
+/// What a request needs of a known user.
+struct KnownUser {
+    uid: u32,
+    gid: u32,
+    home: Option<PathBuf>,
+}
+
+/// The user `name` from `/etc/passwd`, or the `permission_denied` error that says it is
+/// missing.
+fn known_user(name: &str) -> Result<KnownUser, ConnectError> {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     passwd_entries(&passwd)
-        .find(|(n, _, _)| *n == name)
-        .map(|(_, uid, gid)| (uid, gid))
+        .find(|entry| entry.name == name)
+        .map(|entry| KnownUser {
+            uid: entry.uid,
+            gid: entry.gid,
+            home: entry.home(),
+        })
+        .ok_or_else(|| {
+            let own_uid = rustix::process::getuid().as_raw();
+            ConnectError::new(
+                Code::PermissionDenied,
+                format!(
+                    "user {name:?} does not exist here; execd runs as {}",
+                    user_name(own_uid).unwrap_or_else(|| own_uid.to_string())
+                ),
+            )
+        })
 }
 
 /// The name of user `uid`, if `/etc/passwd` has one.
 pub fn user_name(uid: u32) -> Option<String> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd_entries(&passwd)
-        .find(|(_, u, _)| *u == uid)
-        .map(|(n, _, _)| n.to_owned())
+        .find(|entry| entry.uid == uid)
+        .map(|entry| entry.name.to_owned())
 }
 
 /// The name of group `gid`, if `/etc/group` has one.
@@ -92,15 +147,41 @@ pub fn group_name(gid: u32) -> Option<String> {
     })
 }
 
-/// `(name, uid, gid)` of each well-formed `/etc/passwd` line.
-fn passwd_entries(text: &str) -> impl Iterator<Item = (&str, u32, u32)> {
+/// One well-formed `/etc/passwd` line.
+#[derive(Debug, PartialEq, Eq)]
+struct PasswdEntry<'a> {
+    name: &'a str,
+    uid: u32,
+    gid: u32,
+    /// The home field as written (empty on some system users).
+    home: &'a str,
+}
+
+impl PasswdEntry<'_> {
+    /// The home, when the line names an absolute one.
+    fn home(&self) -> Option<PathBuf> {
+        Path::new(self.home)
+            .is_absolute()
+            .then(|| PathBuf::from(self.home))
+    }
+}
+
+/// Each well-formed `/etc/passwd` line (`name:password:uid:gid:gecos:home:shell`).
+fn passwd_entries(text: &str) -> impl Iterator<Item = PasswdEntry<'_>> {
     text.lines().filter_map(|line| {
         let mut fields = line.split(':');
         let name = fields.next()?;
         let _password = fields.next()?;
         let uid = fields.next()?.parse().ok()?;
         let gid = fields.next()?.parse().ok()?;
-        Some((name, uid, gid))
+        let _gecos = fields.next();
+        let home = fields.next().unwrap_or_default();
+        Some(PasswdEntry {
+            name,
+            uid,
+            gid,
+            home,
+        })
     })
 }
 
@@ -134,9 +215,18 @@ mod tests {
     }
 
     #[test]
-    fn passwd_lines_give_name_uid_and_gid() {
-        let text = "root:x:0:0:root:/root:/bin/bash\n# comment\nuser:x:1000:1001::/home/user:/bin/sh\nbroken\n";
-        let entries: Vec<_> = passwd_entries(text).collect();
-        assert_eq!(entries, [("root", 0, 0), ("user", 1000, 1001)]);
+    fn passwd_lines_give_name_uid_gid_and_home() {
+        let text = "root:x:0:0:root:/root:/bin/bash\n# comment\nuser:x:1000:1001::/home/user:/bin/sh\nbroken\nshort:x:7:7\n";
+        let entries: Vec<_> = passwd_entries(text)
+            .map(|e| (e.name, e.uid, e.gid, e.home()))
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                ("root", 0, 0, Some(PathBuf::from("/root"))),
+                ("user", 1000, 1001, Some(PathBuf::from("/home/user"))),
+                ("short", 7, 7, None),
+            ]
+        );
     }
 }
