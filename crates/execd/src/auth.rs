@@ -4,15 +4,21 @@
 //! `{"code","message"}` on Warren's own routes (`/v1/exec`, `/mcp`), OpenSandbox's
 //! `{"error": ...}` byte for byte everywhere else, PTY routes included, since pty-sessions.md and
 //! OpenSandbox's clients expect that body there.
+//!
+//! Also the answer of the `Host`/`Origin` guard in front of it (`origin_guard`): a 403 in
+//! Warren's shape on every route, since OpenSandbox's error body outside that 401 is the same
+//! `{"code","message"}` (docs/opensandbox-compat.md).
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
+use crate::origin_guard::Refusal;
 
 pub const ACCESS_TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 
@@ -46,6 +52,12 @@ pub async fn require_access_token(
     } else {
         ApiError::OpenSandboxUnauthorized.into_response()
     }
+}
+
+/// The guard's 403 on execd's listener: `{"code":"HOST_NOT_ALLOWED"|"ORIGIN_NOT_ALLOWED",
+/// "message"}` whatever the route.
+pub fn refused_by_guard(_uri: &Uri, _headers: &HeaderMap, refusal: Refusal) -> Response {
+    warren_http::error_response(StatusCode::FORBIDDEN, refusal.code(), refusal.to_string())
 }
 
 /// Routes that are Warren's own protocol rather than OpenSandbox's: `/v1/exec...` and

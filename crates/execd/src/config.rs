@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use warren_http::ServeConfig;
 
+use crate::origin_guard::{AllowedHost, AllowedOrigin, Exposure, Guard};
+
 /// `warren execd` flags. Every field has the default the specs give.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
@@ -40,9 +42,30 @@ pub struct Config {
     #[arg(long)]
     pub e2b_listen: Option<SocketAddr>,
 
-    /// Require this token in `X-EXECD-ACCESS-TOKEN` on every route except `GET /ping`.
+    /// Require this token in `X-EXECD-ACCESS-TOKEN` on every route except `GET /ping` (and
+    /// in `X-Access-Token` on envd's, except `/health`). Without one, execd and envd listen
+    /// only on loopback, a Unix socket, or with `--no-auth`.
     #[arg(long, env = "EXECD_ACCESS_TOKEN", hide_env_values = true)]
     pub access_token: Option<String>,
+
+    /// Listen on a non-loopback address (`--listen`, `--e2b-listen`) without an access token:
+    /// whoever reaches the port runs commands and reads and writes files. Without this flag
+    /// that start is refused. It turns no check off: a token, if set, is still required.
+    #[arg(long)]
+    pub no_auth: bool,
+
+    /// Also answer requests whose `Host` is this name (repeatable): a proxy's or a cluster's
+    /// name for this server. `.example.com` is that name and every name under it; `*` turns
+    /// the `Host` check off (DNS rebinding is then possible). Loopback names and addresses are
+    /// always answered; see docs/http.md.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<AllowedHost>,
+
+    /// Also answer requests sent by web pages of this origin, `scheme://host[:port]`
+    /// (repeatable; `null` for sandboxed frames, `*` for every origin). A request with another
+    /// site's `Origin` is refused with 403; one without `Origin` (curl, the SDKs) is not.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<AllowedOrigin>,
 
     /// Most PTY sessions that may exist at once; creating more answers 429.
     #[arg(long, default_value_t = 256)]
@@ -131,6 +154,9 @@ impl Default for Config {
         Self {
             listen: ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 44772))),
             access_token: None,
+            no_auth: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             hands_nonce: None,
             secrets_fd: None,
             forward: Vec::new(),
@@ -187,7 +213,66 @@ impl std::fmt::Display for ListenAddr {
     }
 }
 
+/// A listener beyond loopback with no access token and no `--no-auth`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refusing to listen on {listen} without an access token: anyone who reaches it could run \
+     commands and read and write files; set --access-token (or EXECD_ACCESS_TOKEN, or \
+     --secrets-fd), listen on 127.0.0.1, or pass --no-auth to serve it to the network unguarded"
+)]
+pub struct UnguardedListener {
+    pub listen: SocketAddr,
+}
+
 impl Config {
+    /// Refuses a start that would serve a non-loopback address without an access token,
+    /// unless `--no-auth` says so (Docker's `--tls=false`). `serves_execd` is false for
+    /// `warren envd`, which binds only `--e2b-listen`.
+    pub fn check_unguarded_listeners(&self, serves_execd: bool) -> Result<(), UnguardedListener> {
+        if self.access_token.is_some() || self.no_auth {
+            return Ok(());
+        }
+        let execd = match &self.listen {
+            ListenAddr::Tcp(listen) if serves_execd => Some(*listen),
+            _ => None,
+        };
+        match execd
+            .into_iter()
+            .chain(self.e2b_listen)
+            .find(|listen| Exposure::of_ip(listen.ip()) == Exposure::Network)
+        {
+            Some(listen) => Err(UnguardedListener { listen }),
+            None => Ok(()),
+        }
+    }
+
+    /// The guard of execd's listener (`--listen`).
+    pub fn execd_guard(&self) -> Guard {
+        let exposure = match &self.listen {
+            ListenAddr::Unix(_) => Exposure::Unix,
+            ListenAddr::Tcp(listen) => Exposure::of_ip(listen.ip()),
+        };
+        self.guard(exposure)
+    }
+
+    /// The guard of envd's listener (`--e2b-listen`; loopback when unset, as `warren envd`'s
+    /// default is).
+    pub fn envd_guard(&self) -> Guard {
+        let exposure = self
+            .e2b_listen
+            .map_or(Exposure::Loopback, |listen| Exposure::of_ip(listen.ip()));
+        self.guard(exposure)
+    }
+
+    fn guard(&self, exposure: Exposure) -> Guard {
+        Guard::new(
+            exposure,
+            self.access_token.is_some(),
+            &self.allowed_hosts,
+            &self.allowed_origins,
+        )
+    }
+
     /// The connection limits `warren_http::serve` applies.
     pub fn serve_config(&self) -> ServeConfig {
         ServeConfig {
@@ -233,6 +318,71 @@ mod tests {
             if let Some(parsed) = expected {
                 assert_eq!(parsed.to_string().parse::<ListenAddr>().ok(), Some(parsed));
             }
+        }
+    }
+
+    #[test]
+    fn a_listener_beyond_loopback_needs_a_token_or_no_auth() {
+        use clap::Parser;
+        let refused = |listen: &str| {
+            Some(UnguardedListener {
+                listen: listen.parse().expect("addr"),
+            })
+        };
+        // (flags, serves execd (false: `warren envd`), the listener refused)
+        let cases: [(&[&str], bool, Option<UnguardedListener>); 10] = [
+            (&[], true, None),
+            (&["--listen=127.0.0.2:1"], true, None),
+            (&["--listen=[::1]:1"], true, None),
+            (&["--listen=unix:/run/execd.sock"], true, None),
+            (&["--listen=0.0.0.0:44772"], true, refused("0.0.0.0:44772")),
+            (&["--listen=[::]:1"], true, refused("[::]:1")),
+            (&["--listen=0.0.0.0:1", "--access-token=t"], true, None),
+            (&["--listen=0.0.0.0:1", "--no-auth"], true, None),
+            // `warren envd` binds only --e2b-listen.
+            (
+                &["--listen=0.0.0.0:1", "--e2b-listen=127.0.0.1:2"],
+                false,
+                None,
+            ),
+            (
+                &["--e2b-listen=10.1.2.3:49983"],
+                false,
+                refused("10.1.2.3:49983"),
+            ),
+        ];
+        for (flags, serves_execd, expected) in cases {
+            let argv = std::iter::once("execd").chain(flags.iter().copied());
+            let parsed = Cli::try_parse_from(argv).expect("parses");
+            assert_eq!(
+                parsed.config.check_unguarded_listeners(serves_execd).err(),
+                expected,
+                "{flags:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn allowed_hosts_and_origins_repeat_and_refuse_what_they_cannot_name() {
+        use clap::Parser;
+        let flags = [
+            "execd",
+            "--allowed-host=proxy.internal",
+            "--allowed-host",
+            ".cluster.local",
+            "--allowed-origin=https://console.example",
+            "--allowed-origin=null",
+        ];
+        let parsed = Cli::try_parse_from(flags).expect("parses");
+        assert_eq!(parsed.config.allowed_hosts.len(), 2);
+        assert_eq!(parsed.config.allowed_origins.len(), 2);
+        for bad in [
+            "--allowed-host=proxy.internal:8080",
+            "--allowed-host=http://proxy.internal",
+            "--allowed-origin=console.example",
+            "--allowed-origin=https://console.example/app",
+        ] {
+            assert!(Cli::try_parse_from(["execd", bad]).is_err(), "{bad}");
         }
     }
 

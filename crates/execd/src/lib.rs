@@ -4,10 +4,11 @@
 //! (`/v1/agent-terminals`), Warren's file routes and change feed (`/v1/files*`), the hands'
 //! identity and workspace snapshots (`/v1/hands/identity`, `/v1/workspace/*`) and the
 //! OpenSandbox-compatible command, bash-session, file and metrics routes, all behind one
-//! optional access token and the hands nonce check.
+//! optional access token and the hands nonce check, and on TCP behind the `Host` and `Origin`
+//! guard against requests web pages send (`origin_guard`).
 //!
 //! This module only wires the parts together: each feature module owns its routes and state, and
-//! [`Execd::router`] merges them under the auth layer. Process handling lives in
+//! [`Execd::router`] merges them under the guard and auth layers. Process handling lives in
 //! `warren-process`, exec sessions in `warren-exec`.
 
 pub mod auth;
@@ -20,6 +21,7 @@ pub mod forward;
 pub mod identity;
 pub mod openapi;
 pub mod opensandbox;
+pub mod origin_guard;
 pub mod proxy;
 pub mod pty;
 pub mod state;
@@ -91,14 +93,15 @@ impl Execd {
         )
     }
 
-    /// The complete HTTP surface, with the access-token check applied to every route except
-    /// `GET /ping` and `GET /openapi.json`, and then the hands nonce check to every route.
-    /// Unknown paths and methods answer 404/405 in Warren's error shape.
+    /// The complete HTTP surface: the `Host` and `Origin` guard of `--listen` first (403
+    /// `HOST_NOT_ALLOWED` / `ORIGIN_NOT_ALLOWED`; none on a Unix socket), then the access-token
+    /// check on every route except `GET /ping` and `GET /openapi.json`, then the hands nonce
+    /// check on every route. Unknown paths and methods answer 404/405 in Warren's error shape.
     pub fn router(&self) -> Router {
         let (warren, api) = self.warren_routes().split_for_parts();
         let document =
             openapi::to_bytes(&openapi::document(api, self.config.access_token.is_some()));
-        Router::new()
+        let router = Router::new()
             .merge(warren)
             .route(
                 "/openapi.json",
@@ -122,23 +125,36 @@ impl Execd {
             .layer(axum::middleware::from_fn_with_state(
                 self.config.access_token.clone().map(Arc::<str>::from),
                 auth::require_access_token,
-            ))
+            ));
+        // Outermost, so a page's request is refused before anything reads its body or
+        // upgrades it; a request with the token passes (see `origin_guard`).
+        let token = self.config.access_token.clone();
+        let presents_token = move |headers: &axum::http::HeaderMap| {
+            token.as_deref().is_some_and(|expected| {
+                headers
+                    .get(auth::ACCESS_TOKEN_HEADER)
+                    .is_some_and(|presented| auth::token_matches(expected, presented.as_bytes()))
+            })
+        };
+        self.config.execd_guard().apply(
+            router,
+            Arc::new(presents_token),
+            Arc::new(auth::refused_by_guard),
+        )
     }
 
-    /// The exec tools over MCP streamable HTTP, driving the same engine as `/v1/exec`. With an
-    /// access token any `Host` is accepted (the token defeats DNS rebinding); without one, only
-    /// loopback names and the listen address.
+    /// envd's API (`--e2b-listen`, `warren envd`) behind the guard of its listener.
+    pub fn envd_router(&self) -> Router {
+        self.e2b.router_behind(self.config.envd_guard())
+    }
+
+    /// The exec tools over MCP streamable HTTP, driving the same engine as `/v1/exec`. Every
+    /// `Host` the router's guard let through is accepted: the guard is the one place that
+    /// decides (with `--allowed-host` names), so rmcp's own list would only disagree with it.
     fn mcp_service(&self) -> warren_mcp::McpHttpService {
-        // A Unix socket is out of a browser's reach, so no rebinding either.
-        let allowed_hosts = match (&self.config.access_token, &self.config.listen) {
-            (Some(_), _) | (None, ListenAddr::Unix(_)) => warren_mcp::AllowedHosts::Any,
-            (None, ListenAddr::Tcp(listen)) => {
-                warren_mcp::AllowedHosts::Only(vec![listen.ip().to_string(), listen.to_string()])
-            }
-        };
         warren_mcp::streamable_http_service(
             self.exec.engine().clone(),
-            allowed_hosts,
+            warren_mcp::AllowedHosts::Any,
             self.mcp_shutdown.clone(),
         )
     }
@@ -227,7 +243,7 @@ pub async fn serve_listeners(
     let e2b = e2b_listener.map(|listener| {
         warren_http::serve(
             listener,
-            execd.e2b.router(),
+            execd.envd_router(),
             serve_config,
             stop.clone().cancelled_owned(),
         )

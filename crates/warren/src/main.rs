@@ -93,11 +93,13 @@ const ENVD_DEFAULT_LISTEN: std::net::SocketAddr =
 /// (`envd_only`: the envd listener alone).
 async fn run_execd(mut config: warren_execd::Config, envd_only: bool) -> anyhow::Result<()> {
     read_secrets(&mut config)?;
-    let shutdown = shutdown_signal();
-    warren_process::reaper::start()?;
     if envd_only && config.e2b_listen.is_none() {
         config.e2b_listen = Some(ENVD_DEFAULT_LISTEN);
     }
+    // Before anything is bound or started: a refused start leaves nothing behind.
+    config.check_unguarded_listeners(!envd_only)?;
+    let shutdown = shutdown_signal();
+    warren_process::reaper::start()?;
     let mut listens: Vec<String> = config
         .e2b_listen
         .iter()
@@ -110,9 +112,13 @@ async fn run_execd(mut config: warren_execd::Config, envd_only: bool) -> anyhow:
     {
         listens.push(listen.to_string());
     }
+    // Only `--no-auth` gets this far without a token beyond loopback.
     if config.access_token.is_none() {
         for listen in listens {
-            tracing::warn!(%listen, "listening on a non-loopback address without an access token");
+            tracing::warn!(
+                %listen,
+                "listening on a non-loopback address without an access token (--no-auth)"
+            );
         }
     }
     let (listener, listening_on) = if envd_only {

@@ -413,86 +413,25 @@ fn relative_parts(path: &Path) -> Vec<Part> {
         .collect()
 }
 
-/// The parts of the absolute `path` below `root` (canonical), `None` when it leads elsewhere.
-/// `.` and `..` are applied lexically only while the path is at the root or one of its
-/// ancestors; below the root they are left to the walk.
+/// The parts of the absolute `path` below `root` (canonical), `None` when it leads elsewhere:
+/// the workspace's one rule for absolute paths and link targets
+/// ([`warren_snapshot::path::beneath_root`], which a stored snapshot's walk follows too).
 pub fn parts_beneath(root: &Path, path: &Path) -> Option<Vec<Part>> {
-    let root_names: Vec<&OsStr> = root
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(name) => Some(name),
-            _ => None,
-        })
-        .collect();
-    let mut components = path.components();
-    if components.next() != Some(Component::RootDir) {
-        return None;
-    }
-    // How many of the root's names the path has spelled so far: it is at an ancestor.
-    let mut depth = 0usize;
-    while let Some(component) = components.next() {
-        match component {
-            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
-            Component::ParentDir => depth = depth.saturating_sub(1),
-            Component::Normal(name) if depth == root_names.len() => {
-                let mut parts = vec![Part::Name(name.to_owned())];
-                parts.extend(relative_parts(components.as_path()));
-                return Some(parts);
-            }
-            Component::Normal(name) if name == root_names[depth] => depth += 1,
-            Component::Normal(_) => return None,
-        }
-    }
-    (depth == root_names.len()).then(Vec::new)
+    let steps = warren_snapshot::path::beneath_root(root, path)?;
+    Some(
+        steps
+            .into_iter()
+            .map(|step| match step {
+                warren_snapshot::path::Step::Parent => Part::Parent,
+                warren_snapshot::path::Step::Name(name) => Part::Name(name.to_owned()),
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn show(parts: Option<Vec<Part>>) -> Option<String> {
-        parts.map(|parts| {
-            parts
-                .iter()
-                .map(|p| match p {
-                    Part::Parent => "..".to_owned(),
-                    Part::Name(name) => name.to_string_lossy().into_owned(),
-                })
-                .collect::<Vec<_>>()
-                .join("/")
-        })
-    }
-
-    #[test]
-    fn absolute_paths_map_below_the_root_only_when_they_spell_it() {
-        let table = [
-            ("/srv/root", "/srv/root", Some("")),
-            ("/srv/root", "/srv/root/a/b", Some("a/b")),
-            ("/srv/root", "/srv/root/a/../b", Some("a/../b")),
-            ("/srv/root", "/srv/root/./a/./b/", Some("a/b")),
-            ("/srv/root", "//srv//root/a", Some("a")),
-            ("/srv/root", "/srv/root/../root/x", Some("x")),
-            ("/srv/root", "/../srv/root/x", Some("x")),
-            ("/srv/root", "/srv/root/..", None),
-            ("/srv/root", "/srv", None),
-            ("/srv/root", "/", None),
-            ("/srv/root", "/etc/passwd", None),
-            ("/srv/root", "/srv/rootless/x", None),
-            ("/srv/root", "/srv/other/../root/x", None),
-            ("/srv/root", "relative/x", None),
-            ("/", "/", Some("")),
-            ("/", "/etc/passwd", Some("etc/passwd")),
-            ("/", "/../etc", Some("etc")),
-            ("/", "/var/../run", Some("var/../run")),
-        ];
-        for (root, path, expected) in table {
-            assert_eq!(
-                show(parts_beneath(Path::new(root), Path::new(path))).as_deref(),
-                expected,
-                "{path} under {root}"
-            );
-        }
-    }
 
     #[test]
     fn refusals_survive_the_trip_through_io_error() {

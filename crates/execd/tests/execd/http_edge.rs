@@ -285,7 +285,7 @@ async fn half_sent_request_line_is_closed_after_header_read_timeout() {
     read_until_closed(&mut half, "half a request line").await;
     let mut headers_only = connect(&daemon).await;
     headers_only
-        .write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .write_all(b"GET /ping HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         .await
         .expect("writes");
     read_until_closed(&mut headers_only, "headers that never end").await;
@@ -299,7 +299,7 @@ async fn body_short_of_its_content_length_times_out() {
     for path in ["/pty", "/v1/exec", "/session"] {
         let mut stream = connect(&daemon).await;
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len() + 100
         );
         stream

@@ -6,6 +6,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod execd_leftovers;
+mod execd_listen;
 mod execd_pty;
 mod gateway_secrets;
 mod mcp;
