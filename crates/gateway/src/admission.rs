@@ -278,7 +278,8 @@ impl Admission {
         Ok((session, brain))
     }
 
-    /// Counts a session that already exists on disk (loaded at start), even over the quota.
+    /// Counts a session that already exists on disk (loaded at start), or one the store has
+    /// just admitted (the store's count is the quota then), even over the local quota.
     pub fn adopt_session(self: &Arc<Self>, device_id: &str) -> SessionSlot {
         self.lock()
             .per_device

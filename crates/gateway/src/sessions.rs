@@ -326,7 +326,10 @@ impl Sessions {
         want_brain: bool,
         warm: Option<(String, Arc<Hands>)>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
-        let (session_slot, _) = self.admission.reserve_session(device_id, false)?;
+        // The store's count is the quota across replicas: this replica's own count may still
+        // hold sessions another replica deleted (a 204 there frees the slot everywhere), so it
+        // only follows the store here and never refuses on its own.
+        let session_slot = self.admission.adopt_session(device_id);
         let (meta, warm_hands) = new_meta(device_id, title, warm);
         let id = meta.id.clone();
         let value =

@@ -358,6 +358,43 @@ async fn fifty_creations_racing_over_two_replicas_never_exceed_the_device_quota(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_sessions_slot_is_free_on_every_replica() {
+    if on_postgres() {
+        return;
+    }
+    let Pair { a, b, database: _ } = pair().await;
+    let token = a.register("phone-replica-06").await;
+    let mut sessions = Vec::new();
+    for n in 0..20 {
+        let maker = if n % 2 == 0 { &a } else { &b };
+        sessions.push(maker.create_session(&token).await);
+    }
+    // B has seen every session (its list shows A's too) before two of them go through A.
+    let listed = b.get_json(&token, "/sessions").await;
+    assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(20));
+    for session in &sessions[..2] {
+        let deleted = a.delete(&token, &format!("/sessions/{session}")).await;
+        assert_eq!(deleted.status(), 204, "delete {session}");
+    }
+    for (name, gw) in [("A", &a), ("B", &b)] {
+        let created = gw
+            .request(Method::POST, &token, "/sessions")
+            .json(&serde_json::json!({"title": "after delete"}))
+            .send()
+            .await
+            .expect("answers");
+        let status = created.status();
+        let body = created.text().await.unwrap_or_default();
+        assert_eq!(
+            status, 201,
+            "a creation on {name} after two deletes: {body}"
+        );
+    }
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_devices_brains_on_both_replicas_together_never_exceed_its_limit() {
     if on_postgres() {
         return;
