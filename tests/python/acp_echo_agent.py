@@ -12,6 +12,9 @@ Prompts:
   perm         -> session/request_permission (allow / reject); says "permission: ID" or
                   ends the turn "cancelled"
   anything     -> says "echo: <text>"
+
+Like a real agent, it never calls a client method the client did not offer in `initialize`
+(fs.readTextFile, fs.writeTextFile, terminal): such a prompt fails with a JSON-RPC error.
 """
 
 import asyncio
@@ -20,6 +23,7 @@ from typing import Any
 
 from acp import (
     PROTOCOL_VERSION,
+    RequestError,
     Agent,
     InitializeResponse,
     NewSessionResponse,
@@ -61,6 +65,10 @@ class EchoAgent(Agent):
             f" terminal={flag(getattr(caps, 'terminal', False))} mcp={names}"
         )
 
+    def _require(self, offered: bool, method: str) -> None:
+        if not offered:
+            raise RequestError.invalid_params({"reason": f"the client did not offer {method}"})
+
     async def _say(self, session_id: str, text: str) -> None:
         assert self._conn is not None
         await self._conn.session_update(session_id=session_id, update=update_agent_message(text_block(text)))
@@ -68,16 +76,21 @@ class EchoAgent(Agent):
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
         assert self._conn is not None
         text = "".join(getattr(block, "text", "") for block in prompt)
+        caps = self._client_capabilities
+        fs = getattr(caps, "fs", None)
         if text.startswith("write "):
             path = text[len("write "):]
+            self._require(getattr(fs, "write_text_file", False), "fs/write_text_file")
             await self._conn.write_text_file(session_id=session_id, path=path, content="hello from python")
             await self._say(session_id, f"wrote {path}")
         elif text.startswith("read "):
+            self._require(getattr(fs, "read_text_file", False), "fs/read_text_file")
             read = await self._conn.read_text_file(session_id=session_id, path=text[len("read "):])
             await self._say(session_id, f"read: {read.content}")
         elif text == "caps":
             await self._say(session_id, self._capabilities(session_id))
         elif text.startswith("term "):
+            self._require(getattr(caps, "terminal", False), "terminal/create")
             created = await self._conn.create_terminal(session_id=session_id, command="bash", args=["-c", text[len("term "):]])
             await self._conn.wait_for_terminal_exit(session_id=session_id, terminal_id=created.terminal_id)
             output = await self._conn.terminal_output(session_id=session_id, terminal_id=created.terminal_id)

@@ -60,7 +60,7 @@ def preset(agent, base, home, opts):
         env.update(CODEX_HOME=f"{home}/.codex", WARREN_MODEL_TOKEN=TOKEN)
         env.update(opts.extra_env)
         files[".codex/config.toml"] = f"""\
-model = "gpt-5.1-codex"
+model = "gpt-5.4"
 model_provider = "warren"
 approval_policy = "{opts.approval}"
 sandbox_mode = "{opts.sandbox}"
@@ -311,7 +311,8 @@ def main():
     script_path, log_path = os.path.join(tmp, "script.json"), os.path.join(tmp, "model.jsonl")
     json.dump(script(opts.agent), open(script_path, "w"))
     fake = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_model.py"), "--port", "0",
-                             "--log", log_path, "--script", script_path], stdout=subprocess.PIPE,
+                             "--log", log_path, "--script", script_path, "--key", TOKEN],
+                            stdout=subprocess.PIPE,
                             text=True)
     port = int(fake.stdout.readline().strip().split("=")[1])
     base = f"http://127.0.0.1:{port}"

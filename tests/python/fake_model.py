@@ -1,7 +1,7 @@
 """A fake model server speaking the Anthropic Messages, OpenAI Responses/Chat Completions and
 Gemini generateContent APIs (streaming SSE and not), answering from a script. Stdlib only.
 
-Usage: fake_model.py --port 0 --log LOG.jsonl --script SCRIPT.json [--gate]
+Usage: fake_model.py --port 0 --log LOG.jsonl --script SCRIPT.json [--gate] [--key KEY]
 Prints one line `PORT=<n>` once listening.
 
 The script is a JSON list of steps, consumed in order by *main* requests (those that declare
@@ -11,6 +11,14 @@ do not advance it. Steps:
   {"write": {"path": "f.txt", "content": "..."}} -> a call of the agent's own file-write tool
   {"text": "..."}                            -> a final text answer
 Any step may carry "gate": true. When the script is exhausted the answer is the text "done".
+
+The fake is as strict as the real services: a step the request cannot carry out is refused, never
+carried out some other way. A "shell" step with no shell tool among the request's tools, or a
+"write" step with no file tool (Claude's Write, Gemini's write_file, Codex's apply_patch), is
+answered 400 in the provider's error shape and logged with "refused" (a model without a file tool
+cannot write a file, and a test must not pass as if it could). A body that is not JSON is 400
+too, and with --key every model request must carry that key where the provider's API takes it
+(x-api-key or a bearer token, `x-goog-api-key` or `?key=`), else 401.
 Step i answers usage input 100+i, output 20+i, cache read 7, cache write 3 (side requests:
 11, 2, 0, 0). Any path prefix before /v1/messages, /v1/responses, /v1/chat/completions,
 /v1/models or /v1beta/models/... is ignored.
@@ -30,6 +38,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+NOT_JSON = object()  # a body that did not parse: every API answers it 400
 SIDE_USAGE = {"input": 11, "output": 2, "cache_read": 0, "cache_write": 0}
 CWD_PATTERNS = [
     r"<cwd>([^<]+)</cwd>",
@@ -41,8 +50,9 @@ CWD_PATTERNS = [
 
 
 class State:
-    def __init__(self, script, log_path, gate_all):
+    def __init__(self, script, log_path, gate_all, key):
         self.lock = threading.Lock()
+        self.key = key
         self.script = script
         self.next_step = 0
         self.log = []
@@ -121,8 +131,25 @@ def shell_args(name, params, command):
     return args
 
 
+class Refused(Exception):
+    """A request the real service would refuse, or a step this request cannot carry out."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class Provider:
     """Turns a step into a list of (kind, payload) items and renders them per API."""
+
+    name = None
+
+    def error_body(self, status, message):
+        raise NotImplementedError
+
+    def has_key(self, headers, query, key):
+        raise NotImplementedError
 
     def __init__(self, handler, body):
         self.h = handler
@@ -139,7 +166,8 @@ class Provider:
                          "local_shell"):
                 if name in tools:
                     return [("call", name, shell_args(name, tools[name], step["shell"]))]
-            return [("text", f"no shell tool among {sorted(tools)}")]
+            raise Refused(400, f"fake model: the step runs a shell command, but the request "
+                               f"offers no shell tool (tools: {sorted(tools)})")
         if "write" in step:
             path, content = step["write"]["path"], step["write"]["content"]
             if "Write" in tools:
@@ -149,17 +177,25 @@ class Provider:
                 return [("call", "write_file", {"file_path": abs_path(self.body, path),
                                                 "content": content})]
             if "apply_patch" in tools:
-                lines = "".join(f"+{line}\n" for line in content.split("\n"))
+                # apply_patch ends every added line with a newline, as the content's own lines.
+                lines = "".join(f"+{line}\n" for line in content.splitlines())
                 patch = f"*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n"
                 if tools["apply_patch"] == "custom":
                     return [("custom", "apply_patch", patch)]
                 return [("call", "apply_patch", {"input": patch})]
-            quoted = content.replace("'", "'\\''")
-            return self.plan({"shell": f"printf '%s' '{quoted}' > '{path}'"})
+            raise Refused(400, f"fake model: the step writes {path}, but the request offers no "
+                               f"file tool (tools: {sorted(tools)})")
         return [("text", step.get("text", "done"))]
 
 
 class Anthropic(Provider):
+    def error_body(self, status, message):
+        kind = "authentication_error" if status == 401 else "invalid_request_error"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def has_key(self, headers, query, key):
+        return headers.get("x-api-key") == key or headers.get("authorization") == f"Bearer {key}"
+
     def tools(self):
         return {t.get("name"): t.get("input_schema") for t in self.body.get("tools") or []}
 
@@ -210,7 +246,23 @@ class Anthropic(Provider):
         self.h.end_sse()
 
 
+def openai_error(status, message):
+    kind = "invalid_api_key" if status == 401 else None
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                      "code": kind}}
+
+
+def bearer(headers, key):
+    return headers.get("authorization") == f"Bearer {key}"
+
+
 class OpenAIResponses(Provider):
+    def error_body(self, status, message):
+        return openai_error(status, message)
+
+    def has_key(self, headers, query, key):
+        return bearer(headers, key)
+
     def tools(self):
         out = {}
         for t in self.body.get("tools") or []:
@@ -289,6 +341,12 @@ class OpenAIResponses(Provider):
 
 
 class OpenAIChat(Provider):
+    def error_body(self, status, message):
+        return openai_error(status, message)
+
+    def has_key(self, headers, query, key):
+        return bearer(headers, key)
+
     def tools(self):
         return {t["function"]["name"]: t["function"].get("parameters")
                 for t in self.body.get("tools") or [] if t.get("type") == "function"}
@@ -329,6 +387,13 @@ class OpenAIChat(Provider):
 
 
 class Gemini(Provider):
+    def error_body(self, status, message):
+        kind = "UNAUTHENTICATED" if status == 401 else "INVALID_ARGUMENT"
+        return {"error": {"code": status, "message": message, "status": kind}}
+
+    def has_key(self, headers, query, key):
+        return headers.get("x-goog-api-key") == key or query.get("key") == [key]
+
     def tools(self):
         return {d.get("name"): d.get("parameters") or d.get("parametersJsonSchema")
                 for t in self.body.get("tools") or [] for d in t.get("functionDeclarations") or []}
@@ -393,7 +458,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             return json.loads(raw) if raw else None
         except ValueError:
-            return raw.decode("utf-8", "replace")
+            return NOT_JSON
 
     def send_json(self, obj, status=200):
         data = json.dumps(obj).encode()
@@ -434,8 +499,12 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         path, query = url.path, parse_qs(url.query)
         body = self.read_body() if method == "POST" else None
+        self.body_not_json = body is NOT_JSON
         entry = {"method": method, "path": path, "query": query,
-                 "headers": dict(self.headers.items()), "body": body}
+                 "headers": dict(self.headers.items()),
+                 "body": "<not JSON>" if self.body_not_json else body}
+        if self.body_not_json:
+            body = None
         st = self.state
         if path == "/_fake/log":
             return self.send_json(st.log)
@@ -475,12 +544,26 @@ class Handler(BaseHTTPRequestHandler):
         return self.send_json({"error": {"type": "not_found", "message": f"no route {path}"}},
                               404)
 
+    def refuse(self, provider, entry, refused):
+        entry.update(status=refused.status, refused=refused.message)
+        self.state.record(entry)
+        self.send_json(provider.error_body(refused.status, refused.message), refused.status)
+
     def converse(self, provider, entry, name, **kw):
         st = self.state
         entry["provider"] = name
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if st.key is not None and not provider.has_key(headers, entry["query"], st.key):
+            return self.refuse(provider, entry, Refused(401, "fake model: no valid API key"))
+        if self.body_not_json:
+            return self.refuse(provider, entry, Refused(400, "fake model: the body is not JSON"))
         if provider.tools():
             i, step, usage = st.take_step()
-            items = provider.plan(step)
+            try:
+                items = provider.plan(step)
+            except Refused as refused:
+                entry.update(step=i, kind="main", usage=usage)
+                return self.refuse(provider, entry, refused)
         else:
             i, step, usage = None, {}, SIDE_USAGE
             items = [("text", getattr(provider, "side_text", lambda: "ok")())]
@@ -501,9 +584,10 @@ def main():
     ap.add_argument("--log")
     ap.add_argument("--script")
     ap.add_argument("--gate", action="store_true", help="gate every response")
+    ap.add_argument("--key", help="the API key every model request must carry")
     args = ap.parse_args()
     script = json.load(open(args.script)) if args.script else []
-    Handler.state = State(script, args.log, args.gate)
+    Handler.state = State(script, args.log, args.gate, args.key)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     print(f"PORT={server.server_address[1]}", flush=True)

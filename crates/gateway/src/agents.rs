@@ -74,7 +74,14 @@ pub struct Agent {
     prefix: Option<PathBuf>,
     /// With the brain in the hands: the program's path inside.
     inner_program: String,
+    /// `--agent-model`: the model a preset asks for instead of its default.
+    model: Option<String>,
 }
+
+/// The model the `codex` preset asks for unless `--agent-model` says otherwise: one the pinned
+/// Codex has metadata for (an unknown name makes Codex fall back to generic settings, which
+/// offer no `apply_patch` tool and print a warning into the conversation).
+pub const CODEX_DEFAULT_MODEL: &str = "gpt-5.4";
 
 /// What one session's agent needs to reach the model proxy.
 pub struct ModelAccess<'a> {
@@ -154,7 +161,47 @@ impl Agent {
             placement,
             prefix,
             inner_program,
+            model: None,
         })
+    }
+
+    /// `--agent-model`: the model a preset's agent asks for (Codex's `model`, Claude's
+    /// `ANTHROPIC_MODEL`, Gemini's `GEMINI_MODEL`). Only the presets have a model to set; for
+    /// the shell agent or a command line it is an error that says so.
+    pub fn with_model(self, model: Option<&str>) -> Result<Agent, String> {
+        let Some(model) = model else {
+            return Ok(self);
+        };
+        let model = model.trim();
+        if model.is_empty()
+            || model
+                .chars()
+                .any(|c| c.is_control() || c == '"' || c == '\\')
+        {
+            return Err(format!(
+                "--agent-model: {model:?} is not a model name (non-empty, no control characters, quotes or backslashes)"
+            ));
+        }
+        if !self.needs_session_env() {
+            return Err(format!(
+                "--agent-model applies to the claude, codex and gemini presets, not to the {} agent; \
+                 give a command line its model in its own arguments or --agent-env",
+                self.preset.label()
+            ));
+        }
+        Ok(Agent {
+            model: Some(model.to_owned()),
+            ..self
+        })
+    }
+
+    /// The model the preset's agent is told to use, if any (Codex always gets one).
+    pub fn model(&self) -> Option<&str> {
+        match (self.preset, self.model.as_deref()) {
+            (_, Some(model)) => Some(model),
+            (Preset::Codex, None) => Some(CODEX_DEFAULT_MODEL),
+            _ => None,
+        }
     }
 
     /// The host directory to bind read-only at [`INNER_PREFIX`] in every sandbox.
@@ -218,19 +265,28 @@ impl Agent {
                 if access.as_root {
                     pairs.push(("IS_SANDBOX", "1".to_owned()));
                 }
+                if let Some(model) = self.model() {
+                    pairs.push(("ANTHROPIC_MODEL", model.to_owned()));
+                }
                 pairs
             }
             Preset::Codex => vec![
                 ("CODEX_HOME", format!("{}/.codex", access.home)),
                 ("WARREN_MODEL_TOKEN", access.token.to_owned()),
             ],
-            Preset::Gemini => vec![
-                (
-                    "GOOGLE_GEMINI_BASE_URL",
-                    format!("{origin}/v1/model/gemini"),
-                ),
-                ("GEMINI_API_KEY", access.token.to_owned()),
-            ],
+            Preset::Gemini => {
+                let mut pairs = vec![
+                    (
+                        "GOOGLE_GEMINI_BASE_URL",
+                        format!("{origin}/v1/model/gemini"),
+                    ),
+                    ("GEMINI_API_KEY", access.token.to_owned()),
+                ];
+                if let Some(model) = self.model() {
+                    pairs.push(("GEMINI_MODEL", model.to_owned()));
+                }
+                pairs
+            }
             Preset::Shell | Preset::Command => Vec::new(),
         };
         if self.needs_session_env() {
@@ -253,7 +309,11 @@ impl Agent {
             ));
         };
         match self.preset {
-            Preset::Codex => write(".codex", "config.toml", &codex_config(origin)),
+            Preset::Codex => write(
+                ".codex",
+                "config.toml",
+                &codex_config(origin, self.model().unwrap_or(CODEX_DEFAULT_MODEL)),
+            ),
             Preset::Gemini => {
                 write(".gemini", "settings.json", GEMINI_SETTINGS);
                 // Gemini names a loaded session's new file by the current minute, which
@@ -276,9 +336,9 @@ const GEMINI_KEEP_RECORDINGS: &str = r#"for f in "$HOME"/.gemini/tmp/*/chats/ses
 /// Codex's `config.toml`: the model provider is the proxy (Responses API); bwrap is the
 /// sandbox (Codex's own cannot nest in it: measured, every command fails with ENOSPC), and
 /// every command is offered to the person first (with `on-request` Codex never asks).
-fn codex_config(origin: &str) -> String {
+fn codex_config(origin: &str, model: &str) -> String {
     format!(
-        r#"model = "gpt-5.1-codex"
+        r#"model = "{model}"
 model_provider = "warren"
 approval_policy = "untrusted"
 sandbox_mode = "danger-full-access"
@@ -441,6 +501,7 @@ mod tests {
             placement: BrainPlacement::Hands,
             prefix: None,
             inner_program: "/opt/warren/agent/node_modules/.bin/claude-agent-acp".into(),
+            model: None,
         };
         let access = ModelAccess {
             proxy_origin: "http://127.0.0.1:8080/",
@@ -472,6 +533,7 @@ mod tests {
             placement: BrainPlacement::Hands,
             prefix: None,
             inner_program: "/opt/warren/agent/node_modules/.bin/codex-acp".into(),
+            model: None,
         };
         let access = ModelAccess {
             proxy_origin: "http://127.0.0.1:9",
@@ -498,5 +560,81 @@ mod tests {
             env.get("CODEX_HOME").map(String::as_str),
             Some("/home/agent/.codex")
         );
+    }
+
+    fn preset(preset: Preset, program: &str) -> Agent {
+        Agent {
+            preset,
+            command: AgentCommand::parse(program).expect("parses"),
+            placement: BrainPlacement::Hands,
+            prefix: None,
+            inner_program: format!("/opt/warren/agent/node_modules/.bin/{program}"),
+            model: None,
+        }
+    }
+
+    /// The model each preset is told to use: Codex always one its pinned metadata knows,
+    /// `--agent-model` overriding it; Claude and Gemini their own default unless given one.
+    #[test]
+    fn each_preset_asks_for_its_model_and_agent_model_overrides_it() {
+        let access = ModelAccess {
+            proxy_origin: "http://127.0.0.1:9",
+            token: "wm_t",
+            as_root: false,
+            home: "/home/agent",
+        };
+        let codex_line = |agent: &Agent| agent.session_command(true, &access).args[1].clone();
+        let env_of = |agent: &Agent, name: &str| {
+            agent
+                .session_command(true, &access)
+                .env
+                .into_iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value)
+        };
+        let codex = preset(Preset::Codex, "codex-acp");
+        assert!(
+            codex_line(&codex).contains(&format!("model = \"{CODEX_DEFAULT_MODEL}\"\n")),
+            "{}",
+            codex_line(&codex)
+        );
+        let chosen = codex.with_model(Some("gpt-5.5")).expect("a model");
+        assert!(codex_line(&chosen).contains("model = \"gpt-5.5\"\n"));
+        assert!(!codex_line(&chosen).contains(CODEX_DEFAULT_MODEL));
+
+        let claude = preset(Preset::Claude, "claude-agent-acp");
+        assert_eq!(env_of(&claude, "ANTHROPIC_MODEL"), None);
+        let claude = claude
+            .with_model(Some("claude-sonnet-4-5"))
+            .expect("a model");
+        assert_eq!(
+            env_of(&claude, "ANTHROPIC_MODEL").as_deref(),
+            Some("claude-sonnet-4-5")
+        );
+        let gemini = preset(Preset::Gemini, "gemini")
+            .with_model(Some("gemini-2.5-flash"))
+            .expect("a model");
+        assert_eq!(
+            env_of(&gemini, "GEMINI_MODEL").as_deref(),
+            Some("gemini-2.5-flash")
+        );
+    }
+
+    #[test]
+    fn agent_model_is_refused_where_it_cannot_apply_or_is_no_name() {
+        let shell = Agent::resolve(None, None, None, Path::new("/opt/w/warren"), &[])
+            .expect("shell")
+            .with_model(Some("gpt-5.4"))
+            .expect_err("the shell agent has no model");
+        assert!(
+            shell.contains("claude, codex and gemini presets"),
+            "{shell}"
+        );
+        for bad in ["", "  ", "a\"b", "a\nb", "a\\b"] {
+            let error = preset(Preset::Codex, "codex-acp")
+                .with_model(Some(bad))
+                .expect_err("not a model name");
+            assert!(error.starts_with("--agent-model:"), "{bad:?}: {error}");
+        }
     }
 }

@@ -51,6 +51,10 @@ pub struct GatewayArgs {
     /// one found on PATH (the preset's variables and config stay).
     #[arg(long, env = "WARREN_AGENT_PROGRAM")]
     pub agent_program: Option<PathBuf>,
+    /// The model the `claude`, `codex` or `gemini` preset asks for, instead of the agent's own
+    /// default (Codex's default here is one the pinned Codex knows: `gpt-5.4`).
+    #[arg(long, env = "WARREN_AGENT_MODEL")]
+    pub agent_model: Option<String>,
     /// Where the agent runs: `hands` (inside the session's sandbox) or `host`. Default: `hands`
     /// for every agent but the built-in shell agent.
     #[arg(long, env = "WARREN_BRAIN_PLACEMENT", value_enum)]
@@ -273,6 +277,7 @@ impl std::fmt::Debug for GatewayArgs {
             .field("agent", &self.agent)
             .field("brain_placement", &self.brain_placement)
             .field("agent_program", &self.agent_program)
+            .field("agent_model", &self.agent_model)
             .field("warm_workers", &self.warm_workers)
             .field("max_brains", &self.max_brains)
             .field("brain_idle", &self.brain_idle)

@@ -119,6 +119,7 @@ impl Gateway {
             &warren_bin,
             &args.agent_env,
         )
+        .and_then(|agent| agent.with_model(args.agent_model.as_deref()))
         .map_err(GatewayError::InvalidRequest)?;
         let app_key = args
             .app_key

@@ -56,6 +56,7 @@ impl FakeModel {
             .arg(&log)
             .arg("--script")
             .arg(&script_path)
+            .args(["--key", REAL_KEY])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -87,6 +88,15 @@ impl FakeModel {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         text.lines()
             .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// What the fake refused: a step the request could not carry out (no shell or file tool
+    /// offered), a body that was not JSON or a request without the real key.
+    fn refusals(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter_map(|request| request["refused"].as_str().map(str::to_owned))
             .collect()
     }
 
@@ -221,7 +231,36 @@ async fn a_real_agent_runs_in_the_hands(preset: &str, program: &str, probe: &str
     let mut chat = gw.conversation("phone-real-agent").await;
 
     let (events, answered) = run_turn_allowing(&mut chat, "please run the probe").await;
+    assert_eq!(
+        fake.refusals(),
+        Vec::<String>::new(),
+        "the fake refused a step"
+    );
     assert_eq!(stop_reason(&events), "end_turn", "{events:#?}");
+    // The agent knows its model: no fallback warning reaches the person as agent text.
+    for event in &events {
+        let text = event.data.to_string();
+        assert!(
+            !text.contains("Model metadata") && !text.contains("fallback metadata"),
+            "a warning reached the stream: {event:?}"
+        );
+    }
+    // The file was written with the agent's own file tool (Codex: apply_patch).
+    let write_step = fake
+        .requests()
+        .into_iter()
+        .find(|request| request["kind"] == "main" && request["step"] == 1)
+        .expect("the write step was asked for");
+    let tool = write_step["answer"][0][1]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let expected_tool = match preset {
+        "claude" => "Write",
+        "codex" => "apply_patch",
+        _ => "write_file",
+    };
+    assert_eq!(tool, expected_tool, "{write_step}");
     assert!(answered >= 1, "{preset} asked before running its command");
     assert_eq!(chat.info().await["brain_placement"], "hands");
 
