@@ -342,6 +342,9 @@ struct Moved {
 /// A snapshot's entries by path, as read once per snapshot file.
 struct Listing {
     entries: BTreeMap<String, ArchivedEntry>,
+    /// The workspace as the hands' execd sees it (`/workspace` in bwrap), which an absolute
+    /// link inside the workspace spells; `None` when unknown (absolute links then lead out).
+    root: Option<std::path::PathBuf>,
 }
 
 /// Which version of the snapshot file a listing was read from.
@@ -376,6 +379,7 @@ impl Files {
         &self,
         session_id: &str,
         store: &SnapshotStore,
+        root: Option<std::path::PathBuf>,
     ) -> Result<Arc<Listing>, GatewayError> {
         use std::os::unix::fs::MetadataExt;
         let metadata = tokio::fs::metadata(store.cached_path().await?).await?;
@@ -386,6 +390,7 @@ impl Files {
         };
         if let Some((cached, listing)) = self.cache().get(session_id)
             && *cached == version
+            && listing.root == root
         {
             return Ok(listing.clone());
         }
@@ -395,6 +400,7 @@ impl Files {
                 .into_iter()
                 .map(|entry| (entry.path.clone(), entry))
                 .collect(),
+            root,
         });
         self.cache()
             .insert(session_id.to_owned(), (version, listing.clone()));
@@ -424,14 +430,17 @@ async fn source(gateway: &Gateway, session: &Session) -> Result<Source, GatewayE
     if !store.is_stored().await {
         return Ok(Source::Empty);
     }
+    let root = session.hands.root_as_seen();
     Ok(Source::Snapshot(
-        gateway.files.listing(&session.id, store).await?,
+        gateway.files.listing(&session.id, store, root).await?,
     ))
 }
 
 impl Listing {
-    /// The archive path `path` names, following the snapshot's links as the live walk does: a
-    /// link that is absolute or climbs out is an escape.
+    /// The archive path `path` names, following the snapshot's links as the live walk does: an
+    /// absolute link continues from the root when it spells the workspace's own path
+    /// ([`warren_snapshot::path::beneath_root`], execd's rule too), and a link that leads
+    /// anywhere else or climbs out is an escape.
     fn resolve(&self, path: &str) -> Result<String, FilesError> {
         let mut pending: std::collections::VecDeque<String> =
             path.split('/').map(str::to_owned).collect();
@@ -463,12 +472,27 @@ impl Listing {
                         ));
                     }
                     let target = entry.link_target.clone().unwrap_or_default();
-                    if target.starts_with('/') {
-                        return Err(FilesError::escape(path));
-                    }
                     resolved.pop();
-                    for part in target.split('/').rev() {
-                        pending.push_front(part.to_owned());
+                    if target.starts_with('/') {
+                        let steps = self.root.as_deref().and_then(|root| {
+                            warren_snapshot::path::beneath_root(root, std::path::Path::new(&target))
+                        });
+                        let Some(steps) = steps else {
+                            return Err(FilesError::escape(path));
+                        };
+                        resolved.clear();
+                        for step in steps.into_iter().rev() {
+                            pending.push_front(match step {
+                                warren_snapshot::path::Step::Parent => "..".to_owned(),
+                                warren_snapshot::path::Step::Name(name) => {
+                                    name.to_string_lossy().into_owned()
+                                }
+                            });
+                        }
+                    } else {
+                        for part in target.split('/').rev() {
+                            pending.push_front(part.to_owned());
+                        }
                     }
                 }
                 EntryKind::Dir => {}
@@ -1102,21 +1126,44 @@ mod tests {
             entry("up", EntryKind::Symlink, 0, Some("../outside")),
             entry("loop", EntryKind::Symlink, 0, Some("loop")),
             entry("same.rs", EntryKind::HardLink, 0, Some("src/main.rs")),
+            entry("abs", EntryKind::Symlink, 0, Some("/workspace/src/main.rs")),
+            entry("abs-dir", EntryKind::Symlink, 0, Some("/workspace/src")),
+            entry("abs-up", EntryKind::Symlink, 0, Some("/workspace/../etc")),
+            entry(
+                "abs-climb",
+                EntryKind::Symlink,
+                0,
+                Some("/workspace/src/../.."),
+            ),
         ];
         Listing {
             entries: entries.into_iter().map(|e| (e.path.clone(), e)).collect(),
+            root: Some("/workspace".into()),
         }
     }
 
     #[test]
     fn a_snapshot_is_walked_like_the_live_workspace() {
         let listing = listing();
+        for (path, archived) in [
+            ("code/main.rs", "src/main.rs"),
+            ("abs", "src/main.rs"),
+            ("abs-dir/deep/x.txt", "src/deep/x.txt"),
+        ] {
+            assert_eq!(listing.resolve(path).expect(path), archived, "{path}");
+        }
+        let unknown_root = Listing {
+            root: None,
+            entries: listing.entries.clone(),
+        };
         assert_eq!(
-            listing.resolve("code/main.rs").expect("inside"),
-            "src/main.rs"
+            unknown_root.resolve("abs").expect_err("no root").kind,
+            FilesErrorKind::Escape
         );
         for (path, kind) in [
             ("etc/passwd", FilesErrorKind::Escape),
+            ("abs-up", FilesErrorKind::Escape),
+            ("abs-climb", FilesErrorKind::Escape),
             ("up", FilesErrorKind::Escape),
             ("missing", FilesErrorKind::NotFound),
             ("src/main.rs/x", FilesErrorKind::NotADirectory),
@@ -1131,7 +1178,21 @@ mod tests {
         );
         let top = listing.list("", 1).expect("root");
         let paths: Vec<&str> = top.entries.iter().map(|e| e.path.as_str()).collect();
-        assert_eq!(paths, ["code", "etc", "loop", "same.rs", "src", "up"]);
+        assert_eq!(
+            paths,
+            [
+                "abs",
+                "abs-climb",
+                "abs-dir",
+                "abs-up",
+                "code",
+                "etc",
+                "loop",
+                "same.rs",
+                "src",
+                "up"
+            ]
+        );
         let deep = listing.list("code", 2).expect("through the link");
         let paths: Vec<&str> = deep.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["code/deep", "code/deep/x.txt", "code/main.rs"]);

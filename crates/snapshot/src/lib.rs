@@ -10,7 +10,7 @@
 //! blocking thread.
 
 mod pack;
-mod path;
+pub mod path;
 mod read;
 mod unpack;
 

@@ -5,8 +5,9 @@
 //! way. Regular files, directories (empty ones too), symlinks (stored as links, never followed)
 //! and hard links within the tree (the first path carries the data, later ones are tar hard
 //! links) are stored with their permission bits and mtime; owners are not. FIFOs, sockets,
-//! devices, symlinks that [`crate::unpack`] would refuse (absolute, or climbing out of the
-//! root: a Python venv's `bin/python`, Codex's helper links) and whatever cannot be opened or
+//! devices, symlinks that [`crate::unpack`] would refuse (climbing out of the root, or absolute
+//! and not spelling the root's own path: a Python venv's `bin/python`, Codex's helper links;
+//! `/workspace/a.txt` packed from the root `/workspace` is kept as written) and whatever cannot be opened or
 //! listed are skipped and counted, so every archive `pack` makes can be restored. A file that changes
 //! size while it is read is stored with exactly the size its header declares (cut or padded
 //! with zeros), so the archive is never corrupt.
@@ -46,6 +47,8 @@ pub fn pack(root: &Path, out: impl Write) -> Result<PackStats, SnapshotError> {
         builder,
         stats: PackStats::default(),
         hard_links: HashMap::new(),
+        // Absolute links are judged against the root's real path, as the kernel follows them.
+        root: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned()),
     };
     // Directories still to list, deepest last; each holds its own sorted names in reverse so
     // `pop` gives them in order.
@@ -109,6 +112,8 @@ struct Packer<W: Write> {
     stats: PackStats,
     /// The first path of every file with more than one link, by (device, inode).
     hard_links: HashMap<(u64, u64), String>,
+    /// The root's canonical path, which an absolute link inside the tree spells.
+    root: std::path::PathBuf,
 }
 
 impl<W: Write> Packer<W> {
@@ -130,10 +135,9 @@ impl<W: Write> Packer<W> {
             self.stats.n_skipped += 1;
             return Ok(());
         };
-        if target.as_os_str().is_empty()
-            || target.is_absolute()
-            || !crate::path::link_stays_inside(relative, &target)
-        {
+        let stays = crate::path::from_link_dir(&self.root, relative, &target)
+            .is_some_and(|from_dir| crate::path::link_stays_inside(relative, &from_dir));
+        if !stays {
             self.stats.n_skipped += 1;
             return Ok(());
         }

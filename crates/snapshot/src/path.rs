@@ -1,7 +1,10 @@
 //! Entry paths as the archive holds them: relative, `/`-separated, with no `..`, no root and no
-//! empty names. The one place that decides whether a path in an archive is acceptable.
+//! empty names. The one place that decides whether a path in an archive is acceptable, and
+//! where an absolute symlink target of a workspace leads ([`beneath_root`]): execd's live walk,
+//! the gateway's walk of a stored snapshot, `pack` and `unpack` all follow this one rule.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 
 use crate::SnapshotError;
@@ -28,6 +31,78 @@ pub(crate) fn normalize(path: &Path) -> Result<String, SnapshotError> {
         }
     }
     Ok(parts.join("/"))
+}
+
+/// One step of a path beneath the root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step<'a> {
+    Parent,
+    Name(&'a OsStr),
+}
+
+/// The steps below `root` of the absolute `path`, `None` when it leads elsewhere: the rule for
+/// an absolute symlink target in a workspace. `root` is the workspace as whoever follows the
+/// link sees it (canonical; `/workspace` inside a sandbox), so `ln -s /workspace/a.txt l` made
+/// in the sandbox leads to `a.txt`, and `/etc/passwd` leads out. `.` and `..` are applied
+/// lexically only while the path is at the root or one of its ancestors (real directories,
+/// since the root is canonical, so that is what the kernel does there); below the root they
+/// are left to the walk, which knows what is a link.
+pub fn beneath_root<'a>(root: &Path, path: &'a Path) -> Option<Vec<Step<'a>>> {
+    let root_names: Vec<&OsStr> = root
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name),
+            _ => None,
+        })
+        .collect();
+    let mut components = path.components();
+    if components.next() != Some(Component::RootDir) {
+        return None;
+    }
+    // How many of the root's names the path has spelled so far: it is at an ancestor.
+    let mut depth = 0usize;
+    while let Some(component) = components.next() {
+        match component {
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+            Component::ParentDir => depth = depth.saturating_sub(1),
+            Component::Normal(name) if depth == root_names.len() => {
+                let mut steps = vec![Step::Name(name)];
+                steps.extend(components.filter_map(|c| match c {
+                    Component::ParentDir => Some(Step::Parent),
+                    Component::Normal(name) => Some(Step::Name(name)),
+                    Component::CurDir | Component::RootDir | Component::Prefix(_) => None,
+                }));
+                return Some(steps);
+            }
+            Component::Normal(name) if name == root_names[depth] => depth += 1,
+            Component::Normal(_) => return None,
+        }
+    }
+    (depth == root_names.len()).then(Vec::new)
+}
+
+/// A symlink's target as the same place spelled from the link's directory: a relative target
+/// as it is; an absolute one beneath `root` ([`beneath_root`]) as `..` up to the root, then its
+/// steps; `None` for an absolute target elsewhere (or an empty one).
+pub(crate) fn from_link_dir(root: &Path, link_path: &str, target: &Path) -> Option<PathBuf> {
+    if target.as_os_str().is_empty() {
+        return None;
+    }
+    if !target.is_absolute() {
+        return Some(target.to_owned());
+    }
+    let steps = beneath_root(root, target)?;
+    let mut relative = PathBuf::from(".");
+    for _ in parents(link_path) {
+        relative.push("..");
+    }
+    for step in steps {
+        match step {
+            Step::Parent => relative.push(".."),
+            Step::Name(name) => relative.push(name),
+        }
+    }
+    Some(relative)
 }
 
 /// True when a symlink at `link_path` (normalized) pointing at `target` stays beneath the root,
@@ -149,6 +224,75 @@ mod tests {
         for (link, target, expected) in cases {
             assert_eq!(
                 link_stays_inside(link, Path::new(target)),
+                expected,
+                "{link} -> {target}"
+            );
+        }
+    }
+
+    fn show(steps: Option<Vec<Step<'_>>>) -> Option<String> {
+        steps.map(|steps| {
+            steps
+                .iter()
+                .map(|step| match step {
+                    Step::Parent => "..".to_owned(),
+                    Step::Name(name) => name.to_string_lossy().into_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+    }
+
+    #[test]
+    fn absolute_paths_lead_below_the_root_only_when_they_spell_it() {
+        let table = [
+            ("/workspace", "/workspace/a.txt", Some("a.txt")),
+            ("/workspace", "/workspace", Some("")),
+            ("/srv/root", "/srv/root", Some("")),
+            ("/srv/root", "/srv/root/a/b", Some("a/b")),
+            ("/srv/root", "/srv/root/a/../b", Some("a/../b")),
+            ("/srv/root", "/srv/root/./a/./b/", Some("a/b")),
+            ("/srv/root", "//srv//root/a", Some("a")),
+            ("/srv/root", "/srv/root/../root/x", Some("x")),
+            ("/srv/root", "/../srv/root/x", Some("x")),
+            ("/srv/root", "/srv/root/..", None),
+            ("/srv/root", "/srv", None),
+            ("/srv/root", "/", None),
+            ("/srv/root", "/etc/passwd", None),
+            ("/srv/root", "/srv/rootless/x", None),
+            ("/srv/root", "/srv/other/../root/x", None),
+            ("/srv/root", "relative/x", None),
+            ("/", "/", Some("")),
+            ("/", "/etc/passwd", Some("etc/passwd")),
+            ("/", "/../etc", Some("etc")),
+            ("/", "/var/../run", Some("var/../run")),
+        ];
+        for (root, path, expected) in table {
+            assert_eq!(
+                show(beneath_root(Path::new(root), Path::new(path))).as_deref(),
+                expected,
+                "{path} under {root}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_links_target_is_spelled_from_its_directory() {
+        let root = Path::new("/workspace");
+        let table = [
+            ("l", "a.txt", Some("a.txt")),
+            ("d/l", "../a.txt", Some("../a.txt")),
+            ("l", "/workspace/a.txt", Some("./a.txt")),
+            ("d/e/l", "/workspace/a.txt", Some("./../../a.txt")),
+            ("d/l", "/workspace", Some("./..")),
+            ("d/l", "/workspace/x/../../y", Some("./../x/../../y")),
+            ("l", "/etc/passwd", None),
+            ("l", "", None),
+        ];
+        for (link, target, expected) in table {
+            let got = from_link_dir(root, link, Path::new(target));
+            assert_eq!(
+                got.as_deref().map(Path::to_string_lossy).as_deref(),
                 expected,
                 "{link} -> {target}"
             );

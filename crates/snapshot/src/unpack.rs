@@ -2,8 +2,9 @@
 //!
 //! Refused (as [`SnapshotError::Unsafe`]): `..` and absolute paths; a path beneath an entry
 //! that is a symlink (so nothing is ever written through a link the archive made); symlinks
-//! whose target is absolute or climbs out of the root, resolved lexically from the link's
-//! directory; hard links to anything but an earlier regular file of this archive; devices,
+//! whose target climbs out of the root, resolved lexically from the link's directory, or is
+//! absolute and does not spell the root's own path (`crate::path::beneath_root`: a link made in
+//! a sandbox as `/workspace/a.txt` restores into a root at `/workspace`); hard links to anything but an earlier regular file of this archive; devices,
 //! FIFOs, GNU sparse files and every other entry type except file, directory, symlink and hard
 //! link (pax and GNU long-name headers are read by `tar`). A second entry for a path that
 //! exists is refused too, except a directory over a directory. Files are created with
@@ -23,7 +24,7 @@ use std::time::{Duration, SystemTime};
 use tar::EntryType;
 
 use crate::SnapshotError;
-use crate::path::{escaping_link, link_stays_inside, normalize, parents};
+use crate::path::{escaping_link, from_link_dir, link_stays_inside, normalize, parents};
 
 /// The most an archive may hold before [`unpack`] refuses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +65,7 @@ pub fn unpack(
     }
     let mut unpacker = Unpacker {
         root: root.to_owned(),
+        real_root: std::fs::canonicalize(root)?,
         limits: *limits,
         kinds: HashMap::new(),
         directories: Vec::new(),
@@ -98,8 +100,10 @@ struct Unpacker {
     /// Directories with their mode and mtime, applied at the end (a read-only directory would
     /// refuse its children, and every child changes its directory's mtime).
     directories: Vec<(String, u32, u64)>,
-    /// Every symlink with its target, checked together at the end (a later link can make an
-    /// earlier one lead out).
+    /// The root's canonical path, which an absolute link inside the tree spells.
+    real_root: PathBuf,
+    /// Every symlink with its target (spelled from its directory), checked together at the end
+    /// (a later link can make an earlier one lead out).
     symlinks: Vec<(String, PathBuf)>,
     declared_bytes: u64,
     n_entries: u64,
@@ -184,14 +188,16 @@ impl Unpacker {
                 if target.as_os_str().is_empty() {
                     return Err(unsafe_entry("symlink without a target"));
                 }
-                if target.is_absolute() {
-                    return Err(unsafe_entry("symlink to an absolute path"));
-                }
-                if !link_stays_inside(&path, &target) {
+                // An absolute target is kept as written when it spells this root (a link the
+                // sandbox made as `/workspace/...`); it is checked as the same place spelled
+                // from the link's directory.
+                let from_dir = from_link_dir(&self.real_root, &path, &target)
+                    .ok_or_else(|| unsafe_entry("symlink to an absolute path outside the root"))?;
+                if !link_stays_inside(&path, &from_dir) {
                     return Err(unsafe_entry("symlink points outside the root"));
                 }
                 std::os::unix::fs::symlink(&target, &full)?;
-                self.symlinks.push((path.clone(), target));
+                self.symlinks.push((path.clone(), from_dir));
                 self.kinds.insert(path, Kind::Symlink);
                 set_link_mtime(&full, mtime)?;
             }

@@ -474,6 +474,68 @@ fn pack_skips_links_out_of_the_tree_so_every_archive_restores() {
     assert!(restored.path().join("venv/pyvenv.cfg").is_file());
 }
 
+/// A link the sandbox made with the workspace's own absolute path (`ln -s /workspace/a.txt`)
+/// is kept as written and restores into a root at that same path; spelled beneath another root,
+/// or climbing out of this one through `..`, it is skipped by `pack` and refused by `unpack`.
+#[test]
+fn an_absolute_link_spelling_the_root_is_kept_and_restored_as_written() {
+    let source = tempfile::tempdir().expect("tempdir");
+    let root = std::fs::canonicalize(source.path()).expect("real root");
+    let spelled = |rest: &str| format!("{}/{rest}", root.display());
+    std::fs::create_dir(root.join("d")).expect("mkdir");
+    std::fs::write(root.join("a.txt"), "a").expect("writes");
+    std::fs::write(root.join("d/x.txt"), "x").expect("writes");
+    std::os::unix::fs::symlink(spelled("a.txt"), root.join("link")).expect("abs file");
+    std::os::unix::fs::symlink(spelled("d"), root.join("d/self")).expect("abs dir");
+    std::os::unix::fs::symlink(spelled("../outside"), root.join("climb")).expect("climb");
+    std::os::unix::fs::symlink("/etc/passwd", root.join("out")).expect("out");
+
+    let mut archive = Vec::new();
+    let stats = pack(&root, &mut archive).expect("packs");
+    assert_eq!((stats.n_links, stats.n_skipped), (2, 2), "{stats:?}");
+
+    // Into the same root (emptied first, as a restore does): the links come back as written.
+    for name in ["a.txt", "link", "climb", "out", "d"] {
+        let path = root.join(name);
+        if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(path).expect("empties");
+        } else {
+            std::fs::remove_file(path).expect("empties");
+        }
+    }
+    unpack(Cursor::new(&archive), &root, &UnpackLimits::default()).expect("restores");
+    assert_eq!(
+        std::fs::read_link(root.join("link")).expect("link"),
+        Path::new(&spelled("a.txt"))
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("d/self/x.txt")).expect("follows"),
+        "x"
+    );
+    assert!(!root.join("climb").exists() && !root.join("out").exists());
+
+    // Another root does not spell those targets: there they would lead out.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let error = unpack(
+        Cursor::new(&archive),
+        elsewhere.path(),
+        &UnpackLimits::default(),
+    )
+    .expect_err("an absolute link into another tree");
+    assert_eq!(kind_of(&error), Some(Expected::Unsafe), "{error}");
+    assert!(is_empty(elsewhere.path()));
+
+    // A hand-built archive whose absolute link climbs out through `..` is refused too.
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    let target = std::fs::canonicalize(target_dir.path()).expect("real root");
+    let climbing: &'static str = Box::leak(format!("{}/../x", target.display()).into_boxed_str());
+    let hostile = zstd_bytes(&raw_tar(&[file("a.txt", b"a"), symlink("l", climbing)]));
+    let error =
+        unpack(Cursor::new(hostile), &target, &UnpackLimits::default()).expect_err("climbs out");
+    assert_eq!(kind_of(&error), Some(Expected::Unsafe), "{error}");
+    assert!(is_empty(&target));
+}
+
 #[test]
 fn pack_output_is_deterministic_and_sorted() {
     let source = tempfile::tempdir().expect("tempdir");

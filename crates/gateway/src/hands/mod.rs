@@ -238,6 +238,8 @@ struct Status {
     /// The reset notice for the agent's next prompt.
     notice: Option<String>,
     stopped: bool,
+    /// The workspace's path as the last sandbox's execd saw it.
+    root: Option<String>,
 }
 
 /// One session's hands (see the module docs).
@@ -359,6 +361,7 @@ impl Hands {
                 changed: false,
                 notice: None,
                 stopped: false,
+                root: None,
             }),
             emit: OnceLock::new(),
             known_nonce: Mutex::new(None),
@@ -517,6 +520,20 @@ impl Hands {
         self.status()
             .isolation
             .unwrap_or_else(|| self.provider.isolation())
+    }
+
+    /// The workspace's path as the sandbox sees it, which an absolute link inside the workspace
+    /// spells (`/workspace` in bwrap, the host path unconfined), with or without a running
+    /// sandbox; `None` for remote hands this gateway has not reached yet.
+    pub fn root_as_seen(&self) -> Option<PathBuf> {
+        if let Some(root) = self.status().root.clone() {
+            return Some(PathBuf::from(root));
+        }
+        match self.isolation() {
+            Isolation::Bwrap => Some(PathBuf::from(warren_sandbox::WORKSPACE)),
+            Isolation::None => Some(self.workspace.clone()),
+            Isolation::Remote => None,
+        }
     }
 
     /// True while a sandbox runs or is paused (without starting one).
@@ -796,7 +813,11 @@ impl Hands {
         live.generation += 1;
         let generation = live.generation;
         *self.token() = instance.endpoint().token.clone();
-        self.status().isolation = Some(instance.isolation());
+        {
+            let mut status = self.status();
+            status.isolation = Some(instance.isolation());
+            status.root = Some(instance.root().to_owned());
+        }
         let mut exited = instance.exited();
         let me = self.me.clone();
         tokio::spawn(async move {

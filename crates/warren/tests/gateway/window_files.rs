@@ -689,3 +689,103 @@ async fn sixty_four_mebibytes_go_up_and_down_with_flat_gateway_memory() {
     );
     gw.stop().await;
 }
+
+/// One table over both walkers: the running hands' (execd's, through the gateway) and the
+/// archived snapshot's (the gateway's own). An absolute link spelled with the workspace's own
+/// path (`/workspace/...`, as the sandbox sees it) is followed inside the workspace by both; an
+/// absolute link anywhere else, or one that climbs out from `/workspace`, is refused live and
+/// absent from the snapshot (which never keeps a link it could not restore).
+#[tokio::test]
+async fn an_absolute_link_inside_the_workspace_is_followed_live_and_archived_alike() {
+    let gw = in_bwrap(|args| {
+        args.hands_idle_pause = Duration::from_millis(500);
+        args.hands_archive_after = Duration::from_millis(500);
+    })
+    .await;
+    let mut chat = gw.conversation("phone-files-abs").await;
+    let base = files(&chat.session);
+    run(
+        &mut chat,
+        "echo a > a.txt && mkdir -p d && echo deep > d/x.txt && ln -s /workspace/a.txt link && ln -s /workspace/d dir-link && ln -s /workspace/../etc/passwd climb && ln -s /etc/hostname out && cat link dir-link/x.txt",
+    )
+    .await;
+    // (path, live answer, archived answer): 200 with the body, or the error's status and code.
+    let table: [(&str, Result<&str, (u16, &str)>, Result<&str, (u16, &str)>); 5] = [
+        ("link", Ok("a\n"), Ok("a\n")),
+        ("dir-link/x.txt", Ok("deep\n"), Ok("deep\n")),
+        ("d/../link", Ok("a\n"), Ok("a\n")),
+        (
+            "climb",
+            Err((403, "PATH_ESCAPE")),
+            Err((404, "FILE_NOT_FOUND")),
+        ),
+        (
+            "out",
+            Err((403, "PATH_ESCAPE")),
+            Err((404, "FILE_NOT_FOUND")),
+        ),
+    ];
+    for archived in [false, true] {
+        if archived {
+            chat.until("the hands archived", |e| {
+                e.event == "hands" && e.data["state"] == "archived"
+            })
+            .await;
+            assert!(!chat.workspace().exists(), "the live workspace is gone");
+        }
+        for (path, live, from_snapshot) in &table {
+            let expected = if archived { from_snapshot } else { live };
+            let answer = gw
+                .get(&chat.token, &format!("{base}/content?path={}", q(path)))
+                .await;
+            match expected {
+                Ok(body) => {
+                    assert_eq!(answer.status(), 200, "{path} (archived: {archived})");
+                    assert_eq!(answer.text().await.expect("body"), *body, "{path}");
+                }
+                Err((status, code)) => assert_eq!(
+                    error_of(answer).await,
+                    (*status, (*code).to_owned()),
+                    "{path} (archived: {archived})"
+                ),
+            }
+        }
+        // A listing through the absolute directory link names the files beneath it.
+        let listed = gw
+            .get_json(&chat.token, &format!("{base}?path=dir-link"))
+            .await;
+        assert_eq!(
+            paths_of(&listed),
+            ["dir-link/x.txt"],
+            "archived: {archived}"
+        );
+    }
+    assert_eq!(
+        chat.info().await["hands"],
+        "archived",
+        "browsing woke nothing"
+    );
+    // The snapshot kept the links as the sandbox made them: restored, they still lead inside.
+    let uploaded = upload(&gw, &chat.token, &chat.session, "b.txt", b"b").await;
+    assert_eq!(uploaded.status(), 201);
+    assert_eq!(chat.info().await["hands"], "running");
+    for path in ["link", "dir-link/x.txt"] {
+        let answer = gw
+            .get(&chat.token, &format!("{base}/content?path={}", q(path)))
+            .await;
+        assert_eq!(answer.status(), 200, "{path} after the restore");
+    }
+    let top = gw.get_json(&chat.token, &base).await;
+    let link = top["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["name"] == "link")
+        .expect("the link is listed")
+        .clone();
+    assert_eq!(
+        (link["type"].clone(), link["target"].clone()),
+        (json!("symlink"), json!("/workspace/a.txt"))
+    );
+    gw.stop().await;
+}
