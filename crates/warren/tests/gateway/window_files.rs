@@ -710,7 +710,8 @@ async fn an_absolute_link_inside_the_workspace_is_followed_live_and_archived_ali
     )
     .await;
     // (path, live answer, archived answer): 200 with the body, or the error's status and code.
-    let table: [(&str, Result<&str, (u16, &str)>, Result<&str, (u16, &str)>); 5] = [
+    type Answer = Result<&'static str, (u16, &'static str)>;
+    let table: [(&str, Answer, Answer); 5] = [
         ("link", Ok("a\n"), Ok("a\n")),
         ("dir-link/x.txt", Ok("deep\n"), Ok("deep\n")),
         ("d/../link", Ok("a\n"), Ok("a\n")),
