@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// How long `scripts/python-env.sh` may take: minutes on a cold cache (`.ci/run` runs it before
+/// How long `scripts/python-env.sh` may take: minutes on a cold cache (`scripts/test.sh` runs it before
 /// the tests, so there it only prints the path).
 const PYTHON_ENV_WAIT: Duration = Duration::from_secs(15 * 60);
 

@@ -164,11 +164,11 @@ pub struct Postgres {
 static N_DATABASES: AtomicU64 = AtomicU64::new(0);
 
 impl Postgres {
-    /// Initializes and starts a cluster. Panics when PostgreSQL is not installed (`.ci/run`
+    /// Initializes and starts a cluster. Panics when PostgreSQL is not installed (`scripts/test.sh`
     /// installs Debian's `postgresql`).
     pub fn start() -> Postgres {
         let bin = postgres_bin_dir()
-            .expect("PostgreSQL is installed (apt-get install postgresql; .ci/run does)");
+            .expect("PostgreSQL is installed (apt-get install postgresql; scripts/test.sh does)");
         let dir = tempfile::Builder::new()
             .prefix("warren-pg-")
             .tempdir()
@@ -415,7 +415,7 @@ mod tests {
     #[test]
     fn a_cluster_starts_answers_stops_and_starts_again() {
         if postgres_bin_dir().is_none() {
-            panic!("PostgreSQL is not installed (.ci/run installs it)");
+            panic!("PostgreSQL is not installed (scripts/test.sh installs it)");
         }
         let mut postgres = Postgres::start();
         let url = postgres.fresh_database();

@@ -2,7 +2,7 @@
 //! browser" (sign in, chat, permission, terminal, files, preview, network drop, hostile agent
 //! text; phone and desktop sizes) are `tests/python/console/run.py`, Playwright for Python
 //! (pinned in scripts/python-env.sh) driving Debian's headless chromium (`/usr/bin/chromium`,
-//! installed by .ci/run). This side starts the real gateway and runs it.
+//! installed by scripts/test.sh). This side starts the real gateway and runs it.
 //!
 //! The command line, the contract between the two sides:
 //!
