@@ -100,7 +100,7 @@ fn all_processes() -> Vec<Stat> {
 }
 
 fn has_marker(pid: i32, marker: &str) -> bool {
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+    let Some(environ) = environ(pid) else {
         return false;
     };
     let prefix = format!("{TREE_MARKER_VAR}=");
@@ -108,6 +108,27 @@ fn has_marker(pid: i32, marker: &str) -> bool {
         var.strip_prefix(prefix.as_bytes())
             .is_some_and(|chain| chain.split(|b| *b == b':').any(|m| m == marker.as_bytes()))
     })
+}
+
+/// `pid`'s environment. A process in the middle of `execve` reads as having neither
+/// environment nor arguments for an instant (its new memory is in place before they are), so
+/// when both are empty for a process that has a program (a kernel thread has none) they are read
+/// again, for at most 50 ms. A process started with an empty environment still has its
+/// arguments and is read once.
+fn environ(pid: i32) -> Option<Vec<u8>> {
+    let path = format!("/proc/{pid}/environ");
+    let deadline = Instant::now() + Duration::from_millis(50);
+    loop {
+        let environ = std::fs::read(&path).ok()?;
+        let mid_exec = || {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|args| args.is_empty())
+                && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok()
+        };
+        if !environ.is_empty() || Instant::now() >= deadline || !mid_exec() {
+            return Some(environ);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Every marker some live process carries (each element of each chain). One scan of /proc.
@@ -118,7 +139,7 @@ pub(crate) fn live_markers() -> std::collections::HashSet<String> {
         if stat.is_zombie() {
             continue;
         }
-        let Ok(environ) = std::fs::read(format!("/proc/{}/environ", stat.pid)) else {
+        let Some(environ) = environ(stat.pid) else {
             continue;
         };
         for var in environ.split(|b| *b == 0) {
