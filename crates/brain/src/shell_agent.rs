@@ -399,8 +399,9 @@ async fn stream_terminal(
             say(cx, session_id, new_text);
         }
         shown = output.output;
-        // The output read after the exit is complete: the turn can end.
-        if let Some(exit) = exit {
+        // The output read after the exit is complete: the turn can end. The exit comes from
+        // whichever answered first: the waiting `terminal/wait_for_exit` or this read.
+        if let Some(exit) = exit.take().or(output.exit_status) {
             return Ok(TerminalEnd::Exited {
                 exit_code: exit.exit_code,
                 signal: exit.signal,
