@@ -24,8 +24,14 @@ struct Server {
 impl Server {
     async fn start(config: Config) -> Server {
         let root = tempfile::tempdir().expect("temp root");
+        // Always a free port: the default (44772) may be another test's at the same moment.
+        let listen = match config.listen {
+            ListenAddr::Tcp(address) => ListenAddr::Tcp(std::net::SocketAddr::new(address.ip(), 0)),
+            other => other,
+        };
         let config = Config {
             root: std::fs::canonicalize(root.path()).expect("canonical root"),
+            listen,
             ..config
         };
         let (listener, url) = warren_execd::bind(&config.listen).await.expect("binds");
