@@ -74,7 +74,12 @@ fn run_python_env() -> PathBuf {
     let script = repo_root().join("scripts/python-env.sh");
     let mut command = Command::new("bash");
     command.arg(&script);
-    let output = output_within(command, PYTHON_ENV_WAIT, "scripts/python-env.sh");
+    let output = output_within(
+        command,
+        Vec::new(),
+        PYTHON_ENV_WAIT,
+        "scripts/python-env.sh",
+    );
     assert!(
         output.status.success(),
         "scripts/python-env.sh failed ({}): {}",
@@ -89,20 +94,14 @@ fn run_python_env() -> PathBuf {
 /// check client generators make before they accept a document (unique operation ids, valid
 /// schemas and references). Panics with the validator's words when it refuses.
 pub fn validate_openapi(name: &str, document_json: &str) {
-    let dir = std::env::temp_dir().join(format!(
-        "warren-openapi-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos())
-    ));
-    std::fs::create_dir_all(&dir).expect("creates the document's directory");
-    let file = dir.join(format!("{name}.json"));
-    std::fs::write(&file, document_json).expect("writes the document");
     let mut command = Command::new(python());
-    command.args(["-m", "openapi_spec_validator"]).arg(&file);
-    let output = output_within(command, Duration::from_secs(120), "openapi-spec-validator");
-    let _ = std::fs::remove_dir_all(&dir);
+    command.args(["-m", "openapi_spec_validator", "-"]);
+    let output = output_within(
+        command,
+        document_json.as_bytes().to_vec(),
+        Duration::from_secs(120),
+        "openapi-spec-validator",
+    );
     assert!(
         output.status.success(),
         "openapi-spec-validator refuses {name}'s document ({}):\n{}{}",
@@ -112,18 +111,28 @@ pub fn validate_openapi(name: &str, document_json: &str) {
     );
 }
 
-/// Runs `command` (no stdin, output captured) and waits at most `limit` for it; past that it is
-/// killed and the test fails naming `what`.
-fn output_within(mut command: Command, limit: Duration, what: &str) -> std::process::Output {
-    let child = command
-        .stdin(Stdio::null())
+/// Runs `command` with `input` on its stdin (then closed) and its output captured, and waits
+/// at most `limit` for it; past that it is killed and the test fails naming `what`.
+fn output_within(
+    mut command: Command,
+    input: Vec<u8>,
+    limit: Duration,
+    what: &str,
+) -> std::process::Output {
+    let mut child = command
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|err| panic!("starts {what}: {err}"));
     let pid = child.id();
+    let stdin = child.stdin.take();
     let (done, output) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // A child that exits without reading its input is no error here: its status says.
+        if let Some(mut stdin) = stdin {
+            let _ = std::io::Write::write_all(&mut stdin, &input);
+        }
         let _ = done.send(child.wait_with_output());
     });
     match output.recv_timeout(limit) {

@@ -60,17 +60,7 @@ async fn fetch_document(gw: &TestGateway) -> Value {
 async fn the_document_passes_openapi_spec_validator_with_unique_operation_ids() {
     let gw = TestGateway::start(args_without_agent).await;
     let document = fetch_document(&gw).await;
-    let mut seen = BTreeSet::new();
-    for (method, path, operation) in operations(&document) {
-        let id = operation["operationId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        assert!(
-            seen.insert(id.clone()),
-            "{method} {path}: operationId {id:?} used twice"
-        );
-    }
+    // The validator refuses an operation id used twice (DuplicateOperationIDError).
     warren_test_support::validate_openapi("gateway", &document.to_string());
 }
 
