@@ -136,29 +136,11 @@ impl E2b {
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(self.clone());
         let e2b = self.clone();
-        let presents_token = move |headers: &HeaderMap| {
-            let expected = e2b
-                .inner
-                .access_token
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            expected.is_some_and(|expected| {
-                let given = headers
-                    .get("x-access-token")
-                    .map(|v| v.as_bytes())
-                    .unwrap_or_default();
-                bool::from(given.ct_eq(expected.as_bytes()))
-            })
-        };
+        let presents_token = move |headers: &HeaderMap| e2b.token_check(headers) == Some(true);
         let refuse =
             |uri: &axum::http::Uri, headers: &HeaderMap, refusal: crate::origin_guard::Refusal| {
                 let error = ConnectError::new(Code::PermissionDenied, refusal.to_string());
-                // As `require_access_token`: envd's HTTP routes answer their own error shape.
-                if matches!(uri.path(), "/envs" | "/init" | "/files") {
-                    return files::http_error(error);
-                }
-                error_for(headers, error)
+                envd_error(uri, headers, error)
             };
         guard.apply(router, Arc::new(presents_token), Arc::new(refuse))
     }
@@ -172,28 +154,38 @@ impl E2b {
     }
 }
 
-/// `X-Access-Token` must match when a token is set (compared in constant time).
-async fn require_access_token(State(e2b): State<E2b>, request: Request, next: Next) -> Response {
-    let expected = e2b
-        .inner
-        .access_token
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    if let Some(expected) = expected {
-        let given = request
-            .headers()
+impl E2b {
+    /// Whether `headers` carry the access token (`X-Access-Token`, compared in constant time);
+    /// `None` while no token is set.
+    fn token_check(&self, headers: &HeaderMap) -> Option<bool> {
+        let expected = self
+            .inner
+            .access_token
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()?;
+        let given = headers
             .get("x-access-token")
             .map(|v| v.as_bytes())
             .unwrap_or_default();
-        if !bool::from(given.ct_eq(expected.as_bytes())) {
-            let error = ConnectError::new(Code::Unauthenticated, "missing or wrong X-Access-Token");
-            // envd's HTTP routes answer their own error shape, even to a JSON body (`/init`).
-            if matches!(request.uri().path(), "/envs" | "/init" | "/files") {
-                return files::http_error(error);
-            }
-            return error_for(request.headers(), error);
-        }
+        Some(bool::from(given.ct_eq(expected.as_bytes())))
+    }
+}
+
+/// `error` in the shape of the route `uri` names: envd's HTTP routes answer their own error
+/// shape (even to a JSON body, `/init`), the RPCs Connect's.
+fn envd_error(uri: &axum::http::Uri, headers: &HeaderMap, error: ConnectError) -> Response {
+    if matches!(uri.path(), "/envs" | "/init" | "/files") {
+        return files::http_error(error);
+    }
+    error_for(headers, error)
+}
+
+/// `X-Access-Token` must match when a token is set.
+async fn require_access_token(State(e2b): State<E2b>, request: Request, next: Next) -> Response {
+    if e2b.token_check(request.headers()) == Some(false) {
+        let error = ConnectError::new(Code::Unauthenticated, "missing or wrong X-Access-Token");
+        return envd_error(request.uri(), request.headers(), error);
     }
     next.run(request).await
 }
