@@ -72,7 +72,7 @@ impl Server {
              --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\
              Content-Type: application/octet-stream\r\n\r\nuploaded\r\n--{boundary}--\r\n"
         );
-        let mut request = self
+        let request = self
             .http
             .post(self.url("/files/upload"))
             .header(
@@ -80,10 +80,7 @@ impl Server {
                 format!("multipart/form-data; boundary={boundary}"),
             )
             .body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        send(request).await
+        send(request, headers).await
     }
 
     fn written(&self, name: &str) -> bool {
@@ -92,16 +89,17 @@ impl Server {
 
     /// `GET /ping` with `headers`.
     async fn ping(&self, headers: &[(&str, &str)]) -> (u16, Value) {
-        let mut request = self.http.get(self.url("/ping"));
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        send(request).await
+        let request = self.http.get(self.url("/ping"));
+        send(request, headers).await
     }
 }
 
-/// The status and the body (JSON when it is, else a JSON string).
-async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
+/// Sends `request` with `headers` on top; the status and the body (JSON when it is, else a
+/// JSON string).
+async fn send(mut request: reqwest::RequestBuilder, headers: &[(&str, &str)]) -> (u16, Value) {
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
     let response = tokio::time::timeout(WAIT, request.send())
         .await
         .expect("answered within the wait")
@@ -165,7 +163,7 @@ async fn pty_handshake(server: &Server, id: &str, headers: &[(&str, &str)]) -> (
 
 /// A new PTY session's id (a request without `Origin`, with the loopback `Host` reqwest sends).
 async fn pty_session(server: &Server) -> String {
-    let (status, body) = send(server.http.post(server.url("/pty")).json(&json!({}))).await;
+    let (status, body) = send(server.http.post(server.url("/pty")).json(&json!({})), &[]).await;
     assert_eq!(status, 201, "POST /pty: {body}");
     body["session_id"]
         .as_str()
@@ -187,8 +185,8 @@ async fn a_rebound_host_is_refused_on_upload_exec_and_the_pty_websocket() {
         server
             .http
             .post(server.url("/v1/exec"))
-            .header("host", "evil.example")
             .json(&json!({"cmd": "id"})),
+        &[("host", "evil.example")],
     )
     .await;
     assert_refused(&exec, "HOST_NOT_ALLOWED", "--allowed-host", "/v1/exec");
@@ -449,15 +447,12 @@ async fn start_envd(config: Config, listen: &str) -> Server {
 
 /// A unary `filesystem.Filesystem/Stat` of the root with `headers`.
 async fn envd_stat(server: &Server, headers: &[(&str, &str)]) -> (u16, Value) {
-    let mut request = server
+    let request = server
         .http
         .post(server.url("/filesystem.Filesystem/Stat"))
         .header("content-type", "application/json")
         .body(json!({"path": server.path("")}).to_string());
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    send(request).await
+    send(request, headers).await
 }
 
 /// A `POST /files?path=` multipart upload to envd with `headers`.
@@ -467,7 +462,7 @@ async fn envd_upload(server: &Server, name: &str, headers: &[(&str, &str)]) -> (
         "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\
          Content-Type: application/octet-stream\r\n\r\nuploaded\r\n--{boundary}--\r\n"
     );
-    let mut request = server
+    let request = server
         .http
         .post(server.url("/files"))
         .query(&[("path", server.path(name))])
@@ -476,10 +471,7 @@ async fn envd_upload(server: &Server, name: &str, headers: &[(&str, &str)]) -> (
             format!("multipart/form-data; boundary={boundary}"),
         )
         .body(body);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    send(request).await
+    send(request, headers).await
 }
 
 #[tokio::test]
