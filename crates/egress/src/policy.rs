@@ -88,6 +88,17 @@ pub const REGISTRIES: &[&str] = &[
     "registry.gitlab.com",
 ];
 
+/// [`REGISTRIES`] as rules, parsed once.
+fn registry_rules() -> &'static [Rule] {
+    static RULES: std::sync::LazyLock<Vec<Rule>> = std::sync::LazyLock::new(|| {
+        REGISTRIES
+            .iter()
+            .map(|entry| entry.parse().expect("the built-in registry list parses"))
+            .collect()
+    });
+    &RULES
+}
+
 /// One host a rule names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostPattern {
@@ -285,11 +296,7 @@ impl Policy {
             Mode::Ask => Verdict::Ask,
             Mode::Registries => {
                 let listed = matches!(port, 80 | 443)
-                    && REGISTRIES.iter().any(|entry| {
-                        entry
-                            .parse::<Rule>()
-                            .is_ok_and(|rule| rule.matches(host, port))
-                    });
+                    && registry_rules().iter().any(|rule| rule.matches(host, port));
                 if listed {
                     Verdict::Allow("policy registries".to_owned())
                 } else {

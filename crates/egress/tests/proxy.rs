@@ -10,8 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixStream};
 use warren_egress::{Answer, AnswerFuture, Egress, Limits, Mode, Observer, Policy};
-
-const WAIT: Duration = Duration::from_secs(20);
+use warren_test_support::{WAIT, eventually_async};
 
 #[derive(Default)]
 struct Seen {
@@ -170,14 +169,10 @@ async fn a_tunnel_allowed_by_an_exact_rule_carries_bytes_both_ways_and_is_counte
     assert_eq!(&echoed, b"ping through the tunnel");
     drop(stream);
     let target = format!("127.0.0.2:{port}");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while proxy.seen.closed.lock().expect("lock").is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the tunnel's close is reported"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async("the tunnel's close is reported", || async {
+        !proxy.seen.closed.lock().expect("lock").is_empty()
+    })
+    .await;
     assert_eq!(
         proxy.seen.closed.lock().expect("lock")[0],
         (target.clone(), 23, 23)
