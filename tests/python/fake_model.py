@@ -143,8 +143,6 @@ class Refused(Exception):
 class Provider:
     """Turns a step into a list of (kind, payload) items and renders them per API."""
 
-    name = None
-
     def error_body(self, status, message):
         raise NotImplementedError
 
