@@ -412,23 +412,24 @@ async def async_checks():
         assert time.monotonic() < deadline, events
         await asyncio.sleep(0.1)
     await watch.stop()
+    await async_recursive_watch(asbx)
 
 
-@check("async: run, exit codes, background, kill, files, watch_dir stream")
+@check("async: run, exit codes, background, kill, files, watch_dir stream; a recursive watch_dir "
+       "reports an SDK write, plain files and a new directory")
 def _():
+    # One event loop for every async check: the async SDK's connections outlive a loop, and a
+    # second `asyncio.run` left the interpreter to abort at exit now and then.
     asyncio.run(async_checks())
-
-
-@check("async: a recursive watch_dir reports an SDK write, plain files and a new directory")
-def _():
-    async def run():
-        asbx = await AsyncSandbox.create(debug=True, sandbox_url=URL)
-        await async_recursive_watch(asbx)
-
-    asyncio.run(run())
 
 
 if failures:
     print(f"{len(failures)} e2b SDK checks failed: {failures}")
-    sys.exit(1)
-print("all e2b SDK checks passed")
+else:
+    print("all e2b SDK checks passed")
+# Every check has run and said so. Exit without the interpreter's teardown of the SDK's
+# clients: about one run in ten aborted there (SIGABRT, no Python frame) after every check
+# had passed, which says nothing about the daemon under test.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(1 if failures else 0)
