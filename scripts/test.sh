@@ -3,7 +3,8 @@
 # .ci/run. On Debian (as root, or with sudo): bubblewrap for the hands sandbox, chromium for the
 # console's browser tests, PostgreSQL's server binaries for the scale-out tests (the tests run
 # initdb into temporary directories themselves and need no system service); then the pinned
-# Python SDKs and the real agents, into target/. Each step is skipped when already done.
+# Python SDKs and the real agents, into target/. The network tests' tools (curl, git, npm,
+# pip) run inside the hands. Each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,11 @@ missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+# Tools the network tests run inside the hands, through the egress proxy.
+command -v curl >/dev/null || missing+=(curl)
+command -v git >/dev/null || missing+=(git)
+command -v npm >/dev/null || missing+=(npm)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=()
   [ "$(id -u)" -eq 0 ] || sudo=(sudo)

@@ -260,6 +260,10 @@ pub struct Policy {
     pub mode: Mode,
     pub allow: Vec<Rule>,
     pub deny: Vec<Rule>,
+    /// Allow rules the person added by answering a question ("allow for this session"): they
+    /// let a host through by name like `allow`, but never open a refused address range, so no
+    /// name the person allowed can later resolve into one.
+    pub answered: Vec<Rule>,
 }
 
 /// What the policy says of a host before it is resolved.
@@ -279,6 +283,7 @@ impl Policy {
             mode,
             allow: Vec::new(),
             deny: Vec::new(),
+            answered: Vec::new(),
         }
     }
 
@@ -289,6 +294,9 @@ impl Policy {
         }
         if let Some(rule) = self.allow.iter().find(|rule| rule.matches(host, port)) {
             return Verdict::Allow(format!("allow {rule}"));
+        }
+        if let Some(rule) = self.answered.iter().find(|rule| rule.matches(host, port)) {
+            return Verdict::Allow(format!("allowed for the session: {rule}"));
         }
         match self.mode {
             Mode::None => Verdict::Refuse("policy none".to_owned()),
@@ -307,8 +315,9 @@ impl Policy {
     }
 
     /// Whether `host` may be reached at `ip` (one of its resolved addresses): an address in a
-    /// range refused in every policy ([`special_range`]) passes only when an allow rule names
-    /// this exact host, or this exact address, and port. `Err` says which range.
+    /// range refused in every policy ([`special_range`]) passes only when an allow rule (not an
+    /// answer) names this exact host, or this exact address, and port. `Err` says which range
+    /// and how to open it.
     pub fn check_address(&self, host: &str, port: u16, ip: IpAddr) -> Result<(), String> {
         let Some(range) = special_range(ip) else {
             return Ok(());
@@ -321,7 +330,10 @@ impl Policy {
         if named {
             Ok(())
         } else {
-            Err(format!("{ip_text} is a {range} address"))
+            Err(format!(
+                "{ip_text} is a {range} address, reachable only through an allow rule naming \
+                 {host}:{port} exactly"
+            ))
         }
     }
 }
@@ -527,7 +539,11 @@ mod tests {
         let loopback: IpAddr = "127.0.0.2".parse().expect("ip");
         assert_eq!(
             open.check_address("localhost", 80, loopback),
-            Err("127.0.0.2 is a loopback address".into())
+            Err(
+                "127.0.0.2 is a loopback address, reachable only through an allow rule naming \
+                 localhost:80 exactly"
+                    .into()
+            )
         );
         let mut named = Policy::new(Mode::Open);
         named.allow = vec![
@@ -541,6 +557,17 @@ mod tests {
         assert!(
             named.check_address("a.internal", 80, loopback).is_err(),
             "wildcards never open a range"
+        );
+        let mut answered = Policy::new(Mode::Ask);
+        answered.answered = vec!["db.local:5432".parse().expect("rule")];
+        assert_eq!(
+            answered.judge("db.local", 5432),
+            Verdict::Allow("allowed for the session: db.local:5432".into()),
+            "an answer lets the name through"
+        );
+        assert!(
+            answered.check_address("db.local", 5432, loopback).is_err(),
+            "but never into a refused range"
         );
     }
 }

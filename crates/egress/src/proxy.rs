@@ -25,9 +25,12 @@ use crate::policy::{Policy, Rule, Verdict, normalize_host};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
     AllowOnce,
-    /// Allow, and add an allow rule for this host and port to the session.
+    /// Allow, and let this host and port through for the rest of the session (a rule in
+    /// [`Policy::answered`](crate::Policy::answered)).
     AllowSession,
     Deny,
+    /// No answer came in time: refused, saying so.
+    TimedOut,
 }
 
 /// A future the observer answers with.
@@ -36,7 +39,7 @@ pub type AnswerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
 /// What the proxy tells its owner (the gateway: events, questions to the person).
 pub trait Observer: Send + Sync + 'static {
     /// No rule covers `host:port`: ask the person. The owner bounds the wait (no answer in time
-    /// is [`Answer::Deny`]) and shares one question among concurrent connections to one host.
+    /// is [`Answer::TimedOut`]) and shares one question among concurrent connections to one host.
     fn ask(&self, host: &str, port: u16) -> AnswerFuture;
     /// A connection was decided (`allowed` with the rule that let it, or `refused` with why).
     fn decided(&self, host: &str, port: u16, allowed: bool, rule: &str);
@@ -179,27 +182,14 @@ impl Egress {
         }
     }
 
-    /// Judges, asks, resolves, checks and connects; `Err` is the answer to send instead.
+    /// Judges, resolves, checks, asks and connects; `Err` is the answer to send instead. The
+    /// addresses are checked before the person is asked, so no one is asked about a host that
+    /// would be refused anyway (a name that resolves to loopback or metadata).
     async fn open_upstream(&self, host: &str, port: u16) -> Result<TcpStream, Response<Body>> {
         let verdict = self.policy().judge(host, port);
-        let rule = match verdict {
-            Verdict::Allow(rule) => rule,
-            Verdict::Refuse(rule) => return Err(self.refuse(host, port, &rule)),
-            Verdict::Ask => match self.observer.ask(host, port).await {
-                Answer::AllowOnce => "allowed once by the person".to_owned(),
-                Answer::AllowSession => {
-                    if let Some(rule) = Rule::exact(host, port) {
-                        self.policy
-                            .write()
-                            .unwrap_or_else(|poisoned| poisoned.into_inner())
-                            .allow
-                            .push(rule);
-                    }
-                    "allowed for the session by the person".to_owned()
-                }
-                Answer::Deny => return Err(self.refuse(host, port, "denied by the person")),
-            },
-        };
+        if let Verdict::Refuse(rule) = &verdict {
+            return Err(self.refuse(host, port, rule));
+        }
         let resolved = tokio::time::timeout(self.limits.connect_timeout, resolve(host, port)).await;
         let addresses = match resolved {
             Ok(Ok(addresses)) if !addresses.is_empty() => addresses,
@@ -229,6 +219,28 @@ impl Egress {
             let why = refused.unwrap_or_default();
             return Err(self.refuse(host, port, &why));
         }
+        let rule = match verdict {
+            Verdict::Allow(rule) | Verdict::Refuse(rule) => rule,
+            Verdict::Ask => match self.observer.ask(host, port).await {
+                Answer::AllowOnce => "allowed once by the person".to_owned(),
+                Answer::AllowSession => {
+                    if let Some(rule) = Rule::exact(host, port) {
+                        let mut policy = self
+                            .policy
+                            .write()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner());
+                        if !policy.answered.contains(&rule) {
+                            policy.answered.push(rule);
+                        }
+                    }
+                    "allowed for the session by the person".to_owned()
+                }
+                Answer::Deny => return Err(self.refuse(host, port, "denied by the person")),
+                Answer::TimedOut => {
+                    return Err(self.refuse(host, port, "the person did not answer in time"));
+                }
+            },
+        };
         let connect = async {
             let mut last = None;
             for address in &allowed {
@@ -253,15 +265,33 @@ impl Egress {
         }
     }
 
+    /// `403` naming the host, the rule and how to allow it, in the body and (for tools that
+    /// print only a status line, like Python's `Tunnel connection failed: 403 ...`) in the
+    /// reason phrase.
     fn refuse(&self, host: &str, port: u16, rule: &str) -> Response<Body> {
         self.observer.decided(host, port, false, rule);
-        text(
+        let mut response = text(
             StatusCode::FORBIDDEN,
             format!(
                 "warren egress: {host}:{port} refused ({rule}). {}\n",
                 self.how_to_allow
             ),
-        )
+        );
+        let reason = format!("Forbidden by Warren egress: {host}:{port} ({rule})");
+        let printable: String = reason
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(printable.into_bytes()) {
+            response.extensions_mut().insert(reason);
+        }
+        response
     }
 
     fn timed_out(&self, host: &str, port: u16) -> Response<Body> {

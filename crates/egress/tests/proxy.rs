@@ -131,7 +131,12 @@ fn status_of(answer: &str) -> u16 {
 
 /// An echo server on 127.0.0.2.
 async fn echo_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.2:0").await.expect("binds");
+    echo_upstream_on("127.0.0.2").await
+}
+
+/// An echo server on `ip`.
+async fn echo_upstream_on(ip: &str) -> u16 {
+    let listener = TcpListener::bind((ip, 0)).await.expect("binds");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
@@ -302,30 +307,82 @@ async fn every_refused_destination_gets_a_403_that_says_why_and_how_to_allow_it(
 
 #[tokio::test]
 async fn a_host_no_rule_covers_is_asked_and_the_answer_holds() {
-    let port = echo_upstream().await;
-    let target = format!("127.0.0.2:{port}");
-    let proxy = start(policy(Mode::Ask, &[]), Limits::default());
+    // `localhost` is a name no rule covers, so it is asked; its address 127.0.0.1 is opened by
+    // a rule naming that address exactly (answers never open a range).
+    let port = echo_upstream_on("127.0.0.1").await;
+    let address_rule = format!("127.0.0.1:{port}");
+    let target = format!("localhost:{port}");
+    let proxy = start(policy(Mode::Ask, &[&address_rule]), Limits::default());
     *proxy.seen.answer.lock().expect("lock") = Some(Answer::Deny);
     let head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
     let (_stream, answer) = ask_raw(&proxy, &head).await;
     assert_eq!(status_of(&answer), 403, "{answer}");
     assert!(answer.contains("denied by the person"), "{answer}");
-    // Allowed for the session: an exact rule is added, so the address range opens too and the
-    // next connection is not asked.
+    *proxy.seen.answer.lock().expect("lock") = Some(Answer::TimedOut);
+    let (_stream, answer) = ask_raw(&proxy, &head).await;
+    assert_eq!(status_of(&answer), 403, "{answer}");
+    assert!(answer.contains("did not answer in time"), "{answer}");
+    // Allowed for the session: the next connection is not asked.
     *proxy.seen.answer.lock().expect("lock") = Some(Answer::AllowSession);
     let (_stream, answer) = ask_raw(&proxy, &head).await;
     assert_eq!(status_of(&answer), 200, "{answer}");
     let (_stream, answer) = ask_raw(&proxy, &head).await;
     assert_eq!(status_of(&answer), 200, "{answer}");
-    assert_eq!(proxy.seen.asked.lock().expect("lock").len(), 2);
-    let rules: Vec<String> = proxy
+    assert_eq!(proxy.seen.asked.lock().expect("lock").len(), 3);
+    let answered: Vec<String> = proxy
         .egress
         .policy()
-        .allow
+        .answered
         .iter()
         .map(ToString::to_string)
         .collect();
-    assert_eq!(rules, [target]);
+    assert_eq!(answered, [target]);
+    // Nobody is asked about a host that would be refused anyway: 127.0.0.2 is loopback, and
+    // no rule names it.
+    let loopback = format!("127.0.0.2:{port}");
+    let head = format!("CONNECT {loopback} HTTP/1.1\r\nHost: {loopback}\r\n\r\n");
+    let (_stream, answer) = ask_raw(&proxy, &head).await;
+    assert_eq!(status_of(&answer), 403, "{answer}");
+    assert!(answer.contains("is a loopback address"), "{answer}");
+    assert_eq!(proxy.seen.asked.lock().expect("lock").len(), 3, "not asked");
+}
+
+#[tokio::test]
+async fn one_sessions_cap_leaves_another_sessions_proxy_serving() {
+    let port = echo_upstream().await;
+    let target = format!("127.0.0.2:{port}");
+    let limits = Limits {
+        max_connections: 500,
+        ..Limits::default()
+    };
+    let busy = start(policy(Mode::None, &[&target]), limits);
+    let quiet = start(policy(Mode::None, &[&target]), limits);
+    let head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let mut open = Vec::new();
+    for _ in 0..500 {
+        let (stream, answer) = ask_raw(&busy, &head).await;
+        assert_eq!(status_of(&answer), 200, "{answer}");
+        open.push(stream);
+    }
+    let (_stream, answer) = ask_raw(&busy, &head).await;
+    assert_eq!(
+        status_of(&answer),
+        429,
+        "the 501st connection at once: {answer}"
+    );
+    assert!(answer.contains("500 allowed"), "{answer}");
+    let (_stream, answer) = ask_raw(&quiet, &head).await;
+    assert_eq!(
+        status_of(&answer),
+        200,
+        "another session's proxy is unaffected: {answer}"
+    );
+    drop(open);
+    eventually_async("the busy proxy's slots free again", || async {
+        let (_stream, answer) = ask_raw(&busy, &head).await;
+        status_of(&answer) == 200
+    })
+    .await;
 }
 
 #[tokio::test]

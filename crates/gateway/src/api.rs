@@ -36,6 +36,7 @@ pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(post_message))
         .routes(routes!(cancel_turn))
         .routes(routes!(answer_permission))
+        .routes(routes!(get_egress, put_egress))
         .routes(routes!(events))
         .routes(routes!(list_terminals))
         .routes(routes!(attach_terminal))
@@ -570,7 +571,7 @@ async fn cancel_turn(
     post,
     path = "/v1/sessions/{id}/permissions/{request_id}",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), ("request_id" = String, Path, description = "A `permission_request` event's request_id")),
+    params(("id" = String, Path, description = "The session's id"), ("request_id" = String, Path, description = "A `permission_request` or `egress_request` event's request_id")),
     request_body = PermissionAnswer,
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
@@ -589,8 +590,68 @@ async fn answer_permission(
     Json(body): Json<PermissionAnswer>,
 ) -> Result<StatusCode, GatewayError> {
     let session = gateway.sessions.get(&device_id, &id)?;
-    turns::answer_permission(&session, &request_id, body.option_id)?;
+    let network = gateway.sessions.network();
+    match network
+        .answer(&session.id, &request_id, &body.option_id)
+        .await
+    {
+        Some(answered) => answered?,
+        None => turns::answer_permission(&session, &request_id, body.option_id)?,
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/egress",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The hands' network, the session's egress policy and rules, and its recent destinations", body = crate::network::EgressView),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND", body = ErrorBody),
+    ),
+)]
+async fn get_egress(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+) -> Result<axum::Json<crate::network::EgressView>, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    Ok(axum::Json(gateway.sessions.network().view(&session.id)))
+}
+
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{id}/egress",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = crate::network::EgressUpdate,
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The policy and rules replaced; for connections made from now on", body = crate::network::EgressView),
+        (status = 400, description = "INVALID_EGRESS_RULE: a rule that does not parse (named in the message); INVALID_REQUEST_BODY: not a JSON object of this shape, or an unknown policy", body = ErrorBody),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND", body = ErrorBody),
+        (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
+        (status = 409, description = "NO_EGRESS_PROXY: the session's hands have no egress proxy (network host, none or remote)", body = ErrorBody),
+        (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
+    ),
+)]
+async fn put_egress(
+    State(gateway): State<Arc<Gateway>>,
+    Device(device_id): Device,
+    Path(id): Path<String>,
+    Json(body): Json<crate::network::EgressUpdate>,
+) -> Result<axum::Json<crate::network::EgressView>, GatewayError> {
+    let session = gateway.sessions.get(&device_id, &id)?;
+    let view = gateway
+        .sessions
+        .network()
+        .replace(&session.id, body)
+        .await?;
+    Ok(axum::Json(view))
 }
 
 #[utoipa::path(

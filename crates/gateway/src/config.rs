@@ -92,9 +92,34 @@ pub struct GatewayArgs {
         default_value = "auto"
     )]
     pub hands_isolation: crate::hands::local::IsolationMode,
-    /// The hands' network: `host` (package registries work) or `none` (loopback only).
-    #[arg(long, env = "WARREN_HANDS_NETWORK", value_enum, default_value = "host")]
+    /// The hands' network (network.md): `private` (a namespace of their own; egress only
+    /// through the session's proxy, by `--hands-egress`), `none` (loopback only) or `host` (the
+    /// host's network, shared with every other session: said loudly).
+    #[arg(
+        long,
+        env = "WARREN_HANDS_NETWORK",
+        value_enum,
+        default_value = "private"
+    )]
     pub hands_network: crate::hands::local::NetworkMode,
+    /// What the hands' egress proxy lets through without asking: `none`, `registries` (package
+    /// registries and code hosts; anything else is asked), `ask` (everything is asked) or
+    /// `open` (any public address). Each session's can be changed at run time.
+    #[arg(long, env = "WARREN_HANDS_EGRESS", default_value = "registries", value_parser = clap::value_parser!(warren_egress::Mode))]
+    pub hands_egress: warren_egress::Mode,
+    /// An egress allow rule for every session, `HOST[:PORT]` or `*.DOMAIN[:PORT]` (repeatable;
+    /// comma-separated in the environment). Loopback, private and metadata addresses pass only
+    /// when a rule names that exact host (or address) and port.
+    #[arg(long = "hands-egress-allow", env = "WARREN_HANDS_EGRESS_ALLOW", value_delimiter = ',', value_parser = clap::value_parser!(warren_egress::Rule))]
+    pub hands_egress_allow: Vec<warren_egress::Rule>,
+    /// An egress deny rule for every session (repeatable; comma-separated in the environment);
+    /// deny wins over allow.
+    #[arg(long = "hands-egress-deny", env = "WARREN_HANDS_EGRESS_DENY", value_delimiter = ',', value_parser = clap::value_parser!(warren_egress::Rule))]
+    pub hands_egress_deny: Vec<warren_egress::Rule>,
+    /// How long a connection to a host no rule covers waits for the person's answer before it
+    /// is refused.
+    #[arg(long, env = "WARREN_EGRESS_ASK_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub egress_ask_timeout: Duration,
     /// The unprivileged host uid (and gid) a sandbox runs as when the gateway runs as root.
     #[arg(long, env = "WARREN_HANDS_UID", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub hands_uid: u32,
@@ -287,6 +312,10 @@ impl std::fmt::Debug for GatewayArgs {
             .field("snapshots", &self.snapshots)
             .field("hands_isolation", &self.hands_isolation)
             .field("hands_network", &self.hands_network)
+            .field("hands_egress", &self.hands_egress)
+            .field("hands_egress_allow", &self.hands_egress_allow)
+            .field("hands_egress_deny", &self.hands_egress_deny)
+            .field("egress_ask_timeout", &self.egress_ask_timeout)
             .field("hands_uid", &self.hands_uid)
             .field("hands_bwrap", &self.hands_bwrap)
             .field("hands_memory", &self.hands_memory)

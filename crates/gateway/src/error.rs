@@ -50,6 +50,14 @@ pub enum GatewayError {
     PermissionNotFound,
     #[error("the session has no preview of this port")]
     PreviewNotFound,
+    /// An egress rule that does not parse (network.md "Policy").
+    #[error(transparent)]
+    InvalidEgressRule(#[from] warren_egress::RuleError),
+    /// The session's hands have no egress proxy (their network is `host`, `none` or remote).
+    #[error(
+        "this session's hands have no egress proxy (network {0}): their network is not governed by egress rules"
+    )]
+    NoEgressProxy(&'static str),
     /// An agent terminal's name (`term-…`, `exec-…`) the running hands do not know.
     #[error("the agent runs no terminal {0} in this session's hands (or it was released)")]
     TerminalNotFound(String),
@@ -110,6 +118,8 @@ impl GatewayError {
             GatewayError::NoTurnRunning => (StatusCode::CONFLICT, "NO_TURN_RUNNING"),
             GatewayError::PermissionNotFound => (StatusCode::NOT_FOUND, "PERMISSION_NOT_FOUND"),
             GatewayError::PreviewNotFound => (StatusCode::NOT_FOUND, "PREVIEW_NOT_FOUND"),
+            GatewayError::InvalidEgressRule(_) => (StatusCode::BAD_REQUEST, "INVALID_EGRESS_RULE"),
+            GatewayError::NoEgressProxy(_) => (StatusCode::CONFLICT, "NO_EGRESS_PROXY"),
             GatewayError::TerminalNotFound(_) => (StatusCode::NOT_FOUND, "TERMINAL_NOT_FOUND"),
             GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
             GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),

@@ -12,6 +12,7 @@
 //! [`hands`] the sandbox per session and its lifecycle (start, pause, archive, restore,
 //! adoption after a restart).
 //! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
+//! [`network`] the hands' egress proxies, their questions, events and rules;
 //! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own;
 //! [`terminals`] the person's shells in the hands; [`files`] the person's file routes (live
 //! through execd, or from the snapshot); [`console`] the web console's files; [`openapi`] the
@@ -32,6 +33,7 @@ pub mod files;
 pub mod hands;
 pub mod model_proxy;
 pub mod model_socket;
+pub mod network;
 pub mod openapi;
 pub mod previews;
 pub mod replicas;
@@ -140,6 +142,8 @@ impl Gateway {
         // Every agent and hands process tree is listed here while it runs.
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
         let provider = hands_provider(&args, &warren_bin, &agent).await?;
+        let network = Arc::new(network::Network::new(&args, provider.network()));
+        let network_for_store = network.clone();
         let registry = trees.clone();
         let placement = agent.placement;
         let admission_for_store = admission.clone();
@@ -176,7 +180,7 @@ impl Gateway {
             }
             Ok(Some((
                 Devices::load(&data)?,
-                Sessions::load(&data, admission, provider, placement, file_storage)?,
+                Sessions::load(&data, admission, provider, placement, file_storage, network)?,
             )))
         })
         .await
@@ -192,6 +196,7 @@ impl Gateway {
                     provider_for_store,
                     placement,
                     storage,
+                    network_for_store,
                 )
                 .await?,
             ),
@@ -281,10 +286,7 @@ impl Gateway {
     /// loopback (an agent on the host, or hands sharing the host's network), or the port the
     /// hands forward to the session's model socket (an agent in hands without a network).
     pub fn model_origin(&self, in_hands: bool) -> String {
-        if in_hands
-            && self.args.hands_network == hands::local::NetworkMode::None
-            && self.args.hands_provider == HandsProviderKind::Local
-        {
+        if in_hands && self.hands_have_own_network() {
             return format!("http://127.0.0.1:{}", model_socket::FORWARD_PORT);
         }
         let port = self.args.listen.port();
@@ -292,6 +294,12 @@ impl Gateway {
             ip if ip.is_unspecified() || ip.is_loopback() => format!("http://127.0.0.1:{port}"),
             ip => format!("http://{}", std::net::SocketAddr::new(ip, port)),
         }
+    }
+
+    /// Whether local hands run in a network namespace of their own (`private` or `none`), so
+    /// the agent in them reaches the model proxy through the session's model socket.
+    pub fn hands_have_own_network(&self) -> bool {
+        matches!(self.sessions.network().label(), "private" | "none")
     }
 
     pub fn router(self: &Arc<Self>) -> axum::Router {
@@ -304,6 +312,7 @@ impl Gateway {
         self.warm.shutdown().await;
         self.pool.shutdown().await;
         self.model_sockets.stop_all();
+        self.sessions.network().stop_all();
         let sessions = self.sessions.all();
         futures_util::future::join_all(sessions.iter().map(sessions::shut_down_session)).await;
         if let Some(replicas) = &self.replicas {

@@ -447,6 +447,7 @@ impl Session {
             isolation: self.hands.isolation().label().to_string(),
             brain_placement: self.hands.brain_placement().label().to_string(),
             usage: state.usage,
+            network: self.hands.network().to_owned(),
         }
     }
 
@@ -573,6 +574,22 @@ impl Session {
                 tracing::debug!(session = %self.id, "event dropped: the event log is failing")
             }
             Err(e) => tracing::warn!(session = %self.id, error = %e, "cannot append event"),
+        }
+    }
+
+    /// Appends an event of the hands' egress (network.md): `egress`, `egress_request`, and the
+    /// `permission_resolved` that closes a question, which belongs to no turn's open requests
+    /// (a question can come when no turn runs). In the running turn, if any; false when the
+    /// log refused it.
+    pub fn append_outside_turns(&self, body: EventBody) -> bool {
+        let state = self.lock();
+        let turn = state.running.as_ref().map(|running| running.turn);
+        match self.log.append(turn, body) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(session = %self.id, error = %e, "egress event not stored");
+                false
+            }
         }
     }
 

@@ -29,6 +29,7 @@ use crate::config::BrainPlacement;
 use crate::error::GatewayError;
 use crate::event_log::EventLog;
 use crate::hands::{Hands, HandsProvider};
+use crate::network::Network;
 use crate::session::{MetaStore, OpenTurns};
 // Re-exported: a session is reached through the registry, so callers name it from here.
 pub use crate::session::{Session, SessionMeta};
@@ -54,6 +55,8 @@ pub struct Sessions {
     storage: Arc<StorageHealth>,
     /// `--store postgres://…`: session metadata and event logs live there.
     store: Option<warren_cluster::pg::Store>,
+    /// The hands' network: each session's egress proxy.
+    network: Arc<Network>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
 }
 
@@ -66,6 +69,7 @@ impl Sessions {
         hands_provider: Arc<dyn HandsProvider>,
         placement: BrainPlacement,
         storage: Arc<StorageHealth>,
+        network: Arc<Network>,
     ) -> std::io::Result<Sessions> {
         let dir = data_dir.join("sessions");
         std::fs::create_dir_all(&dir)?;
@@ -90,6 +94,7 @@ impl Sessions {
                 Ok(Some(session)) => {
                     let session = Arc::new(session);
                     session.wire_hands();
+                    network.attach(&session);
                     by_id.insert(session.id.clone(), session);
                 }
                 Ok(None) => {}
@@ -105,6 +110,7 @@ impl Sessions {
             admission,
             storage,
             store: None,
+            network,
             by_id: Mutex::new(by_id),
         })
     }
@@ -119,6 +125,7 @@ impl Sessions {
         hands_provider: Arc<dyn HandsProvider>,
         placement: BrainPlacement,
         storage: Arc<StorageHealth>,
+        network: Arc<Network>,
     ) -> Result<Sessions, GatewayError> {
         let dir = data_dir.join("sessions");
         let rows = store.load_sessions().await?;
@@ -135,6 +142,7 @@ impl Sessions {
             admission,
             storage,
             store: Some(store),
+            network,
             by_id: Mutex::new(HashMap::new()),
         };
         for (id, _, value) in rows {
@@ -193,6 +201,7 @@ impl Sessions {
             slot,
         ));
         session.wire_hands();
+        self.network.attach(&session);
         // Two requests may load one session at once: the first registered stays.
         let registered = self
             .map()
@@ -301,6 +310,7 @@ impl Sessions {
             Ok(session) => {
                 let session = Arc::new(session);
                 session.wire_hands();
+                self.network.attach(&session);
                 session
             }
             Err(e) => {
@@ -391,8 +401,14 @@ impl Sessions {
             session_slot,
         ));
         session.wire_hands();
+        self.network.attach(&session);
         self.map().insert(id, session.clone());
         Ok((session, brain_slot))
+    }
+
+    /// The hands' network of every session.
+    pub fn network(&self) -> &Arc<Network> {
+        &self.network
     }
 
     /// `data/sessions`: each session's directory is `<id>` in it.
@@ -564,6 +580,7 @@ pub async fn delete_session(
     // The session's model token and socket go first: nothing it left running can use them.
     gateway.model.revoke(&session.id);
     gateway.model_sockets.stop(&session.id);
+    gateway.sessions.network.detach(&session.id);
     gateway.previews.revoke_session(&session.id);
     gateway.terminals.forget(&session.id);
     gateway.files.forget(&session.id);

@@ -33,10 +33,9 @@ use warren_protocol::gateway::EventBody;
 
 use crate::Gateway;
 use crate::agents::{ModelAccess, Preset};
-use crate::config::{BrainPlacement, HandsProviderKind};
+use crate::config::BrainPlacement;
 use crate::error::GatewayError;
 use crate::hands::agent::{spawn_in_hands, stop_earlier_agent};
-use crate::hands::local::NetworkMode;
 use crate::hands::{Hands, HandsState, Isolation};
 use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
 
@@ -322,9 +321,7 @@ pub async fn start_in_hands(
     let origin = gateway.model_origin(true);
     let token = gateway.model.token(session_id);
     let endpoint = hands.endpoint().await?;
-    if gateway.args.hands_network == NetworkMode::None
-        && gateway.args.hands_provider == HandsProviderKind::Local
-    {
+    if gateway.hands_have_own_network() {
         let run_dir = gateway.args.data.join("run").join("hands").join(session_id);
         gateway.model_sockets.serve(gateway, session_id, &run_dir)?;
     }

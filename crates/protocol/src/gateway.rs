@@ -74,6 +74,10 @@ pub struct SessionInfo {
     pub brain_placement: String,
     /// Model tokens the session's agent used through the model proxy, all turns together.
     pub usage: UsageTotals,
+    /// The hands' network (network.md): `private` (a namespace of their own, egress through the
+    /// session's proxy), `none` (loopback only), `host` (the host's network, shared with every
+    /// other session: said loudly) or `remote` (whatever the remote hands' host gives).
+    pub network: String,
 }
 
 /// One model request through the gateway's model proxy, as the provider reported it in its
@@ -179,7 +183,7 @@ pub enum EventBody {
     },
     PermissionResolved {
         request_id: String,
-        /// `selected` or `cancelled`.
+        /// `selected`, `cancelled` or (an egress request no one answered in time) `timed_out`.
         outcome: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         option_id: Option<String>,
@@ -237,6 +241,36 @@ pub enum EventBody {
         code: String,
         message: String,
     },
+    /// A command in the hands wants to reach a host no egress rule covers (network.md
+    /// "Asking"); the connection waits for the answer (`POST .../permissions/{request_id}`
+    /// with one of `options`), closed by `permission_resolved` (`selected`, or `timed_out`:
+    /// refused).
+    EgressRequest {
+        request_id: String,
+        host: String,
+        port: u16,
+        /// `allow_once`, `allow_session`, `deny`.
+        options: Vec<String>,
+    },
+    /// A destination of the hands' egress: its first use in a turn (`decision`, `rule`), or
+    /// what its connections carried (`bytes_up`, `bytes_down`, `connections`), at most once a
+    /// second per host.
+    Egress {
+        host: String,
+        port: u16,
+        /// `allowed` or `refused`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decision: Option<String>,
+        /// The rule that decided (`policy registries`, `allow github.com`, `deny *.x.com`, ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes_up: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes_down: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        connections: Option<u64>,
+    },
     /// Sent on a stream (never stored) when events after `after` up to `next_seq - 1` are no
     /// longer available.
     Gap {
@@ -260,6 +294,8 @@ impl EventBody {
             EventBody::FilesChanged { .. } => "files_changed",
             EventBody::Hands { .. } => "hands",
             EventBody::Error { .. } => "error",
+            EventBody::EgressRequest { .. } => "egress_request",
+            EventBody::Egress { .. } => "egress",
             EventBody::Gap { .. } => "gap",
         }
     }

@@ -106,6 +106,8 @@ pub struct SandboxSpec {
     pub cgroup_procs: Vec<PathBuf>,
     /// `--hands-env` entries, on top of the clean allowlist.
     pub extra_env: Vec<HandsVar>,
+    /// Variables the sandbox gets unless `--hands-env` sets them (the egress proxy's).
+    pub env_defaults: Vec<(String, String)>,
 }
 
 /// The namespace and hardening flags every sandbox (and [`probe`]) uses.
@@ -244,6 +246,11 @@ impl SandboxSpec {
                     }
                     _ => (*value).to_string(),
                 };
+                command = command.env(name, value);
+            }
+        }
+        for (name, value) in &self.env_defaults {
+            if !self.extra_env.iter().any(|var| var.name == *name) {
                 command = command.env(name, value);
             }
         }
@@ -443,6 +450,7 @@ mod tests {
             seccomp: seccomp_memfd().expect("seccomp memfd"),
             cgroup_procs: Vec::new(),
             extra_env: Vec::new(),
+            env_defaults: Vec::new(),
         }
     }
 

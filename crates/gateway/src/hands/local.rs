@@ -62,12 +62,58 @@ pub enum IsolationMode {
     None,
 }
 
-/// `--hands-network`.
+/// `--hands-network` (network.md "Modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NetworkMode {
-    Host,
-    /// Loopback only.
+    /// A network namespace of their own, loopback only; egress only through the session's
+    /// egress proxy ([`EGRESS_SOCKET`], at [`EGRESS_PORT`] inside).
+    Private,
+    /// A namespace of their own, loopback only, no proxy (the model proxy still works).
     None,
+    /// The host's network, shared with every other session.
+    Host,
+}
+
+impl NetworkMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            NetworkMode::Private => "private",
+            NetworkMode::None => "none",
+            NetworkMode::Host => "host",
+        }
+    }
+}
+
+/// The file name of the session's egress proxy socket in its run directory.
+pub const EGRESS_SOCKET: &str = "egress.sock";
+/// The sandbox-local port the hands' execd forwards to the egress socket.
+pub const EGRESS_PORT: u16 = 3128;
+/// Where tools in the hands find the egress proxy.
+const EGRESS_URL: &str = "http://127.0.0.1:3128";
+
+/// What the hands' tools need to send their connections through the egress proxy (each is set
+/// unless `--hands-env` sets it; docs/network.md lists them): the common proxy variables in both
+/// cases (curl, git, pip, Python, Go, cargo, apt, Deno, Bun), Node's switch to honour them in
+/// `fetch` and `http`, and npm's, pip's and cargo's own settings.
+fn proxy_env() -> Vec<(String, String)> {
+    let no_proxy = "localhost,127.0.0.1,::1";
+    let mut vars = Vec::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        vars.push((name.to_owned(), EGRESS_URL.to_owned()));
+        vars.push((name.to_lowercase(), EGRESS_URL.to_owned()));
+    }
+    vars.push(("NO_PROXY".to_owned(), no_proxy.to_owned()));
+    vars.push(("no_proxy".to_owned(), no_proxy.to_owned()));
+    for name in [
+        "npm_config_proxy",
+        "npm_config_https_proxy",
+        "PIP_PROXY",
+        "CARGO_HTTP_PROXY",
+    ] {
+        vars.push((name.to_owned(), EGRESS_URL.to_owned()));
+    }
+    vars.push(("NODE_USE_ENV_PROXY".to_owned(), "1".to_owned()));
+    vars
 }
 
 /// What the local provider needs.
@@ -95,7 +141,7 @@ pub struct LocalConfig {
 }
 
 impl LocalConfig {
-    /// The flags' defaults: `--hands-isolation auto`, `--hands-network host`, `--hands-uid
+    /// The flags' defaults: `--hands-isolation auto`, `--hands-network private`, `--hands-uid
     /// 1000`, no limits, no `--hands-env`.
     pub fn with_defaults(warren_bin: PathBuf, run_dir: PathBuf) -> LocalConfig {
         LocalConfig {
@@ -103,7 +149,7 @@ impl LocalConfig {
             run_dir,
             isolation: IsolationMode::Auto,
             bwrap: None,
-            network: NetworkMode::Host,
+            network: NetworkMode::Private,
             uid: 1000,
             memory_bytes: None,
             pids: None,
@@ -142,6 +188,15 @@ struct Record {
 }
 
 impl LocalHands {
+    /// The network these hands get: `--hands-network`, except that unconfined hands share
+    /// the host's whatever was asked.
+    pub fn network(&self) -> NetworkMode {
+        match self.isolation {
+            Isolation::Bwrap => self.config.network,
+            Isolation::None | Isolation::Remote => NetworkMode::Host,
+        }
+    }
+
     /// Decides the isolation (probing bwrap once) and finds the cgroups. Never fails: a missing
     /// bwrap under `--hands-isolation bwrap` makes every start answer `HANDS_UNAVAILABLE`.
     pub async fn new(config: LocalConfig) -> LocalHands {
@@ -177,6 +232,20 @@ impl LocalHands {
             tracing::warn!(
                 "HANDS RUN UNCONFINED (--hands-isolation none): a model's commands run as the \
                  gateway's user with the host's files in view"
+            );
+        }
+        if config.network == NetworkMode::Host {
+            tracing::warn!(
+                "HANDS SHARE THE HOST'S NETWORK (--hands-network host): every session's commands \
+                 reach each other's ports, the gateway, this host's loopback services and the \
+                 LAN, with no egress policy. --hands-network private gives each its own."
+            );
+        } else if isolation != Isolation::Bwrap {
+            tracing::warn!(
+                network = config.network.label(),
+                "HANDS SHARE THE HOST'S NETWORK: --hands-network {} needs bwrap, and these hands \
+                 run unconfined",
+                config.network.label()
             );
         }
         LocalHands {
@@ -410,7 +479,7 @@ impl LocalHands {
                     },
                     network: match self.config.network {
                         NetworkMode::Host => Network::Host,
-                        NetworkMode::None => Network::None,
+                        NetworkMode::None | NetworkMode::Private => Network::None,
                     },
                     uid: ids.map(|(uid, _)| uid),
                     gid: ids.map(|(_, gid)| gid),
@@ -418,13 +487,17 @@ impl LocalHands {
                         .map_err(|e| fail("cannot build the seccomp filter", &e))?,
                     cgroup_procs: cgroup.map(HandsCgroup::procs_files).unwrap_or_default(),
                     extra_env: self.config.env.clone(),
+                    env_defaults: match self.config.network {
+                        NetworkMode::Private => proxy_env(),
+                        NetworkMode::None | NetworkMode::Host => Vec::new(),
+                    },
                 };
                 let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");
                 let mut args = execd_args(&socket, INNER_WORKSPACE);
                 if spec.agent_home.is_some() {
                     args.extend(["--home".into(), warren_sandbox::HOME.into()]);
                 }
-                if self.config.network == NetworkMode::None {
+                if self.config.network != NetworkMode::Host {
                     // The agent's way to the model proxy (crate::model_socket).
                     args.extend([
                         "--forward".into(),
@@ -434,6 +507,13 @@ impl LocalHands {
                             crate::model_socket::SOCKET_NAME
                         )
                         .into(),
+                    ]);
+                }
+                if self.config.network == NetworkMode::Private {
+                    // Every other way out: the session's egress proxy (crate::network).
+                    args.extend([
+                        "--forward".into(),
+                        format!("127.0.0.1:{EGRESS_PORT}=unix:{INNER_RUN}/{EGRESS_SOCKET}").into(),
                     ]);
                 }
                 (
@@ -971,6 +1051,10 @@ impl HandsProvider for LocalHands {
             }
             n_stopped
         })
+    }
+
+    fn network(&self) -> &'static str {
+        LocalHands::network(self).label()
     }
 
     fn forget(&self, session_id: &str) {

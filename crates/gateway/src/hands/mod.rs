@@ -159,6 +159,9 @@ pub trait HandsProvider: Send + Sync + 'static {
     fn stop_strays(&self, live: &[String]) -> BoxFuture<'_, usize>;
     /// Removes what the provider keeps for the session (records, run directory).
     fn forget(&self, session_id: &str);
+    /// The hands' network (network.md "Modes"): `private`, `none`, `host` or `remote`
+    /// (whatever the remote hands' host gives).
+    fn network(&self) -> &'static str;
     /// The object storage the sessions' snapshots are kept in (`--snapshots`), the files in the
     /// session directory being this replica's copies; `None`: the session directory only.
     fn snapshot_objects(&self) -> Option<&Objects> {
@@ -278,6 +281,9 @@ pub struct Hands {
     on_nonce: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// The agent's terminals (see [`host`]).
     terminals: Mutex<std::collections::HashMap<String, ExecdClient>>,
+    /// Called whenever an instance is installed (started, adopted): the session's egress proxy
+    /// listens from then on ([`crate::network`]).
+    on_install: OnceLock<Box<dyn Fn() + Send + Sync>>,
     me: Weak<Hands>,
 }
 
@@ -367,6 +373,7 @@ impl Hands {
             known_nonce: Mutex::new(None),
             on_nonce: OnceLock::new(),
             terminals: Mutex::new(std::collections::HashMap::new()),
+            on_install: OnceLock::new(),
             me: me.clone(),
         })
     }
@@ -374,6 +381,16 @@ impl Hands {
     /// Where the hands' events go (the session's log); set once by the session.
     pub fn set_emitter(&self, emit: EmitFn) {
         let _ = self.emit.set(emit);
+    }
+
+    /// Set once by the session's network: called whenever an instance is installed.
+    pub fn set_on_install(&self, on_install: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_install.set(on_install);
+    }
+
+    /// The hands' network: `private`, `none`, `host` or `remote` ([`HandsProvider::network`]).
+    pub fn network(&self) -> &'static str {
+        self.provider.network()
     }
 
     /// Whether the session's files are gone from where its hands keep them ([`files_gone`]).
@@ -831,6 +848,9 @@ impl Hands {
             hands.died(generation, &why).await;
         });
         live.instance = Some(instance);
+        if let Some(on_install) = self.on_install.get() {
+            on_install();
+        }
     }
 
     /// The death watcher: the instance of `generation` died on its own.

@@ -196,6 +196,10 @@ impl HandsProvider for RemoteHands {
 
     fn forget(&self, _session_id: &str) {}
 
+    fn network(&self) -> &'static str {
+        "remote"
+    }
+
     fn snapshot_objects(&self) -> Option<&Objects> {
         self.snapshots.as_ref()
     }

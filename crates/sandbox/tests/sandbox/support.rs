@@ -97,6 +97,7 @@ impl Fixture {
             seccomp: warren_sandbox::seccomp_memfd().expect("seccomp memfd"),
             cgroup_procs: Vec::new(),
             extra_env: Vec::new(),
+            env_defaults: Vec::new(),
         }
     }
 }

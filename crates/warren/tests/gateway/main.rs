@@ -16,6 +16,7 @@ mod helpers;
 mod http_edge;
 mod lifecycle;
 mod model_proxy;
+mod network;
 mod openapi;
 mod previews;
 mod python_agent;
