@@ -1,11 +1,12 @@
-// The Chat view: the conversation log rebuilt from the session's event stream, the message box
-// and the Cancel button. Events are folded into the conversation (conversation.js) as they come;
-// the items they changed are re-rendered (render.js) once per animation frame, so a history of
-// thousands of events costs one layout, not thousands. The message box's draft is kept in
-// localStorage per session: a reconnect, a reload or a failed send never loses it.
+// The Chat view: the conversation log rebuilt from the session's event stream, the message box,
+// the Cancel button and the answers to the agent's permission requests and the sandbox's network
+// requests (one route for both). Events are folded into the conversation (conversation.js) as
+// they come; the items they changed are re-rendered (render.js) once per animation frame, so a
+// history of thousands of events costs one layout, not thousands. The message box's draft is
+// kept in localStorage per session: a reconnect, a reload or a failed send never loses it.
 
 import { EventStream, withQuery } from "./api.js";
-import { applyEvent, createConversation } from "./conversation.js";
+import { applyEvent, createConversation, hostPort } from "./conversation.js";
 import { renderItem } from "./render.js";
 import { toDom } from "./vdom.js";
 
@@ -204,7 +205,8 @@ function askNotificationPermission() {
   }
 }
 
-/** A system notification for a finished turn or a question, while the tab is hidden. */
+/** A system notification for a finished turn or a question (the agent's or the network's), while
+ *  the tab is hidden. */
 function notify(event, session) {
   if (!document.hidden || !("Notification" in window) || Notification.permission !== "granted") return;
   const title = session?.title || "Warren";
@@ -212,5 +214,7 @@ function notify(event, session) {
     new Notification(title, { body: event.stop_reason === "cancelled" ? "The turn was cancelled." : "The agent finished.", tag: `warren-${session.id}` });
   } else if (event.type === "permission_request") {
     new Notification(title, { body: `The agent asks to run: ${event.tool_call?.title ?? "a tool"}`, tag: `warren-${session.id}-perm` });
+  } else if (event.type === "egress_request") {
+    new Notification(title, { body: `The sandbox wants to reach ${hostPort(event.host, event.port)}`, tag: `warren-${session.id}-egress` });
   }
 }

@@ -1,7 +1,8 @@
 // The conversation as data: `applyEvent(conversation, event)` folds one event of the session's
 // stream (docs/gateway.md, "Events") into a list of items (a user message, one streamed agent
-// message, a thought, a tool call, a plan, a permission request, a quiet line, an error) and
-// returns the items it created or changed, so the view re-renders only those. No DOM here.
+// message, a thought, a tool call, a plan, a permission request, a network request, a quiet
+// line, an error) and returns the items it created or changed, so the view re-renders only
+// those. No DOM here.
 //
 // Rules worth knowing:
 // - An event whose seq is not above the last one applied is a replay and changes nothing.
@@ -10,6 +11,11 @@
 //   command's output stays one message while its tool call completes.
 // - `tool_call_update` merges into the tool call with that id (its `content`, when present,
 //   replaces the old one, as ACP says); a plan replaces the turn's previous plan.
+// - An `egress_request` (a command in the hands wants to reach a host no rule covers) is asked
+//   like a permission and closed by the same `permission_resolved`, but it belongs to no turn
+//   (the person's own terminal may have made the connection), so the end of a turn leaves it
+//   open. Of the `egress` events only a refused destination is a (quiet) line, once per turn;
+//   allowed ones and byte summaries belong to the Network view (network.js).
 
 /** A new, empty conversation. */
 export function createConversation() {
@@ -20,7 +26,8 @@ export function createConversation() {
     openAgent: null,
     openThought: null,
     tools: new Map(),
-    permissions: new Map(),
+    permissions: new Map(), // request id → permission or egress request item
+    refused: new Set(), // "turn|host:port|rule" of the refused destinations already said
     plan: null,
     nextId: 1,
   };
@@ -65,6 +72,21 @@ export function applyEvent(conversation, event) {
       conversation.permissions.set(event.request_id, item);
       return [item];
     }
+    case "egress_request": {
+      const item = add(conversation, {
+        kind: "egress_request",
+        seq: event.seq,
+        requestId: event.request_id,
+        host: event.host ?? "",
+        port: event.port ?? null,
+        options: event.options ?? [],
+        resolved: null,
+      });
+      conversation.permissions.set(event.request_id, item);
+      return [item];
+    }
+    case "egress":
+      return applyEgress(conversation, event);
     case "permission_resolved": {
       const item = conversation.permissions.get(event.request_id);
       if (!item) return [];
@@ -82,7 +104,8 @@ export function applyEvent(conversation, event) {
     case "gap":
       return note(conversation, event, `Earlier events were compacted: ${event.after + 1}–${event.next_seq - 1} are not shown.`);
     default:
-      // files_changed, usage and types added later change nothing in the conversation.
+      // files_changed, usage, credential_used and types added later change nothing in the
+      // conversation.
       return [];
   }
 }
@@ -100,14 +123,36 @@ function turnEnd(conversation, event) {
     refusal: "the agent refused",
   }[event.stop_reason];
   const changed = words ? note(conversation, event, words) : [];
-  // A request left open is moot once the turn is over.
+  // An agent's request left open is moot once the turn is over; a network request is not (its
+  // connection may come from the person's terminal, outside any turn).
   for (const item of conversation.permissions.values()) {
-    if (!item.resolved) {
+    if (item.kind === "permission" && !item.resolved) {
       item.resolved = { outcome: "cancelled", optionId: null };
       changed.push(item);
     }
   }
   return changed;
+}
+
+/** A refused destination becomes one quiet line per turn; anything else about egress, none. */
+function applyEgress(conversation, event) {
+  if (event.decision !== "refused") return [];
+  const key = `${event.turn ?? ""}|${hostPort(event.host, event.port)}|${event.rule ?? ""}`;
+  if (conversation.refused.has(key)) return [];
+  conversation.refused.add(key);
+  return [add(conversation, { kind: "refused", seq: event.seq, host: event.host ?? "", port: event.port ?? null, rule: event.rule ?? null, text: refusedWords(event) })];
+}
+
+/** `host:port`, with an IPv6 address in brackets (`[::1]:443`); the host alone without a port. */
+export function hostPort(host, port) {
+  const name = String(host ?? "");
+  const shown = name.includes(":") && !name.startsWith("[") ? `[${name}]` : name;
+  return port === null || port === undefined || port === "" ? shown : `${shown}:${port}`;
+}
+
+/** The quiet line for a refused destination: "Refused files.example.com:443 (deny *.example.com)". */
+export function refusedWords(event) {
+  return `Refused ${hostPort(event.host, event.port)}${event.rule ? ` (${event.rule})` : ""}`;
 }
 
 function applyUpdate(conversation, event, update) {

@@ -1,12 +1,14 @@
 // The console's entry point: sign-in (register this browser as a device with the app key, or
 // paste a device token; the token is kept in localStorage), the session list, the open
-// session's header and its four views (Chat, Terminal, Files, Preview), and the location hash
+// session's header (with a warning when its hands run unconfined or share the host's network)
+// and its five views (Chat, Terminal, Files, Preview, Network), and the location hash
 // (`#session=<id>&view=<name>`) so that a reload comes back to the same place. The "Session
 // title" box names a new session; "Rename session" renames the open one (`PATCH`).
 
 import { ApiError, createApi } from "./api.js";
 import { ChatView } from "./chat.js";
 import { FilesView } from "./files.js";
+import { NetworkView } from "./network.js";
 import { PreviewView } from "./preview.js";
 import { TerminalView } from "./terminal.js";
 import { handsWords, stateWords } from "./render.js";
@@ -23,7 +25,7 @@ const api = {
 };
 
 const state = { sessions: [], session: null, view: "chat" };
-const VIEWS = ["chat", "terminal", "files", "preview"];
+const VIEWS = ["chat", "terminal", "files", "preview", "network"];
 
 const connection = $("connection");
 const chat = new ChatView({
@@ -71,7 +73,27 @@ const preview = new PreviewView({
   elements: { form: $("preview-form"), port: $("preview-port"), frame: $("preview-frame"), open: $("preview-open"), live: $("previews"), error: $("preview-error") },
   api,
 });
-const viewObjects = { chat, terminal, files, preview };
+const network = new NetworkView({
+  elements: {
+    mode: $("network-mode"),
+    error: $("network-error"),
+    policy: $("network-policy"),
+    policyHelp: $("network-policy-help"),
+    allowList: $("allow-rules"),
+    allowForm: $("allow-form"),
+    allowInput: $("allow-rule"),
+    allowError: $("allow-error"),
+    denyList: $("deny-rules"),
+    denyForm: $("deny-form"),
+    denyInput: $("deny-rule"),
+    denyError: $("deny-error"),
+    recent: $("egress-recent"),
+    credentials: $("network-credentials"),
+    refresh: $("network-refresh"),
+  },
+  api,
+});
+const viewObjects = { chat, terminal, files, preview, network };
 
 // ---- sign-in ----
 
@@ -293,6 +315,7 @@ function openSession(session, view) {
     terminal.setSession(session.id);
     files.setSession(session.id);
     preview.setSession(session.id);
+    network.setSession(session.id);
     chat.open(session);
   }
   $("no-session").hidden = true;
@@ -309,6 +332,7 @@ function closeSession() {
   for (const name of VIEWS) viewObjects[name].hide();
   chat.close();
   terminal.setSession(null);
+  network.setSession(null);
   state.session = null;
   $("session").hidden = true;
   $("no-session").hidden = false;
@@ -319,6 +343,7 @@ function renderSessionHead() {
   $("session-heading").textContent = titleOf(session);
   $("session-state").textContent = stateWords(session);
   $("isolation-warning").hidden = session.isolation !== "none";
+  $("network-warning").hidden = session.network !== "host";
 }
 
 /** Keeps the open session's state words current from its live events (the session object is
@@ -342,6 +367,13 @@ function sessionEvent(event, live) {
       break;
     case "files_changed":
       files.filesChanged();
+      return;
+    case "egress":
+    case "egress_request":
+    case "permission_resolved":
+      // A destination used or refused, a question asked or answered ("allow for this session"
+      // adds a rule): the Network view's lists may have changed.
+      network.changed();
       return;
     default:
       return;

@@ -6,6 +6,7 @@
 import { h } from "./vdom.js";
 import { markdown } from "./markdown.js";
 import { unifiedDiff } from "./diff.js";
+import { hostPort } from "./conversation.js";
 
 const TOOL_STATUS = { pending: "pending", in_progress: "running", completed: "done", failed: "failed" };
 const PLAN_MARK = { pending: "○", in_progress: "◐", completed: "●" };
@@ -31,6 +32,10 @@ export function renderItem(item) {
       );
     case "permission":
       return renderPermission(item, attrs);
+    case "egress_request":
+      return renderEgressRequest(item, attrs);
+    case "refused":
+      return h("p", attrs("note refused"), item.text);
     case "error":
       return h("p", attrs("error"), h("strong", {}, "Error"), ` ${item.message} (${item.code})`);
     case "note":
@@ -117,6 +122,44 @@ function renderPermission(item, attrs) {
     { ...attrs(item.resolved ? "permission resolved" : "permission"), role: "group", "aria-label": "Permission request" },
     h("p", { class: "label" }, "The agent asks to run"),
     h("pre", { class: "output" }, title),
+    answer,
+  );
+}
+
+// The answers to a network request, as buttons and, once chosen, as what happened.
+const EGRESS_OPTIONS = {
+  allow_once: { button: "Allow once", done: "Allowed once" },
+  allow_session: { button: "Allow for this session", done: "Allowed for this session" },
+  deny: { button: "Deny", done: "Denied" },
+};
+
+/** What a resolved network request came to, in words ("Allowed once", "Denied", ...). */
+export function egressOutcomeWords(resolved) {
+  if (resolved.outcome === "selected") return EGRESS_OPTIONS[resolved.optionId]?.done ?? `Answered: ${resolved.optionId}`;
+  if (resolved.outcome === "timed_out") return "Refused: no answer in time";
+  return "Cancelled";
+}
+
+function renderEgressRequest(item, attrs) {
+  let answer;
+  if (!item.resolved) {
+    answer = h(
+      "div",
+      { class: "options" },
+      item.options.map((option) =>
+        h("button", { type: "button", class: `option option-${option}`, "data-request-id": item.requestId, "data-option-id": option }, EGRESS_OPTIONS[option]?.button ?? option),
+      ),
+    );
+  } else {
+    const refused = item.resolved.outcome !== "selected" || item.resolved.optionId === "deny";
+    answer = h("p", { class: refused ? "answer refused" : "answer" }, egressOutcomeWords(item.resolved));
+  }
+  return h(
+    "div",
+    { ...attrs(item.resolved ? "permission egress resolved" : "permission egress"), role: "group", "aria-label": "Network permission request" },
+    h("p", { class: "label" }, "Network"),
+    h("p", { class: "ask" }, "The sandbox wants to reach ", h("strong", {}, hostPort(item.host, item.port))),
+    item.resolved ? null : h("p", { class: "meta" }, "The connection waits for your answer; without one it is refused."),
     answer,
   );
 }

@@ -13,7 +13,7 @@ const TAGS = new Set([
 const ATTRIBUTES = new Set([
   "class", "href", "rel", "target", "role", "title", "type", "open",
   "aria-label", "aria-hidden", "data-seq", "data-item", "data-request-id", "data-option-id",
-  "data-terminal-id", "disabled",
+  "data-terminal-id", "data-action", "data-list", "data-rule", "disabled",
 ]);
 
 // Links lead to the web or to this origin, never to `javascript:` or `data:`.

@@ -53,6 +53,8 @@ EXPECTED_NETWORK_ERRORS = re.compile(
     r"|WebSocket connection to .* failed|net::ERR_FAILED"
 )
 FLOWS_WITH_NETWORK_ERRORS = {"terminal_reload", "terminal_takeover", "reconnect_no_duplicate", "agent_terminal_watch"}
+# A flow's own bad input, which the browser logs as a failed load: the Network view's refused rule.
+EXPECTED_BAD_REQUESTS = {"network_request_and_view": re.compile(r"status of 400 \(Bad Request\) \(.*/egress\)")}
 
 
 class Watchdog:
@@ -169,6 +171,9 @@ class Run:
             return
         if self.flow == "preview_http_server" and "502" in message.text:
             return  # the preview opened before the server listened
+        expected = EXPECTED_BAD_REQUESTS.get(self.flow)
+        if expected and expected.search(f"{message.text} ({where})"):
+            return
         self.problems.append(f"[{self.flow}] console error: {message.text} ({where})")
 
     def on_request(self, request):
@@ -288,7 +293,7 @@ class Run:
         self.role("textbox", "Session title").fill(self.title)
         self.role("button", "New session").click()
         expect(self.page.get_by_role("heading", name=self.title, exact=True)).to_be_visible()
-        for name in ["Chat", "Terminal", "Files", "Preview"]:
+        for name in ["Chat", "Terminal", "Files", "Preview", "Network"]:
             expect(self.role("tab", name)).to_be_visible()
         expect(self.log).to_be_visible()
         expect(self.role("status", "Connection")).to_have_text("connected")
@@ -526,7 +531,7 @@ class Run:
         self.shot("files")
 
     def preview_http_server(self):
-        # A port free on this host: the hands share its network by default (--hands-network host).
+        # Any port: the hands have a network namespace of their own (--hands-network private).
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -602,12 +607,55 @@ class Run:
         finally:
             context.close()
 
+    def network_request_and_view(self):
+        """A destination no rule covers is asked in the chat and answered there; the Network
+        view shows it and edits the session's rules (network.md)."""
+        api = self.api()
+        status, body = api.call("PUT", f"/v1/sessions/{self.session_id}/egress", {"policy": "ask"})
+        assert status == 200, (status, body)
+        self.tab("Chat")
+        self.send("curl -sS -m 60 -o /dev/null -w 'NET %{http_code}\\n' https://pypi.org/simple/six/")
+        card = self.page.get_by_role("group", name="Network permission request", exact=True).last
+        expect(card).to_contain_text("pypi.org:443")
+        self.no_horizontal_scroll()
+        self.tap_targets()
+        self.shot("egress-request")
+        card.get_by_role("button", name="Allow once", exact=True).click()
+        expect(card).to_contain_text("Allowed once")
+        expect(self.agent_text("NET 200")).to_have_count(1)
+        self.wait_tool_done("curl")
+        self.tab("Network")
+        expect(self.role("combobox", "Policy")).to_have_value("ask")
+        destination = self.role("button", "Allow pypi.org:443")
+        expect(destination).to_be_visible()
+        box = self.role("textbox", "Allow rule")
+        box.fill("bad rule")
+        self.role("button", "Add allow rule").click()
+        expect(self.page.locator("#allow-error")).to_contain_text("bad rule")
+        expect(box).to_have_value("bad rule")
+        box.fill("github.com")
+        self.role("button", "Add allow rule").click()
+        expect(self.role("button", "Remove github.com")).to_be_visible()
+        status, body = api.call("GET", f"/v1/sessions/{self.session_id}/egress")
+        assert status == 200 and body["allow"] == ["github.com"], (status, body)
+        self.no_horizontal_scroll()
+        self.tap_targets()
+        self.shot("network")
+        self.role("button", "Remove github.com").click()
+        expect(self.role("button", "Remove github.com")).to_have_count(0)
+        self.role("combobox", "Policy").select_option("registries")
+        deadline = time.monotonic() + 10
+        while api.call("GET", f"/v1/sessions/{self.session_id}/egress")[1]["policy"] != "registries":
+            assert time.monotonic() < deadline, "the policy select sends PUT"
+            time.sleep(0.1)
+        self.tab("Chat")
+
     def accessible_names(self):
         """The table of spec/console.md; controls only shown in some states are checked by the flows that reach them."""
         self.tab("Chat")
         checks = [
             ("button", "Sign out"), ("button", "Delete session"),
-            ("tab", "Chat"), ("tab", "Terminal"), ("tab", "Files"), ("tab", "Preview"),
+            ("tab", "Chat"), ("tab", "Terminal"), ("tab", "Files"), ("tab", "Preview"), ("tab", "Network"),
             ("log", "Conversation"), ("textbox", "Message"), ("button", "Send"), ("button", "Cancel"),
             ("status", "Connection"),
         ]
@@ -696,7 +744,8 @@ class Run:
     FLOWS = [
         "sign_in_register", "create_session", "rename_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
         "cancel_turn", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
-        "agent_terminal_watch", "files_upload_download", "preview_http_server", "reconnect_no_duplicate",
+        "agent_terminal_watch", "files_upload_download", "preview_http_server", "network_request_and_view",
+        "reconnect_no_duplicate",
         "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "delete_session",
     ]
 

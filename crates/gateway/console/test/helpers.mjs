@@ -24,6 +24,11 @@ export function readJsonl(name) {
     .map((line) => JSON.parse(line));
 }
 
+/** A JSON fixture, parsed. */
+export function readJson(name) {
+  return JSON.parse(readFileSync(new URL(name, fixtures), "utf8"));
+}
+
 const escape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
 
 /** `vdom` nodes as HTML, attributes in the order given, `data-item`/`data-seq` left out. */
