@@ -27,6 +27,9 @@ use crate::store;
 pub const OPTIONS: [&str; 3] = ["allow_once", "allow_session", "deny"];
 /// Destinations kept for the Network view.
 const N_RECENT: usize = 50;
+/// How long an answer also holds for new connections to its destination (a tool's burst: pip
+/// opening several connections, a retry), so one question covers them.
+const ANSWER_HOLDS: Duration = Duration::from_secs(5);
 /// How often, at most, a destination's byte counts are an event.
 const SUMMARY_PERIOD: Duration = Duration::from_secs(1);
 /// Where a session's policy and rules are kept, in its directory.
@@ -66,13 +69,37 @@ pub struct EgressView {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EgressUpdate {
-    /// `none`, `registries`, `ask` or `open`.
-    pub policy: String,
+    pub policy: EgressPolicy,
     #[serde(default)]
     /// The allow rules (replacing every earlier one).
     pub allow: Vec<String>,
     #[serde(default)]
     pub deny: Vec<String>,
+}
+
+/// What passes without asking (network.md "Policy").
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EgressPolicy {
+    /// Nothing.
+    None,
+    /// The built-in registries and code hosts; anything else is asked.
+    Registries,
+    /// Nothing: everything is asked.
+    Ask,
+    /// Any public address.
+    Open,
+}
+
+impl From<EgressPolicy> for Mode {
+    fn from(policy: EgressPolicy) -> Mode {
+        match policy {
+            EgressPolicy::None => Mode::None,
+            EgressPolicy::Registries => Mode::Registries,
+            EgressPolicy::Ask => Mode::Ask,
+            EgressPolicy::Open => Mode::Open,
+        }
+    }
 }
 
 /// One destination of the session's egress.
@@ -142,6 +169,7 @@ impl Network {
             session: Arc::downgrade(session),
             ask_timeout: self.ask_timeout,
             questions: Mutex::default(),
+            answers: Mutex::default(),
             seen: Mutex::default(),
             traffic: Mutex::default(),
             flush_due: AtomicBool::new(false),
@@ -216,10 +244,7 @@ impl Network {
         session_id: &str,
         update: EgressUpdate,
     ) -> Result<EgressView, GatewayError> {
-        let mode: Mode = update
-            .policy
-            .parse()
-            .map_err(|why: String| GatewayError::InvalidRequest(format!("policy: {why}")))?;
+        let mode = Mode::from(update.policy);
         let allow = parse_rules(&update.allow)?;
         let deny = parse_rules(&update.deny)?;
         let network = self
@@ -391,6 +416,8 @@ struct Watcher {
     ask_timeout: Duration,
     /// Open questions by destination.
     questions: Mutex<HashMap<(String, u16), Arc<Question>>>,
+    /// The last answer per destination and when it came ([`ANSWER_HOLDS`]).
+    answers: Mutex<HashMap<(String, u16), (Answer, std::time::Instant)>>,
     /// The destinations first used in the current turn.
     seen: Mutex<SeenInTurn>,
     /// Byte counts not yet in an event.
@@ -491,6 +518,14 @@ impl Watcher {
             }
         }
         let _ = question.answer.send(Some(answer));
+        {
+            let mut answers = lock(&self.answers);
+            answers.retain(|_, (_, at)| at.elapsed() < ANSWER_HOLDS);
+            answers.insert(
+                (question.host.clone(), question.port),
+                (answer, std::time::Instant::now()),
+            );
+        }
         self.emit(EventBody::PermissionResolved {
             request_id: question.request_id.clone(),
             outcome: match option_id {
@@ -559,6 +594,13 @@ impl Watcher {
 impl warren_egress::Observer for Watcher {
     fn ask(&self, host: &str, port: u16) -> AnswerFuture {
         let key = (host.to_owned(), port);
+        let held = lock(&self.answers)
+            .get(&key)
+            .filter(|(_, at)| at.elapsed() < ANSWER_HOLDS)
+            .map(|(answer, _)| *answer);
+        if let Some(answer) = held {
+            return Box::pin(async move { answer });
+        }
         let (question, asked_now) = {
             let mut questions = lock(&self.questions);
             match questions.get(&key) {

@@ -250,19 +250,6 @@ fn free_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
-async fn http_status(url: &str) -> Option<u16> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .expect("client");
-    client
-        .get(url)
-        .send()
-        .await
-        .ok()
-        .map(|r| r.status().as_u16())
-}
-
 struct Device {
     token: String,
     session: String,
@@ -294,17 +281,18 @@ async fn after_a_sigterm_restart_the_next_gateway_adopts_the_paused_hands_and_a_
     let first = TestGateway::start_in(args_with_shell_agent(data.clone())).await;
     let device = device_with_session(&first, "phone-adopt1").await;
     let port = free_port();
-    run(
+    let url = format!("http://127.0.0.1:{port}/");
+    let started = run(
         &first,
         &device,
-        &format!("setsid nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & echo started"),
+        &format!(
+            "setsid nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & \
+             for i in $(seq 100); do curl -s -o /dev/null {url} && echo status=up && exit 0; \
+             sleep 0.1; done; exit 1"
+        ),
     )
     .await;
-    let url = format!("http://127.0.0.1:{port}/");
-    warren_test_support::eventually_async("the dev server answers", || async {
-        http_status(&url).await == Some(200)
-    })
-    .await;
+    assert_eq!(reported(&text_of(&started), "status"), "up", "{started:?}");
     let processes = hands_processes(&data, &device.session);
     first.stop_leaving_hands().await;
     assert!(
@@ -318,20 +306,24 @@ async fn after_a_sigterm_restart_the_next_gateway_adopts_the_paused_hands_and_a_
         info["hands"], "paused",
         "adopted hands start paused: {info}"
     );
+    // The dev server in the adopted hands, and the egress proxy's socket made again for them.
     let seen = run(
         &second,
         &device,
-        &format!("python3 -c \"import urllib.request as u; print('status=%d' % u.urlopen('{url}').status)\""),
+        &format!(
+            "python3 -c \"import urllib.request as u; print('status=%d' % u.urlopen('{url}').status)\"; \
+             curl -sS -o /dev/null -w 'egress=%{{http_code}}\\n' https://pypi.org/simple/six/"
+        ),
     )
     .await;
     assert_eq!(reported(&text_of(&seen), "status"), "200", "{seen:?}");
+    assert_eq!(reported(&text_of(&seen), "egress"), "200", "{seen:?}");
     assert!(
         seen.iter()
             .filter(|e| e.event == "hands")
             .all(|e| e.data.get("reset").is_none()),
         "the same hands, not new ones: {seen:?}"
     );
-    assert_eq!(http_status(&url).await, Some(200), "and from outside");
     assert_eq!(hands_processes(&data, &device.session)[0], processes[0]);
     second.stop().await;
 }

@@ -351,6 +351,13 @@ headers = {{ Authorization = "Bearer test-admin-token" }}
 include-path-regex = "/files"
 checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409, 416]
 
+# An egress rule is checked by its own grammar (HOST[:PORT], *.domain, an address), which no
+# JSON Schema says: a valid string may get 400 INVALID_EGRESS_RULE.
+[[operations]]
+include-path = "/v1/sessions/{{id}}/egress"
+include-method = "PUT"
+checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409]
+
 # The event stream does not end: read what comes within a second. A header the operation does
 # not name is no invalid input (HTTP takes any), so the check that sends one is off here, the
 # only operation with a header parameter whose other inputs are all checked.

@@ -30,9 +30,9 @@ const ADMIN_TOKEN: &str = "sandbox-probe-admin-token-9b4c";
 const HANDS_UID: u32 = 1000;
 
 /// What a command's environment may hold: hands.md's allowlist, the tree marker every spawned
-/// process carries, the variables the exec pipeline sets so tools neither page nor prompt, and
-/// the `PWD` and `SHLVL` of the login shell (`bash -lc`) the exec engine starts the command
-/// through.
+/// process carries, the variables the exec pipeline sets so tools neither page nor prompt, the
+/// `PWD` and `SHLVL` of the login shell (`bash -lc`) the exec engine starts the command
+/// through, and the egress proxy's variables.
 const ALLOWED_ENV: &[&str] = &[
     "PATH",
     "HOME",
@@ -47,6 +47,20 @@ const ALLOWED_ENV: &[&str] = &[
     "NO_COLOR",
     "PWD",
     "SHLVL",
+    // The egress proxy's, with `--hands-network private` (network.md).
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+    "NODE_USE_ENV_PROXY",
+    "npm_config_proxy",
+    "npm_config_https_proxy",
+    "PIP_PROXY",
+    "CARGO_HTTP_PROXY",
 ];
 
 /// A gateway with the shell agent whose hands must be bwrap sandboxes (no unconfined fallback),
