@@ -4,6 +4,7 @@
 
 pub mod policy;
 pub mod proxy;
+mod splice;
 
 pub use policy::{Mode, Policy, Rule, RuleError, Verdict};
 pub use proxy::{Answer, AnswerFuture, Egress, Limits, Observer};

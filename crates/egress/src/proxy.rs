@@ -17,7 +17,8 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpStream, UnixListener};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 use crate::policy::{Policy, Rule, Verdict, normalize_host};
 
@@ -69,6 +70,9 @@ impl Default for Limits {
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Each direction's buffer in a tunnel whose client connection hyper keeps wrapped.
+const TUNNEL_BUFFER: usize = 256 * 1024;
 
 /// One session's egress proxy: its policy (changed at run time), observer and bounds.
 pub struct Egress {
@@ -322,10 +326,32 @@ impl Egress {
                     return;
                 }
             };
-            let mut client = TokioIo::new(upgraded);
-            let (up, down) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
-                .await
-                .unwrap_or((0, 0));
+            let (up, down) = match upgraded.downcast::<TokioIo<UnixStream>>() {
+                // The client's own socket back from hyper, with what it sent past the head:
+                // spliced to the upstream's (splice(2) through a pipe, no copy through this
+                // process).
+                Ok(parts) => {
+                    let client = parts.io.into_inner();
+                    let early = parts.read_buf;
+                    if upstream.write_all(&early).await.is_err() {
+                        self.observer.closed(&host, port, 0, 0);
+                        return;
+                    }
+                    let (up, down) = crate::splice::tunnel(client, upstream).await;
+                    (up + early.len() as u64, down)
+                }
+                Err(upgraded) => {
+                    let mut client = TokioIo::new(upgraded);
+                    tokio::io::copy_bidirectional_with_sizes(
+                        &mut client,
+                        &mut upstream,
+                        TUNNEL_BUFFER,
+                        TUNNEL_BUFFER,
+                    )
+                    .await
+                    .unwrap_or((0, 0))
+                }
+            };
             self.observer.closed(&host, port, up, down);
         });
         Response::new(empty())

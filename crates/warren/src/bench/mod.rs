@@ -9,6 +9,7 @@ mod exec;
 mod gateway;
 mod hands;
 mod load;
+mod network;
 mod pty;
 mod support;
 mod window;
@@ -38,6 +39,9 @@ pub enum Bench {
     Window,
     /// The e2b Python SDK against Warren's envd API (and `--against URL`).
     E2b(e2b::E2bArgs),
+    /// The hands' egress proxy: a 64 MiB download, request latency and CONNECT set-up through it
+    /// vs direct, and its memory with 200 open tunnels.
+    Network,
     /// Under load: 1,000 PTY sessions, 200 concurrent exec calls, 1,000 slow-header
     /// connections, SSE to 1,000 readers; `--soak 30m` prints the servers' RSS over time.
     Load(load::LoadArgs),
@@ -54,5 +58,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Window => window::run().await,
         Bench::E2b(args) => e2b::run(args).await,
         Bench::Load(args) => load::run(args).await,
+        Bench::Network => network::run().await,
     }
 }
