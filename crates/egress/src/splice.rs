@@ -40,6 +40,9 @@ impl Socket for TcpStream {
 /// Carries bytes both ways until both directions end: `(client to upstream, upstream to
 /// client)`, as far as each got.
 pub async fn tunnel(client: UnixStream, upstream: TcpStream) -> (u64, u64) {
+    // A Unix socket's default send buffer (about 200 KiB) would split each pipeful into many
+    // wake-ups of the reader.
+    let _ = rustix::net::sockopt::set_socket_send_buffer_size(&client, PIPE_BYTES);
     let (client_read, client_write) = client.into_split();
     let (upstream_read, upstream_write) = upstream.into_split();
     let up = async move {
