@@ -2,7 +2,8 @@
 //! plain HTTP request that pass by an exact rule, with their byte counts; every refusal (a
 //! private address, `localhost`, `[::1]`, metadata, a name no rule covers and the person
 //! denies), each with its status and the reason in the body; the person's "allow for this
-//! session"; bad requests; the connection cap; and an upstream that never answers.
+//! session"; bad requests; the connection cap (500 at once, another session's proxy unaffected);
+//! and an upstream that never answers.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -402,6 +403,9 @@ async fn bad_requests_get_400_and_the_cap_gets_429() {
         "CONNECT example.com HTTP/1.1\r\nHost: example.com\r\n\r\n",
         "CONNECT bad_host!:443 HTTP/1.1\r\nHost: x\r\n\r\n",
         "NOT A REQUEST\r\n\r\n",
+        // No Host and no absolute URI: nothing names where to go.
+        "GET / HTTP/1.1\r\n\r\n",
+        "CONNECT / HTTP/1.1\r\n\r\n",
     ] {
         let (_stream, answer) = ask_raw(&proxy, head).await;
         assert_eq!(status_of(&answer), 400, "{head:?}: {answer}");

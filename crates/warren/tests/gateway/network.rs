@@ -2,7 +2,8 @@
 //! real tools inside: `--hands-network private` (the default) gives each session a loopback of
 //! its own and egress only through its proxy; the registries policy lets pip, npm and curl reach
 //! the real package registries; an exact rule lets git reach a local server; a host no rule
-//! covers is asked of the person; each refusal says why, as the tool printed it.
+//! covers is asked of the person; each refusal says why, as the tool printed it; a tunnel open
+//! while the hands are paused carries on when they resume.
 //!
 //! Local upstreams listen on 127.0.0.2 (another loopback address, so nothing the sandbox's own
 //! loopback answers can be taken for them): `python3 -m http.server` on a port it picks.
@@ -641,5 +642,74 @@ async fn host_network_is_said_in_the_session_and_has_no_rules_to_change() {
     let (status, body) = put_egress(&gw, &token, &session, json!({"policy": "open"})).await;
     assert_eq!(status, 409);
     assert_eq!(body["code"], "NO_EGRESS_PROXY");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_tunnel_open_while_the_hands_are_paused_carries_on_when_they_resume() {
+    // An upstream that answers `pong` only when the test says so.
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("an upstream on 127.0.0.2");
+    let port = listener.local_addr().expect("addr").port();
+    let (heard_tx, heard_rx) = tokio::sync::oneshot::channel::<String>();
+    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<()>();
+    let upstream = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let (stream, _) = listener.accept().await.expect("the tunnel's connection");
+        let (reader, mut writer) = stream.into_split();
+        let mut line = String::new();
+        BufReader::new(reader)
+            .read_line(&mut line)
+            .await
+            .expect("reads the ping");
+        let _ = heard_tx.send(line);
+        let _ = answer_rx.await;
+        writer.write_all(b"pong\n").await.expect("answers");
+        // Held open until the test ends.
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    });
+    let gw = gateway(|args| {
+        args.hands_idle_pause = std::time::Duration::from_millis(700);
+        args.hands_egress_allow = vec![format!("127.0.0.2:{port}").parse().expect("rule")];
+    })
+    .await;
+    let mut chat = gw.conversation("phone-net-z").await;
+    // A background client in the hands: a CONNECT tunnel through the proxy, `ping`, and the
+    // line it gets back into answer.txt.
+    let client = format!(
+        "import socket\n\
+         s = socket.create_connection(('127.0.0.1', 3128))\n\
+         s.sendall(b'CONNECT 127.0.0.2:{port} HTTP/1.1\\r\\nHost: 127.0.0.2:{port}\\r\\n\\r\\n')\n\
+         head = b''\n\
+         while not head.endswith(b'\\r\\n\\r\\n'): head += s.recv(1)\n\
+         s.sendall(b'ping\\n')\n\
+         open('answer.txt', 'w').write(s.makefile().readline())\n"
+    );
+    std::fs::create_dir_all(chat.workspace()).expect("workspace");
+    std::fs::write(chat.workspace().join("client.py"), client).expect("client.py");
+    run_ok(
+        &mut chat,
+        "the background client",
+        "setsid nohup python3 client.py >client.log 2>&1 </dev/null & echo started",
+    )
+    .await;
+    let heard = within("the ping through the tunnel", heard_rx)
+        .await
+        .expect("the upstream heard");
+    assert_eq!(heard, "ping\n");
+    chat.until("the idle hands paused", |e| {
+        e.event == "hands" && e.data["state"] == "paused"
+    })
+    .await;
+    answer_tx.send(()).expect("the upstream waits");
+    let (output, _) = run_ok(
+        &mut chat,
+        "the answer after the resume",
+        "for i in $(seq 100); do [ -s answer.txt ] && break; sleep 0.1; done; cat answer.txt client.log",
+    )
+    .await;
+    assert_eq!(output.trim(), "pong", "the tunnel carried on: {output:?}");
+    upstream.abort();
     gw.stop().await;
 }
