@@ -17,7 +17,8 @@ use warren_exec::ExecError;
 use warren_http::RequestError;
 
 use crate::files_api::FilesError;
-use crate::opensandbox::{CompatError, PathError};
+use crate::fs::PathError;
+use crate::opensandbox::CompatError;
 use crate::pty::PtyError;
 use crate::workspace::WorkspaceError;
 use warren_snapshot::SnapshotError;

@@ -12,9 +12,9 @@
 //! - `GET /v1/files/watch`: the change feed, in [`watch`].
 //!
 //! Paths are absolute or relative to `--root`, and confined beneath it by the same walk as the
-//! OpenSandbox file routes (`opensandbox::resolve`: no `..`, symlink or swap leads out, FIFOs
+//! OpenSandbox file routes (`fs::resolve`: no `..`, symlink or swap leads out, FIFOs
 //! and devices are never opened); listings and recursive removal never follow a symlink. The
-//! filesystem work both APIs share is `opensandbox::confined`. Errors are [`FilesError`];
+//! filesystem work both APIs share is `fs::confined`. Errors are [`FilesError`];
 //! `crate::error` maps them.
 
 mod watch;
@@ -40,9 +40,9 @@ use warren_protocol::error::ErrorBody;
 use warren_protocol::files::{FileEntry, FileKind, FileList, FileWritten, MoveRequest};
 
 use crate::error::{ApiError, Json};
-use crate::opensandbox::confined::{self, MoveError, MoveRefusal, Seen, TempFile, enough_when};
-use crate::opensandbox::resolve::{self, Part, Refusal, Root, Want};
-use crate::opensandbox::{PathError, is_escape, path_error};
+use crate::fs::confined::{self, MoveError, MoveRefusal, Seen, TempFile, enough_when};
+use crate::fs::resolve::{self, Part, Refusal, Root, Want};
+use crate::fs::{PathError, is_escape, path_error};
 
 /// Longest path a request may name, in bytes (Linux's `PATH_MAX`).
 pub const MAX_PATH_BYTES: usize = 4096;

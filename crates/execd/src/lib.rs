@@ -18,6 +18,7 @@ pub mod error;
 pub mod exec_api;
 pub mod files_api;
 pub mod forward;
+pub mod fs;
 pub mod identity;
 pub mod openapi;
 pub mod opensandbox;

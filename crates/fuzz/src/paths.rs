@@ -1,4 +1,4 @@
-//! `path_resolver`: execd's confinement of client paths beneath `--root` (`opensandbox::resolve`,
+//! `path_resolver`: execd's confinement of client paths beneath `--root` (`fs::resolve`,
 //! shared by Warren's `/v1/files*` and the OpenSandbox file routes), run on arbitrary path bytes
 //! against a real tree. The tree is made once per process: nested directories, a relative and
 //! an absolute symlink out of the root, an absolute one back in, a link loop, a link to `.`,
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use warren_execd::files_api::MAX_PATH_BYTES;
-use warren_execd::opensandbox::resolve::{Root, Want, parts_beneath};
+use warren_execd::fs::resolve::{Root, Want, parts_beneath};
 
 /// The tree every input is resolved in, made once per process.
 struct Tree {

@@ -21,8 +21,8 @@ use tokio::io::AsyncWriteExt;
 use super::E2b;
 use super::connect::{Code, ConnectError};
 use super::filesystem::{Filesystem, Target, fs_error};
-use crate::opensandbox::confined::{self, TempFile};
-use crate::opensandbox::resolve::{Part, Want};
+use crate::fs::confined::{self, TempFile};
+use crate::fs::resolve::{Part, Want};
 
 /// envd's error body with the status of the error's code.
 pub fn http_error(error: ConnectError) -> Response {

@@ -1,5 +1,5 @@
 //! envd's `filesystem.Filesystem` service and the `/files` upload and download, confined
-//! beneath `--root` by the same walk as execd's other file routes (`opensandbox::resolve`: no
+//! beneath `--root` by the same walk as execd's other file routes (`fs::resolve`: no
 //! `..`, symlink or swap leads out; listings never follow a link).
 //!
 //! Paths are absolute (and must lie under the root) or relative to the home of the request's
@@ -36,9 +36,9 @@ use super::connect::{Code, ConnectError, StreamSender};
 use super::proto::filesystem::{
     EntryInfo, EventType, FileType, FilesystemEvent, WatchDirResponse, watch_dir_response,
 };
-use crate::opensandbox::confined::{self, MAX_WALK_DEPTH, Visit};
-use crate::opensandbox::resolve::{self, Part, Refusal, Root, Want};
-use crate::opensandbox::{is_escape, path_error};
+use crate::fs::confined::{self, MAX_WALK_DEPTH, Visit};
+use crate::fs::resolve::{self, Part, Refusal, Root, Want};
+use crate::fs::{is_escape, path_error};
 
 /// Longest path a request may name, in bytes (Linux's `PATH_MAX`).
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -949,7 +949,7 @@ pub fn fs_error(shown: &str, err: io::Error) -> ConnectError {
     }
     if let Some(path_error) = path_error(shown, &err) {
         let code = match path_error {
-            crate::opensandbox::PathError::PermissionDenied(_) => Code::PermissionDenied,
+            crate::fs::PathError::PermissionDenied(_) => Code::PermissionDenied,
             _ => Code::InvalidArgument,
         };
         return ConnectError::new(code, path_error.to_string());

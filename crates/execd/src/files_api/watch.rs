@@ -33,8 +33,8 @@ use warren_protocol::files::FileChanges;
 
 use super::{FilesApi, FilesError};
 use crate::error::ApiError;
-use crate::opensandbox::confined::{self, MAX_WALK_DEPTH, Visit};
-use crate::opensandbox::resolve::{Part, Root, Want};
+use crate::fs::confined::{self, MAX_WALK_DEPTH, Visit};
+use crate::fs::resolve::{Part, Root, Want};
 use crate::opensandbox::stream::streaming_response;
 
 /// How long changes are collected after the first one before they are sent.

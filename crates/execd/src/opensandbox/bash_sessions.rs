@@ -25,8 +25,8 @@ use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
 use super::CompatError;
 use super::commands::{KILL_GRACE, PING_INTERVAL};
-use super::files::{PathError, path_error};
 use super::stream::{EventSink, LineSplitter};
+use crate::fs::{PathError, path_error};
 use warren_process::{CommandSpec, TreeMarker};
 
 /// The registry of bash sessions.
@@ -124,7 +124,7 @@ impl Sessions {
             ));
         }
         let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
-            Some(cwd) => Some(super::files::checked_path(cwd)?),
+            Some(cwd) => Some(crate::fs::checked_path(cwd)?),
             None => None,
         };
         let timeout = match request.timeout {

@@ -139,8 +139,7 @@ impl Commands {
         }
         let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
             Some(cwd) => {
-                let expanded =
-                    super::files::expand_path(cwd).map_err(CompatError::InvalidRequest)?;
+                let expanded = crate::fs::expand_path(cwd).map_err(CompatError::InvalidRequest)?;
                 let path = PathBuf::from(expanded);
                 if !path.is_dir() {
                     return Err(CompatError::InvalidRequest(format!(

@@ -8,11 +8,8 @@
 
 mod bash_sessions;
 mod commands;
-pub(crate) mod confined;
 mod files;
 mod metrics;
-#[doc(hidden)]
-pub mod resolve;
 pub mod stream;
 
 use std::collections::HashMap;
@@ -34,8 +31,8 @@ use warren_protocol::opensandbox::{
 use crate::Config;
 use crate::error::{ApiError, Json, OptionalJson, Path as UrlPath};
 
-pub use files::expand_path;
-pub(crate) use files::{PathError, is_escape, path_error};
+use crate::fs::PathError;
+pub use crate::fs::expand_path;
 
 /// Everything that can go wrong on these routes. No HTTP in here; see the `From` impl below.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +67,7 @@ pub enum CompatError {
     TooManySessions(usize),
     /// A path that cannot be used (`INVALID_PATH`, `NAME_TOO_LONG`, `NOT_A_DIRECTORY`, ...).
     #[error(transparent)]
-    Path(#[from] files::PathError),
+    Path(#[from] PathError),
     /// A failure the client should see (OpenSandbox's `RUNTIME_ERROR` cases).
     #[error("{0}")]
     Runtime(String),
@@ -266,7 +263,7 @@ async fn create_session(
     OptionalJson(request): OptionalJson<CreateSessionRequest>,
 ) -> Result<Response, ApiError> {
     let cwd = match request.cwd.as_deref().filter(|c| !c.is_empty()) {
-        Some(cwd) => PathBuf::from(files::checked_path(cwd)?),
+        Some(cwd) => PathBuf::from(crate::fs::checked_path(cwd)?),
         None => state.inner.files.root().to_path_buf(),
     };
     let session_id = state.inner.sessions.create(cwd).await?;
