@@ -359,10 +359,7 @@ exporter = "none"
     )
 }
 
-/// One word in single quotes for a POSIX shell (a `'` inside becomes `'\''`).
-pub fn shell_quote(word: &str) -> String {
-    format!("'{}'", word.replace('\'', r"'\''"))
-}
+pub use warren_hands::shell_quote;
 
 /// `program` as a path: as given when it has a slash, else the first match on `PATH`.
 fn find_on_path(program: &str) -> Option<PathBuf> {

@@ -248,24 +248,7 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
-/// `--brain-placement`: where the agent process runs (agents.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BrainPlacement {
-    /// Inside the session's hands sandbox, with its own home; its model calls go through the
-    /// model proxy.
-    Hands,
-    /// On the gateway's host, as a child of the gateway (for agents trusted with the host).
-    Host,
-}
-
-impl BrainPlacement {
-    pub fn label(self) -> &'static str {
-        match self {
-            BrainPlacement::Hands => "hands",
-            BrainPlacement::Host => "host",
-        }
-    }
-}
+pub use warren_hands::BrainPlacement;
 
 /// `--hands-provider`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -30,7 +30,7 @@ pub mod console;
 pub mod error;
 pub mod event_log;
 pub mod files;
-pub mod hands;
+pub use warren_hands as hands;
 pub mod model_proxy;
 pub mod model_socket;
 pub mod network;
@@ -42,6 +42,7 @@ pub mod sessions;
 pub mod sse;
 pub mod store;
 pub mod terminals;
+pub mod tunnel;
 pub mod turns;
 pub mod warm;
 

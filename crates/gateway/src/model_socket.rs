@@ -12,10 +12,9 @@ use std::sync::{Arc, Mutex};
 use crate::Gateway;
 use crate::error::GatewayError;
 
-/// The file name of the socket in the session's run directory.
-pub const SOCKET_NAME: &str = "model.sock";
-/// The sandbox-local port the hands' execd forwards to the socket.
-pub const FORWARD_PORT: u16 = 4180;
+/// The file name of the socket in the session's run directory, and the sandbox-local port the
+/// hands' execd forwards to it (the hands' side of the contract).
+pub use warren_hands::local::{MODEL_PORT as FORWARD_PORT, MODEL_SOCKET as SOCKET_NAME};
 
 /// The running listeners, by session id.
 #[derive(Default)]

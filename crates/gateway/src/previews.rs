@@ -7,7 +7,7 @@
 //! `http://p-{token}.localhost:<gateway port>`: browsers resolve `*.localhost` to loopback).
 //! [`route`] runs before the API: a request whose `Host` names a preview never reaches a
 //! route, and a device token presented there is refused. It is forwarded to the hands' execd
-//! `/proxy/{port}/{path}` ([`crate::hands::tunnel`], WebSocket upgrades included). Each request
+//! `/proxy/{port}/{path}` ([`crate::tunnel`], WebSocket upgrades included). Each request
 //! is a use of the hands (paused ones resume).
 //!
 //! With a store (`--store postgres://…`) every preview is also a row of `preview_tokens`, keyed
@@ -392,7 +392,7 @@ async fn serve(
         .map_err(|e| PreviewError::Unreachable(format!("the hands did not start: {e}")))?;
     let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
     let upstream_path = format!("/proxy/{port}{path}");
-    let answer = crate::hands::tunnel::forward(&endpoint, &upstream_path, request, ())
+    let answer = crate::tunnel::forward(&endpoint, &upstream_path, request, ())
         .await
         .map_err(|e| PreviewError::Unreachable(e.to_string()))?;
     if answer.status() == StatusCode::BAD_GATEWAY {

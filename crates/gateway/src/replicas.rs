@@ -387,7 +387,7 @@ pub async fn forward(
     // An owner that stalls (stopped, swapping, partitioned) accepts the connection and never
     // answers: past the head timeout the request is 503 too, and the lease it cannot renew
     // soon expires.
-    let forwarded = crate::hands::tunnel::forward_to(url, &path, request, extra, ());
+    let forwarded = crate::tunnel::forward_to(url, &path, request, extra, ());
     match tokio::time::timeout(forward_head_timeout(replicas.ttl), forwarded).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(e)) => {

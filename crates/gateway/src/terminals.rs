@@ -9,7 +9,7 @@
 //!   (`mode=viewer`) or answered (`takeover=1`); the agent keeps driving them meanwhile. Names
 //!   beginning `term-` or `exec-` are never shells.
 //!
-//! Both WebSockets are carried unchanged ([`crate::hands::tunnel`]), so the whole
+//! Both WebSockets are carried unchanged ([`crate::tunnel`]), so the whole
 //! pty-sessions.md protocol holds through the gateway: holder, `mode=viewer`, `takeover=1` with
 //! 4001, `since`, resize, signals, exit. An attached terminal holds the hands awake; listing
 //! never starts or resumes them.
@@ -236,7 +236,7 @@ impl Terminals {
         let path = format!("/pty/{pty_id}/ws?{query}");
         // The hands stay awake while the terminal is attached.
         let hold = session.hands.hold();
-        let answer = crate::hands::tunnel::forward(&endpoint, &path, request, hold)
+        let answer = crate::tunnel::forward(&endpoint, &path, request, hold)
             .await
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         Ok(answer.into_response())
@@ -258,7 +258,7 @@ async fn attach_agent(
     let query = forwarded_query(&request, &["since", "mode", "takeover"]);
     let path = format!("/v1/agent-terminals/{name}/ws?{query}");
     let hold = session.hands.hold();
-    let answer = crate::hands::tunnel::forward(&endpoint, &path, request, hold)
+    let answer = crate::tunnel::forward(&endpoint, &path, request, hold)
         .await
         .map_err(|e| GatewayError::Internal(e.to_string()))?;
     if answer.status() == axum::http::StatusCode::NOT_FOUND {

@@ -274,13 +274,12 @@ mod tests {
 
     #[test]
     fn paths_outside_the_workspace_are_refused_and_inside_ones_rewritten_beneath_execds_root() {
-        let provider =
-            crate::hands::remote::RemoteHands::new("http://127.0.0.1:9/{session}", "t", None);
+        let provider = crate::remote::RemoteHands::new("http://127.0.0.1:9/{session}", "t", None);
         let hands = Hands::new(
             std::sync::Arc::new(provider),
             "s1",
             Path::new("/w/s1"),
-            crate::hands::BrainPlacement::Host,
+            crate::BrainPlacement::Host,
         );
         let cases = [
             ("/w/s1/workspace/a.txt", Some("/workspace/a.txt")),

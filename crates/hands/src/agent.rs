@@ -18,7 +18,7 @@ use warren_brain::{AgentCommand, AgentIo, BrainError, RemoteStop, Worker};
 use warren_protocol::pty::CreatePtyRequest;
 
 use super::HandsEndpoint;
-use crate::agents::shell_quote;
+use crate::shell_quote;
 
 /// How long stopping an agent in the hands may take (frozen hands do not answer).
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);

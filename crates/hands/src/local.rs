@@ -84,6 +84,11 @@ impl NetworkMode {
     }
 }
 
+/// The file name of the model proxy's socket in a session's run directory (served by the
+/// gateway), at `/run/warren/model.sock` inside the sandbox.
+pub const MODEL_SOCKET: &str = "model.sock";
+/// The sandbox-local port the hands' execd forwards to the model socket.
+pub const MODEL_PORT: u16 = 4180;
 /// The file name of the session's egress proxy socket in its run directory.
 pub const EGRESS_SOCKET: &str = "egress.sock";
 /// The sandbox-local port the hands' execd forwards to the egress socket.
@@ -498,19 +503,15 @@ impl LocalHands {
                     args.extend(["--home".into(), warren_sandbox::HOME.into()]);
                 }
                 if self.config.network != NetworkMode::Host {
-                    // The agent's way to the model proxy (crate::model_socket).
+                    // The agent's way to the model proxy (the gateway's model socket).
                     args.extend([
                         "--forward".into(),
-                        format!(
-                            "127.0.0.1:{}=unix:{INNER_RUN}/{}",
-                            crate::model_socket::FORWARD_PORT,
-                            crate::model_socket::SOCKET_NAME
-                        )
-                        .into(),
+                        format!("127.0.0.1:{}=unix:{INNER_RUN}/{}", MODEL_PORT, MODEL_SOCKET)
+                            .into(),
                     ]);
                 }
                 if self.config.network == NetworkMode::Private {
-                    // Every other way out: the session's egress proxy (crate::network).
+                    // Every other way out: the session's egress proxy (the gateway's network).
                     args.extend([
                         "--forward".into(),
                         format!("127.0.0.1:{EGRESS_PORT}=unix:{INNER_RUN}/{EGRESS_SOCKET}").into(),

@@ -11,7 +11,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
 
-use super::HandsEndpoint;
+use crate::hands::HandsEndpoint;
 
 /// The hands' execd could not be reached or did not speak HTTP.
 #[derive(Debug, thiserror::Error)]

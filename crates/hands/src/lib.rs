@@ -22,7 +22,6 @@ pub mod host;
 pub mod local;
 pub mod remote;
 pub mod snapshots;
-pub mod tunnel;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -36,7 +35,30 @@ use warren_protocol::gateway::EventBody;
 
 pub use self::host::host_error;
 use self::snapshots::{SnapshotInfo, SnapshotStore};
-pub use crate::config::BrainPlacement;
+
+/// `--brain-placement`: where the agent process runs (agents.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BrainPlacement {
+    /// Inside the session's hands sandbox, with its own home; its model calls go through the
+    /// model proxy.
+    Hands,
+    /// On the gateway's host, as a child of the gateway (for agents trusted with the host).
+    Host,
+}
+
+impl BrainPlacement {
+    pub fn label(self) -> &'static str {
+        match self {
+            BrainPlacement::Hands => "hands",
+            BrainPlacement::Host => "host",
+        }
+    }
+}
+
+/// One word in single quotes for a POSIX shell (a `'` inside becomes `'\''`).
+pub fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
 
 /// Where a running hands' execd answers, the token it requires and the nonce it must report.
 #[derive(Clone, PartialEq, Eq)]
