@@ -53,7 +53,7 @@ pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
 pub fn router(gateway: Arc<Gateway>) -> Router {
     let (documented, _document) = routes().split_for_parts();
     documented
-        .merge(crate::model_proxy::routes())
+        .route_service("/v1/model/{provider}/{*rest}", gateway.model_router())
         .merge(crate::console::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })

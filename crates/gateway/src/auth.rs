@@ -13,11 +13,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use base64::Engine;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+pub use warren_http::secret::{bearer_token, new_secret};
 
 use crate::error::GatewayError;
 use crate::store;
@@ -27,16 +28,6 @@ pub const TOKEN_EXPIRY_DAYS: i64 = 30;
 /// `last_used_at` is persisted at most this often per device (it only feeds expiry).
 const LAST_USED_PERSIST_MINUTES: i64 = 60;
 
-/// A fresh random secret: `prefix` + 43 base64url chars (32 random bytes).
-pub fn new_secret(prefix: &str) -> String {
-    let mut bytes = [0u8; 32];
-    rand::fill(&mut bytes);
-    format!(
-        "{prefix}{}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-    )
-}
-
 fn sha256(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
@@ -45,15 +36,6 @@ fn sha256(secret: &str) -> [u8; 32] {
 /// lengths do not leak either).
 pub fn secret_matches(presented: &str, expected: &str) -> bool {
     sha256(presented).ct_eq(&sha256(expected)).into()
-}
-
-/// The token of an `Authorization` header value using the Bearer scheme, whose name is
-/// case-insensitive (RFC 9110 §11.1: `bearer`, `BEARER` are the same scheme). Blanks around the
-/// token are ignored; another scheme or an empty token is `None`.
-pub fn bearer_token(authorization: &str) -> Option<&str> {
-    let (scheme, token) = authorization.trim_start().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 pub fn valid_device_id(id: &str) -> bool {

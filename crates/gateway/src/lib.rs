@@ -31,7 +31,7 @@ pub mod error;
 pub mod event_log;
 pub mod files;
 pub use warren_hands as hands;
-pub mod model_proxy;
+pub use warren_model_proxy as model_proxy;
 pub mod model_socket;
 pub mod network;
 pub mod openapi;
@@ -303,6 +303,13 @@ impl Gateway {
         matches!(self.sessions.network().label(), "private" | "none")
     }
 
+    /// The model proxy's routes, serving this gateway's sessions (on its listener and on each
+    /// hands' model socket).
+    pub fn model_router(self: &Arc<Self>) -> axum::Router {
+        let ledger: Arc<dyn model_proxy::Ledger> = self.clone();
+        model_proxy::router(self.model.clone(), ledger)
+    }
+
     pub fn router(self: &Arc<Self>) -> axum::Router {
         api::router(self.clone())
     }
@@ -321,6 +328,15 @@ impl Gateway {
             replicas.release_all().await;
             self.sessions.admission().release_all_in_store().await;
         }
+    }
+}
+
+/// What the model proxy knows of the sessions: the live ones here, through [`session::Session`]'s
+/// [`model_proxy::Account`].
+impl model_proxy::Ledger for Gateway {
+    fn account(&self, session_id: &str) -> Option<Arc<dyn model_proxy::Account>> {
+        let session = self.sessions.by_id(session_id)?;
+        Some(session)
     }
 }
 

@@ -50,9 +50,9 @@ impl ModelSockets {
         }
         let listener = tokio::net::UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-        let router = crate::model_proxy::routes()
-            .fallback(|| async { GatewayError::RouteNotFound })
-            .with_state(gateway.clone());
+        let router = gateway
+            .model_router()
+            .fallback(|| async { GatewayError::RouteNotFound });
         let config = gateway.args.serve_config();
         let task = tokio::spawn(async move {
             let never = std::future::pending::<()>();

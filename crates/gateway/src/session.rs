@@ -974,6 +974,31 @@ impl Session {
     }
 }
 
+/// The session as the model proxy sees it.
+impl warren_model_proxy::Account for Session {
+    fn session_id(&self) -> &str {
+        &self.id
+    }
+
+    fn used_tokens(&self) -> u64 {
+        self.usage_totals().tokens()
+    }
+
+    fn record(&self, usage: ModelUsage) {
+        self.record_usage(usage);
+    }
+
+    fn refused(&self, code: &str, message: &str) {
+        self.emit(
+            self.running_turn(),
+            EventBody::Error {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 pub mod hop;
 pub mod range;
 pub mod request;
+pub mod secret;
 pub mod serve;
 
 use axum::http::StatusCode;

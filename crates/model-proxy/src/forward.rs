@@ -19,14 +19,13 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::Stream;
-use warren_protocol::gateway::{EventBody, ModelUsage};
+use warren_protocol::gateway::ModelUsage;
 
 use super::provider::{CREDENTIAL_HEADERS, Call, Provider, ProxyRefusal, query_without_key};
 use super::usage::{Framing, UsageParser};
-use crate::Gateway;
-use crate::session::Session;
+use crate::{Account, Ledger, ModelProxy};
 
-pub async fn forward(gateway: &Gateway, request: Request) -> Response {
+pub async fn forward(proxy: &ModelProxy, ledger: &dyn Ledger, request: Request) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let (name, rest) = split_path(parts.uri.path());
@@ -39,12 +38,11 @@ pub async fn forward(gateway: &Gateway, request: Request) -> Response {
             ),
         );
     };
-    let proxy = &gateway.model;
     let query = parts.uri.query();
     let session = provider
         .presented_token(&parts.headers, query)
         .and_then(|token| proxy.tokens.session_of(token))
-        .and_then(|id| gateway.sessions.by_id(&id));
+        .and_then(|id| ledger.account(&id));
     let Some(session) = session else {
         tracing::debug!(
             provider = name,
@@ -75,19 +73,19 @@ pub async fn forward(gateway: &Gateway, request: Request) -> Response {
     if model.is_some()
         && let Some(budget) = proxy.budget_tokens
     {
-        let used = session.usage_totals().tokens();
+        let used = session.used_tokens();
         if used >= budget {
             let message = format!(
                 "the session used {used} of its {budget} model tokens (--model-budget-tokens): no more model requests are forwarded"
             );
-            tracing::info!(session = %session.id, provider = name, used, budget, "model request over budget");
-            session.emit(
-                session.running_turn(),
-                EventBody::Error {
-                    code: "MODEL_BUDGET_EXCEEDED".into(),
-                    message: message.clone(),
-                },
+            tracing::info!(
+                session = session.session_id(),
+                provider = name,
+                used,
+                budget,
+                "model request over budget"
             );
+            session.refused("MODEL_BUDGET_EXCEEDED", &message);
             return refuse(ProxyRefusal::OverBudget, &message);
         }
     }
@@ -112,7 +110,7 @@ pub async fn forward(gateway: &Gateway, request: Request) -> Response {
         HeaderValue::from_static("identity"),
     );
     headers.insert(credential_name, credential_value);
-    tracing::debug!(session = %session.id, provider = name, method = %parts.method, path = rest, "model request");
+    tracing::debug!(session = session.session_id(), provider = name, method = %parts.method, path = rest, "model request");
     let mut upstream = proxy
         .client
         .request(parts.method.clone(), &url)
@@ -126,7 +124,7 @@ pub async fn forward(gateway: &Gateway, request: Request) -> Response {
     let answer = match upstream {
         Ok(answer) => answer,
         Err(error) => {
-            tracing::warn!(session = %session.id, provider = name, upstream = base, error = %error.without_url(), "model upstream unreachable");
+            tracing::warn!(session = session.session_id(), provider = name, upstream = base, error = %error.without_url(), "model upstream unreachable");
             return refuse(
                 ProxyRefusal::Unreachable,
                 &format!("the gateway cannot reach the {name} upstream ({base})"),
@@ -175,13 +173,13 @@ fn split_path(path: &str) -> (&str, &str) {
 /// The `usage` event of a model call the proxy answered itself (no key, over budget, upstream
 /// unreachable): no tokens, the proxy's status.
 fn record(
-    session: &Session,
+    session: &Arc<dyn Account>,
     provider: Provider,
     model: Option<String>,
     status: StatusCode,
     started: Instant,
 ) {
-    session.record_usage(ModelUsage {
+    session.record(ModelUsage {
         provider: provider.name().to_string(),
         model: model.unwrap_or_default(),
         ms_total: millis(started),
@@ -205,7 +203,7 @@ struct Metered {
 }
 
 struct Meter {
-    session: Arc<Session>,
+    session: Arc<dyn Account>,
     provider: Provider,
     status: StatusCode,
     parser: UsageParser,
@@ -217,8 +215,14 @@ impl Meter {
     fn finish(self) {
         let usage = self.parser.finish();
         let ms_total = millis(self.started);
-        tracing::debug!(session = %self.session.id, provider = self.provider.name(), status = self.status.as_u16(), ms_total, "model request done");
-        self.session.record_usage(ModelUsage {
+        tracing::debug!(
+            session = self.session.session_id(),
+            provider = self.provider.name(),
+            status = self.status.as_u16(),
+            ms_total,
+            "model request done"
+        );
+        self.session.record(ModelUsage {
             provider: self.provider.name().to_string(),
             model: usage.model.unwrap_or_default(),
             input_tokens: usage.input_tokens,

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::auth::bearer_token;
+use warren_http::secret::bearer_token;
 
 /// A model API behind `/v1/model/{provider}/…`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,6 +5,9 @@
 //! call into a `usage` event of the session, refusing calls once the session is over
 //! `--model-budget-tokens`.
 //!
+//! The proxy reaches a session only through the [`Ledger`] its owner gives it: whether the
+//! session is live, the tokens it used, and where a call's usage and a refusal go.
+//!
 //! Code map: [`keys`] the real keys and the upstreams; [`tokens`] the sessions' `wm_` tokens;
 //! [`provider`] what differs between the three APIs (credential headers, model calls, error
 //! shapes); [`usage`] the pure usage parsers; [`forward`] one request through.
@@ -26,11 +29,11 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use axum::routing::any;
+use warren_protocol::gateway::ModelUsage;
 
 pub use keys::{Upstream, parse_upstream};
 pub use provider::Provider;
 
-use crate::Gateway;
 use keys::Keys;
 use tokens::Tokens;
 
@@ -145,13 +148,40 @@ impl ModelProxy {
     }
 }
 
-/// The proxy's routes, on the gateway's listener and on each hands' model socket.
-pub fn routes() -> Router<Arc<Gateway>> {
-    Router::new().route("/v1/model/{provider}/{*rest}", any(proxy))
+/// The sessions, as the proxy sees them (implemented by their owner, the gateway).
+pub trait Ledger: Send + Sync + 'static {
+    /// The live session `session_id` (the one a valid token names), if it is here.
+    fn account(&self, session_id: &str) -> Option<Arc<dyn Account>>;
 }
 
-async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    forward::forward(&gateway, request).await
+/// One session's account with the proxy.
+pub trait Account: Send + Sync {
+    fn session_id(&self) -> &str;
+    /// The model tokens the session used so far (what `--model-budget-tokens` counts).
+    fn used_tokens(&self) -> u64;
+    /// One model call (or one the proxy answered itself): the session's `usage` event.
+    fn record(&self, usage: ModelUsage);
+    /// A refusal the person should see (over budget): the session's `error` event.
+    fn refused(&self, code: &str, message: &str);
+}
+
+/// The routes' state: the proxy and the sessions it serves.
+#[derive(Clone)]
+struct Served {
+    proxy: Arc<ModelProxy>,
+    ledger: Arc<dyn Ledger>,
+}
+
+/// The proxy's routes (`/v1/model/{provider}/…`), for the gateway's listener and each hands'
+/// model socket.
+pub fn router(proxy: Arc<ModelProxy>, ledger: Arc<dyn Ledger>) -> Router {
+    Router::new()
+        .route("/v1/model/{provider}/{*rest}", any(serve))
+        .with_state(Served { proxy, ledger })
+}
+
+async fn serve(State(served): State<Served>, request: Request) -> Response {
+    forward::forward(&served.proxy, served.ledger.as_ref(), request).await
 }
 
 #[cfg(test)]

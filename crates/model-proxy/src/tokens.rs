@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use crate::auth::new_secret;
+use warren_http::secret::new_secret;
 
 /// Token prefix: what a `wm_` token in a log or a leak would be recognised by.
 pub const TOKEN_PREFIX: &str = "wm_";
