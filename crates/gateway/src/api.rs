@@ -53,10 +53,12 @@ pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
 pub fn router(gateway: Arc<Gateway>) -> Router {
     let (documented, _document) = routes().split_for_parts();
     documented
-        .route_service("/v1/model/{provider}/{*rest}", gateway.model_router())
         .merge(crate::console::routes())
         .fallback(|| async { GatewayError::RouteNotFound })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
+        .with_state(gateway.clone())
+        // The model proxy's routes (its own crate and state).
+        .merge(gateway.model_router())
         // With replicas: sessions made elsewhere are loaded, owner-bound requests forwarded.
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
@@ -64,10 +66,9 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         ))
         // Before every route: a preview origin's requests never reach the API.
         .layer(axum::middleware::from_fn_with_state(
-            gateway.clone(),
+            gateway,
             crate::previews::route,
         ))
-        .with_state(gateway)
 }
 
 #[utoipa::path(

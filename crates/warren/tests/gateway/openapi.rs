@@ -153,11 +153,15 @@ async fn every_documented_operation_is_routed() {
     gw.stop().await;
 }
 
-/// The paths of every plain axum `.route("…"` call in the gateway's source: the routes that
-/// `utoipa_axum::routes!` does not register.
+/// The paths of every plain axum `.route("…"` call in the gateway's source and the model
+/// proxy's (whose routes the gateway serves): the routes that `utoipa_axum::routes!` does not
+/// register.
 fn plain_routes_in_source() -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    for file in files_under(&repo_root().join("crates/gateway/src")) {
+    let files = ["crates/gateway/src", "crates/model-proxy/src"]
+        .into_iter()
+        .flat_map(|dir| files_under(&repo_root().join(dir)));
+    for file in files {
         if file.extension().and_then(|e| e.to_str()) != Some("rs") {
             continue;
         }
