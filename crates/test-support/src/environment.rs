@@ -9,6 +9,7 @@ use std::time::Duration;
 /// How long `scripts/python-env.sh` may take: minutes on a cold cache (`scripts/test.sh` runs it before
 /// the tests, so there it only prints the path).
 const PYTHON_ENV_WAIT: Duration = Duration::from_secs(15 * 60);
+const NODE_INSTALL_WAIT: Duration = Duration::from_secs(10 * 60);
 
 /// The workspace root, two levels above this crate.
 pub fn repo_root() -> PathBuf {
@@ -54,13 +55,17 @@ fn install_node_packages() -> PathBuf {
           mv "$1/$(basename "$script").tmp" "$1/$(basename "$script")"
         done
     "#;
-    let output = Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .args(["-c", install, "install"])
         .arg(&dir)
-        .arg(&source)
-        .stdin(Stdio::null())
-        .output()
-        .expect("runs bash");
+        .arg(&source);
+    let output = output_within(
+        command,
+        Vec::new(),
+        NODE_INSTALL_WAIT,
+        "npm ci of tests/node",
+    );
     assert!(
         output.status.success(),
         "npm ci of tests/node failed ({}): {}",
@@ -119,11 +124,11 @@ fn output_within(
     limit: Duration,
     what: &str,
 ) -> std::process::Output {
-    let mut child = command
+    command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .stderr(Stdio::piped());
+    let mut child = crate::process::spawn_owned(&mut command)
         .unwrap_or_else(|err| panic!("starts {what}: {err}"));
     let pid = child.id();
     let stdin = child.stdin.take();
@@ -133,7 +138,9 @@ fn output_within(
         if let Some(mut stdin) = stdin {
             let _ = std::io::Write::write_all(&mut stdin, &input);
         }
-        let _ = done.send(child.wait_with_output());
+        let output = child.wait_with_output();
+        warren_process::reaper::release(pid);
+        let _ = done.send(output);
     });
     match output.recv_timeout(limit) {
         Ok(output) => output.unwrap_or_else(|err| panic!("waits for {what}: {err}")),

@@ -5,8 +5,9 @@
 //! every transport of the exec tools passes (`mcp`), and the real PostgreSQL and S3 servers the
 //! scale-out tests run on (`services`).
 //!
-//! A dev-dependency only, and it depends on no Warren crate: every crate's tests can use it
-//! without a cycle, and no shipped code can. It starts no Warren server and no `warren` binary;
+//! A dev-dependency only, and it depends on no Warren crate but `warren-process` (whose reaper
+//! its children register with, so a test binary that is a subreaper never takes their exit
+//! status): every other crate's tests can use it without a cycle, and no shipped code can. It starts no Warren server and no `warren` binary;
 //! each suite starts the real thing it tests its own way.
 
 // A dev-dependency only: tests start real programs (shells, servers, the binary under test).
@@ -25,7 +26,7 @@ pub mod pty;
 pub mod services;
 
 pub use environment::{node_packages, python, repo_root, validate_openapi};
-pub use process::{alive, processes_mentioning, wait_until_dead};
+pub use process::{alive, processes_mentioning, spawn_owned, status_owned, wait_until_dead};
 pub use wait::{
     Done, TimedOut, WAIT, eventually, eventually_async, try_within, wait_until, within,
 };

@@ -19,30 +19,27 @@ pub fn alone_in_a_new_process(name: &str) -> bool {
         .name()
         .filter(|full| *full == name || full.ends_with(&format!("::{name}")))
         .unwrap_or_else(|| panic!("{name} runs on its own test thread, named after it"));
-    // stdout and stderr go to files: the test binary may run a subreaper that reaps every
-    // child it does not own, this one included, and then only what it wrote is left to judge by.
+    // stdout and stderr go to files, read whatever the status.
     let out = tempfile_for(full_name, "stdout");
     let err = tempfile_for(full_name, "stderr");
-    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", full_name, "--test-threads=1", "--nocapture"])
-        .env(VAR, full_name)
-        .stdout(std::fs::File::create(&out).expect("a stdout file"))
-        .stderr(std::fs::File::create(&err).expect("a stderr file"))
-        .status();
+    let status = crate::status_owned(
+        std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", full_name, "--test-threads=1", "--nocapture"])
+            .env(VAR, full_name)
+            .stdout(std::fs::File::create(&out).expect("a stdout file"))
+            .stderr(std::fs::File::create(&err).expect("a stderr file")),
+    );
     let stdout = std::fs::read_to_string(&out).unwrap_or_default();
     // Passed on to this test's own output (shown when it fails).
     print!("{stdout}");
     eprint!("{}", std::fs::read_to_string(&err).unwrap_or_default());
     let _ = (std::fs::remove_file(&out), std::fs::remove_file(&err));
-    match status {
-        Ok(status) => assert!(
-            status.success(),
-            "{full_name} failed in its own process: {status}"
-        ),
-        // Reaped by the binary's own subreaper (ECHILD): the output says how it went.
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::CHILD.raw_os_error()) => {}
-        Err(e) => panic!("cannot run {full_name} in its own process: {e}"),
-    }
+    let status =
+        status.unwrap_or_else(|e| panic!("cannot run {full_name} in its own process: {e}"));
+    assert!(
+        status.success(),
+        "{full_name} failed in its own process: {status}"
+    );
     assert!(
         stdout.contains("test result: ok. 1 passed"),
         "{full_name} did not run, or failed, in its own process"

@@ -41,3 +41,24 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Starts `command` as a child this process owns in the reaper's sense
+/// (`warren_process::reaper`): a test binary that is also a subreaper (execd in process) leaves
+/// its exit status to the caller's wait. Release it with [`wait_owned`].
+pub fn spawn_owned(command: &mut std::process::Command) -> std::io::Result<std::process::Child> {
+    warren_process::reaper::spawn_owned(|| {
+        let child = command.spawn()?;
+        let pid = child.id();
+        Ok((child, Some(pid)))
+    })
+}
+
+/// Runs `command` to its end as an owned child (see [`spawn_owned`]) and returns its status.
+pub fn status_owned(
+    command: &mut std::process::Command,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut child = spawn_owned(command)?;
+    let status = child.wait();
+    warren_process::reaper::release(child.id());
+    status
+}
