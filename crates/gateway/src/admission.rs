@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use warren_cluster::admission::{Admit, HeldSlot};
-use warren_cluster::pg::Store;
+use warren_store::admission::{Admit, HeldSlot};
+use warren_store::pg::Store;
 
 use crate::error::GatewayError;
 

@@ -88,7 +88,7 @@ pub struct Devices {
 
 enum Backend {
     File(Arc<FileDevices>),
-    Postgres(warren_cluster::pg::Store),
+    Postgres(warren_store::pg::Store),
 }
 
 /// Every device of a data directory, loaded at start and kept in memory; the files are the
@@ -146,7 +146,7 @@ impl Devices {
     }
 
     /// The devices of a PostgreSQL store.
-    pub fn postgres(store: warren_cluster::pg::Store) -> Devices {
+    pub fn postgres(store: warren_store::pg::Store) -> Devices {
         Devices {
             backend: Backend::Postgres(store),
         }
@@ -255,7 +255,7 @@ impl Devices {
 /// [`Devices::register`] on PostgreSQL: the check of the stored record and its replacement are
 /// one conditional write, tried again when another replica changed the record in between.
 async fn register_in_store(
-    store: &warren_cluster::pg::Store,
+    store: &warren_store::pg::Store,
     device_id: &str,
     presented: Option<&str>,
 ) -> Result<String, GatewayError> {
@@ -295,7 +295,7 @@ const REGISTER_ATTEMPTS: usize = 3;
 
 /// The device whose live token is `token`, and its stored record as read.
 async fn find_in_store(
-    store: &warren_cluster::pg::Store,
+    store: &warren_store::pg::Store,
     token: &str,
     now: DateTime<Utc>,
 ) -> Result<Option<(DeviceRecord, serde_json::Value)>, GatewayError> {
@@ -576,10 +576,10 @@ mod tests {
         })
         .await
         .expect("a database");
-        let a = warren_cluster::pg::Store::connect(&url)
+        let a = warren_store::pg::Store::connect(&url)
             .await
             .expect("connects");
-        let b = warren_cluster::pg::Store::connect(&url)
+        let b = warren_store::pg::Store::connect(&url)
             .await
             .expect("connects");
         (Devices::postgres(a), Devices::postgres(b))
@@ -648,7 +648,7 @@ mod tests {
     async fn in_postgres_a_stopped_database_is_store_unavailable() {
         let mut postgres = warren_test_support::services::Postgres::start();
         let url = postgres.fresh_database();
-        let store = warren_cluster::pg::Store::connect(&url)
+        let store = warren_store::pg::Store::connect(&url)
             .await
             .expect("connects");
         let devices = Devices::postgres(store);

@@ -82,7 +82,7 @@ pub struct GatewayArgs {
     /// Where sessions' snapshots live: `s3://bucket/prefix` (S3-compatible object storage,
     /// reached with the standard `AWS_*` settings), or, when absent, the data directory.
     #[arg(long, env = "WARREN_SNAPSHOTS")]
-    pub snapshots: Option<warren_cluster::objects::ObjectUrl>,
+    pub snapshots: Option<warren_store::objects::ObjectUrl>,
     /// How hands are confined: `auto` (bwrap when it works, else unconfined with a warning),
     /// `bwrap` (refuse to start hands without it) or `none`.
     #[arg(

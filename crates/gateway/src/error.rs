@@ -193,9 +193,9 @@ fn with_retry_after(mut response: Response, seconds: u64) -> Response {
     response
 }
 
-impl From<warren_cluster::pg::StoreError> for GatewayError {
-    fn from(error: warren_cluster::pg::StoreError) -> Self {
-        use warren_cluster::pg::StoreError;
+impl From<warren_store::pg::StoreError> for GatewayError {
+    fn from(error: warren_store::pg::StoreError) -> Self {
+        use warren_store::pg::StoreError;
         match error {
             StoreError::Unavailable(message) => GatewayError::StoreUnavailable(message),
             StoreError::Conflict(message) | StoreError::Invalid(message) => {
@@ -205,12 +205,12 @@ impl From<warren_cluster::pg::StoreError> for GatewayError {
     }
 }
 
-/// Whether `error` carries a [`warren_cluster::pg::StoreError::Unavailable`] (what the
+/// Whether `error` carries a [`warren_store::pg::StoreError::Unavailable`] (what the
 /// PostgreSQL event log fails with while the database is away).
 pub fn is_store_unavailable(error: &std::io::Error) -> bool {
     error
         .get_ref()
-        .and_then(|inner| inner.downcast_ref::<warren_cluster::pg::StoreError>())
+        .and_then(|inner| inner.downcast_ref::<warren_store::pg::StoreError>())
         .is_some_and(|store| store.is_unavailable())
 }
 

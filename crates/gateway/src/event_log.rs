@@ -133,11 +133,11 @@ struct FileState {
 
 /// A log kept in PostgreSQL: the store and the session the rows belong to.
 struct PgBackend {
-    store: warren_cluster::pg::Store,
+    store: warren_store::pg::Store,
     session_id: String,
     /// The session's lease as this replica took it: every append is fenced by it (`None`
     /// without replicas, or before a lease was taken).
-    fence: Mutex<Option<warren_cluster::leases::Lease>>,
+    fence: Mutex<Option<warren_store::leases::Lease>>,
 }
 
 /// How many events go into one PostgreSQL transaction at most.
@@ -315,7 +315,7 @@ impl EventLog {
     /// event in order (as [`EventLog::open`] does for a file). Rows that break the +1 chain (none
     /// should: the key and the append's check forbid it) end what is read, with a warning.
     pub async fn open_postgres(
-        store: warren_cluster::pg::Store,
+        store: warren_store::pg::Store,
         session_id: &str,
         health: Arc<StorageHealth>,
         mut visit: impl FnMut(&Event),
@@ -432,7 +432,7 @@ impl EventLog {
 
     /// Fences every later append of a PostgreSQL log by `lease`, the session's lease this
     /// replica just took (see `Store::append_events_fenced`). Nothing for a file log.
-    pub fn set_fence(&self, lease: warren_cluster::leases::Lease) {
+    pub fn set_fence(&self, lease: warren_store::leases::Lease) {
         if let Some(pg) = &self.shared.pg {
             *pg.fence
                 .lock()
@@ -781,9 +781,9 @@ impl Shared {
                 inner.queue.iter().take(PG_BATCH_MAX).cloned().collect()
             };
             if !batch.is_empty() {
-                let rows: Vec<warren_cluster::events::EventRow> = batch
+                let rows: Vec<warren_store::events::EventRow> = batch
                     .iter()
-                    .map(|event| warren_cluster::events::EventRow {
+                    .map(|event| warren_store::events::EventRow {
                         seq: event.seq,
                         kind: event.kind.to_owned(),
                         json: event.json.to_string(),
@@ -801,7 +801,7 @@ impl Shared {
                 let mut inner = self.lock();
                 match appended {
                     Ok(()) => {}
-                    Err(warren_cluster::pg::StoreError::Conflict(why)) => {
+                    Err(warren_store::pg::StoreError::Conflict(why)) => {
                         self.superseded(inner, &why);
                         return;
                     }
@@ -1151,22 +1151,22 @@ mod tests {
 
     /// A PostgreSQL log on a fresh database of the shared test cluster, and a second
     /// connection to it (another replica).
-    async fn postgres_pair() -> (warren_cluster::pg::Store, warren_cluster::pg::Store) {
+    async fn postgres_pair() -> (warren_store::pg::Store, warren_store::pg::Store) {
         let url = tokio::task::spawn_blocking(|| {
             warren_test_support::services::Postgres::shared().fresh_database()
         })
         .await
         .expect("the cluster starts");
-        let a = warren_cluster::pg::Store::connect(&url)
+        let a = warren_store::pg::Store::connect(&url)
             .await
             .expect("replica A connects");
-        let b = warren_cluster::pg::Store::connect(&url)
+        let b = warren_store::pg::Store::connect(&url)
             .await
             .expect("replica B connects");
         (a, b)
     }
 
-    async fn open_pg(store: &warren_cluster::pg::Store, visit: impl FnMut(&Event)) -> EventLog {
+    async fn open_pg(store: &warren_store::pg::Store, visit: impl FnMut(&Event)) -> EventLog {
         EventLog::open_postgres(
             store.clone(),
             "s1",
@@ -1219,7 +1219,7 @@ mod tests {
                         .await
                         .expect("a notice within 30 s")
                         .expect("the listener runs");
-                if let warren_cluster::events::Notice::Appended { session_id, seq } = notice {
+                if let warren_store::events::Notice::Appended { session_id, seq } = notice {
                     assert_eq!(session_id, "s1");
                     if seq >= i {
                         break;
@@ -1246,7 +1246,7 @@ mod tests {
                 .await
                 .expect("the cluster starts");
         let url = postgres.fresh_database();
-        let store = warren_cluster::pg::Store::connect(&url)
+        let store = warren_store::pg::Store::connect(&url)
             .await
             .expect("connects");
         let health = Arc::new(StorageHealth::default());

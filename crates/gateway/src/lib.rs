@@ -153,7 +153,7 @@ impl Gateway {
         let pg = match &args.store {
             config::StoreUrl::File => None,
             config::StoreUrl::Postgres(url) => Some(
-                warren_cluster::pg::Store::connect(url)
+                warren_store::pg::Store::connect(url)
                     .await
                     .map_err(|e| GatewayError::InvalidRequest(format!("--store: {e}")))?,
             ),
@@ -233,8 +233,8 @@ impl Gateway {
             // The sessions whose lease this replica takes are its own; the others it follows.
             for session in sessions.all() {
                 match replicas.acquire(&session).await {
-                    Ok(warren_cluster::leases::Acquired::Owned { .. }) => {}
-                    Ok(warren_cluster::leases::Acquired::HeldBy { replica_id, .. }) => {
+                    Ok(warren_store::leases::Acquired::Owned { .. }) => {}
+                    Ok(warren_store::leases::Acquired::HeldBy { replica_id, .. }) => {
                         tracing::info!(session = %session.id, owner = %replica_id, "session followed");
                     }
                     Err(e) => {
@@ -383,7 +383,7 @@ async fn hands_provider(
         .snapshots
         .as_ref()
         .map(|url| {
-            warren_cluster::objects::Objects::from_url(url)
+            warren_store::objects::Objects::from_url(url)
                 .map_err(|e| GatewayError::InvalidRequest(format!("--snapshots {url}: {e}")))
         })
         .transpose()?;

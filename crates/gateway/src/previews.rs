@@ -30,7 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use warren_cluster::pg::Store;
+use warren_store::pg::Store;
 
 use crate::Gateway;
 use crate::error::GatewayError;

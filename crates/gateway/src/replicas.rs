@@ -3,7 +3,7 @@
 //! the replica that owns it (scale-out.md "One owner per session").
 //!
 //! Architecture Invariant: a replica runs a session's brain, hands and appends only while it
-//! holds the session's lease (see `warren_cluster::leases`: taken and renewed on the database's
+//! holds the session's lease (see `warren_store::leases`: taken and renewed on the database's
 //! clock). A replica that does not own a session keeps its event log as a follower (the notices
 //! of the store drive [`EventLog::follow`](crate::event_log::EventLog::follow)), so an SSE
 //! client may stream any session from any replica; every other route of a session is the
@@ -27,8 +27,8 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use warren_cluster::leases::{Acquired, Lease};
-use warren_cluster::pg::Store;
+use warren_store::leases::{Acquired, Lease};
+use warren_store::pg::Store;
 
 use crate::Gateway;
 use crate::error::GatewayError;
@@ -198,10 +198,10 @@ pub fn spawn_follower(gateway: &Arc<Gateway>) {
                 return;
             };
             let sessions: Vec<Arc<Session>> = match notice {
-                Ok(warren_cluster::events::Notice::Appended { session_id, .. }) => {
+                Ok(warren_store::events::Notice::Appended { session_id, .. }) => {
                     gateway.sessions.by_id(&session_id).into_iter().collect()
                 }
-                Ok(warren_cluster::events::Notice::Reconnected)
+                Ok(warren_store::events::Notice::Reconnected)
                 | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                     gateway.sessions.all()
                 }

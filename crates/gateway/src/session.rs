@@ -66,7 +66,7 @@ pub enum MetaStore {
     /// `meta.json` at this path, written atomically.
     File(PathBuf),
     /// The `sessions` row of a PostgreSQL store.
-    Postgres(warren_cluster::pg::Store),
+    Postgres(warren_store::pg::Store),
 }
 
 /// Everything about a session that changes.

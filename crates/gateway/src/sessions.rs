@@ -54,7 +54,7 @@ pub struct Sessions {
     admission: Arc<Admission>,
     storage: Arc<StorageHealth>,
     /// `--store postgres://…`: session metadata and event logs live there.
-    store: Option<warren_cluster::pg::Store>,
+    store: Option<warren_store::pg::Store>,
     /// The hands' network: each session's egress proxy.
     network: Arc<Network>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
@@ -120,7 +120,7 @@ impl Sessions {
     /// that names no session (a warm sandbox nobody took, a session deleted elsewhere) goes.
     pub async fn load_postgres(
         data_dir: &Path,
-        store: warren_cluster::pg::Store,
+        store: warren_store::pg::Store,
         admission: Arc<Admission>,
         hands_provider: Arc<dyn HandsProvider>,
         placement: BrainPlacement,
@@ -251,7 +251,7 @@ impl Sessions {
     }
 
     /// The PostgreSQL store, when sessions live there.
-    pub fn store(&self) -> Option<&warren_cluster::pg::Store> {
+    pub fn store(&self) -> Option<&warren_store::pg::Store> {
         self.store.as_ref()
     }
 
@@ -330,7 +330,7 @@ impl Sessions {
     /// exceed it), then its directory is made and its (empty) event log opened.
     async fn create_in_store(
         &self,
-        store: &warren_cluster::pg::Store,
+        store: &warren_store::pg::Store,
         device_id: &str,
         title: Option<String>,
         want_brain: bool,
@@ -349,7 +349,7 @@ impl Sessions {
             .create_session_within(&id, device_id, &value, limit)
             .await?
         {
-            warren_cluster::admission::Admit::Admitted => {}
+            warren_store::admission::Admit::Admitted => {}
             _ => {
                 return Err(GatewayError::QuotaExceeded(format!(
                     "a device may hold {limit} sessions"

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use warren_brain::{BoxFuture, McpServerSpec};
-use warren_cluster::objects::Objects;
 use warren_execd_client::{ExecdClient, Tree};
 use warren_protocol::gateway::EventBody;
+use warren_store::objects::Objects;
 
 pub use self::host::host_error;
 use self::snapshots::{SnapshotInfo, SnapshotStore};

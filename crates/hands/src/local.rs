@@ -27,10 +27,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 use warren_brain::BoxFuture;
-use warren_cluster::objects::Objects;
 use warren_process::pipes::{Leader, OutputMode, PipeOptions, StdinMode};
 use warren_process::{CommandSpec, Connect, EnvPolicy, HandsVar, TreeId, TreeMarker};
 use warren_sandbox::{CgroupRoots, HandsCgroup, Limits, Network, SandboxSpec};
+use warren_store::objects::Objects;
 
 use super::{HandsEndpoint, HandsError, HandsInstance, HandsProvider, Isolation, StartSpec};
 

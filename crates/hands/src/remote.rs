@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use warren_brain::BoxFuture;
 use warren_execd_client::ExecdClient;
 
-use warren_cluster::objects::Objects;
+use warren_store::objects::Objects;
 
 use super::{HandsEndpoint, HandsError, HandsInstance, HandsProvider, Isolation, StartSpec};
 

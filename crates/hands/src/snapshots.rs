@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
-use warren_cluster::objects::{ObjectError, Objects};
 use warren_snapshot::{ArchivedEntry, SnapshotError};
+use warren_store::objects::{ObjectError, Objects};
 
 /// When the stored snapshot was taken and how large it is.
 #[derive(Debug, Clone, PartialEq, Eq)]

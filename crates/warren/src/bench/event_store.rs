@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use warren_cluster::events::Notice;
-use warren_cluster::pg::Store;
 use warren_gateway::event_log::{EventLog, Subscription};
 use warren_gateway::store::StorageHealth;
 use warren_protocol::gateway::EventBody;
+use warren_store::events::Notice;
+use warren_store::pg::Store;
 
 use super::gateway::{Row, percentile};
 

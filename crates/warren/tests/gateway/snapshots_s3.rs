@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use warren_cluster::objects::{ObjectUrl, Objects};
+use warren_store::objects::{ObjectUrl, Objects};
 use warren_test_support::services::S3;
 
 use super::helpers::{EventStream, GatewayProcess, text_of, warren_bin};

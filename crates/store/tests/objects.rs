@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
-use warren_cluster::objects::{ObjectError, ObjectUrl, Objects};
+use warren_store::objects::{ObjectError, ObjectUrl, Objects};
 use warren_test_support::services::{S3, free_port};
 
 /// A started endpoint with a fresh bucket, and `Objects` for `s3://<bucket>/warren`.

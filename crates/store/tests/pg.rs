@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::sync::{Barrier, broadcast};
-use warren_cluster::admission::{Admit, HeldSlot};
-use warren_cluster::events::{EventRow, Notice, Notices};
-use warren_cluster::leases::Acquired;
-use warren_cluster::pg::{Store, StoreError};
+use warren_store::admission::{Admit, HeldSlot};
+use warren_store::events::{EventRow, Notice, Notices};
+use warren_store::leases::Acquired;
+use warren_store::pg::{Store, StoreError};
 use warren_test_support::services::{Postgres, free_port};
 
 /// How long any single wait of these tests may take.
@@ -580,7 +580,7 @@ async fn a_replica_that_lost_its_lease_cannot_append_after_the_new_owner() {
     b.append_events_fenced("s", &rows(3..=4), Some(&new))
         .await
         .expect("the new owner appends");
-    let wrong_session = warren_cluster::leases::Lease {
+    let wrong_session = warren_store::leases::Lease {
         session_id: "other".into(),
         ..new.clone()
     };
