@@ -9,9 +9,7 @@
 //! registration replaces the record only if it is still the one it checked, so two replicas
 //! cannot both bind one device id.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -21,7 +19,7 @@ use subtle::ConstantTimeEq;
 pub use warren_http::secret::{bearer_token, new_secret};
 
 use crate::error::GatewayError;
-use crate::store;
+use warren_store::devices::DeviceStore;
 
 /// A token unused for this long stops working.
 pub const TOKEN_EXPIRY_DAYS: i64 = 30;
@@ -45,7 +43,7 @@ pub fn valid_device_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// `devices/<id>.json`.
+/// A device's record (`devices/<id>.json`, or its row).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct DeviceRecord {
     device_id: String,
@@ -81,55 +79,146 @@ impl DeviceRecord {
     }
 }
 
-/// Every device: in the data directory ([`FileDevices`]) or in PostgreSQL.
+/// Every device, in the data directory or in PostgreSQL (see [`DeviceStore`]): one logic for
+/// both, each check reading the stored record and each write conditional on it.
 pub struct Devices {
-    backend: Backend,
+    store: DeviceStore,
 }
 
-enum Backend {
-    File(Arc<FileDevices>),
-    Postgres(warren_store::pg::Store),
-}
-
-/// Every device of a data directory, loaded at start and kept in memory; the files are the
-/// source of truth after a restart. Blocking (its writes fsync).
-pub struct FileDevices {
-    dir: PathBuf,
-    state: Mutex<DeviceState>,
-}
-
-#[derive(Default)]
-struct DeviceState {
-    by_id: HashMap<String, DeviceRecord>,
-    /// Token hash → device id.
-    by_token: HashMap<[u8; 32], String>,
-}
-
-impl DeviceState {
-    fn insert(&mut self, record: DeviceRecord) {
-        let old_hash = self
-            .by_id
-            .get(&record.device_id)
-            .and_then(|r| r.token_sha256.as_deref())
-            .and_then(decode_hash);
-        if let Some(hash) = old_hash {
-            self.by_token.remove(&hash);
-        }
-        if let Some(hash) = record.token_sha256.as_deref().and_then(decode_hash) {
-            self.by_token.insert(hash, record.device_id.clone());
-        }
-        self.by_id.insert(record.device_id.clone(), record);
+impl Devices {
+    /// The devices of `data_dir` (`devices/<id>.json`).
+    pub fn load(data_dir: &Path) -> std::io::Result<Devices> {
+        Ok(Devices {
+            store: DeviceStore::open_dir(data_dir, valid_device_id)?,
+        })
     }
 
-    /// The device whose live token is `token`.
-    fn lookup(&self, token: &str, now: DateTime<Utc>) -> Option<&DeviceRecord> {
+    /// The devices of a PostgreSQL store.
+    pub fn postgres(store: warren_store::pg::Store) -> Devices {
+        Devices {
+            store: DeviceStore::Postgres(store),
+        }
+    }
+
+    /// Registers `device_id` and returns its new token. When the id holds a live token,
+    /// `presented` must be that token, else [`GatewayError::DeviceAlreadyBound`]. The check of
+    /// the stored record and its replacement are one conditional write, tried again when
+    /// another registration (or replica) changed the record in between.
+    pub async fn register(
+        &self,
+        device_id: &str,
+        presented: Option<String>,
+    ) -> Result<String, GatewayError> {
+        if !valid_device_id(device_id) {
+            return Err(GatewayError::InvalidDeviceId);
+        }
+        for _ in 0..REGISTER_ATTEMPTS {
+            let now = Utc::now();
+            let stored = self.store.get(device_id).await?;
+            let existing = stored.as_ref().map(from_value).transpose()?;
+            if existing
+                .as_ref()
+                .is_some_and(|record| record.token_live(now))
+            {
+                let owner = match presented.as_deref() {
+                    Some(token) => self.find(token, now).await?,
+                    None => None,
+                };
+                if owner.is_none_or(|(owner, _)| owner.device_id != device_id) {
+                    return Err(GatewayError::DeviceAlreadyBound);
+                }
+            }
+            let (token, record) = DeviceRecord::bind(device_id, existing.as_ref(), now);
+            if self
+                .store
+                .put_if(device_id, stored.as_ref(), &to_value(&record)?)
+                .await?
+            {
+                return Ok(token);
+            }
+        }
+        // Every attempt lost to another registration of the same id: that one bound it.
+        Err(GatewayError::DeviceAlreadyBound)
+    }
+
+    /// The device id a presented token belongs to, if the token is live. Refreshes its
+    /// last use.
+    pub async fn authenticate(&self, token: &str) -> Result<String, GatewayError> {
+        let now = Utc::now();
+        let (record, stored) = self
+            .find(token, now)
+            .await?
+            .ok_or(GatewayError::Unauthorized)?;
+        if last_use_is_stale(&record, now) {
+            let updated = DeviceRecord {
+                last_used_at: Some(now),
+                ..record.clone()
+            };
+            // Only feeds expiry: a lost race (another request refreshed it) is fine.
+            if let Err(e) = self
+                .store
+                .put_if(&record.device_id, Some(&stored), &to_value(&updated)?)
+                .await
+            {
+                tracing::warn!(device_id = %record.device_id, error = %e, "cannot persist last use");
+            }
+        }
+        Ok(record.device_id)
+    }
+
+    /// Revokes every token of `device_id` (admin reset). Its sessions and files stay.
+    pub async fn reset(&self, device_id: &str) -> Result<(), GatewayError> {
+        loop {
+            let stored = self
+                .store
+                .get(device_id)
+                .await?
+                .ok_or(GatewayError::DeviceNotFound)?;
+            let updated = DeviceRecord {
+                token_sha256: None,
+                ..from_value(&stored)?
+            };
+            if self
+                .store
+                .put_if(device_id, Some(&stored), &to_value(&updated)?)
+                .await?
+            {
+                return Ok(());
+            }
+            // Changed meanwhile (a last-use refresh): read it again.
+        }
+    }
+
+    /// `(device_id, created_at, bound, last_used_at)` of every device, sorted by id.
+    pub async fn list(&self) -> Result<Vec<(String, String, bool, Option<String>)>, GatewayError> {
+        let now = Utc::now();
+        let mut out = Vec::new();
+        for stored in self.store.list().await? {
+            out.push(listing(&from_value(&stored)?, now));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The device whose live token is `token`, and its stored record as read.
+    async fn find(
+        &self,
+        token: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(DeviceRecord, serde_json::Value)>, GatewayError> {
         let hash = sha256(token);
-        // The map finds the candidate by hash (a hash lookup reveals nothing usable about the
+        let Some(stored) = self.store.by_token_hash(&hex::encode(hash)).await? else {
+            return Ok(None);
+        };
+        let record = from_value(&stored)?;
+        // The record was found by the hash (a lookup that reveals nothing usable about the
         // token); the final check is constant time.
-        let record = self.by_token.get(&hash).and_then(|id| self.by_id.get(id))?;
-        let stored = record.token_sha256.as_deref().and_then(decode_hash)?;
-        let equal: bool = stored.ct_eq(&hash).into();
-        (equal && record.token_live(now)).then_some(record)
+        let equal = record
+            .token_sha256
+            .as_deref()
+            .and_then(decode_hash)
+            .is_some_and(|stored_hash| bool::from(stored_hash.ct_eq(&hash)));
+        Ok((equal && record.token_live(now)).then_some((record, stored)))
     }
 }
 
@@ -137,181 +226,8 @@ fn decode_hash(hex_hash: &str) -> Option<[u8; 32]> {
     hex::decode(hex_hash).ok()?.try_into().ok()
 }
 
-impl Devices {
-    /// The devices of `data_dir` (see [`FileDevices::load`]).
-    pub fn load(data_dir: &Path) -> std::io::Result<Devices> {
-        Ok(Devices {
-            backend: Backend::File(Arc::new(FileDevices::load(data_dir)?)),
-        })
-    }
-
-    /// The devices of a PostgreSQL store.
-    pub fn postgres(store: warren_store::pg::Store) -> Devices {
-        Devices {
-            backend: Backend::Postgres(store),
-        }
-    }
-
-    /// Registers `device_id` and returns its new token. When the id holds a live token,
-    /// `presented` must be that token, else [`GatewayError::DeviceAlreadyBound`].
-    pub async fn register(
-        &self,
-        device_id: &str,
-        presented: Option<String>,
-    ) -> Result<String, GatewayError> {
-        match &self.backend {
-            Backend::File(devices) => {
-                // The device file is fsynced: off the async workers.
-                let devices = devices.clone();
-                let device_id = device_id.to_owned();
-                tokio::task::spawn_blocking(move || {
-                    devices.register(&device_id, presented.as_deref())
-                })
-                .await
-                .map_err(|e| GatewayError::Internal(e.to_string()))?
-            }
-            Backend::Postgres(store) => {
-                register_in_store(store, device_id, presented.as_deref()).await
-            }
-        }
-    }
-
-    /// The device id a presented token belongs to, if the token is live. Refreshes its
-    /// last use.
-    pub async fn authenticate(&self, token: &str) -> Result<String, GatewayError> {
-        match &self.backend {
-            Backend::File(devices) => devices.authenticate(token),
-            Backend::Postgres(store) => {
-                let now = Utc::now();
-                let (record, stored) = find_in_store(store, token, now)
-                    .await?
-                    .ok_or(GatewayError::Unauthorized)?;
-                if last_use_is_stale(&record, now) {
-                    let updated = DeviceRecord {
-                        last_used_at: Some(now),
-                        ..record.clone()
-                    };
-                    // Only feeds expiry: a lost race (another replica refreshed it) is fine.
-                    if let Err(e) = store
-                        .put_device_if(&record.device_id, Some(&stored), &to_value(&updated)?)
-                        .await
-                    {
-                        tracing::warn!(device_id = %record.device_id, error = %e, "cannot persist last use");
-                    }
-                }
-                Ok(record.device_id)
-            }
-        }
-    }
-
-    /// Revokes every token of `device_id` (admin reset). Its sessions and files stay.
-    pub async fn reset(&self, device_id: &str) -> Result<(), GatewayError> {
-        match &self.backend {
-            Backend::File(devices) => {
-                let devices = devices.clone();
-                let device_id = device_id.to_owned();
-                tokio::task::spawn_blocking(move || devices.reset(&device_id))
-                    .await
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?
-            }
-            Backend::Postgres(store) => loop {
-                let stored = store
-                    .device(device_id)
-                    .await?
-                    .ok_or(GatewayError::DeviceNotFound)?;
-                let record = from_value(&stored)?;
-                let updated = DeviceRecord {
-                    token_sha256: None,
-                    ..record
-                };
-                if store
-                    .put_device_if(device_id, Some(&stored), &to_value(&updated)?)
-                    .await?
-                {
-                    return Ok(());
-                }
-                // Changed meanwhile (a last-use refresh on another replica): read it again.
-            },
-        }
-    }
-
-    /// `(device_id, created_at, bound, last_used_at)` of every device, sorted by id.
-    pub async fn list(&self) -> Result<Vec<(String, String, bool, Option<String>)>, GatewayError> {
-        match &self.backend {
-            Backend::File(devices) => Ok(devices.list()),
-            Backend::Postgres(store) => {
-                let now = Utc::now();
-                let mut out = Vec::new();
-                for (_, stored) in store.devices().await? {
-                    out.push(listing(&from_value(&stored)?, now));
-                }
-                out.sort();
-                Ok(out)
-            }
-        }
-    }
-}
-
-/// [`Devices::register`] on PostgreSQL: the check of the stored record and its replacement are
-/// one conditional write, tried again when another replica changed the record in between.
-async fn register_in_store(
-    store: &warren_store::pg::Store,
-    device_id: &str,
-    presented: Option<&str>,
-) -> Result<String, GatewayError> {
-    if !valid_device_id(device_id) {
-        return Err(GatewayError::InvalidDeviceId);
-    }
-    for _ in 0..REGISTER_ATTEMPTS {
-        let now = Utc::now();
-        let stored = store.device(device_id).await?;
-        let existing = stored.as_ref().map(from_value).transpose()?;
-        if existing
-            .as_ref()
-            .is_some_and(|record| record.token_live(now))
-        {
-            let owner = match presented {
-                Some(token) => find_in_store(store, token, now).await?,
-                None => None,
-            };
-            if owner.is_none_or(|(owner, _)| owner.device_id != device_id) {
-                return Err(GatewayError::DeviceAlreadyBound);
-            }
-        }
-        let (token, record) = DeviceRecord::bind(device_id, existing.as_ref(), now);
-        if store
-            .put_device_if(device_id, stored.as_ref(), &to_value(&record)?)
-            .await?
-        {
-            return Ok(token);
-        }
-    }
-    // Every attempt lost to another registration of the same id: that one bound it.
-    Err(GatewayError::DeviceAlreadyBound)
-}
-
-/// How often a registration on PostgreSQL re-reads a record another replica changed meanwhile.
+/// How often a registration re-reads a record another registration changed meanwhile.
 const REGISTER_ATTEMPTS: usize = 3;
-
-/// The device whose live token is `token`, and its stored record as read.
-async fn find_in_store(
-    store: &warren_store::pg::Store,
-    token: &str,
-    now: DateTime<Utc>,
-) -> Result<Option<(DeviceRecord, serde_json::Value)>, GatewayError> {
-    let hash = sha256(token);
-    let Some((_, stored)) = store.device_by_token_hash(&hex::encode(hash)).await? else {
-        return Ok(None);
-    };
-    let record = from_value(&stored)?;
-    // The row was found by the hash; the final check is constant time, as in memory.
-    let equal = record
-        .token_sha256
-        .as_deref()
-        .and_then(decode_hash)
-        .is_some_and(|stored_hash| bool::from(stored_hash.ct_eq(&hash)));
-    Ok((equal && record.token_live(now)).then_some((record, stored)))
-}
 
 fn to_value(record: &DeviceRecord) -> Result<serde_json::Value, GatewayError> {
     serde_json::to_value(record).map_err(|e| GatewayError::Internal(e.to_string()))
@@ -343,132 +259,10 @@ fn listing(record: &DeviceRecord, now: DateTime<Utc>) -> (String, String, bool, 
     )
 }
 
-impl FileDevices {
-    /// Loads every `devices/*.json` under `data_dir`.
-    pub fn load(data_dir: &Path) -> std::io::Result<FileDevices> {
-        let dir = data_dir.join("devices");
-        std::fs::create_dir_all(&dir)?;
-        let mut state = DeviceState::default();
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
-            match store::read_json::<DeviceRecord>(&path) {
-                Ok(record) if valid_device_id(&record.device_id) => state.insert(record),
-                Ok(_) => {
-                    tracing::warn!(path = %path.display(), "device file with invalid id skipped")
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "unreadable device file skipped")
-                }
-            }
-        }
-        Ok(FileDevices {
-            dir,
-            state: Mutex::new(state),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, DeviceState> {
-        // Inserts are single map operations; a poisoned lock still holds consistent maps.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Registers `device_id` and returns its new token. When the id holds a live token,
-    /// `presented` must be that token, else [`GatewayError::DeviceAlreadyBound`].
-    pub fn register(
-        &self,
-        device_id: &str,
-        presented: Option<&str>,
-    ) -> Result<String, GatewayError> {
-        if !valid_device_id(device_id) {
-            return Err(GatewayError::InvalidDeviceId);
-        }
-        let now = Utc::now();
-        let mut state = self.lock();
-        let existing = state.by_id.get(device_id).cloned();
-        if existing
-            .as_ref()
-            .is_some_and(|record| record.token_live(now))
-        {
-            let owner = presented.and_then(|token| state.lookup(token, now));
-            if owner.is_none_or(|owner| owner.device_id != device_id) {
-                return Err(GatewayError::DeviceAlreadyBound);
-            }
-        }
-        let (token, record) = DeviceRecord::bind(device_id, existing.as_ref(), now);
-        store::write_json_atomic(&self.record_path(device_id), &record)?;
-        state.insert(record);
-        Ok(token)
-    }
-
-    /// The device id a presented token belongs to, if the token is live. Refreshes its
-    /// last use.
-    pub fn authenticate(&self, token: &str) -> Result<String, GatewayError> {
-        let now = Utc::now();
-        let mut state = self.lock();
-        let record = state
-            .lookup(token, now)
-            .ok_or(GatewayError::Unauthorized)?
-            .clone();
-        if last_use_is_stale(&record, now) {
-            let updated = DeviceRecord {
-                last_used_at: Some(now),
-                ..record.clone()
-            };
-            if let Err(e) = store::write_json_atomic(&self.record_path(&record.device_id), &updated)
-            {
-                tracing::warn!(device_id = %record.device_id, error = %e, "cannot persist last use");
-            }
-            state.insert(updated);
-        }
-        Ok(record.device_id)
-    }
-
-    /// Revokes every token of `device_id` (admin reset). Its sessions and files stay.
-    pub fn reset(&self, device_id: &str) -> Result<(), GatewayError> {
-        let mut state = self.lock();
-        let record = state
-            .by_id
-            .get(device_id)
-            .cloned()
-            .ok_or(GatewayError::DeviceNotFound)?;
-        let updated = DeviceRecord {
-            token_sha256: None,
-            ..record
-        };
-        store::write_json_atomic(&self.record_path(device_id), &updated)?;
-        state.insert(updated);
-        Ok(())
-    }
-
-    /// `(device_id, created_at, bound, last_used_at)` of every device, sorted by id.
-    pub fn list(&self) -> Vec<(String, String, bool, Option<String>)> {
-        let now = Utc::now();
-        let state = self.lock();
-        let mut out: Vec<_> = state.by_id.values().map(|r| listing(r, now)).collect();
-        out.sort();
-        out
-    }
-
-    fn record_path(&self, device_id: &str) -> PathBuf {
-        self.dir.join(format!("{device_id}.json"))
-    }
-
-    #[cfg(test)]
-    fn backdate_last_use(&self, device_id: &str, days: i64) {
-        let mut state = self.lock();
-        let mut record = state.by_id.get(device_id).cloned().expect("device exists");
-        record.last_used_at = Some(Utc::now() - Duration::days(days));
-        state.insert(record);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -518,55 +312,89 @@ mod tests {
         }
     }
 
-    #[test]
-    fn first_use_binds_and_second_registration_needs_the_token() {
+    #[tokio::test]
+    async fn first_use_binds_and_second_registration_needs_the_token() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let devices = FileDevices::load(dir.path()).expect("load");
+        let devices = Devices::load(dir.path()).expect("load");
         let token = devices
             .register("phone-0001", None)
+            .await
             .expect("first registration");
         assert!(matches!(
-            devices.register("phone-0001", None),
+            devices.register("phone-0001", None).await,
             Err(GatewayError::DeviceAlreadyBound)
         ));
-        let other = devices.register("phone-0002", None).expect("other device");
+        let other = devices
+            .register("phone-0002", None)
+            .await
+            .expect("other device");
         assert!(matches!(
-            devices.register("phone-0001", Some(&other)),
+            devices.register("phone-0001", Some(other)).await,
             Err(GatewayError::DeviceAlreadyBound)
         ));
         let rotated = devices
-            .register("phone-0001", Some(&token))
+            .register("phone-0001", Some(token.clone()))
+            .await
             .expect("re-registration");
-        assert!(devices.authenticate(&token).is_err(), "old token replaced");
+        assert!(
+            devices.authenticate(&token).await.is_err(),
+            "old token replaced"
+        );
         assert_eq!(
-            devices.authenticate(&rotated).expect("new token"),
+            devices.authenticate(&rotated).await.expect("new token"),
             "phone-0001"
         );
-        let reloaded = FileDevices::load(dir.path()).expect("reload");
+        let reloaded = Devices::load(dir.path()).expect("reload");
         assert_eq!(
-            reloaded.authenticate(&rotated).expect("persisted"),
+            reloaded.authenticate(&rotated).await.expect("persisted"),
             "phone-0001"
         );
     }
 
-    #[test]
-    fn reset_revokes_and_unused_tokens_expire() {
+    #[tokio::test]
+    async fn reset_revokes_and_unused_tokens_expire() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let devices = FileDevices::load(dir.path()).expect("load");
-        let token = devices.register("tablet-01", None).expect("register");
-        devices.reset("tablet-01").expect("reset");
-        assert!(devices.authenticate(&token).is_err());
+        let devices = Devices::load(dir.path()).expect("load");
+        let token = devices.register("tablet-01", None).await.expect("register");
+        devices.reset("tablet-01").await.expect("reset");
+        assert!(devices.authenticate(&token).await.is_err());
         let token = devices
             .register("tablet-01", None)
+            .await
             .expect("register after reset");
-        devices.backdate_last_use("tablet-01", TOKEN_EXPIRY_DAYS + 1);
+        // Last used longer ago than the expiry.
+        let stored = devices.store.get("tablet-01").await.expect("reads");
+        let mut backdated = from_value(stored.as_ref().expect("stored")).expect("parses");
+        backdated.last_used_at = Some(Utc::now() - Duration::days(TOKEN_EXPIRY_DAYS + 1));
+        let written = devices
+            .store
+            .put_if(
+                "tablet-01",
+                stored.as_ref(),
+                &to_value(&backdated).expect("json"),
+            )
+            .await
+            .expect("writes");
+        assert!(written);
         assert!(
-            devices.authenticate(&token).is_err(),
+            devices.authenticate(&token).await.is_err(),
             "expired token refused"
         );
         devices
             .register("tablet-01", None)
+            .await
             .expect("expired binding can be replaced");
+        assert!(matches!(
+            devices.reset("tablet-none").await,
+            Err(GatewayError::DeviceNotFound)
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_files_racing_first_registrations_bind_a_device_id_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let devices = Arc::new(Devices::load(dir.path()).expect("load"));
+        racing_registrations_bind_once(devices.clone(), devices).await;
     }
 
     /// Two replicas' views of one PostgreSQL store.
@@ -625,7 +453,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn in_postgres_racing_first_registrations_bind_a_device_id_once() {
         let (a, b) = two_replicas().await;
-        let (a, b) = (Arc::new(a), Arc::new(b));
+        racing_registrations_bind_once(Arc::new(a), Arc::new(b)).await;
+    }
+
+    /// Ten first registrations of one id at once, alternating between `a` and `b`: exactly one
+    /// binds it, and its token works.
+    async fn racing_registrations_bind_once(a: Arc<Devices>, b: Arc<Devices>) {
         let racers = (0..10).map(|n| {
             let devices = if n % 2 == 0 { a.clone() } else { b.clone() };
             tokio::spawn(async move { devices.register("laptop-0001", None).await })

@@ -201,17 +201,20 @@ impl From<warren_store::pg::StoreError> for GatewayError {
             StoreError::Conflict(message) | StoreError::Invalid(message) => {
                 GatewayError::Internal(format!("store: {message}"))
             }
+            StoreError::File(error) => GatewayError::from(error),
         }
     }
 }
 
-/// Whether `error` carries a [`warren_store::pg::StoreError::Unavailable`] (what the
-/// PostgreSQL event log fails with while the database is away).
-pub fn is_store_unavailable(error: &std::io::Error) -> bool {
-    error
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<warren_store::pg::StoreError>())
-        .is_some_and(|store| store.is_unavailable())
+impl From<warren_store::health::Refusal> for GatewayError {
+    fn from(refusal: warren_store::health::Refusal) -> Self {
+        match refusal {
+            warren_store::health::Refusal::Full => GatewayError::StorageFull,
+            warren_store::health::Refusal::Unavailable(message) => {
+                GatewayError::StoreUnavailable(message)
+            }
+        }
+    }
 }
 
 /// A full disk is [`GatewayError::StorageFull`] wherever the error comes from (device files,
@@ -219,9 +222,9 @@ pub fn is_store_unavailable(error: &std::io::Error) -> bool {
 /// every other I/O error stays internal.
 impl From<std::io::Error> for GatewayError {
     fn from(error: std::io::Error) -> Self {
-        if is_store_unavailable(&error) {
+        if warren_store::pg::is_store_unavailable(&error) {
             GatewayError::StoreUnavailable(error.to_string())
-        } else if crate::store::is_storage_full(&error) {
+        } else if warren_store::file::is_storage_full(&error) {
             tracing::warn!(%error, "the data directory is full");
             GatewayError::StorageFull
         } else {
@@ -235,10 +238,10 @@ impl From<crate::event_log::AppendError> for GatewayError {
         use crate::event_log::AppendError;
         match error {
             AppendError::Closed => GatewayError::Internal(error.to_string()),
-            AppendError::Failing(io) if crate::store::is_storage_full(&io) => {
+            AppendError::Failing(io) if warren_store::file::is_storage_full(&io) => {
                 GatewayError::StorageFull
             }
-            AppendError::Failing(io) if is_store_unavailable(&io) => {
+            AppendError::Failing(io) if warren_store::pg::is_store_unavailable(&io) => {
                 GatewayError::StoreUnavailable(io.to_string())
             }
             AppendError::Failing(io) => {

@@ -40,7 +40,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
 use warren_protocol::gateway::{Event, EventBody};
 
-use crate::store::{self, StorageHealth};
+use warren_store::file;
+use warren_store::health::StorageHealth;
 
 /// A subscriber whose queue holds this many undelivered events is disconnected.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 512;
@@ -280,7 +281,7 @@ impl EventLog {
         }
         if repair.n_dropped_lines > 0 {
             tracing::warn!(path = %path.display(), ?repair, "event log repaired");
-            store::write_atomic(path, &kept)?;
+            file::write_atomic(path, &kept)?;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         if repair.torn_tail && repair.n_dropped_lines == 0 {
@@ -463,7 +464,7 @@ impl EventLog {
         let kind = body.kind();
         let event = Event {
             seq,
-            ts: store::now_rfc3339(),
+            ts: file::now_rfc3339(),
             turn,
             body,
         };

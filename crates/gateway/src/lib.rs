@@ -40,7 +40,6 @@ pub mod replicas;
 pub mod session;
 pub mod sessions;
 pub mod sse;
-pub mod store;
 pub mod terminals;
 pub mod tunnel;
 pub mod turns;
@@ -62,7 +61,8 @@ use crate::hands::local::{LocalConfig, LocalHands};
 use crate::hands::remote::RemoteHands;
 use crate::hands::{HandsProvider, Lifecycle};
 use crate::sessions::Sessions;
-use crate::store::StorageHealth;
+use warren_store::file;
+use warren_store::health::StorageHealth;
 
 /// How long a left-over agent or hands gets between SIGTERM and SIGKILL at start.
 const LEFTOVER_STOP_GRACE: Duration = Duration::from_secs(2);
@@ -107,7 +107,7 @@ impl Gateway {
         args.data = std::fs::canonicalize(&args.data)?;
         let data_lock = {
             let data = args.data.clone();
-            tokio::task::spawn_blocking(move || store::lock_data_dir(&data))
+            tokio::task::spawn_blocking(move || file::lock_data_dir(&data))
                 .await
                 .map_err(|e| GatewayError::Internal(e.to_string()))??
         };
@@ -172,7 +172,7 @@ impl Gateway {
             }
             // A disk that is already full is found now, not at the first write that fails:
             // `/healthz` says so and new work is refused from the start.
-            if let Err(e) = store::probe_space(&data) {
+            if let Err(e) = file::probe_space(&data) {
                 tracing::error!(error = %e, "the data directory does not take writes");
                 file_storage.report(&e);
             }
@@ -354,7 +354,7 @@ fn replica_id(args: &GatewayArgs) -> Result<String, GatewayError> {
                 "replica-{}",
                 &uuid::Uuid::new_v4().simple().to_string()[..12]
             );
-            store::write_atomic(&path, id.as_bytes())?;
+            file::write_atomic(&path, id.as_bytes())?;
             Ok(id)
         }
     }

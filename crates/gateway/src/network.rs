@@ -21,7 +21,7 @@ use crate::config::GatewayArgs;
 use crate::error::GatewayError;
 use crate::hands::local::EGRESS_SOCKET;
 use crate::session::Session;
-use crate::store;
+use warren_store::file;
 
 /// The answers an `egress_request` offers.
 pub const OPTIONS: [&str; 3] = ["allow_once", "allow_session", "deny"];
@@ -463,7 +463,7 @@ impl Watcher {
             answered: policy.answered.iter().map(Rule::to_string).collect(),
         };
         let path = self.policy_file.clone();
-        tokio::task::spawn_blocking(move || store::write_json_atomic(&path, &stored))
+        tokio::task::spawn_blocking(move || file::write_json_atomic(&path, &stored))
             .await
             .map_err(|e| GatewayError::Internal(e.to_string()))??;
         Ok(())
@@ -546,7 +546,7 @@ impl Watcher {
     }
 
     fn note(&self, host: &str, port: u16, decision: &str, rule: &str) {
-        let now = store::now_rfc3339();
+        let now = file::now_rfc3339();
         let mut recent = self.recent();
         let found = recent
             .iter()

@@ -28,7 +28,7 @@ use crate::admission::{Admission, BrainSlot, SessionSlot, StoreTicket};
 use crate::error::GatewayError;
 use crate::event_log::{AppendError, EventLog, StoredEvent};
 use crate::hands::Hands;
-use crate::store;
+use warren_store::session_meta::{MetaStore, Reloaded};
 
 /// `sessions/<id>/meta.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,15 +58,6 @@ pub struct Session {
     /// Held while the brain is being brought up, so two turns never start two workers.
     pub brain_gate: tokio::sync::Mutex<()>,
     state: Mutex<SessionState>,
-}
-
-/// Where a session's [`SessionMeta`] is kept.
-#[derive(Clone)]
-pub enum MetaStore {
-    /// `meta.json` at this path, written atomically.
-    File(PathBuf),
-    /// The `sessions` row of a PostgreSQL store.
-    Postgres(warren_store::pg::Store),
 }
 
 /// Everything about a session that changes.
@@ -384,36 +375,20 @@ impl Session {
         self.save_meta().await
     }
 
-    /// Stores the session's meta: `meta.json` (temp file, fsync, rename, off the async
-    /// workers) or its PostgreSQL row.
+    /// Stores the session's meta (see [`MetaStore::save`]).
     pub async fn save_meta(&self) -> Result<(), GatewayError> {
-        let meta = self.meta();
-        match &self.meta_store {
-            MetaStore::File(path) => {
-                let path = path.clone();
-                tokio::task::spawn_blocking(move || store::write_json_atomic(&path, &meta))
-                    .await
-                    .map_err(|e| GatewayError::Internal(e.to_string()))??;
-            }
-            MetaStore::Postgres(store) => {
-                let value = serde_json::to_value(&meta)
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
-                // A row that is gone belongs to a session being deleted: nothing to keep.
-                store.update_session_meta(&self.id, &value).await?;
-            }
-        }
-        Ok(())
+        let meta =
+            serde_json::to_value(self.meta()).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        Ok(self.meta_store.save(meta).await?)
     }
 
-    /// Reads the session's meta back from its PostgreSQL row (what the owner last stored: the
-    /// title, the agent's ACP session id), for a replica that followed the session and now owns
-    /// it. A file store's meta is only ever this gateway's: nothing to read.
+    /// Reads the session's meta back as its owner last stored it (the title, the agent's ACP
+    /// session id), for a replica that followed the session and now owns it.
     pub async fn reload_meta(&self) -> Result<(), GatewayError> {
-        let MetaStore::Postgres(store) = &self.meta_store else {
-            return Ok(());
-        };
-        let Some(value) = store.session_meta(&self.id).await? else {
-            return Err(GatewayError::SessionNotFound);
+        let value = match self.meta_store.reload().await? {
+            Reloaded::Current => return Ok(()),
+            Reloaded::Gone => return Err(GatewayError::SessionNotFound),
+            Reloaded::Stored(value) => value,
         };
         let meta: SessionMeta =
             serde_json::from_value(value).map_err(|e| GatewayError::Internal(e.to_string()))?;

@@ -30,10 +30,12 @@ use crate::error::GatewayError;
 use crate::event_log::EventLog;
 use crate::hands::{Hands, HandsProvider};
 use crate::network::Network;
-use crate::session::{MetaStore, OpenTurns};
+use crate::session::OpenTurns;
+use warren_store::session_meta::MetaStore;
 // Re-exported: a session is reached through the registry, so callers name it from here.
 pub use crate::session::{Session, SessionMeta};
-use crate::store::{self, StorageHealth};
+use warren_store::file;
+use warren_store::health::StorageHealth;
 
 /// How often the storage watch probes for space while the storage fails.
 pub const STORAGE_RETRY: Duration = Duration::from_millis(250);
@@ -194,7 +196,10 @@ impl Sessions {
         let session = Arc::new(Session::new(
             meta,
             session_dir,
-            MetaStore::Postgres(store),
+            MetaStore::Postgres {
+                store,
+                id: id.to_owned(),
+            },
             log,
             hands,
             open_turns,
@@ -302,8 +307,8 @@ impl Sessions {
                 OpenTurns::default(),
                 session_slot,
             );
-            store::write_json_atomic(&session_dir.join("meta.json"), &session.meta())?;
-            store::sync_dir(&self.dir)?;
+            file::write_json_atomic(&session_dir.join("meta.json"), &session.meta())?;
+            file::sync_dir(&self.dir)?;
             Ok::<_, std::io::Error>(session)
         })();
         let session = match made {
@@ -315,7 +320,7 @@ impl Sessions {
             }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&session_dir);
-                if store::is_storage_full(&e) {
+                if file::is_storage_full(&e) {
                     self.storage.report(&e);
                 }
                 return Err(e.into());
@@ -394,7 +399,10 @@ impl Sessions {
         let session = Arc::new(Session::new(
             meta,
             session_dir,
-            MetaStore::Postgres(store.clone()),
+            MetaStore::Postgres {
+                store: store.clone(),
+                id: id.clone(),
+            },
             log,
             hands,
             OpenTurns::default(),
@@ -680,7 +688,7 @@ pub fn spawn_storage_watch(gateway: &Arc<Gateway>) {
             }
             let n_reports = storage.n_reports();
             let probe_dir = data_dir.clone();
-            let probed = tokio::task::spawn_blocking(move || store::probe_space(&probe_dir)).await;
+            let probed = tokio::task::spawn_blocking(move || file::probe_space(&probe_dir)).await;
             match probed {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -741,7 +749,7 @@ fn new_meta(
         id,
         device_id: device_id.to_string(),
         title: title.unwrap_or_else(|| "untitled".to_string()),
-        created_at: store::now_rfc3339(),
+        created_at: file::now_rfc3339(),
         acp_session_id: None,
         hands_nonce: None,
     };
@@ -776,7 +784,7 @@ fn recover_session(
     if !meta_path.exists() {
         return Ok(None);
     }
-    let meta: SessionMeta = store::read_json(&meta_path)?;
+    let meta: SessionMeta = file::read_json(&meta_path)?;
     if dir.file_name().and_then(|n| n.to_str()) != Some(meta.id.as_str()) {
         tracing::warn!(dir = %dir.display(), "meta.json names another session; skipped");
         return Ok(None);

@@ -98,7 +98,7 @@ async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
         // kept event, so a client that decodes every event the same way decodes this one too.
         let gap = Event {
             seq: state.last_sent,
-            ts: crate::store::now_rfc3339(),
+            ts: warren_store::file::now_rfc3339(),
             turn: None,
             body: EventBody::Gap { after, next_seq },
         };

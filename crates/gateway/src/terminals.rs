@@ -223,7 +223,7 @@ impl Terminals {
                 let terminal = Terminal {
                     pty_id: created.session_id.clone(),
                     nonce: endpoint.nonce.clone(),
-                    created_at: crate::store::now_rfc3339(),
+                    created_at: warren_store::file::now_rfc3339(),
                 };
                 self.map()
                     .entry(session.id.clone())

@@ -57,7 +57,7 @@ struct Migration {
     sql: &'static str,
 }
 
-/// Every fault of the store, in the three kinds its callers act on.
+/// Every fault of the store, in the kinds its callers act on.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// PostgreSQL cannot be reached or did not answer (refused, closed, timed out, shutting
@@ -70,6 +70,9 @@ pub enum StoreError {
     /// The input can never succeed (a bad URL, a value PostgreSQL rejects as data).
     #[error("invalid store input: {0}")]
     Invalid(String),
+    /// A file of the data directory could not be read or written (a full disk among others).
+    #[error("store file: {0}")]
+    File(#[from] std::io::Error),
 }
 
 impl StoreError {
@@ -77,6 +80,15 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
     }
+}
+
+/// Whether `error` carries a [`StoreError::Unavailable`] (what the PostgreSQL event log fails
+/// with while the database is away).
+pub fn is_store_unavailable(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<StoreError>())
+        .is_some_and(|store| store.is_unavailable())
 }
 
 impl From<tokio_postgres::Error> for StoreError {

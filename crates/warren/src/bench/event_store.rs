@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use warren_gateway::event_log::{EventLog, Subscription};
-use warren_gateway::store::StorageHealth;
 use warren_protocol::gateway::EventBody;
 use warren_store::events::Notice;
+use warren_store::health::StorageHealth;
 use warren_store::pg::Store;
 
 use super::gateway::{Row, percentile};

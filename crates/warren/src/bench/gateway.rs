@@ -12,9 +12,9 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use serde_json::Value;
 use warren_gateway::event_log::EventLog;
-use warren_gateway::store::StorageHealth;
 use warren_gateway::{Gateway, GatewayArgs};
 use warren_protocol::gateway::EventBody;
+use warren_store::health::StorageHealth;
 
 const N_HANDOUTS: usize = 20;
 const N_TURNS: usize = 10;
