@@ -1,78 +1,65 @@
-//! A session's durable event stream: `append`, `read_after(seq)` and `subscribe`, backed by one
-//! `events.jsonl` file (one JSON [`Event`] per line).
+//! A session's durable event stream: `append`, `read_after(seq)` and `subscribe`, over the
+//! session's [`EventStore`] (an `events.jsonl` file, or rows in PostgreSQL with `--store
+//! postgres://…`; `warren-store` owns both and repairs a file on open).
 //!
-//! Invariants: seq strictly increases by 1 and never repeats; an event is written to the file
-//! before any subscriber sees it; the writer never waits for a reader: each subscriber has a
-//! queue of [`SUBSCRIBER_QUEUE_MAX`] events and is dropped (its stream ends, the client resumes
-//! from its last id) when that queue is full.
+//! Invariants: seq strictly increases by 1 and never repeats; an event is stored before any
+//! subscriber sees it; the writer never waits for a reader: each subscriber has a queue of
+//! [`SUBSCRIBER_QUEUE_MAX`] events and is dropped (its stream ends, the client resumes from its
+//! last id) when that queue is full.
 //!
-//! No file I/O happens on the caller's thread, which is usually an async worker: `append` gives
-//! the event its seq and queues it, and one writer job per log (on the blocking pool, started
-//! when something is queued, gone when nothing is) writes the queue in seq order, a batch per
-//! `write(2)`, then publishes what it wrote. [`EventLog::sync`] waits until everything appended
-//! before it is written and fdatasynced (turn end, shutdown); every written event already
-//! survives a crash of the gateway process.
+//! No I/O happens on the caller's thread, which is usually an async worker: `append` gives the
+//! event its seq and queues it, and one writer job per log (a task started when something is
+//! queued, gone when nothing is) appends the queue in seq order, a batch at a time (one
+//! `write(2)`, or one transaction), then publishes what was stored. [`EventLog::sync`] waits
+//! until everything appended before it is stored and synced (turn end, shutdown); every
+//! written event already survives a crash of the gateway process.
 //!
-//! A write that fails (a full disk) fails the log: the unwritten events stay queued, in order and
-//! unpublished, later appends are refused with [`AppendError::Failing`], and the failure is
-//! reported to the gateway's [`StorageHealth`]. [`EventLog::resume`] (once space is back) writes
-//! the held events first, so the file never has a hole and no seq is reused.
+//! An append that fails (a full disk, a database that is away) fails the log: the unwritten
+//! events stay queued, in order and unpublished, later appends are refused with
+//! [`AppendError::Failing`], and the failure is reported to the gateway's [`StorageHealth`].
+//! [`EventLog::resume`] (once storage is back) appends the held events first, so the stream
+//! never has a hole and no seq is reused.
 //!
-//! On open the file is repaired: a torn last line is cut off in place (which needs no free
-//! space), and unparsable lines or any line whose seq breaks the +1 chain are dropped by
-//! rewriting the file atomically.
-//!
-//! The same log can keep its events in PostgreSQL instead ([`EventLog::open_postgres`], the
-//! `--store postgres://…` of a replicated gateway): the writer job then appends each batch in one
-//! transaction (rows keyed by `(session_id, seq)`, with the `NOTIFY` other replicas listen to) and
-//! publishes it only once committed; a write the database refuses fails the log exactly as a full
-//! disk does. A replica that does not own the session keeps the same log as a follower:
-//! [`EventLog::follow`] reads what the owner committed and publishes it to this replica's
-//! subscribers, so an SSE client may stream from any replica.
+//! A replica that does not own a session keeps the same log as a follower: [`EventLog::follow`]
+//! reads what the owner committed and publishes it to this replica's subscribers, so an SSE
+//! client may stream from any replica; an owner that lost its lease is superseded (its queued
+//! events go, and it follows the store from there).
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{mpsc, oneshot};
 use warren_protocol::gateway::{Event, EventBody};
-
-use warren_store::file;
+use warren_store::event_store::{AppendFailure, EventStore};
+pub use warren_store::event_store::{Repair, StoredEvent};
 use warren_store::health::StorageHealth;
 
 /// A subscriber whose queue holds this many undelivered events is disconnected.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 512;
 /// How many recent events are kept in memory; older ones are read back from the file.
 const TAIL_CACHE_MAX: usize = 4096;
-/// The most bytes the writer puts in one `write(2)`.
+/// The most bytes the writer appends at once (one `write(2)` to a file).
 const WRITE_BATCH_MAX_BYTES: usize = 1 << 20;
+/// The most events the writer appends at once (one transaction in PostgreSQL).
+const WRITE_BATCH_MAX_EVENTS: usize = 512;
 
 /// Counts every subscriber dropped for being too slow, across all logs (for `/metrics`).
 pub static SLOW_SUBSCRIBERS_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Counts every event written, across all logs (for `/metrics`).
 pub static EVENTS_APPENDED: AtomicU64 = AtomicU64::new(0);
 
-/// One stored event: its seq, its type (the SSE `event:` name) and its JSON line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredEvent {
-    pub seq: u64,
-    pub kind: &'static str,
-    pub json: Arc<str>,
-}
-
-impl StoredEvent {
-    fn from_line(line: &str) -> Option<(Event, StoredEvent)> {
-        let event: Event = serde_json::from_str(line).ok()?;
-        let stored = StoredEvent {
-            seq: event.seq,
-            kind: event.body.kind(),
-            json: Arc::from(line),
-        };
-        Some((event, stored))
-    }
+/// A stored line as an event (to rebuild state) and as stored (to serve).
+fn parse_line(line: &str) -> Option<(Event, StoredEvent)> {
+    let event: Event = serde_json::from_str(line).ok()?;
+    let stored = StoredEvent {
+        seq: event.seq,
+        kind: event.body.kind(),
+        json: Arc::from(line),
+    };
+    Some((event, stored))
 }
 
 /// Why an append (or a sync) was refused.
@@ -84,15 +71,6 @@ pub enum AppendError {
     /// A write failed; nothing more is taken until [`EventLog::resume`] succeeds.
     #[error("the event log cannot be written: {0}")]
     Failing(Arc<io::Error>),
-}
-
-/// What [`EventLog::open`] had to repair.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Repair {
-    /// A last line without its newline (or unparsable) was cut off.
-    pub torn_tail: bool,
-    /// Complete lines dropped because they did not parse or broke the seq chain.
-    pub n_dropped_lines: usize,
 }
 
 /// Why [`EventLog::subscribe`] could not hand out a live subscription.
@@ -124,29 +102,7 @@ struct SyncWaiter {
     done: oneshot::Sender<Result<(), AppendError>>,
 }
 
-/// Where a file log's events are: its descriptor and the offset of each line.
-struct FileState {
-    file: Arc<File>,
-    /// Byte offset in the file of stored event `first_seq + i`.
-    offsets: Vec<u64>,
-    file_len: u64,
-}
-
-/// A log kept in PostgreSQL: the store and the session the rows belong to.
-struct PgBackend {
-    store: warren_store::pg::Store,
-    session_id: String,
-    /// The session's lease as this replica took it: every append is fenced by it (`None`
-    /// without replicas, or before a lease was taken).
-    fence: Mutex<Option<warren_store::leases::Lease>>,
-}
-
-/// How many events go into one PostgreSQL transaction at most.
-const PG_BATCH_MAX: usize = 512;
-
 struct Inner {
-    /// `None` for a log kept in PostgreSQL.
-    file: Option<FileState>,
     /// Set by `close`: appends and subscriptions are refused, the queue is still written.
     closed: bool,
     first_seq: u64,
@@ -169,14 +125,8 @@ struct Inner {
 impl Inner {
     /// A log just opened: events `first_seq..next_seq` stored (the newest in `tail`), nothing
     /// queued, nobody subscribed.
-    fn opened(
-        file: Option<FileState>,
-        first_seq: u64,
-        next_seq: u64,
-        tail: VecDeque<Arc<StoredEvent>>,
-    ) -> Inner {
+    fn opened(first_seq: u64, next_seq: u64, tail: VecDeque<Arc<StoredEvent>>) -> Inner {
         Inner {
-            file,
             closed: false,
             first_seq,
             next_seq,
@@ -194,19 +144,13 @@ impl Inner {
     fn stored_end(&self) -> u64 {
         self.stored_end
     }
-
-    fn file(&self) -> &FileState {
-        self.file
-            .as_ref()
-            .expect("only a file log reaches its file state")
-    }
 }
 
 /// What the writer job needs, shared between the log and the job.
 struct Shared {
-    /// The file (or, for PostgreSQL, a name for the logs: `postgres:<session>`).
-    path: PathBuf,
-    pg: Option<PgBackend>,
+    store: EventStore,
+    /// The store's name, for logs.
+    name: String,
     inner: Mutex<Inner>,
     runtime: tokio::runtime::Handle,
     health: Arc<StorageHealth>,
@@ -219,7 +163,7 @@ pub struct EventLog {
 impl EventLog {
     /// Opens (creating if needed) the log at `path`, repairs it, and calls `visit` with every
     /// kept event in order so the caller can rebuild its own state. Write failures are reported
-    /// to `health`. Call inside a tokio runtime (the writer runs on its blocking pool).
+    /// to `health`. Call inside a tokio runtime (the writer runs on it). Blocking.
     pub fn open(
         path: &Path,
         health: Arc<StorageHealth>,
@@ -227,94 +171,16 @@ impl EventLog {
     ) -> io::Result<(EventLog, Repair)> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| io::Error::other(format!("the event log needs a tokio runtime: {e}")))?;
-        let mut bytes = Vec::new();
-        match File::open(path) {
-            Ok(mut file) => {
-                file.read_to_end(&mut bytes)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let mut repair = Repair::default();
-        let mut kept = Vec::with_capacity(bytes.len());
-        let mut offsets = Vec::new();
-        let mut tail = VecDeque::new();
-        let mut first_seq = None;
-        let mut next_seq = 1u64;
-        let mut rest = &bytes[..];
-        while !rest.is_empty() {
-            let Some(newline) = rest.iter().position(|&b| b == b'\n') else {
-                repair.torn_tail = true;
-                break;
-            };
-            let line = &rest[..newline];
-            rest = &rest[newline + 1..];
-            let parsed = std::str::from_utf8(line)
-                .ok()
-                .and_then(StoredEvent::from_line);
-            let Some((event, stored)) = parsed else {
-                if rest.is_empty() {
-                    repair.torn_tail = true;
-                } else {
-                    repair.n_dropped_lines += 1;
-                }
-                continue;
-            };
-            let in_chain = match first_seq {
-                None => event.seq >= 1,
-                Some(_) => event.seq == next_seq,
-            };
-            if !in_chain {
-                repair.n_dropped_lines += 1;
-                continue;
-            }
-            first_seq.get_or_insert(event.seq);
-            next_seq = event.seq + 1;
-            offsets.push(kept.len() as u64);
-            kept.extend_from_slice(line);
-            kept.push(b'\n');
+        let mut opened = Opened::default();
+        let (store, repair) = EventStore::open_file(path, parse_seq, |(event, stored)| {
             visit(&event);
-            tail.push_back(Arc::new(stored));
-            if tail.len() > TAIL_CACHE_MAX {
-                tail.pop_front();
-            }
-        }
-        if repair.n_dropped_lines > 0 {
-            tracing::warn!(path = %path.display(), ?repair, "event log repaired");
-            file::write_atomic(path, &kept)?;
-        }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        if repair.torn_tail && repair.n_dropped_lines == 0 {
-            // Only the end is bad, so what is kept is a prefix of the file: cutting it off in
-            // place works even on a full disk, where a rewrite could not.
-            tracing::warn!(path = %path.display(), ?repair, "event log repaired");
-            file.set_len(kept.len() as u64)?;
-            file.sync_data()?;
-        }
-        let log = EventLog {
-            shared: Arc::new(Shared {
-                path: path.to_path_buf(),
-                pg: None,
-                inner: Mutex::new(Inner::opened(
-                    Some(FileState {
-                        file: Arc::new(file),
-                        offsets,
-                        file_len: kept.len() as u64,
-                    }),
-                    first_seq.unwrap_or(next_seq),
-                    next_seq,
-                    tail,
-                )),
-                runtime,
-                health,
-            }),
-        };
-        Ok((log, repair))
+            opened.keep(stored);
+        })?;
+        Ok((opened.into_log(store, runtime, health), repair))
     }
 
     /// Opens the log of `session_id` kept in PostgreSQL and calls `visit` with every stored
-    /// event in order (as [`EventLog::open`] does for a file). Rows that break the +1 chain (none
-    /// should: the key and the append's check forbid it) end what is read, with a warning.
+    /// event in order (as [`EventLog::open`] does for a file).
     pub async fn open_postgres(
         store: warren_store::pg::Store,
         session_id: &str,
@@ -323,63 +189,14 @@ impl EventLog {
     ) -> io::Result<EventLog> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| io::Error::other(format!("the event log needs a tokio runtime: {e}")))?;
-        let pg = PgBackend {
-            store,
-            session_id: session_id.to_owned(),
-            fence: Mutex::new(None),
-        };
-        let mut tail = VecDeque::new();
-        let mut first_seq = None;
-        let mut next_seq = 1u64;
-        'pages: loop {
-            let rows = pg
-                .store
-                .read_events_after(session_id, next_seq - 1, PG_BATCH_MAX)
-                .await
-                .map_err(io::Error::other)?;
-            if rows.is_empty() {
-                break;
-            }
-            for row in rows {
-                let Some((event, stored)) = StoredEvent::from_line(&row.json) else {
-                    tracing::warn!(
-                        session = session_id,
-                        seq = row.seq,
-                        "unparsable stored event; the log ends before it"
-                    );
-                    break 'pages;
-                };
-                if first_seq.is_some() && event.seq != next_seq {
-                    tracing::warn!(
-                        session = session_id,
-                        seq = event.seq,
-                        "stored events break the seq chain; the log ends before it"
-                    );
-                    break 'pages;
-                }
-                first_seq.get_or_insert(event.seq);
-                next_seq = event.seq + 1;
-                visit(&event);
-                tail.push_back(Arc::new(stored));
-                if tail.len() > TAIL_CACHE_MAX {
-                    tail.pop_front();
-                }
-            }
-        }
-        Ok(EventLog {
-            shared: Arc::new(Shared {
-                path: PathBuf::from(format!("postgres:{session_id}")),
-                pg: Some(pg),
-                inner: Mutex::new(Inner::opened(
-                    None,
-                    first_seq.unwrap_or(next_seq),
-                    next_seq,
-                    tail,
-                )),
-                runtime,
-                health,
-            }),
+        let mut opened = Opened::default();
+        let store = EventStore::open_postgres(store, session_id, parse_seq, |(event, stored)| {
+            visit(&event);
+            opened.keep(stored);
         })
+        .await
+        .map_err(io::Error::other)?;
+        Ok(opened.into_log(store, runtime, health))
     }
 
     /// For a replica that does not own the session: reads what the owner committed after this
@@ -401,9 +218,6 @@ impl EventLog {
     /// newest event, not published yet; empty when there is nothing (or this log is a file's,
     /// closed, or has events of its own on the way).
     pub async fn read_followed(&self) -> io::Result<Vec<Arc<StoredEvent>>> {
-        let Some(pg) = &self.shared.pg else {
-            return Ok(Vec::new());
-        };
         let after = {
             let inner = self.lock();
             if inner.closed || !inner.queue.is_empty() {
@@ -411,7 +225,22 @@ impl EventLog {
             }
             inner.stored_end - 1
         };
-        read_postgres(pg, after, PG_BATCH_MAX).await
+        self.read_stored(after, WRITE_BATCH_MAX_EVENTS).await
+    }
+
+    /// What the store holds after `after` (up to `limit` events), each line checked.
+    async fn read_stored(&self, after: u64, limit: usize) -> io::Result<Vec<Arc<StoredEvent>>> {
+        let lines = self.shared.store.read_after(after, limit).await?;
+        lines
+            .iter()
+            .map(|line| {
+                parse_line(line)
+                    .map(|(_, stored)| Arc::new(stored))
+                    .ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::InvalidData, "unparsable stored event")
+                    })
+            })
+            .collect()
     }
 
     /// [`EventLog::follow`]'s publish: the events of `page` that come next, handed to this
@@ -434,11 +263,7 @@ impl EventLog {
     /// Fences every later append of a PostgreSQL log by `lease`, the session's lease this
     /// replica just took (see `Store::append_events_fenced`). Nothing for a file log.
     pub fn set_fence(&self, lease: warren_store::leases::Lease) {
-        if let Some(pg) = &self.shared.pg {
-            *pg.fence
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(lease);
-        }
+        self.shared.store.set_fence(lease);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -464,7 +289,7 @@ impl EventLog {
         let kind = body.kind();
         let event = Event {
             seq,
-            ts: file::now_rfc3339(),
+            ts: warren_store::file::now_rfc3339(),
             turn,
             body,
         };
@@ -484,63 +309,25 @@ impl EventLog {
     /// Up to `limit` stored events (in the file, not still queued) with a seq greater than
     /// `after`, oldest first.
     pub async fn read_after(&self, after: u64, limit: usize) -> io::Result<Vec<Arc<StoredEvent>>> {
-        /// Where the asked events are, decided under the lock and read after it.
-        enum Source<'a> {
-            Tail(Vec<Arc<StoredEvent>>),
-            Postgres {
-                pg: &'a PgBackend,
-                after: u64,
-                limit: usize,
-            },
-            File {
-                start: u64,
-                end: u64,
-            },
-        }
-        let source = {
+        let (after, limit) = {
             let inner = self.lock();
             let stored_end = inner.stored_end();
             let tail_first = inner.tail.front().map_or(stored_end, |e| e.seq);
-            let from_seq = (after + 1).max(inner.first_seq);
             if after.saturating_add(1) >= tail_first {
-                Source::Tail(
-                    inner
-                        .tail
-                        .iter()
-                        .filter(|e| e.seq > after)
-                        .take(limit)
-                        .cloned()
-                        .collect(),
-                )
-            } else if let Some(pg) = &self.shared.pg {
-                Source::Postgres {
-                    pg,
-                    after: from_seq - 1,
-                    limit: limit.min((stored_end - from_seq) as usize),
-                }
-            } else {
-                let to_seq = from_seq.saturating_add(limit as u64).min(stored_end);
-                let index = |seq: u64| (seq - inner.first_seq) as usize;
-                let file = inner.file();
-                let start = file.offsets[index(from_seq)];
-                let end = if to_seq >= stored_end {
-                    file.file_len
-                } else {
-                    file.offsets[index(to_seq)]
-                };
-                Source::File { start, end }
+                return Ok(inner
+                    .tail
+                    .iter()
+                    .filter(|e| e.seq > after)
+                    .take(limit)
+                    .cloned()
+                    .collect());
             }
+            // Only what is published: the store may hold a batch the writer has not
+            // published yet.
+            let from_seq = (after + 1).max(inner.first_seq);
+            (from_seq - 1, limit.min((stored_end - from_seq) as usize))
         };
-        match source {
-            Source::Tail(events) => Ok(events),
-            Source::Postgres { pg, after, limit } => read_postgres(pg, after, limit).await,
-            Source::File { start, end } => {
-                let path = self.shared.path.clone();
-                tokio::task::spawn_blocking(move || read_range(&path, start, end))
-                    .await
-                    .map_err(io::Error::other)?
-            }
-        }
+        self.read_stored(after, limit).await
     }
 
     /// Registers a live subscriber positioned after `after` (see [`Subscription`]).
@@ -614,34 +401,17 @@ impl EventLog {
     /// the held events and syncs. On success the log takes appends again; on failure it stays
     /// failed (and the failure is reported again).
     pub async fn resume(&self) -> Result<(), AppendError> {
-        if self.shared.pg.is_some() {
-            // A refused transaction wrote nothing: the held events are simply sent again.
-            if self.lock().failure.take().is_none() {
-                return Ok(());
-            }
-            tracing::info!(log = %self.shared.path.display(), "event log writes again");
-            return self.sync().await;
+        if self.lock().failure.is_none() {
+            return Ok(());
         }
-        let (file, file_len) = {
-            let inner = self.lock();
-            if inner.failure.is_none() {
-                return Ok(());
-            }
-            let file = inner.file();
-            (file.file.clone(), file.file_len)
-        };
-        // The failed write may have left part of a line: cut back to the last stored byte.
-        let truncated = tokio::task::spawn_blocking(move || file.set_len(file_len))
-            .await
-            .map_err(|e| AppendError::Failing(Arc::new(io::Error::other(e))))?;
-        if let Err(e) = truncated {
+        // No writer runs while the log fails, so the store is as the failed append left it.
+        if let Err(e) = self.shared.store.resume().await {
             let error = Arc::new(e);
             self.shared.health.report(&error);
             return Err(AppendError::Failing(error));
         }
-        // No writer runs while the log fails, so nothing was stored since `file_len` was read.
         self.lock().failure = None;
-        tracing::info!(path = %self.shared.path.display(), "event log writes again");
+        tracing::info!(log = %self.shared.name, "event log writes again");
         self.sync().await
     }
 
@@ -657,7 +427,7 @@ impl EventLog {
         }
         if let Err(e) = self.sync().await {
             let n_lost = self.lock().queue.len();
-            tracing::error!(path = %self.shared.path.display(), error = %e, n_lost, "event log closed with events it could not write");
+            tracing::error!(log = %self.shared.name, error = %e, n_lost, "event log closed with events it could not write");
         }
         self.lock().subscribers.clear();
     }
@@ -680,21 +450,17 @@ impl Shared {
         inner.writing = true;
         let shared = self.clone();
         // Dropping the join handle detaches the job; it ends when nothing is left to write.
-        if self.pg.is_some() {
-            drop(
-                self.runtime
-                    .spawn(async move { shared.write_queued_postgres().await }),
-            );
-        } else {
-            drop(self.runtime.spawn_blocking(move || shared.write_queued()));
-        }
+        drop(
+            self.runtime
+                .spawn(async move { shared.write_queued().await }),
+        );
     }
 
-    /// The writer job: writes queued events in batches, publishes them, answers syncs, and ends
-    /// when there is nothing left (or the log failed).
-    fn write_queued(&self) {
+    /// The writer job: appends queued events in batches, publishes each once stored, answers
+    /// syncs, and ends when there is nothing left (or the log failed).
+    async fn write_queued(self: Arc<Self>) {
         loop {
-            let (batch, bytes, file, sync_wanted) = {
+            let (batch, sync_wanted) = {
                 let mut inner = self.lock();
                 if inner.failure.is_some()
                     || (inner.queue.is_empty() && inner.sync_waiters.is_empty())
@@ -702,38 +468,37 @@ impl Shared {
                     inner.writing = false;
                     return;
                 }
-                let mut bytes = Vec::new();
+                let mut n_bytes = 0;
                 let mut batch = Vec::new();
                 for event in &inner.queue {
-                    if !bytes.is_empty() && bytes.len() + event.json.len() > WRITE_BATCH_MAX_BYTES {
+                    let full = batch.len() == WRITE_BATCH_MAX_EVENTS
+                        || n_bytes + event.json.len() > WRITE_BATCH_MAX_BYTES;
+                    if !batch.is_empty() && full {
                         break;
                     }
-                    bytes.extend_from_slice(event.json.as_bytes());
-                    bytes.push(b'\n');
+                    n_bytes += event.json.len() + 1;
                     batch.push(event.clone());
                 }
-                (
-                    batch,
-                    bytes,
-                    inner.file().file.clone(),
-                    !inner.sync_waiters.is_empty(),
-                )
+                (batch, !inner.sync_waiters.is_empty())
             };
-            if !bytes.is_empty() {
-                // The file is opened for appending: this lands at its end, after the last
-                // stored event.
-                let written = (&*file).write_all(&bytes);
+            if !batch.is_empty() {
+                let appended = self.store.append(&batch).await;
                 let mut inner = self.lock();
-                if let Err(e) = written {
-                    let _ = file.set_len(inner.file().file_len);
-                    self.fail(inner, e);
-                    return;
+                match appended {
+                    Ok(()) => self.stored(&mut inner, batch),
+                    Err(AppendFailure::Superseded(why)) => {
+                        self.superseded(inner, &why);
+                        return;
+                    }
+                    Err(AppendFailure::Failed(e)) => {
+                        self.fail(inner, e);
+                        return;
+                    }
                 }
-                self.stored(&mut inner, batch);
             }
             if sync_wanted {
                 let synced_to = self.lock().stored_end() - 1;
-                let synced = file.sync_data();
+                let synced = self.store.sync().await;
                 let mut inner = self.lock();
                 if let Err(e) = synced {
                     self.fail(inner, e);
@@ -755,74 +520,7 @@ impl Shared {
     fn stored(&self, inner: &mut Inner, batch: Vec<Arc<StoredEvent>>) {
         for stored in batch {
             inner.queue.pop_front();
-            if let Some(file) = &mut inner.file {
-                let offset = file.file_len;
-                file.offsets.push(offset);
-                file.file_len += stored.json.len() as u64 + 1;
-            }
             publish(inner, stored);
-        }
-    }
-
-    /// The writer job of a PostgreSQL log: each batch in one transaction, published once
-    /// committed (a committed transaction is durable, so a sync needs no more).
-    async fn write_queued_postgres(self: Arc<Self>) {
-        let Some(pg) = &self.pg else {
-            return;
-        };
-        loop {
-            let batch: Vec<Arc<StoredEvent>> = {
-                let mut inner = self.lock();
-                if inner.failure.is_some()
-                    || (inner.queue.is_empty() && inner.sync_waiters.is_empty())
-                {
-                    inner.writing = false;
-                    return;
-                }
-                inner.queue.iter().take(PG_BATCH_MAX).cloned().collect()
-            };
-            if !batch.is_empty() {
-                let rows: Vec<warren_store::events::EventRow> = batch
-                    .iter()
-                    .map(|event| warren_store::events::EventRow {
-                        seq: event.seq,
-                        kind: event.kind.to_owned(),
-                        json: event.json.to_string(),
-                    })
-                    .collect();
-                let fence = pg
-                    .fence
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .clone();
-                let appended = pg
-                    .store
-                    .append_events_fenced(&pg.session_id, &rows, fence.as_ref())
-                    .await;
-                let mut inner = self.lock();
-                match appended {
-                    Ok(()) => {}
-                    Err(warren_store::pg::StoreError::Conflict(why)) => {
-                        self.superseded(inner, &why);
-                        return;
-                    }
-                    Err(e) => {
-                        self.fail(inner, io::Error::other(e));
-                        return;
-                    }
-                }
-                self.stored(&mut inner, batch);
-            }
-            let mut inner = self.lock();
-            let stored_to = inner.stored_end() - 1;
-            let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.sync_waiters)
-                .into_iter()
-                .partition(|waiter| waiter.seq <= stored_to);
-            inner.sync_waiters = waiting;
-            drop(inner);
-            for waiter in done {
-                let _ = waiter.done.send(Ok(()));
-            }
         }
     }
 }
@@ -861,7 +559,7 @@ impl Shared {
         inner.writing = false;
         let waiters = std::mem::take(&mut inner.sync_waiters);
         drop(inner);
-        tracing::warn!(path = %self.path.display(), why, n_dropped, "another replica owns this session: the events queued here are dropped, and the log follows the store");
+        tracing::warn!(log = %self.name, why, n_dropped, "another replica owns this session: the events queued here are dropped, and the log follows the store");
         let error = Arc::new(io::Error::other(format!(
             "another replica owns the session: {why}"
         )));
@@ -879,7 +577,7 @@ impl Shared {
         let waiters = std::mem::take(&mut inner.sync_waiters);
         let n_held = inner.queue.len();
         drop(inner);
-        tracing::error!(path = %self.path.display(), %error, n_held, "cannot write the event log; appends are refused until storage recovers");
+        tracing::error!(log = %self.name, %error, n_held, "cannot write the event log; appends are refused until storage recovers");
         // Reported before anyone waiting hears of it: whoever a sync fails for finds the
         // failure in the storage health already.
         self.health.report(&error);
@@ -889,44 +587,47 @@ impl Shared {
     }
 }
 
-/// Up to `limit` events after `after` from PostgreSQL, each checked as a file line would be.
-async fn read_postgres(
-    pg: &PgBackend,
-    after: u64,
-    limit: usize,
-) -> io::Result<Vec<Arc<StoredEvent>>> {
-    let rows = pg
-        .store
-        .read_events_after(&pg.session_id, after, limit)
-        .await
-        .map_err(io::Error::other)?;
-    rows.iter()
-        .map(|row| {
-            StoredEvent::from_line(&row.json)
-                .map(|(_, stored)| Arc::new(stored))
-                .ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "unparsable stored event")
-                })
-        })
-        .collect()
+/// A stored line's seq, with the line as an event and as stored.
+fn parse_seq(line: &str) -> Option<(u64, (Event, StoredEvent))> {
+    parse_line(line).map(|(event, stored)| (event.seq, (event, stored)))
 }
 
-fn read_range(path: &Path, start: u64, end: u64) -> io::Result<Vec<Arc<StoredEvent>>> {
-    let mut file = File::open(path)?;
-    file.seek(SeekFrom::Start(start))?;
-    let mut bytes = vec![0u8; (end - start) as usize];
-    file.read_exact(&mut bytes)?;
-    let text =
-        std::str::from_utf8(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    text.lines()
-        .map(|line| {
-            StoredEvent::from_line(line)
-                .map(|(_, stored)| Arc::new(stored))
-                .ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "unparsable stored event")
-                })
-        })
-        .collect()
+/// What an open kept: the seqs and the newest events.
+#[derive(Default)]
+struct Opened {
+    first_seq: Option<u64>,
+    next_seq: Option<u64>,
+    tail: VecDeque<Arc<StoredEvent>>,
+}
+
+impl Opened {
+    fn keep(&mut self, stored: StoredEvent) {
+        self.first_seq.get_or_insert(stored.seq);
+        self.next_seq = Some(stored.seq + 1);
+        self.tail.push_back(Arc::new(stored));
+        if self.tail.len() > TAIL_CACHE_MAX {
+            self.tail.pop_front();
+        }
+    }
+
+    fn into_log(
+        self,
+        store: EventStore,
+        runtime: tokio::runtime::Handle,
+        health: Arc<StorageHealth>,
+    ) -> EventLog {
+        let next_seq = self.next_seq.unwrap_or(1);
+        let first_seq = self.first_seq.unwrap_or(next_seq);
+        EventLog {
+            shared: Arc::new(Shared {
+                name: store.name(),
+                store,
+                inner: Mutex::new(Inner::opened(first_seq, next_seq, self.tail)),
+                runtime,
+                health,
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

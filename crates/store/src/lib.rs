@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod devices;
+pub mod event_store;
 pub mod events;
 pub mod file;
 pub mod health;
