@@ -58,11 +58,11 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(gateway.clone())
         // The model proxy's routes (its own crate and state).
-        .merge(gateway.model_router())
+        .merge(gateway.engine.model_router())
         // With replicas: sessions made elsewhere are loaded, owner-bound requests forwarded.
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
-            crate::replicas::layer,
+            crate::owner::layer,
         ))
         // Before every route: a preview origin's requests never reach the API.
         .layer(axum::middleware::from_fn_with_state(
@@ -88,7 +88,7 @@ async fn list_terminals(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Vec<crate::terminals::TerminalInfo>>, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     Ok(axum::Json(gateway.terminals.list(&session).await))
 }
 
@@ -116,7 +116,7 @@ async fn attach_terminal(
     Path((id, name)): Path<(String, String)>,
     request: axum::extract::Request,
 ) -> Result<Response, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     gateway.terminals.attach(&session, &name, request).await
 }
 
@@ -150,11 +150,11 @@ async fn create_preview(
     Path(id): Path<String>,
     Json(body): Json<CreatePreview>,
 ) -> Result<Response, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     let port = crate::previews::parse_port(body.port)?;
     let preview = gateway
         .previews
-        .create(gateway.sessions.store(), &session.id, port)
+        .create(gateway.engine.sessions.store(), &session.id, port)
         .await?;
     Ok((StatusCode::CREATED, axum::Json(preview)).into_response())
 }
@@ -176,7 +176,7 @@ async fn list_previews(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Vec<crate::previews::PreviewInfo>>, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     Ok(axum::Json(gateway.previews.list(&session.id)))
 }
 
@@ -198,11 +198,11 @@ async fn delete_preview(
     Device(device_id): Device,
     Path((id, port)): Path<(String, i64)>,
 ) -> Result<StatusCode, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     let port = crate::previews::parse_port(port)?;
     match gateway
         .previews
-        .revoke(gateway.sessions.store(), &session.id, port)
+        .revoke(gateway.engine.sessions.store(), &session.id, port)
         .await?
     {
         true => Ok(StatusCode::NO_CONTENT),
@@ -293,7 +293,7 @@ async fn register_device(
     if !secret_matches(app_key, &gateway.app_key) {
         return Err(GatewayError::BadAppKey);
     }
-    gateway.sessions.storage().check()?;
+    gateway.engine.sessions.storage().check()?;
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -329,7 +329,7 @@ async fn admin_list_devices(
         .await?
         .into_iter()
         .map(|(device_id, created_at, bound, last_used_at)| DeviceInfo {
-            n_sessions: gateway.sessions.count_for(&device_id),
+            n_sessions: gateway.engine.sessions.count_for(&device_id),
             device_id,
             created_at,
             bound,
@@ -401,7 +401,7 @@ async fn create_session(
     if let Some(title) = &body.title {
         check_title(title)?;
     }
-    let session = sessions::create_session(&gateway, &device_id, body.title).await?;
+    let session = sessions::create_session(&gateway.engine, &device_id, body.title).await?;
     Ok((StatusCode::CREATED, axum::Json(session.info())).into_response())
 }
 
@@ -429,7 +429,7 @@ async fn rename_session(
     Path(id): Path<String>,
     Json(body): Json<RenameSession>,
 ) -> Result<axum::Json<SessionInfo>, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     let title = body.title.trim().to_owned();
     if title.is_empty() {
         return Err(GatewayError::InvalidRequest(
@@ -456,10 +456,11 @@ async fn list_sessions(
     Device(device_id): Device,
 ) -> axum::Json<SessionList> {
     let sessions = gateway
+        .engine
         .sessions
         .list(&device_id)
         .iter()
-        .map(|session| match &gateway.replicas {
+        .map(|session| match &gateway.engine.replicas {
             // A session another replica owns: as the events followed here say.
             Some(replicas) if !replicas.holds(&session.id) => session.followed_info(),
             _ => session.info(),
@@ -485,7 +486,7 @@ async fn get_session(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<axum::Json<SessionInfo>, GatewayError> {
-    Ok(axum::Json(gateway.sessions.get(&device_id, &id)?.info()))
+    Ok(axum::Json(gateway.engine.sessions.get(&device_id, &id)?.info()))
 }
 
 #[utoipa::path(
@@ -505,8 +506,8 @@ async fn delete_session(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<StatusCode, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
-    sessions::delete_session(&gateway, &session).await?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
+    sessions::delete_session(&gateway.engine, &session).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -535,13 +536,13 @@ async fn post_message(
     Path(id): Path<String>,
     Json(body): Json<PostMessage>,
 ) -> Result<Response, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     if body.text.trim().is_empty() {
         return Err(GatewayError::InvalidRequest(
             "text is empty: a message needs something to say".to_owned(),
         ));
     }
-    let turn = turns::start_turn(&gateway, &session, body.text).await?;
+    let turn = turns::start_turn(&gateway.engine, &session, body.text).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(MessageAccepted { turn })).into_response())
 }
 
@@ -563,7 +564,7 @@ async fn cancel_turn(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<StatusCode, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     turns::cancel_turn(&session).await?;
     Ok(StatusCode::ACCEPTED)
 }
@@ -590,8 +591,8 @@ async fn answer_permission(
     Path((id, request_id)): Path<(String, String)>,
     Json(body): Json<PermissionAnswer>,
 ) -> Result<StatusCode, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
-    let network = gateway.sessions.network();
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
+    let network = gateway.engine.sessions.network();
     match network
         .answer(&session.id, &request_id, &body.option_id)
         .await
@@ -619,8 +620,8 @@ async fn get_egress(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<axum::Json<crate::network::EgressView>, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
-    Ok(axum::Json(gateway.sessions.network().view(&session.id)))
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
+    Ok(axum::Json(gateway.engine.sessions.network().view(&session.id)))
 }
 
 #[utoipa::path(
@@ -646,8 +647,9 @@ async fn put_egress(
     Path(id): Path<String>,
     Json(body): Json<crate::network::EgressUpdate>,
 ) -> Result<axum::Json<crate::network::EgressView>, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     let view = gateway
+        .engine
         .sessions
         .network()
         .replace(&session.id, body)
@@ -675,7 +677,7 @@ async fn events(
     Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
 ) -> Result<Response, GatewayError> {
-    let session = gateway.sessions.get(&device_id, &id)?;
+    let session = gateway.engine.sessions.get(&device_id, &id)?;
     // `after` is parsed by hand rather than by a typed `Query<T>`, whose rejection is plain
     // text.
     let query_after = query
@@ -720,7 +722,7 @@ struct HealthDegraded {
     ),
 )]
 async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
-    match gateway.sessions.storage().failure() {
+    match gateway.engine.sessions.storage().failure() {
         None => "ok\n".into_response(),
         Some(failure) => {
             let body = HealthDegraded {
@@ -744,7 +746,7 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
     ),
 )]
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
-    let sessions = gateway.sessions.all();
+    let sessions = gateway.engine.sessions.all();
     let n_running = sessions.iter().filter(|s| s.is_running()).count();
     let n_subscribers: usize = sessions.iter().map(|s| s.log.n_subscribers()).sum();
     let lines = [
@@ -753,12 +755,12 @@ async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
         (
             "warren_gateway_brains_running",
             "gauge",
-            gateway.sessions.admission().n_brains() as u64,
+            gateway.engine.sessions.admission().n_brains() as u64,
         ),
         (
             "warren_gateway_warm_workers",
             "gauge",
-            gateway.pool.n_ready() as u64,
+            gateway.engine.pool.n_ready() as u64,
         ),
         (
             "warren_gateway_sse_subscribers",

@@ -298,7 +298,7 @@ impl FromRequestParts<Arc<Gateway>> for FileRequest {
     ) -> Result<Self, GatewayError> {
         let Device(device_id) = Device::from_request_parts(parts, gateway).await?;
         let Path(id) = Path::<String>::from_request_parts(parts, gateway).await?;
-        let session = gateway.sessions.get(&device_id, &id)?;
+        let session = gateway.engine.sessions.get(&device_id, &id)?;
         let query = FileQuery::parse(parts.uri.query())?;
         Ok(Self {
             gateway: gateway.clone(),

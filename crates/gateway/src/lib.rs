@@ -3,49 +3,47 @@
 //! `warren execd` confined to the session workspace, see [`hands`]), and keeps one durable event
 //! stream that is the client's single source of truth.
 //!
-//! Code map: [`config`] flags; [`api`] routes and credential extractors; [`auth`] devices and
-//! tokens; [`admission`] quotas; [`session`] one session's state and its transitions;
-//! [`sessions`] the registry, creation, deletion, recovery and the storage watch; [`event_log`]
-//! the per-session `events.jsonl` with live subscribers; [`store`] data-directory files and the
-//! storage health; [`sse`] the event stream over HTTP; [`turns`] messages, brains, permissions
-//! and cancel; [`error`] the one error-to-status mapping.
-//! [`hands`] the sandbox per session and its lifecycle (start, pause, archive, restore,
-//! adoption after a restart).
-//! [`agents`] the agent presets; [`model_proxy`] and [`model_socket`] the model proxy;
-//! [`network`] the hands' egress proxies, their questions, events and rules;
-//! [`warm`] warm sandboxes; [`previews`] a port of the hands on an origin of its own;
-//! [`terminals`] the person's shells in the hands; [`files`] the person's file routes (live
-//! through execd, or from the snapshot); [`console`] the web console's files; [`openapi`] the
-//! OpenAPI document of the routes.
+//! Two layers. The session engine ([`engine::Engine`], no route in it): [`session`] one
+//! session's state and transitions; [`sessions`] the registry, creation, deletion, recovery and
+//! the storage watch; [`event_log`] the per-session event stream over `warren-store`; `turns`
+//! messages, brains, permissions and cancel; `admission` quotas; `replicas` leases and takeover;
+//! `warm` warm sandboxes; `agents` the presets; `network` the hands' egress proxies, their
+//! questions, events and rules; `model_socket` the model proxy on each hands' socket.
+//! The HTTP layer ([`Gateway`]: the engine and what only routes keep): [`api`] routes and
+//! credential extractors; `auth` devices and tokens; [`sse`] the event stream over HTTP;
+//! `files`, `terminals` and [`previews`] the window into the hands; `owner` forwarding to a session's owner replica; `console` the web
+//! console's files; [`openapi`] the document of the routes; [`error`] the one mapping of errors
+//! to statuses. Modules are crate-private unless another crate names them.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
 //! sandbox's construction (sandbox crate), the confined file walk (execd), the console's front
 //! end (its files in `console/`, embedded by `build.rs`, are served as they are).
 
-pub mod admission;
-pub mod agents;
+pub(crate) mod admission;
+pub(crate) mod agents;
 pub mod api;
-pub mod auth;
+pub(crate) mod auth;
 pub mod config;
-pub mod console;
+pub(crate) mod console;
+pub mod engine;
 pub mod error;
 pub mod event_log;
-pub mod files;
+pub(crate) mod files;
 pub use warren_hands as hands;
 pub use warren_model_proxy as model_proxy;
-pub mod model_socket;
-pub mod network;
+pub(crate) mod model_socket;
+pub(crate) mod network;
+pub(crate) mod owner;
 pub mod openapi;
 pub mod previews;
-pub mod replicas;
+pub(crate) mod replicas;
 pub mod session;
 pub mod sessions;
 pub mod sse;
-pub mod terminals;
-pub mod tunnel;
-pub mod turns;
-pub mod warm;
+pub(crate) mod terminals;
+pub(crate) mod tunnel;
+pub(crate) mod turns;
+pub(crate) mod warm;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,10 +54,11 @@ use warren_process::TreeRegistry;
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Devices;
+use crate::engine::Engine;
 use crate::config::{BrainPlacement, HandsProviderKind};
 use crate::hands::local::{LocalConfig, LocalHands};
 use crate::hands::remote::RemoteHands;
-use crate::hands::{HandsProvider, Lifecycle};
+use crate::hands::HandsProvider;
 use crate::sessions::Sessions;
 use warren_store::file;
 use warren_store::health::StorageHealth;
@@ -67,33 +66,22 @@ use warren_store::health::StorageHealth;
 /// How long a left-over agent or hands gets between SIGTERM and SIGKILL at start.
 const LEFTOVER_STOP_GRACE: Duration = Duration::from_secs(2);
 
-/// One gateway's state, shared by every route and background task.
+/// The HTTP layer's state: the session engine and what only the routes keep (devices, the
+/// person's shells, file listings, previews, the console).
 pub struct Gateway {
+    /// The session engine every route drives.
+    pub engine: Arc<Engine>,
     pub args: GatewayArgs,
     pub app_key: String,
     pub devices: Devices,
-    pub sessions: Sessions,
-    pub pool: Arc<WorkerPool>,
-    /// The agent every session runs (`--agent`) and where it runs.
-    pub agent: agents::Agent,
-    /// The model proxy: the real model keys and the sessions' `wm_` tokens.
-    pub model: Arc<model_proxy::ModelProxy>,
     /// The person's shells in every session's hands.
-    pub terminals: terminals::Terminals,
+    pub terminals: Arc<terminals::Terminals>,
     /// The files routes' snapshot listings (archived sessions are browsed from their snapshot).
-    pub files: files::Files,
+    pub files: Arc<files::Files>,
     /// The sessions' previews (a port of the hands on an origin of its own).
-    pub previews: previews::Previews,
+    pub previews: Arc<previews::Previews>,
     /// The web console's files (`/`, `/console/...`).
     pub console: console::Console,
-    /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
-    pub warm: warm::WarmSandboxes,
-    /// The proxy's per-session sockets for hands without a network.
-    pub model_sockets: model_socket::ModelSockets,
-    /// With `--store postgres://…`: this replica's leases and its peers' URLs.
-    pub replicas: Option<Arc<replicas::Replicas>>,
-    /// The `warren` binary that runs hands, the MCP server and the built-in agent.
-    pub warren_bin: PathBuf,
     pub started: Instant,
     /// Held for the gateway's lifetime: one gateway per data directory.
     _data_lock: std::fs::File,
@@ -247,96 +235,50 @@ impl Gateway {
             (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
             _ => 0,
         };
-        let gateway = Arc::new(Gateway {
-            args,
-            app_key,
-            devices,
+        let engine = Arc::new(Engine::new(
+            args.clone(),
             sessions,
             pool,
             agent,
-            model: Arc::new(model),
-            model_sockets: model_socket::ModelSockets::default(),
-            warm: warm::WarmSandboxes::new(n_warm_sandboxes),
+            Arc::new(model),
+            warm::WarmSandboxes::new(n_warm_sandboxes),
             replicas,
-            previews,
-            console,
-            terminals: terminals::Terminals::default(),
-            files: files::Files::default(),
             warren_bin,
+        ));
+        let gateway = Arc::new(Gateway {
+            engine: engine.clone(),
+            args,
+            app_key,
+            devices,
+            previews: Arc::new(previews),
+            console,
+            terminals: Arc::default(),
+            files: Arc::default(),
             started: Instant::now(),
             _data_lock: data_lock,
         });
-        let owned = |session: &sessions::Session| {
-            gateway
-                .replicas
-                .as_ref()
-                .is_none_or(|replicas| replicas.holds(&session.id))
-        };
-        gateway.sessions.close_turns_left_open(owned).await;
-        gateway.sessions.adopt_hands(owned).await;
-        replicas::spawn_lease_renewal(&gateway);
-        replicas::spawn_follower(&gateway);
-        turns::spawn_idle_sweeper(&gateway);
-        spawn_hands_sweeper(&gateway);
-        gateway.warm.refill(&gateway);
-        sessions::spawn_storage_watch(&gateway);
+        // What the routes keep of a session goes with it.
+        let (previews, terminals, files) = (
+            gateway.previews.clone(),
+            gateway.terminals.clone(),
+            gateway.files.clone(),
+        );
+        engine.on_session_gone(move |id| {
+            previews.revoke_session(id);
+            terminals.forget(id);
+            files.forget(id);
+        });
+        engine.start().await;
         Ok(gateway)
-    }
-
-    /// The model proxy's origin as a session's agent reaches it: this gateway's port on
-    /// loopback (an agent on the host, or hands sharing the host's network), or the port the
-    /// hands forward to the session's model socket (an agent in hands without a network).
-    pub fn model_origin(&self, in_hands: bool) -> String {
-        if in_hands && self.hands_have_own_network() {
-            return format!("http://127.0.0.1:{}", model_socket::FORWARD_PORT);
-        }
-        let port = self.args.listen.port();
-        match self.args.listen.ip() {
-            ip if ip.is_unspecified() || ip.is_loopback() => format!("http://127.0.0.1:{port}"),
-            ip => format!("http://{}", std::net::SocketAddr::new(ip, port)),
-        }
-    }
-
-    /// Whether local hands run in a network namespace of their own (`private` or `none`), so
-    /// the agent in them reaches the model proxy through the session's model socket.
-    pub fn hands_have_own_network(&self) -> bool {
-        matches!(self.sessions.network().label(), "private" | "none")
-    }
-
-    /// The model proxy's routes, serving this gateway's sessions (on its listener and on each
-    /// hands' model socket).
-    pub fn model_router(self: &Arc<Self>) -> axum::Router {
-        let ledger: Arc<dyn model_proxy::Ledger> = self.clone();
-        model_proxy::router(self.model.clone(), ledger)
     }
 
     pub fn router(self: &Arc<Self>) -> axum::Router {
         api::router(self.clone())
     }
 
-    /// SIGTERM: ends running turns (`interrupted`), closes every brain, snapshots and pauses
-    /// every hands (left for the next gateway to adopt) and flushes every event log.
+    /// SIGTERM: see [`Engine::shutdown`].
     pub async fn shutdown(&self) {
-        self.warm.shutdown().await;
-        self.pool.shutdown().await;
-        self.model_sockets.stop_all();
-        self.sessions.network().stop_all();
-        let sessions = self.sessions.all();
-        futures_util::future::join_all(sessions.iter().map(sessions::shut_down_session)).await;
-        if let Some(replicas) = &self.replicas {
-            // Given up, not left to expire: another replica takes the sessions at once.
-            replicas.release_all().await;
-            self.sessions.admission().release_all_in_store().await;
-        }
-    }
-}
-
-/// What the model proxy knows of the sessions: the live ones here, through [`session::Session`]'s
-/// [`model_proxy::Account`].
-impl model_proxy::Ledger for Gateway {
-    fn account(&self, session_id: &str) -> Option<Arc<dyn model_proxy::Account>> {
-        let session = self.sessions.by_id(session_id)?;
-        Some(session)
+        self.engine.shutdown().await;
     }
 }
 
@@ -420,37 +362,6 @@ async fn hands_provider(
             Ok(Arc::new(RemoteHands::new(template, token, snapshots)))
         }
     }
-}
-
-/// Pauses idle hands and archives long-paused ones (hands.md "Lifecycle"), until the gateway
-/// goes away.
-fn spawn_hands_sweeper(gateway: &Arc<Gateway>) {
-    let weak = Arc::downgrade(gateway);
-    let lifecycle = Lifecycle {
-        idle_pause: gateway.args.hands_idle_pause,
-        archive_after: gateway.args.hands_archive_after,
-        snapshot_max: gateway.args.snapshot_max,
-    };
-    let period = (lifecycle.idle_pause.min(lifecycle.archive_after) / 4)
-        .clamp(Duration::from_millis(50), Duration::from_secs(5));
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(gateway) = weak.upgrade() else {
-                return;
-            };
-            let sessions = gateway.sessions.all();
-            drop(gateway);
-            futures_util::future::join_all(
-                sessions
-                    .iter()
-                    .map(|session| session.hands.sweep(&lifecycle)),
-            )
-            .await;
-        }
-    });
 }
 
 /// Serves `gateway` on `listener` (with its header and body timeouts and connection limit) until

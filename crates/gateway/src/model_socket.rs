@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::Gateway;
+use crate::engine::Engine;
 use crate::error::GatewayError;
 
 /// The file name of the socket in the session's run directory, and the sandbox-local port the
@@ -34,7 +34,7 @@ impl ModelSockets {
     /// already private to it.
     pub fn serve(
         &self,
-        gateway: &Arc<Gateway>,
+        gateway: &Arc<Engine>,
         session_id: &str,
         run_dir: &Path,
     ) -> Result<(), GatewayError> {

@@ -373,11 +373,11 @@ async fn serve(
     if carries_device_token(gateway, presented_tokens(&request)).await {
         return Err(PreviewError::DeviceToken);
     }
-    let session = crate::replicas::session_for_request(gateway, &session_id)
+    let session = crate::owner::session_for_request(gateway, &session_id)
         .await?
         .ok_or(PreviewError::NotFound)?;
-    if let Route::There { url, expires_in } = crate::replicas::route(gateway, &session).await? {
-        return Ok(crate::replicas::forward(gateway, &url, request, expires_in).await?);
+    if let Route::There { url, expires_in } = crate::replicas::route(&gateway.engine, &session).await? {
+        return Ok(crate::owner::forward(gateway, &url, request, expires_in).await?);
     }
     if let Some(record) = stored {
         gateway
@@ -405,7 +405,7 @@ async fn serve(
 
 /// The stored preview of `token` (none without a store): its session and record.
 async fn stored(gateway: &Gateway, token: &str) -> Result<Option<(String, Record)>, GatewayError> {
-    let Some(store) = gateway.sessions.store() else {
+    let Some(store) = gateway.engine.sessions.store() else {
         return Ok(None);
     };
     let Some((session_id, record)) = store.preview_token(&token_hash(token)).await? else {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::Gateway;
+use crate::engine::Engine;
 use crate::admission::{Admission, BrainSlot};
 use crate::config::BrainPlacement;
 use crate::error::GatewayError;
@@ -492,7 +492,7 @@ impl Sessions {
 /// `POST /v1/sessions`: creates the session and, when the limits allow, takes a warm worker.
 /// 507 while the disk is full.
 pub async fn create_session(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     device_id: &str,
     title: Option<String>,
 ) -> Result<Arc<Session>, GatewayError> {
@@ -577,7 +577,7 @@ pub async fn create_session(
 /// `DELETE /v1/sessions/{id}`: ends the turn, stops brain and hands (every process in them),
 /// removes the data: workspace, snapshot, event log.
 pub async fn delete_session(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     session: &Arc<Session>,
 ) -> Result<(), GatewayError> {
     // In a store, the row goes first: once it is gone no replica loads the session again, and
@@ -589,9 +589,7 @@ pub async fn delete_session(
     gateway.model.revoke(&session.id);
     gateway.model_sockets.stop(&session.id);
     gateway.sessions.network.detach(&session.id);
-    gateway.previews.revoke_session(&session.id);
-    gateway.terminals.forget(&session.id);
-    gateway.files.forget(&session.id);
+    gateway.session_gone(&session.id);
     session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;
@@ -657,7 +655,7 @@ impl Sessions {
 }
 
 /// Starts the storage watch (see the module docs). It ends with the gateway.
-pub fn spawn_storage_watch(gateway: &Arc<Gateway>) {
+pub fn spawn_storage_watch(gateway: &Arc<Engine>) {
     let weak = Arc::downgrade(gateway);
     let storage = gateway.sessions.storage.clone();
     let data_dir = gateway.args.data.clone();

@@ -31,7 +31,7 @@ use warren_brain::{
 };
 use warren_protocol::gateway::EventBody;
 
-use crate::Gateway;
+use crate::engine::Engine;
 use crate::agents::{ModelAccess, Preset};
 use crate::config::BrainPlacement;
 use crate::error::GatewayError;
@@ -42,7 +42,7 @@ use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session}
 /// `POST /v1/sessions/{id}/messages`: starts turn n+1 and returns its number at once; the turn
 /// runs in the background. 507 while the disk is full.
 pub async fn start_turn(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     session: &Arc<Session>,
     text: String,
 ) -> Result<u64, GatewayError> {
@@ -62,7 +62,7 @@ pub async fn start_turn(
 }
 
 async fn run_turn(
-    gateway: Arc<Gateway>,
+    gateway: Arc<Engine>,
     session: Arc<Session>,
     turn: u64,
     text: String,
@@ -78,7 +78,7 @@ async fn run_turn(
 }
 
 async fn run_turn_held(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     session: &Arc<Session>,
     turn: u64,
     text: String,
@@ -177,7 +177,7 @@ async fn end_turn(session: &Session, turn: u64, stop_reason: &str) {
 /// The session's ready brain: the existing one, or a worker (warm from creation, else from
 /// the pool) with a new or resumed ACP session.
 async fn ensure_brain(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     session: &Arc<Session>,
 ) -> Result<Arc<BrainSession>, GatewayError> {
     let _gate = session.brain_gate.lock().await;
@@ -276,7 +276,7 @@ async fn ensure_brain(
 /// A new agent process for `session`: from the warm pool when the agent needs nothing of the
 /// session; else started for it, on the host with its model token, or inside its hands.
 async fn start_worker(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     session: &Arc<Session>,
 ) -> Result<Worker, GatewayError> {
     let agent = &gateway.agent;
@@ -311,7 +311,7 @@ async fn start_worker(
 /// token and the proxy's address as the hands reach it, after stopping an agent an earlier
 /// brain or gateway left there. Also how a warm sandbox gets its agent ([`crate::warm`]).
 pub async fn start_in_hands(
-    gateway: &Arc<Gateway>,
+    gateway: &Arc<Engine>,
     session_id: &str,
     hands: &Hands,
     session_dir: &std::path::Path,
@@ -367,7 +367,7 @@ pub fn answer_permission(
 }
 
 /// Stops brains that had no turn and no pending permission for `--brain-idle`.
-pub fn spawn_idle_sweeper(gateway: &Arc<Gateway>) {
+pub fn spawn_idle_sweeper(gateway: &Arc<Engine>) {
     let weak = Arc::downgrade(gateway);
     let period =
         (gateway.args.brain_idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use warren_brain::Worker;
 
-use crate::Gateway;
+use crate::engine::Engine;
 use crate::hands::Hands;
 
 /// One warm sandbox: its future session's id and directory, its running hands, its agent.
@@ -58,7 +58,7 @@ impl WarmSandboxes {
     }
 
     /// A ready sandbox whose agent is alive, if any; a replacement starts in the background.
-    pub fn take(&self, gateway: &Arc<Gateway>) -> Option<WarmSandbox> {
+    pub fn take(&self, gateway: &Arc<Engine>) -> Option<WarmSandbox> {
         let taken = loop {
             let candidate = self.ready().pop_front();
             match candidate {
@@ -75,7 +75,7 @@ impl WarmSandboxes {
     }
 
     /// Starts as many sandboxes as needed to get back to `--warm-workers`.
-    pub fn refill(&self, gateway: &Arc<Gateway>) {
+    pub fn refill(&self, gateway: &Arc<Engine>) {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
@@ -129,7 +129,7 @@ impl WarmSandboxes {
 }
 
 /// A sandbox for a session that does not exist yet: its hands, then its agent inside them.
-async fn make(gateway: &Arc<Gateway>) -> Result<WarmSandbox, String> {
+async fn make(gateway: &Arc<Engine>) -> Result<WarmSandbox, String> {
     let id = uuid::Uuid::new_v4().to_string();
     let dir = gateway.sessions.dir().join(&id);
     std::fs::create_dir_all(dir.join("workspace")).map_err(|e| e.to_string())?;

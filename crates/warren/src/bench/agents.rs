@@ -181,7 +181,7 @@ fn signed_ms(a: Duration, b: Duration) -> String {
 async fn proxy_rows(gateway: &BenchGateway, upstream: &str) -> anyhow::Result<Vec<Row>> {
     let token = gateway.register("bench-device-01").await?;
     let session = gateway.create_session(&token).await?;
-    let model_token = gateway.gateway.model.token(&session);
+    let model_token = gateway.gateway.engine.model.token(&session);
     let http = reqwest::Client::new();
     let direct = (format!("{upstream}/v1/messages"), "sk-bench".to_string());
     let proxied = (
@@ -304,8 +304,8 @@ async fn brain_starts(args: GatewayArgs) -> anyhow::Result<(Vec<Duration>, Vec<D
         let (mut created, mut samples) = (Vec::new(), Vec::new());
         for _ in 0..N_BRAIN_STARTS {
             if warm > 0 {
-                let (pool, sandboxes) = (&gateway.gateway.pool, &gateway.gateway.warm);
-                let filled = match gateway.gateway.agent.placement {
+                let (pool, sandboxes) = (&gateway.gateway.engine.pool, &gateway.gateway.engine.warm);
+                let filled = match gateway.gateway.engine.agent.placement {
                     BrainPlacement::Host => pool.wait_ready(warm, Duration::from_secs(30)).await,
                     BrainPlacement::Hands => {
                         sandboxes.wait_ready(warm, Duration::from_secs(30)).await

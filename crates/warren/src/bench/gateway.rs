@@ -226,7 +226,7 @@ async fn handout(gateway: &Arc<Gateway>, client: &Client, token: &str) -> anyhow
     let mut samples = Vec::with_capacity(N_HANDOUTS);
     for _ in 0..N_HANDOUTS {
         anyhow::ensure!(
-            gateway.pool.wait_ready(1, Duration::from_secs(30)).await,
+            gateway.engine.pool.wait_ready(1, Duration::from_secs(30)).await,
             "the warm pool did not refill within 30 s"
         );
         let started = Instant::now();
@@ -256,7 +256,7 @@ async fn first_event(
     token: &str,
 ) -> anyhow::Result<Vec<Row>> {
     anyhow::ensure!(
-        gateway.pool.wait_ready(1, Duration::from_secs(30)).await,
+        gateway.engine.pool.wait_ready(1, Duration::from_secs(30)).await,
         "no warm worker"
     );
     let session = client.create_session(token).await?;
@@ -310,7 +310,7 @@ async fn first_event(
 async fn fanout(gateway: &Arc<Gateway>, client: &Client, token: &str) -> anyhow::Result<Row> {
     let session = client.create_session(token).await?;
     let id = session["id"].as_str().context("id")?.to_string();
-    let session = gateway.sessions.get("bench-device", &id)?;
+    let session = gateway.engine.sessions.get("bench-device", &id)?;
     let received: Arc<Vec<AtomicU64>> =
         Arc::new((0..N_SUBSCRIBERS).map(|_| AtomicU64::new(0)).collect());
     let mut readers = Vec::new();

@@ -871,7 +871,7 @@ impl Fleet {
                 token = gateway.register(&device).await?;
             }
             let id = gateway.create_session(&token).await?;
-            let session = gateway.gateway.sessions.get(&device, &id)?;
+            let session = gateway.gateway.engine.sessions.get(&device, &id)?;
             let after = session.log.last_seq();
             let last = Arc::new(AtomicU64::new(u64::MAX));
             let url = format!("{}/v1/sessions/{id}/events", gateway.url);

@@ -81,7 +81,7 @@ struct Window<'a> {
 async fn measure(gateway: &BenchGateway, data: &Path) -> anyhow::Result<(String, Vec<Row>)> {
     let token = gateway.register(DEVICE_ID).await?;
     let id = gateway.create_session(&token).await?;
-    let session = (gateway.gateway.sessions.by_id(&id)).context("the new session")?;
+    let session = (gateway.gateway.engine.sessions.by_id(&id)).context("the new session")?;
     let window = Window {
         gateway,
         session_url: format!("{}/v1/sessions/{id}", gateway.url),

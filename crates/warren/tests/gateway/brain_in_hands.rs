@@ -56,7 +56,7 @@ async fn paused_hands_are_resumed_before_the_prompt_reaches_their_agent() {
     let gw = TestGateway::start(in_the_hands).await;
     let mut chat = gw.conversation("phone-paused-brain").await;
     assert_eq!(stop_reason(&chat.turn("echo one").await), "end_turn");
-    let session = gw.gateway.sessions.by_id(&chat.session).expect("session");
+    let session = gw.gateway.engine.sessions.by_id(&chat.session).expect("session");
     session.hands.pause(None).await;
     assert_eq!(chat.info().await["hands"], "paused");
     // The agent is frozen with its hands; the message must thaw them first.
@@ -105,7 +105,7 @@ async fn a_new_session_takes_a_warm_sandbox_whole_and_the_pool_refills() {
         args
     })
     .await;
-    assert!(gw.gateway.warm.wait_ready(1, WAIT).await, "a warm sandbox");
+    assert!(gw.gateway.engine.warm.wait_ready(1, WAIT).await, "a warm sandbox");
     let mut chat = gw.conversation("phone-warm-sandbox").await;
     let info = chat.info().await;
     assert_eq!(
@@ -130,7 +130,7 @@ async fn a_new_session_takes_a_warm_sandbox_whole_and_the_pool_refills() {
         (Some("running"), Some("warm"))
     );
     assert!(
-        gw.gateway.warm.wait_ready(1, WAIT).await,
+        gw.gateway.engine.warm.wait_ready(1, WAIT).await,
         "the pool refilled"
     );
     let sessions = gw.data.join("sessions");
@@ -157,7 +157,7 @@ async fn a_warm_sandbox_left_by_a_killed_gateway_is_removed_at_start() {
     std::fs::create_dir_all(left.join("workspace")).expect("a left sandbox dir");
     let gw = TestGateway::start_in(in_the_hands(dir.path().to_path_buf())).await;
     assert!(!left.exists(), "removed at start");
-    assert!(gw.gateway.sessions.all().is_empty());
+    assert!(gw.gateway.engine.sessions.all().is_empty());
     gw.stop().await;
 }
 
@@ -170,7 +170,7 @@ async fn deleting_a_session_with_its_agent_frozen_stops_everything() {
     assert_eq!(stop_reason(&chat.turn("echo one").await), "end_turn");
     let processes = hands_processes(&gw.data, &chat.session);
     assert!(!agents_in_hands(&gw.data, &chat.session).is_empty());
-    let session = gw.gateway.sessions.by_id(&chat.session).expect("session");
+    let session = gw.gateway.engine.sessions.by_id(&chat.session).expect("session");
     session.hands.pause(None).await;
     let deleted = gw
         .delete(&chat.token, &format!("/sessions/{}", chat.session))

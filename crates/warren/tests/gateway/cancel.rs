@@ -40,6 +40,7 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
     let mut chat = gw.conversation("phone-0001").await;
     let workspace = gw
         .gateway
+        .engine
         .sessions
         .get("phone-0001", &chat.session)
         .expect("session")

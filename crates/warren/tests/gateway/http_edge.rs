@@ -142,7 +142,7 @@ async fn an_event_stream_outlives_the_request_timeouts() {
     let gw = TestGateway::start(args_with_short_timeouts).await;
     let token = gw.register("phone-0001").await;
     let id = gw.create_session(&token).await;
-    let session = gw.gateway.sessions.get("phone-0001", &id).expect("session");
+    let session = gw.gateway.engine.sessions.get("phone-0001", &id).expect("session");
     let response = gw.get(&token, &format!("/sessions/{id}/events")).await;
     let mut stream = EventStream::new(response);
     // Deliberately longer than both timeouts: the open stream must not be cut by them.

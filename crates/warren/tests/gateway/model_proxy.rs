@@ -326,7 +326,7 @@ async fn setup(configure: impl FnOnce(&mut GatewayArgs)) -> Setup {
     let device = gw.register("phone-model-01").await;
     let session = gw.create_session(&device).await;
     let events = gw.events(&device, &session, None).await;
-    let model_token = gw.gateway.model.token(&session);
+    let model_token = gw.gateway.engine.model.token(&session);
     Setup {
         gw,
         device,
@@ -734,14 +734,14 @@ async fn missing_unknown_and_revoked_tokens_get_401_in_the_providers_shape() {
         }
     }
     // Revoked: the old token is refused, a new one works.
-    s.gw.gateway.model.revoke(&s.session);
+    s.gw.gateway.engine.model.revoke(&s.session);
     let refused = s
         .request(&openai_call(), Some(&s.model_token))
         .send()
         .await
         .expect("revoked");
     assert_eq!(refused.status(), 401);
-    let renewed = s.gw.gateway.model.token(&s.session);
+    let renewed = s.gw.gateway.engine.model.token(&s.session);
     assert_ne!(renewed, s.model_token);
     let allowed = s
         .request(&openai_call(), Some(&renewed))
@@ -858,7 +858,7 @@ async fn over_budget_model_calls_get_429_and_an_error_event_without_reaching_ups
         args.model.model_budget_tokens = Some(40);
     })
     .await;
-    assert_eq!(s.gw.gateway.model.budget(), Some(40));
+    assert_eq!(s.gw.gateway.engine.model.budget(), Some(40));
     // 11 + 22 + 7 + 3 = 43 tokens: the first call goes through and spends the budget.
     let answer = s
         .request(&anthropic_call(), Some(&s.model_token))

@@ -349,7 +349,7 @@ async fn a_real_agent_runs_in_the_hands(preset: &str, program: &str, probe: &str
 
     // Archive (processes stopped, workspace removed), then a new turn: the agent resumes its
     // session from its home and the model sees the earlier conversation.
-    let session = gw.gateway.sessions.by_id(&chat.session).expect("session");
+    let session = gw.gateway.engine.sessions.by_id(&chat.session).expect("session");
     session.hands.pause(None).await;
     session.hands.archive(u64::MAX).await;
     assert_eq!(

@@ -211,6 +211,7 @@ async fn a_message_the_event_log_refuses_is_500_and_holds_no_brain_slot() {
     let session = gw.create_session(&token).await;
     // A log that takes no more appends, as after a disk failure.
     gw.gateway
+        .engine
         .sessions
         .get("phone-0001", &session)
         .expect("the session")
@@ -229,7 +230,7 @@ async fn a_message_the_event_log_refuses_is_500_and_holds_no_brain_slot() {
         "no turn was started"
     );
     assert_eq!(
-        gw.gateway.sessions.admission().n_brains(),
+        gw.gateway.engine.sessions.admission().n_brains(),
         0,
         "the brain slot reserved for the message was given back"
     );

@@ -26,7 +26,7 @@ fn filler(i: u64, size: usize) -> EventBody {
 async fn new_session(gw: &TestGateway) -> (String, String, Arc<Session>) {
     let token = gw.register("phone-0001").await;
     let id = gw.create_session(&token).await;
-    let session = gw.gateway.sessions.get("phone-0001", &id).expect("session");
+    let session = gw.gateway.engine.sessions.get("phone-0001", &id).expect("session");
     (token, id, session)
 }
 

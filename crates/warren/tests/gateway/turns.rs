@@ -162,6 +162,7 @@ async fn a_worker_dying_mid_turn_ends_the_turn_with_error_and_the_conversation_s
 
     let pid = gw
         .gateway
+        .engine
         .sessions
         .get("phone-0001", &chat.session)
         .expect("session")
@@ -326,6 +327,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_stops_the_brain_and_le
     chat.start_working("sleep 60").await;
     let session = gw
         .gateway
+        .engine
         .sessions
         .all()
         .pop()
@@ -387,7 +389,7 @@ async fn sessions_take_warm_workers_up_to_the_device_brain_limit_and_a_message_o
     let mut sessions = Vec::new();
     for i in 0..5 {
         assert!(
-            gw.gateway.pool.wait_ready(1, WAIT).await,
+            gw.gateway.engine.pool.wait_ready(1, WAIT).await,
             "a warm worker is ready for session {i}"
         );
         let id = gw.create_session(&token).await;
@@ -403,7 +405,7 @@ async fn sessions_take_warm_workers_up_to_the_device_brain_limit_and_a_message_o
     assert_eq!(body["code"], "QUOTA_EXCEEDED");
 
     let other = gw.register("phone-0002").await;
-    assert!(gw.gateway.pool.wait_ready(1, WAIT).await, "a warm worker");
+    assert!(gw.gateway.engine.pool.wait_ready(1, WAIT).await, "a warm worker");
     let theirs = gw.create_session(&other).await;
     assert_eq!(
         gw.session_info(&other, &theirs).await["brain"],
