@@ -17,7 +17,7 @@ use std::time::Duration;
 use warren_store::admission::{Admit, HeldSlot};
 use warren_store::pg::Store;
 
-use crate::error::GatewayError;
+use crate::engine_error::EngineError;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -167,7 +167,7 @@ impl Admission {
         self: &Arc<Self>,
         session_id: &str,
         device_id: &str,
-    ) -> Result<Option<StoreTicket>, GatewayError> {
+    ) -> Result<Option<StoreTicket>, EngineError> {
         let Some(in_store) = self.in_store.get() else {
             return Ok(None);
         };
@@ -188,7 +188,7 @@ impl Admission {
                 session_id: session_id.to_owned(),
                 token: Some(token),
             })),
-            _ => Err(GatewayError::QuotaExceeded(format!(
+            _ => Err(EngineError::QuotaExceeded(format!(
                 "a device may run {limit} brains at once"
             ))),
         }
@@ -256,11 +256,11 @@ impl Admission {
         self: &Arc<Self>,
         device_id: &str,
         with_brain: bool,
-    ) -> Result<(SessionSlot, Option<BrainSlot>), GatewayError> {
+    ) -> Result<(SessionSlot, Option<BrainSlot>), EngineError> {
         let mut state = self.lock();
         let usage = state.per_device.entry(device_id.to_string()).or_default();
         if usage.n_sessions >= self.limits.sessions_per_device {
-            return Err(GatewayError::QuotaExceeded(format!(
+            return Err(EngineError::QuotaExceeded(format!(
                 "a device may hold {} sessions",
                 self.limits.sessions_per_device
             )));
@@ -300,7 +300,7 @@ impl Admission {
         device_id: &str,
         session_id: &str,
         ticket: Option<StoreTicket>,
-    ) -> Result<BrainSlot, GatewayError> {
+    ) -> Result<BrainSlot, EngineError> {
         let mut state = self.lock();
         self.try_brain(&mut state, device_id, Some((session_id, ticket)))
     }
@@ -310,16 +310,16 @@ impl Admission {
         state: &mut State,
         device_id: &str,
         for_session: Option<(&str, Option<StoreTicket>)>,
-    ) -> Result<BrainSlot, GatewayError> {
+    ) -> Result<BrainSlot, EngineError> {
         if state.n_brains >= self.limits.max_brains {
-            return Err(GatewayError::ServerBusy(format!(
+            return Err(EngineError::ServerBusy(format!(
                 "the server runs its maximum of {} brains",
                 self.limits.max_brains
             )));
         }
         let usage = state.per_device.entry(device_id.to_string()).or_default();
         if usage.n_brains >= self.limits.brains_per_device {
-            return Err(GatewayError::QuotaExceeded(format!(
+            return Err(EngineError::QuotaExceeded(format!(
                 "a device may run {} brains at once",
                 self.limits.brains_per_device
             )));
@@ -411,7 +411,7 @@ mod tests {
         );
         assert!(matches!(
             admission.reserve_session("dev-a", true),
-            Err(GatewayError::QuotaExceeded(_))
+            Err(EngineError::QuotaExceeded(_))
         ));
         drop(a);
         admission
@@ -423,7 +423,7 @@ mod tests {
         assert!(brain_c.is_some());
         assert!(matches!(
             admission.reserve_brain("dev-c", "s-c", None),
-            Err(GatewayError::ServerBusy(_))
+            Err(EngineError::ServerBusy(_))
         ));
         drop(brain_a);
         let _brain_d = admission

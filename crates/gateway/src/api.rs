@@ -58,7 +58,10 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(gateway.clone())
         // The model proxy's routes (its own crate and state).
-        .merge(gateway.engine.model_router())
+        .merge({
+            let ledger: Arc<dyn crate::model_proxy::Ledger> = gateway.engine.clone();
+            crate::model_proxy::router(gateway.engine.model.clone(), ledger)
+        })
         // With replicas: sessions made elsewhere are loaded, owner-bound requests forwarded.
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
@@ -486,7 +489,9 @@ async fn get_session(
     Device(device_id): Device,
     Path(id): Path<String>,
 ) -> Result<axum::Json<SessionInfo>, GatewayError> {
-    Ok(axum::Json(gateway.engine.sessions.get(&device_id, &id)?.info()))
+    Ok(axum::Json(
+        gateway.engine.sessions.get(&device_id, &id)?.info(),
+    ))
 }
 
 #[utoipa::path(
@@ -621,7 +626,9 @@ async fn get_egress(
     Path(id): Path<String>,
 ) -> Result<axum::Json<crate::network::EgressView>, GatewayError> {
     let session = gateway.engine.sessions.get(&device_id, &id)?;
-    Ok(axum::Json(gateway.engine.sessions.network().view(&session.id)))
+    Ok(axum::Json(
+        gateway.engine.sessions.network().view(&session.id),
+    ))
 }
 
 #[utoipa::path(

@@ -13,7 +13,7 @@ use warren_brain::WorkerPool;
 use crate::config::GatewayArgs;
 use crate::hands::Lifecycle;
 use crate::sessions::{self, Sessions};
-use crate::{agents, model_proxy, model_socket, replicas, turns, warm};
+use crate::{agents, model_proxy, replicas, turns, warm};
 
 /// Called with the id of every session that goes away.
 type GoneHook = Box<dyn Fn(&str) + Send + Sync>;
@@ -28,7 +28,7 @@ pub struct Engine {
     /// The model proxy: the real model keys and the sessions' `wm_` tokens.
     pub model: Arc<model_proxy::ModelProxy>,
     /// The proxy's per-session sockets for hands with a network of their own.
-    pub model_sockets: model_socket::ModelSockets,
+    pub model_sockets: model_proxy::sockets::ModelSockets,
     /// Warm sandboxes (with the brain in the hands): whole sessions-to-be.
     pub warm: warm::WarmSandboxes,
     /// With `--store postgres://…`: this replica's leases and its peers' URLs.
@@ -56,7 +56,7 @@ impl Engine {
             pool,
             agent,
             model,
-            model_sockets: model_socket::ModelSockets::default(),
+            model_sockets: model_proxy::sockets::ModelSockets::default(),
             warm,
             replicas,
             warren_bin,
@@ -106,7 +106,7 @@ impl Engine {
     /// hands forward to the session's model socket (an agent in hands without a network).
     pub fn model_origin(&self, in_hands: bool) -> String {
         if in_hands && self.hands_have_own_network() {
-            return format!("http://127.0.0.1:{}", model_socket::FORWARD_PORT);
+            return format!("http://127.0.0.1:{}", crate::hands::local::MODEL_PORT);
         }
         let port = self.args.listen.port();
         match self.args.listen.ip() {
@@ -119,13 +119,6 @@ impl Engine {
     /// the agent in them reaches the model proxy through the session's model socket.
     pub fn hands_have_own_network(&self) -> bool {
         matches!(self.sessions.network().label(), "private" | "none")
-    }
-
-    /// The model proxy's routes, serving this gateway's sessions (on its listener and on each
-    /// hands' model socket).
-    pub fn model_router(self: &Arc<Self>) -> axum::Router {
-        let ledger: Arc<dyn model_proxy::Ledger> = self.clone();
-        model_proxy::router(self.model.clone(), ledger)
     }
 
     /// SIGTERM: ends running turns (`interrupted`), closes every brain, snapshots and pauses
@@ -184,4 +177,3 @@ fn spawn_hands_sweeper(gateway: &Arc<Engine>) {
         }
     });
 }
-

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use warren_http::RequestError;
 
+use crate::engine_error::EngineError;
 use crate::hands::HandsError;
 
 #[derive(Debug, thiserror::Error)]
@@ -193,61 +194,51 @@ fn with_retry_after(mut response: Response, seconds: u64) -> Response {
     response
 }
 
+impl From<EngineError> for GatewayError {
+    /// Each of the engine's errors is the gateway's of the same name (and message).
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::InvalidRequest(message) => GatewayError::InvalidRequest(message),
+            EngineError::SessionNotFound => GatewayError::SessionNotFound,
+            EngineError::TurnInProgress => GatewayError::TurnInProgress,
+            EngineError::NoTurnRunning => GatewayError::NoTurnRunning,
+            EngineError::PermissionNotFound => GatewayError::PermissionNotFound,
+            EngineError::InvalidEgressRule(e) => GatewayError::InvalidEgressRule(e),
+            EngineError::NoEgressProxy(network) => GatewayError::NoEgressProxy(network),
+            EngineError::QuotaExceeded(message) => GatewayError::QuotaExceeded(message),
+            EngineError::ServerBusy(message) => GatewayError::ServerBusy(message),
+            EngineError::BrainUnavailable(message) => GatewayError::BrainUnavailable(message),
+            EngineError::StorageFull => GatewayError::StorageFull,
+            EngineError::StoreUnavailable(message) => GatewayError::StoreUnavailable(message),
+            EngineError::Hands(e) => GatewayError::Hands(e),
+            EngineError::Io(e) => GatewayError::Io(e),
+            EngineError::Internal(message) => GatewayError::Internal(message),
+        }
+    }
+}
+
+/// Storage faults are the engine's (see [`EngineError`]), wherever they come from.
 impl From<warren_store::pg::StoreError> for GatewayError {
     fn from(error: warren_store::pg::StoreError) -> Self {
-        use warren_store::pg::StoreError;
-        match error {
-            StoreError::Unavailable(message) => GatewayError::StoreUnavailable(message),
-            StoreError::Conflict(message) | StoreError::Invalid(message) => {
-                GatewayError::Internal(format!("store: {message}"))
-            }
-            StoreError::File(error) => GatewayError::from(error),
-        }
+        EngineError::from(error).into()
     }
 }
 
 impl From<warren_store::health::Refusal> for GatewayError {
     fn from(refusal: warren_store::health::Refusal) -> Self {
-        match refusal {
-            warren_store::health::Refusal::Full => GatewayError::StorageFull,
-            warren_store::health::Refusal::Unavailable(message) => {
-                GatewayError::StoreUnavailable(message)
-            }
-        }
+        EngineError::from(refusal).into()
     }
 }
 
-/// A full disk is [`GatewayError::StorageFull`] wherever the error comes from (device files,
-/// session metadata, event logs), an unreachable store [`GatewayError::StoreUnavailable`];
-/// every other I/O error stays internal.
 impl From<std::io::Error> for GatewayError {
     fn from(error: std::io::Error) -> Self {
-        if warren_store::pg::is_store_unavailable(&error) {
-            GatewayError::StoreUnavailable(error.to_string())
-        } else if warren_store::file::is_storage_full(&error) {
-            tracing::warn!(%error, "the data directory is full");
-            GatewayError::StorageFull
-        } else {
-            GatewayError::Io(error)
-        }
+        EngineError::from(error).into()
     }
 }
 
 impl From<crate::event_log::AppendError> for GatewayError {
     fn from(error: crate::event_log::AppendError) -> Self {
-        use crate::event_log::AppendError;
-        match error {
-            AppendError::Closed => GatewayError::Internal(error.to_string()),
-            AppendError::Failing(io) if warren_store::file::is_storage_full(&io) => {
-                GatewayError::StorageFull
-            }
-            AppendError::Failing(io) if warren_store::pg::is_store_unavailable(&io) => {
-                GatewayError::StoreUnavailable(io.to_string())
-            }
-            AppendError::Failing(io) => {
-                GatewayError::Io(std::io::Error::new(io.kind(), io.to_string()))
-            }
-        }
+        EngineError::from(error).into()
     }
 }
 
@@ -265,3 +256,41 @@ pub struct OptionalJson<T>(pub T);
 #[derive(Debug, FromRequestParts)]
 #[from_request(via(warren_http::Path), rejection(GatewayError))]
 pub struct Path<T>(pub T);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_engine_error_keeps_its_code_and_message_over_http() {
+        let rule = ""
+            .parse::<warren_egress::Rule>()
+            .expect_err("an empty rule is refused");
+        let cases = [
+            EngineError::InvalidRequest("bad".into()),
+            EngineError::SessionNotFound,
+            EngineError::TurnInProgress,
+            EngineError::NoTurnRunning,
+            EngineError::PermissionNotFound,
+            EngineError::InvalidEgressRule(rule),
+            EngineError::NoEgressProxy("host"),
+            EngineError::QuotaExceeded("full".into()),
+            EngineError::ServerBusy("busy".into()),
+            EngineError::BrainUnavailable("gone".into()),
+            EngineError::StorageFull,
+            EngineError::StoreUnavailable("away".into()),
+            EngineError::Hands(HandsError::Unavailable("x".into())),
+            EngineError::Hands(HandsError::IdentityMismatch("x".into())),
+            EngineError::Hands(HandsError::Stopped),
+            EngineError::Hands(HandsError::Failed("x".into())),
+            EngineError::Io(std::io::Error::other("x")),
+            EngineError::Internal("x".into()),
+        ];
+        for error in cases {
+            let (code, message) = (error.code(), error.to_string());
+            let over_http = GatewayError::from(error);
+            assert_eq!(over_http.code(), code, "{message}");
+            assert_eq!(over_http.to_string(), message);
+        }
+    }
+}

@@ -3,12 +3,13 @@
 //! `warren execd` confined to the session workspace, see [`hands`]), and keeps one durable event
 //! stream that is the client's single source of truth.
 //!
-//! Two layers. The session engine ([`engine::Engine`], no route in it): [`session`] one
+//! Two layers. The session engine ([`engine::Engine`], no route in it; it fails with
+//! [`engine_error::EngineError`], which names no status): [`session`] one
 //! session's state and transitions; [`sessions`] the registry, creation, deletion, recovery and
 //! the storage watch; [`event_log`] the per-session event stream over `warren-store`; `turns`
 //! messages, brains, permissions and cancel; `admission` quotas; `replicas` leases and takeover;
 //! `warm` warm sandboxes; `agents` the presets; `network` the hands' egress proxies, their
-//! questions, events and rules; `model_socket` the model proxy on each hands' socket.
+//! questions, events and rules.
 //! The HTTP layer ([`Gateway`]: the engine and what only routes keep): [`api`] routes and
 //! credential extractors; `auth` devices and tokens; [`sse`] the event stream over HTTP;
 //! `files`, `terminals` and [`previews`] the window into the hands; `owner` forwarding to a session's owner replica; `console` the web
@@ -25,15 +26,15 @@ pub(crate) mod auth;
 pub mod config;
 pub(crate) mod console;
 pub mod engine;
+pub mod engine_error;
 pub mod error;
 pub mod event_log;
 pub(crate) mod files;
 pub use warren_hands as hands;
 pub use warren_model_proxy as model_proxy;
-pub(crate) mod model_socket;
 pub(crate) mod network;
-pub(crate) mod owner;
 pub mod openapi;
+pub(crate) mod owner;
 pub mod previews;
 pub(crate) mod replicas;
 pub mod session;
@@ -54,11 +55,11 @@ use warren_process::TreeRegistry;
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Devices;
-use crate::engine::Engine;
 use crate::config::{BrainPlacement, HandsProviderKind};
+use crate::engine::Engine;
+use crate::hands::HandsProvider;
 use crate::hands::local::{LocalConfig, LocalHands};
 use crate::hands::remote::RemoteHands;
-use crate::hands::HandsProvider;
 use crate::sessions::Sessions;
 use warren_store::file;
 use warren_store::health::StorageHealth;

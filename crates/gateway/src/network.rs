@@ -18,7 +18,7 @@ use warren_egress::{Answer, AnswerFuture, Egress, Mode, Policy, Rule};
 use warren_protocol::gateway::EventBody;
 
 use crate::config::GatewayArgs;
-use crate::error::GatewayError;
+use crate::engine_error::EngineError;
 use crate::hands::local::EGRESS_SOCKET;
 use crate::session::Session;
 use warren_store::file;
@@ -243,13 +243,13 @@ impl Network {
         &self,
         session_id: &str,
         update: EgressUpdate,
-    ) -> Result<EgressView, GatewayError> {
+    ) -> Result<EgressView, EngineError> {
         let mode = Mode::from(update.policy);
         let allow = parse_rules(&update.allow)?;
         let deny = parse_rules(&update.deny)?;
         let network = self
             .get(session_id)
-            .ok_or(GatewayError::NoEgressProxy(self.label))?;
+            .ok_or(EngineError::NoEgressProxy(self.label))?;
         // A rule the person's answer added stays one (it opens no refused range) when the new
         // list still holds it.
         let before = network.egress.policy();
@@ -273,16 +273,16 @@ impl Network {
         session_id: &str,
         request_id: &str,
         option_id: &str,
-    ) -> Option<Result<(), GatewayError>> {
+    ) -> Option<Result<(), EngineError>> {
         let network = self.get(session_id)?;
         network.watcher.answer(request_id, option_id).await
     }
 }
 
-fn parse_rules(rules: &[String]) -> Result<Vec<Rule>, GatewayError> {
+fn parse_rules(rules: &[String]) -> Result<Vec<Rule>, EngineError> {
     rules
         .iter()
-        .map(|rule| rule.trim().parse::<Rule>().map_err(GatewayError::from))
+        .map(|rule| rule.trim().parse::<Rule>().map_err(EngineError::from))
         .collect()
 }
 
@@ -451,7 +451,7 @@ impl Watcher {
     }
 
     /// Keeps the proxy's policy and rules in `egress.json`.
-    async fn keep_policy(&self) -> Result<(), GatewayError> {
+    async fn keep_policy(&self) -> Result<(), EngineError> {
         let Some(egress) = self.egress.get().and_then(Weak::upgrade) else {
             return Ok(());
         };
@@ -465,11 +465,11 @@ impl Watcher {
         let path = self.policy_file.clone();
         tokio::task::spawn_blocking(move || file::write_json_atomic(&path, &stored))
             .await
-            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
         Ok(())
     }
 
-    async fn answer(&self, request_id: &str, option_id: &str) -> Option<Result<(), GatewayError>> {
+    async fn answer(&self, request_id: &str, option_id: &str) -> Option<Result<(), EngineError>> {
         let question = lock(&self.questions)
             .values()
             .find(|question| question.request_id == request_id)
@@ -479,7 +479,7 @@ impl Watcher {
             "allow_session" => Answer::AllowSession,
             "deny" => Answer::Deny,
             _ => {
-                return Some(Err(GatewayError::InvalidRequest(format!(
+                return Some(Err(EngineError::InvalidRequest(format!(
                     "option_id must be one of {OPTIONS:?}"
                 ))));
             }
@@ -499,7 +499,7 @@ impl Watcher {
         }
         if !self.resolve(&question, answer, Some(option_id)) {
             // Resolved meanwhile (the time ran out, or another answer came first).
-            return Some(Err(GatewayError::PermissionNotFound));
+            return Some(Err(EngineError::PermissionNotFound));
         }
         Some(Ok(()))
     }

@@ -39,7 +39,7 @@ pub async fn layer(State(gateway): State<Arc<Gateway>>, request: Request, next: 
     let path = request.uri().path().to_owned();
     if path == "/v1/sessions" {
         if let Err(e) = gateway.engine.sessions.load_missing().await {
-            return e.into_response();
+            return GatewayError::from(e).into_response();
         }
         return next.run(request).await;
     }
@@ -64,7 +64,7 @@ pub async fn layer(State(gateway): State<Arc<Gateway>>, request: Request, next: 
         Ok(Route::There { url, expires_in }) => forward(&gateway, &url, request, expires_in)
             .await
             .unwrap_or_else(IntoResponse::into_response),
-        Err(e) => e.into_response(),
+        Err(e) => GatewayError::from(e).into_response(),
     }
 }
 
@@ -82,7 +82,7 @@ pub async fn session_for_request(
         .is_none_or(|replicas| replicas.holds(id));
     match gateway.engine.sessions.by_id(id).filter(|_| owned) {
         Some(session) => Ok(Some(session)),
-        None => gateway.engine.sessions.find(id).await,
+        None => Ok(gateway.engine.sessions.find(id).await?),
     }
 }
 

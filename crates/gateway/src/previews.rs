@@ -376,7 +376,10 @@ async fn serve(
     let session = crate::owner::session_for_request(gateway, &session_id)
         .await?
         .ok_or(PreviewError::NotFound)?;
-    if let Route::There { url, expires_in } = crate::replicas::route(&gateway.engine, &session).await? {
+    if let Route::There { url, expires_in } = crate::replicas::route(&gateway.engine, &session)
+        .await
+        .map_err(GatewayError::from)?
+    {
         return Ok(crate::owner::forward(gateway, &url, request, expires_in).await?);
     }
     if let Some(record) = stored {

@@ -24,7 +24,7 @@ use warren_store::leases::{Acquired, Lease};
 use warren_store::pg::Store;
 
 use crate::engine::Engine;
-use crate::error::GatewayError;
+use crate::engine_error::EngineError;
 use crate::event_log::EventLog;
 use crate::session::{OpenTurns, Session};
 
@@ -79,7 +79,7 @@ impl Replicas {
 
     /// Takes (or renews) the session's lease when it is free, expired or ours. Returns whether
     /// this replica owns it now and, if so, which replica it was taken from.
-    pub async fn acquire(&self, session: &Session) -> Result<Acquired, GatewayError> {
+    pub async fn acquire(&self, session: &Session) -> Result<Acquired, EngineError> {
         let acquired = self
             .store
             .acquire_lease(&session.id, &self.id, &self.url, self.ttl)
@@ -211,7 +211,7 @@ pub fn spawn_follower(gateway: &Arc<Engine>) {
 
 /// Where an owner-bound request of `session` is served; takes the session over when its lease
 /// expired.
-pub async fn route(gateway: &Arc<Engine>, session: &Arc<Session>) -> Result<Route, GatewayError> {
+pub async fn route(gateway: &Arc<Engine>, session: &Arc<Session>) -> Result<Route, EngineError> {
     let Some(replicas) = &gateway.replicas else {
         return Ok(Route::Here);
     };
@@ -242,7 +242,7 @@ pub async fn route(gateway: &Arc<Engine>, session: &Arc<Session>) -> Result<Rout
 /// Makes this replica the session's owner: its meta is the one the old owner stored (so the
 /// next brain resumes the agent's ACP session), its log reads everything committed, the turns
 /// the old owner left open are closed `interrupted`, and the hands are adopted.
-async fn take_over(session: &Arc<Session>) -> Result<(), GatewayError> {
+async fn take_over(session: &Arc<Session>) -> Result<(), EngineError> {
     session.reload_meta().await?;
     session.log.follow().await?;
     session.adopt_history(scan_history(&session.log).await?);

@@ -25,7 +25,7 @@ use warren_brain::{BrainSession, Worker};
 use warren_protocol::gateway::{EventBody, ModelUsage, SessionInfo, UsageTotals};
 
 use crate::admission::{Admission, BrainSlot, SessionSlot, StoreTicket};
-use crate::error::GatewayError;
+use crate::engine_error::EngineError;
 use crate::event_log::{AppendError, EventLog, StoredEvent};
 use crate::hands::Hands;
 use warren_store::session_meta::{MetaStore, Reloaded};
@@ -370,28 +370,28 @@ impl Session {
     }
 
     /// Renames the session and stores the new title with its meta.
-    pub async fn rename(&self, title: String) -> Result<(), GatewayError> {
+    pub async fn rename(&self, title: String) -> Result<(), EngineError> {
         self.lock().title = title;
         self.save_meta().await
     }
 
     /// Stores the session's meta (see [`MetaStore::save`]).
-    pub async fn save_meta(&self) -> Result<(), GatewayError> {
+    pub async fn save_meta(&self) -> Result<(), EngineError> {
         let meta =
-            serde_json::to_value(self.meta()).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            serde_json::to_value(self.meta()).map_err(|e| EngineError::Internal(e.to_string()))?;
         Ok(self.meta_store.save(meta).await?)
     }
 
     /// Reads the session's meta back as its owner last stored it (the title, the agent's ACP
     /// session id), for a replica that followed the session and now owns it.
-    pub async fn reload_meta(&self) -> Result<(), GatewayError> {
+    pub async fn reload_meta(&self) -> Result<(), EngineError> {
         let value = match self.meta_store.reload().await? {
             Reloaded::Current => return Ok(()),
-            Reloaded::Gone => return Err(GatewayError::SessionNotFound),
+            Reloaded::Gone => return Err(EngineError::SessionNotFound),
             Reloaded::Stored(value) => value,
         };
         let meta: SessionMeta =
-            serde_json::from_value(value).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            serde_json::from_value(value).map_err(|e| EngineError::Internal(e.to_string()))?;
         self.hands.remember_nonce(meta.hands_nonce.clone());
         let mut state = self.lock();
         state.title = meta.title;
@@ -606,13 +606,13 @@ impl Session {
         text: String,
         admission: &Arc<Admission>,
         ticket: Option<StoreTicket>,
-    ) -> Result<(u64, CancellationToken), GatewayError> {
+    ) -> Result<(u64, CancellationToken), EngineError> {
         let mut state = self.lock();
         if state.deleted {
-            return Err(GatewayError::SessionNotFound);
+            return Err(EngineError::SessionNotFound);
         }
         if state.running.is_some() {
-            return Err(GatewayError::TurnInProgress);
+            return Err(EngineError::TurnInProgress);
         }
         let new_slot = match state.brain.holds_slot() {
             true => None,
@@ -684,9 +684,9 @@ impl Session {
     }
 
     /// `POST .../cancel`: fires the running turn's token; 409 `NO_TURN_RUNNING` when none runs.
-    pub fn cancel_turn(&self) -> Result<(), GatewayError> {
+    pub fn cancel_turn(&self) -> Result<(), EngineError> {
         let state = self.lock();
-        let running = state.running.as_ref().ok_or(GatewayError::NoTurnRunning)?;
+        let running = state.running.as_ref().ok_or(EngineError::NoTurnRunning)?;
         // Fired under the lock that also starts turns: the token is this turn's.
         running.cancel.cancel();
         Ok(())
@@ -728,19 +728,19 @@ impl Session {
         &self,
         request_id: &str,
         option_id: String,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<(), EngineError> {
         let mut state = self.lock();
         let running = state
             .running
             .as_ref()
-            .ok_or(GatewayError::PermissionNotFound)?;
+            .ok_or(EngineError::PermissionNotFound)?;
         let turn = running.turn;
         let pending = running
             .pending_permissions
             .get(request_id)
-            .ok_or(GatewayError::PermissionNotFound)?;
+            .ok_or(EngineError::PermissionNotFound)?;
         if !pending.option_ids.contains(&option_id) {
-            return Err(GatewayError::InvalidRequest(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "option_id must be one of {:?}",
                 pending.option_ids
             )));
@@ -755,7 +755,7 @@ impl Session {
             .running
             .as_mut()
             .and_then(|running| running.pending_permissions.remove(request_id))
-            .ok_or(GatewayError::PermissionNotFound)?;
+            .ok_or(EngineError::PermissionNotFound)?;
         state.last_active = Instant::now();
         drop(state);
         let _ = pending.answer.send(option_id);
@@ -777,10 +777,10 @@ impl Session {
 
     /// For a turn about to prompt: the live brain, or what starting one needs. A warm worker is
     /// taken out, its slot staying behind as `Starting`; a session without a slot reserves one.
-    pub fn brain_for_turn(&self, admission: &Arc<Admission>) -> Result<BrainStart, GatewayError> {
+    pub fn brain_for_turn(&self, admission: &Arc<Admission>) -> Result<BrainStart, EngineError> {
         let mut state = self.lock();
         if state.deleted {
-            return Err(GatewayError::SessionNotFound);
+            return Err(EngineError::SessionNotFound);
         }
         let acp_session_id = state.acp_session_id.clone();
         let (worker, slot) = match std::mem::replace(&mut state.brain, BrainState::None) {
@@ -827,7 +827,7 @@ impl Session {
 
     /// Bringing up a brain for `turn` failed: says so in the log if the turn still runs, and
     /// gives the slot back unless a later turn already counts on it.
-    pub fn brain_start_failed(&self, turn: u64, error: &GatewayError) {
+    pub fn brain_start_failed(&self, turn: u64, error: &EngineError) {
         let message = error.to_string();
         let mut state = self.lock();
         let running = state.running.as_ref().map(|running| running.turn);

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::engine::Engine;
 use crate::admission::{Admission, BrainSlot};
 use crate::config::BrainPlacement;
-use crate::error::GatewayError;
+use crate::engine::Engine;
+use crate::engine_error::EngineError;
 use crate::event_log::EventLog;
 use crate::hands::{Hands, HandsProvider};
 use crate::network::Network;
@@ -128,7 +128,7 @@ impl Sessions {
         placement: BrainPlacement,
         storage: Arc<StorageHealth>,
         network: Arc<Network>,
-    ) -> Result<Sessions, GatewayError> {
+    ) -> Result<Sessions, EngineError> {
         let dir = data_dir.join("sessions");
         let rows = store.load_sessions().await?;
         let known: std::collections::HashSet<String> =
@@ -136,7 +136,7 @@ impl Sessions {
         let scan_dir = dir.clone();
         tokio::task::spawn_blocking(move || remove_unknown_dirs(&scan_dir, &known))
             .await
-            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
         let sessions = Sessions {
             dir,
             hands_provider,
@@ -160,16 +160,16 @@ impl Sessions {
         &self,
         id: &str,
         value: serde_json::Value,
-    ) -> Result<Arc<Session>, GatewayError> {
+    ) -> Result<Arc<Session>, EngineError> {
         let store = self
             .store
             .clone()
-            .ok_or_else(|| GatewayError::Internal("no store".into()))?;
+            .ok_or_else(|| EngineError::Internal("no store".into()))?;
         let meta: SessionMeta = serde_json::from_value(value).map_err(|e| {
-            GatewayError::Internal(format!("stored session meta of {id} does not parse: {e}"))
+            EngineError::Internal(format!("stored session meta of {id} does not parse: {e}"))
         })?;
         if meta.id != id {
-            return Err(GatewayError::Internal(format!(
+            return Err(EngineError::Internal(format!(
                 "stored session meta of {id} names another session"
             )));
         }
@@ -179,7 +179,7 @@ impl Sessions {
         let making = session_dir.clone();
         tokio::task::spawn_blocking(move || std::fs::create_dir_all(making))
             .await
-            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
         let mut open_turns = OpenTurns::default();
         let log = EventLog::open_postgres(store.clone(), &meta.id, self.storage.clone(), |event| {
             open_turns.visit(event.turn, &event.body)
@@ -222,7 +222,7 @@ impl Sessions {
     /// The session `id`, loaded from the store when another replica made it since this one
     /// started; `None` when there is no such session (one deleted on another replica is
     /// forgotten here too). Without a store, what the map holds.
-    pub async fn find(&self, id: &str) -> Result<Option<Arc<Session>>, GatewayError> {
+    pub async fn find(&self, id: &str) -> Result<Option<Arc<Session>>, EngineError> {
         let local = self.by_id(id);
         let Some(store) = &self.store else {
             return Ok(local);
@@ -241,7 +241,7 @@ impl Sessions {
     }
 
     /// Loads every stored session this replica has not loaded yet (made on another replica).
-    pub async fn load_missing(&self) -> Result<(), GatewayError> {
+    pub async fn load_missing(&self) -> Result<(), EngineError> {
         let Some(store) = &self.store else {
             return Ok(());
         };
@@ -283,7 +283,7 @@ impl Sessions {
         title: Option<String>,
         want_brain: bool,
         warm: Option<(String, Arc<Hands>)>,
-    ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
+    ) -> Result<(Arc<Session>, Option<BrainSlot>), EngineError> {
         let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
         let (meta, warm_hands) = new_meta(device_id, title, warm);
         let id = meta.id.clone();
@@ -340,7 +340,7 @@ impl Sessions {
         title: Option<String>,
         want_brain: bool,
         warm: Option<(String, Arc<Hands>)>,
-    ) -> Result<(Arc<Session>, Option<BrainSlot>), GatewayError> {
+    ) -> Result<(Arc<Session>, Option<BrainSlot>), EngineError> {
         // The store's count is the quota across replicas: this replica's own count may still
         // hold sessions another replica deleted (a 204 there frees the slot everywhere), so it
         // only follows the store here and never refuses on its own.
@@ -348,7 +348,7 @@ impl Sessions {
         let (meta, warm_hands) = new_meta(device_id, title, warm);
         let id = meta.id.clone();
         let value =
-            serde_json::to_value(&meta).map_err(|e| GatewayError::Internal(e.to_string()))?;
+            serde_json::to_value(&meta).map_err(|e| EngineError::Internal(e.to_string()))?;
         let limit = self.admission.limits().sessions_per_device;
         match store
             .create_session_within(&id, device_id, &value, limit)
@@ -356,7 +356,7 @@ impl Sessions {
         {
             warren_store::admission::Admit::Admitted => {}
             _ => {
-                return Err(GatewayError::QuotaExceeded(format!(
+                return Err(EngineError::QuotaExceeded(format!(
                     "a device may hold {limit} sessions"
                 )));
             }
@@ -366,10 +366,10 @@ impl Sessions {
             let workspace = session_dir.join("workspace");
             tokio::task::spawn_blocking(move || std::fs::create_dir_all(workspace))
                 .await
-                .map_err(|e| GatewayError::Internal(e.to_string()))??;
+                .map_err(|e| EngineError::Internal(e.to_string()))??;
             let log =
                 EventLog::open_postgres(store.clone(), &id, self.storage.clone(), |_| {}).await?;
-            Ok::<_, GatewayError>(log)
+            Ok::<_, EngineError>(log)
         }
         .await;
         let log = match made {
@@ -431,12 +431,12 @@ impl Sessions {
     }
 
     /// The session `id` if `device_id` owns it; a foreign session is reported missing.
-    pub fn get(&self, device_id: &str, id: &str) -> Result<Arc<Session>, GatewayError> {
+    pub fn get(&self, device_id: &str, id: &str) -> Result<Arc<Session>, EngineError> {
         self.map()
             .get(id)
             .filter(|s| s.device_id == device_id)
             .cloned()
-            .ok_or(GatewayError::SessionNotFound)
+            .ok_or(EngineError::SessionNotFound)
     }
 
     /// The session `id`, whoever owns it (for credentials bound to one session, such as the
@@ -495,7 +495,7 @@ pub async fn create_session(
     gateway: &Arc<Engine>,
     device_id: &str,
     title: Option<String>,
-) -> Result<Arc<Session>, GatewayError> {
+) -> Result<Arc<Session>, EngineError> {
     gateway.sessions.storage.check()?;
     // Only a worker that is already warm is taken here; starting one would make creation slow,
     // and the first message starts one anyway.
@@ -523,7 +523,7 @@ pub async fn create_session(
                     .create_blocking(&owner, title, warm_available, warm_parts)
             })
             .await
-            .map_err(|e| GatewayError::Internal(e.to_string()))
+            .map_err(|e| EngineError::Internal(e.to_string()))
             .and_then(|created| created)
         }
     };
@@ -579,7 +579,7 @@ pub async fn create_session(
 pub async fn delete_session(
     gateway: &Arc<Engine>,
     session: &Arc<Session>,
-) -> Result<(), GatewayError> {
+) -> Result<(), EngineError> {
     // In a store, the row goes first: once it is gone no replica loads the session again, and
     // a store that cannot be reached refuses the delete before anything is torn down.
     if let Some(store) = gateway.sessions.store() {
@@ -612,7 +612,7 @@ pub async fn delete_session(
     let dir = session.dir.clone();
     tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
         .await
-        .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        .map_err(|e| EngineError::Internal(e.to_string()))??;
     tracing::info!(session = %session.id, "session deleted");
     Ok(())
 }

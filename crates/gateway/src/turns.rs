@@ -31,10 +31,10 @@ use warren_brain::{
 };
 use warren_protocol::gateway::EventBody;
 
-use crate::engine::Engine;
 use crate::agents::{ModelAccess, Preset};
 use crate::config::BrainPlacement;
-use crate::error::GatewayError;
+use crate::engine::Engine;
+use crate::engine_error::EngineError;
 use crate::hands::agent::{spawn_in_hands, stop_earlier_agent};
 use crate::hands::{Hands, HandsState, Isolation};
 use crate::session::{BrainStart, PendingPermission, Session, stop_brain_session};
@@ -45,7 +45,7 @@ pub async fn start_turn(
     gateway: &Arc<Engine>,
     session: &Arc<Session>,
     text: String,
-) -> Result<u64, GatewayError> {
+) -> Result<u64, EngineError> {
     gateway.sessions.storage().check()?;
     let admission = gateway.sessions.admission();
     // With a store, a session without a brain reserves one there first: over the device's
@@ -179,7 +179,7 @@ async fn end_turn(session: &Session, turn: u64, stop_reason: &str) {
 async fn ensure_brain(
     gateway: &Arc<Engine>,
     session: &Arc<Session>,
-) -> Result<Arc<BrainSession>, GatewayError> {
+) -> Result<Arc<BrainSession>, EngineError> {
     let _gate = session.brain_gate.lock().await;
     let (worker, acp_session_id) = match session.brain_for_turn(gateway.sessions.admission())? {
         BrainStart::Ready(brain) => return Ok(brain),
@@ -249,14 +249,14 @@ async fn ensure_brain(
             Err(e) => Err(e),
         },
     }
-    .map_err(|e| GatewayError::BrainUnavailable(e.to_string()))?;
+    .map_err(|e| EngineError::BrainUnavailable(e.to_string()))?;
     let brain = Arc::new(brain);
     let changed_id = match session.brain_started(brain.clone()) {
         Ok(changed_id) => changed_id,
         Err(unwanted) => {
             drop(brain);
             stop_brain_session(unwanted).await;
-            return Err(GatewayError::SessionNotFound);
+            return Err(EngineError::SessionNotFound);
         }
     };
     if changed_id {
@@ -278,9 +278,9 @@ async fn ensure_brain(
 async fn start_worker(
     gateway: &Arc<Engine>,
     session: &Arc<Session>,
-) -> Result<Worker, GatewayError> {
+) -> Result<Worker, EngineError> {
     let agent = &gateway.agent;
-    let unavailable = |e: BrainError| GatewayError::BrainUnavailable(e.to_string());
+    let unavailable = |e: BrainError| EngineError::BrainUnavailable(e.to_string());
     let origin = gateway.model_origin(agent.placement == BrainPlacement::Hands);
     let token = gateway.model.token(&session.id);
     match agent.placement {
@@ -290,7 +290,7 @@ async fn start_worker(
         BrainPlacement::Host => {
             // A home of the session's own, so its state never mixes with the host user's.
             let home = session.dir.join("agent-home");
-            std::fs::create_dir_all(&home).map_err(GatewayError::Io)?;
+            std::fs::create_dir_all(&home).map_err(EngineError::Io)?;
             let home = home.to_string_lossy().into_owned();
             let access = ModelAccess {
                 proxy_origin: &origin,
@@ -315,15 +315,22 @@ pub async fn start_in_hands(
     session_id: &str,
     hands: &Hands,
     session_dir: &std::path::Path,
-) -> Result<Worker, GatewayError> {
+) -> Result<Worker, EngineError> {
     let agent = &gateway.agent;
-    let unavailable = |e: BrainError| GatewayError::BrainUnavailable(e.to_string());
+    let unavailable = |e: BrainError| EngineError::BrainUnavailable(e.to_string());
     let origin = gateway.model_origin(true);
     let token = gateway.model.token(session_id);
     let endpoint = hands.endpoint().await?;
     if gateway.hands_have_own_network() {
         let run_dir = gateway.args.data.join("run").join("hands").join(session_id);
-        gateway.model_sockets.serve(gateway, session_id, &run_dir)?;
+        let ledger: Arc<dyn crate::model_proxy::Ledger> = gateway.clone();
+        gateway.model_sockets.serve(
+            gateway.model.clone(),
+            ledger,
+            session_id,
+            &run_dir.join(crate::hands::local::MODEL_SOCKET),
+            gateway.args.serve_config(),
+        )?;
     }
     let confined = hands.isolation() == Isolation::Bwrap;
     let home = match confined {
@@ -353,7 +360,7 @@ pub async fn start_in_hands(
 
 /// `POST /v1/sessions/{id}/cancel`: fires the running turn's token (see the module docs); 409
 /// `NO_TURN_RUNNING` when no turn runs.
-pub async fn cancel_turn(session: &Arc<Session>) -> Result<(), GatewayError> {
+pub async fn cancel_turn(session: &Arc<Session>) -> Result<(), EngineError> {
     session.cancel_turn()
 }
 
@@ -362,7 +369,7 @@ pub fn answer_permission(
     session: &Session,
     request_id: &str,
     option_id: String,
-) -> Result<(), GatewayError> {
+) -> Result<(), EngineError> {
     session.answer_permission(request_id, option_id)
 }
 

@@ -10,13 +10,15 @@
 //!
 //! Code map: [`keys`] the real keys and the upstreams; [`tokens`] the sessions' `wm_` tokens;
 //! [`provider`] what differs between the three APIs (credential headers, model calls, error
-//! shapes); [`usage`] the pure usage parsers; [`forward`] one request through.
+//! shapes); [`usage`] the pure usage parsers; [`forward`] one request through; [`sockets`]
+//! the proxy on a Unix socket per session.
 //! Deliberately absent: normalising the providers' numbers, retries, caching, reading the
 //! request body, any log or error text holding a key or a token.
 
 mod forward;
 mod keys;
 mod provider;
+pub mod sockets;
 mod tokens;
 pub mod usage;
 
