@@ -3,47 +3,32 @@
 //! `warren execd` confined to the session workspace, see [`hands`]), and keeps one durable event
 //! stream that is the client's single source of truth.
 //!
-//! Two layers. The session engine ([`engine::Engine`], no route in it; it fails with
-//! [`engine_error::EngineError`], which names no status): [`session`] one
-//! session's state and transitions; [`sessions`] the registry, creation, deletion, recovery and
-//! the storage watch; [`event_log`] the per-session event stream over `warren-store`; `turns`
-//! messages, brains, permissions and cancel; `admission` quotas; `replicas` leases and takeover;
-//! `warm` warm sandboxes; `agents` the presets; `network` the hands' egress proxies, their
-//! questions, events and rules.
-//! The HTTP layer ([`Gateway`]: the engine and what only routes keep): [`api`] routes and
-//! credential extractors; `auth` devices and tokens; [`sse`] the event stream over HTTP;
-//! `files`, `terminals` and [`previews`] the window into the hands; `owner` forwarding to a session's owner replica; `console` the web
-//! console's files; [`openapi`] the document of the routes; [`error`] the one mapping of errors
-//! to statuses. Modules are crate-private unless another crate names them.
+//! The HTTP layer over the session engine (`warren-engine`, re-exported here module by module):
+//! [`Gateway`] is the engine and what only routes keep. [`api`] routes and credential
+//! extractors; `auth` devices and tokens; [`sse`] the event stream over HTTP; `files`,
+//! `terminals` and [`previews`] the window into the hands; `owner` forwarding to a session's
+//! owner replica; `tunnel` one request to an execd; `console` the web console's files;
+//! [`openapi`] the document of the routes; [`error`] the one mapping of errors to statuses.
+//! Modules are crate-private unless another crate names them.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
 //! sandbox's construction (sandbox crate), the confined file walk (execd), the console's front
 //! end (its files in `console/`, embedded by `build.rs`, are served as they are).
 
-pub(crate) mod admission;
-pub(crate) mod agents;
 pub mod api;
 pub(crate) mod auth;
-pub mod config;
 pub(crate) mod console;
-pub mod engine;
-pub mod engine_error;
 pub mod error;
-pub mod event_log;
 pub(crate) mod files;
-pub use warren_hands as hands;
-pub use warren_model_proxy as model_proxy;
-pub(crate) mod network;
+pub use warren_engine::{
+    admission, agents, config, engine, engine_error, event_log, hands, model_proxy, network,
+    replicas, session, sessions, turns, warm,
+};
 pub mod openapi;
 pub(crate) mod owner;
 pub mod previews;
-pub(crate) mod replicas;
-pub mod session;
-pub mod sessions;
 pub mod sse;
 pub(crate) mod terminals;
 pub(crate) mod tunnel;
-pub(crate) mod turns;
-pub(crate) mod warm;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
