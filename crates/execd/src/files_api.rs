@@ -43,6 +43,7 @@ use crate::error::{ApiError, Json};
 use crate::fs::confined::{self, MoveError, MoveRefusal, Seen, TempFile, enough_when};
 use crate::fs::resolve::{self, Part, Refusal, Root, Want};
 use crate::fs::{PathError, is_escape, path_error};
+use crate::route_helpers::{open_file, query};
 
 /// Longest path a request may name, in bytes (Linux's `PATH_MAX`).
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -218,13 +219,6 @@ struct DeleteQuery {
     recursive: bool,
 }
 
-/// A query that does not fit the route is the crate's usual 400.
-fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    query
-        .map(|Query(q)| q)
-        .map_err(|e| warren_http::RequestError::InvalidQuery(e.body_text()).into())
-}
-
 fn fs_error(shown: &str, err: io::Error) -> FilesError {
     if is_escape(&err) {
         return FilesError::Escape(shown.into());
@@ -300,15 +294,7 @@ async fn read(
     let target = files.target(&path)?;
     let (file, size) = files
         .with_root(move |root| {
-            let (fd, _) = root
-                .open(&target.parts, Want::File)
-                .map_err(|e| fs_error(&target.shown, e))?;
-            let file = std::fs::File::from(fd);
-            let size = file
-                .metadata()
-                .map_err(|e| fs_error(&target.shown, e))?
-                .len();
-            Ok((file, size))
+            open_file(root, &target.parts).map_err(|e| fs_error(&target.shown, e))
         })
         .await?;
     let range = warren_http::range::range_header(&request_headers)

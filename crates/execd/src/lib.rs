@@ -25,6 +25,7 @@ pub mod opensandbox;
 pub mod origin_guard;
 pub mod proxy;
 pub mod pty;
+mod route_helpers;
 pub mod state;
 pub mod terminals;
 pub mod workspace;

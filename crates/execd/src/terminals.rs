@@ -18,6 +18,7 @@ use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalList, T
 
 use crate::error::{ApiError, Json, Path};
 use crate::exec_api::ExecState;
+use crate::route_helpers;
 
 /// Longest `wait_ms` one output request may ask for; clients loop for longer waits.
 const MAX_WAIT_MS: u64 = 300_000;
@@ -87,8 +88,7 @@ async fn output(
     Path(terminal_id): Path<String>,
     query: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<TerminalOutput>, ApiError> {
-    let Query(query) = query
-        .map_err(|e| ApiError::from(warren_http::RequestError::InvalidQuery(e.body_text())))?;
+    let query = route_helpers::query(query)?;
     let wait = Duration::from_millis(query.wait_ms.min(MAX_WAIT_MS));
     state
         .engine()

@@ -29,6 +29,7 @@ use warren_protocol::hands::RestoreResult;
 use warren_snapshot::{SnapshotError, UnpackLimits};
 
 use crate::error::ApiError;
+use crate::route_helpers;
 
 /// Bytes the packer hands to the response at once, and chunks in flight: about 1 MiB queued.
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -96,14 +97,6 @@ pub fn routes(workspace: Workspace) -> OpenApiRouter {
         .with_state(workspace)
 }
 
-/// `?tree=`, or a 400 in Warren's shape for a query that does not parse (axum's own rejection
-/// is plain text).
-fn tree_query(query: Result<Query<TreeQuery>, QueryRejection>) -> Result<TreeQuery, ApiError> {
-    query
-        .map(|Query(query)| query)
-        .map_err(|e| warren_http::RequestError::InvalidQuery(e.body_text()).into())
-}
-
 /// The tree as a zstd-compressed tar, streamed as it is made.
 #[utoipa::path(
     get, path = "/v1/workspace/snapshot", tag = "workspace",
@@ -118,7 +111,7 @@ async fn snapshot(
     State(workspace): State<Workspace>,
     query: Result<Query<TreeQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let query = tree_query(query)?;
+    let query = route_helpers::query(query)?;
     // A root that cannot be read is an error answer, not a broken stream.
     let root = workspace.tree(&query)?;
     drop(
@@ -213,7 +206,7 @@ async fn restore(
     query: Result<Query<TreeQuery>, QueryRejection>,
     body: Body,
 ) -> Result<Json<RestoreResult>, ApiError> {
-    let query = tree_query(query)?;
+    let query = route_helpers::query(query)?;
     let root = workspace.tree(&query)?;
     let _restoring = workspace.restoring.lock().await;
     let stream = body.into_data_stream().map_err(io::Error::other);

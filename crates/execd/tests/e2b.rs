@@ -16,6 +16,11 @@ use serde_json::{Value, json};
 use warren_execd::{Config, Execd};
 use warren_test_support::{python, repo_root};
 
+#[path = "support/loopback.rs"]
+mod loopback;
+#[path = "support/sdk_script.rs"]
+mod sdk_script;
+
 struct Server {
     base: String,
     root: PathBuf,
@@ -42,16 +47,8 @@ async fn start_with(token: Option<&str>, home: Option<&str>) -> Server {
         home,
         ..Config::default()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds");
-    let addr = listener.local_addr().expect("local addr");
-    let router = execd.e2b.router();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
     Server {
-        base: format!("http://{addr}"),
+        base: loopback::serve(execd.e2b.router()).await,
         root,
         client: reqwest::Client::new(),
         _root_dir: root_dir,
@@ -61,24 +58,70 @@ async fn start_with(token: Option<&str>, home: Option<&str>) -> Server {
 const WAIT: Duration = Duration::from_secs(30);
 
 impl Server {
+    /// Sends `request`, answered within [`WAIT`].
+    async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+        tokio::time::timeout(WAIT, request.send())
+            .await
+            .expect("answered in time")
+            .expect("answered")
+    }
+
+    /// A `POST` of `body` to `path` as `content_type`, with `headers` besides.
+    async fn post(
+        &self,
+        path: &str,
+        content_type: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", content_type)
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        Self::send(request).await
+    }
+
+    /// A `GET` of `path`.
+    async fn get(&self, path: &str) -> reqwest::Response {
+        Self::send(self.client.get(format!("{}{path}", self.base))).await
+    }
+
+    /// A unary JSON call with `body` as the raw request: status and JSON answer.
     async fn unary(&self, method: &str, body: &str) -> (u16, Value) {
-        let response = tokio::time::timeout(
-            WAIT,
-            self.client
-                .post(format!("{}/{method}", self.base))
-                .header("content-type", "application/json")
-                .body(body.to_owned())
-                .send(),
+        let response = self
+            .post(
+                &format!("/{method}"),
+                "application/json",
+                &[],
+                body.to_owned(),
+            )
+            .await;
+        json_answer(response).await
+    }
+
+    /// A unary JSON call of the message `body`.
+    async fn call(&self, method: &str, body: Value) -> (u16, Value) {
+        self.unary(method, &body.to_string()).await
+    }
+
+    /// `filesystem.Filesystem/Stat` of `path`.
+    async fn stat(&self, path: &str) -> (u16, Value) {
+        let body = json!({"path": path});
+        self.call("filesystem.Filesystem/Stat", body).await
+    }
+
+    /// `POST /files?path=P` of `body` as an octet stream: status and JSON answer.
+    async fn upload(&self, path: &str, body: &'static str) -> (u16, Value) {
+        let path = format!("/files?path={path}");
+        json_answer(
+            self.post(&path, "application/octet-stream", &[], body)
+                .await,
         )
         .await
-        .expect("the call answers in time")
-        .expect("the call is answered");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("a body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
     }
 
     /// A server-streaming call with `body` as the raw request bytes: every envelope's JSON.
@@ -88,25 +131,18 @@ impl Server {
         body: Vec<u8>,
         headers: &[(&str, &str)],
     ) -> Vec<(u8, Value)> {
-        let mut request = self
-            .client
-            .post(format!("{}/{method}", self.base))
-            .header("content-type", "application/connect+json")
-            .body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let bytes = tokio::time::timeout(WAIT, async {
-            request
-                .send()
-                .await
-                .expect("answered")
-                .bytes()
-                .await
-                .expect("the stream ends")
-        })
-        .await
-        .expect("the stream ends in time");
+        let response = self
+            .post(
+                &format!("/{method}"),
+                "application/connect+json",
+                headers,
+                body,
+            )
+            .await;
+        let bytes = tokio::time::timeout(WAIT, response.bytes())
+            .await
+            .expect("the stream ends in time")
+            .expect("the stream ends");
         parse_envelopes(&bytes)
     }
 
@@ -118,6 +154,44 @@ impl Server {
     ) -> Vec<(u8, Value)> {
         self.stream_raw(method, envelope(&message), headers).await
     }
+
+    /// `Start` of `process` (a JSON `ProcessConfig`) without stdin, read to the end.
+    async fn run(&self, process: Value, headers: &[(&str, &str)]) -> Vec<(u8, Value)> {
+        let request = json!({"process": process, "stdin": false});
+        self.stream("process.Process/Start", request, headers).await
+    }
+}
+
+/// The status and body of `response` as JSON (`Null` when empty, a string when not JSON).
+async fn json_answer(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, body)
+}
+
+/// Asserts that `answer` is an error of `status` with `code` (a Connect code's name, or the
+/// HTTP status of envd's own error body).
+#[track_caller]
+fn assert_error(answer: &(u16, Value), status: u16, code: Value, what: &str) {
+    let (got_status, body) = answer;
+    assert_eq!(
+        (*got_status, &body["code"]),
+        (status, &code),
+        "{what}: {body}"
+    );
+}
+
+/// The `end` event of a process's stream.
+fn end_event(envelopes: &[(u8, Value)]) -> Value {
+    envelopes
+        .iter()
+        .find_map(|(_, e)| e["event"].get("end").cloned())
+        .expect("an end event")
 }
 
 /// Every envelope of a whole stream body, as JSON.
@@ -134,11 +208,16 @@ fn parse_envelopes(bytes: &[u8]) -> Vec<(u8, Value)> {
     envelopes
 }
 
+/// `message` as the one envelope of a JSON request stream.
 fn envelope(message: &Value) -> Vec<u8> {
-    let data = serde_json::to_vec(message).expect("JSON");
+    envelope_of(&serde_json::to_vec(message).expect("JSON"))
+}
+
+/// `data` in an envelope without flags.
+fn envelope_of(data: &[u8]) -> Vec<u8> {
     let mut out = vec![0];
     out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    out.extend_from_slice(&data);
+    out.extend_from_slice(data);
     out
 }
 
@@ -158,26 +237,14 @@ async fn e2b_python_sdk_sync_and_async_work_against_warren() {
     // The script's relative paths land in the home, which must be inside the root to be seen.
     let server = start_with(None, Some("home/user")).await;
     let script = repo_root().join("tests/python/e2b_sdk_test.py");
-    let output = tokio::time::timeout(
-        Duration::from_secs(300),
+    sdk_script::assert_checks_pass(
         tokio::process::Command::new(&python)
             .arg(&script)
             .arg(&server.base)
-            .arg(&server.root)
-            .kill_on_drop(true)
-            .output(),
+            .arg(&server.root),
+        "all e2b SDK checks passed",
     )
-    .await
-    .expect("the SDK script finishes within 5 minutes")
-    .expect("the SDK script runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK checks failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    assert!(stdout.contains("all e2b SDK checks passed"), "{stdout}");
+    .await;
 }
 
 #[tokio::test]
@@ -188,9 +255,8 @@ async fn unknown_services_and_methods_are_unimplemented() {
         "nope.Service/Start",
         "filesystem.Filesystem/Format",
     ] {
-        let (status, body) = server.unary(method, "{}").await;
-        assert_eq!(status, 501, "{method}: {body}");
-        assert_eq!(body["code"], "unimplemented", "{method}: {body}");
+        let answer = server.unary(method, "{}").await;
+        assert_error(&answer, 501, json!("unimplemented"), method);
     }
 }
 
@@ -198,16 +264,11 @@ async fn unknown_services_and_methods_are_unimplemented() {
 async fn a_wrong_content_type_is_415_with_a_connect_error() {
     let server = start(None).await;
     let response = server
-        .client
-        .post(format!("{}/process.Process/List", server.base))
-        .header("content-type", "text/plain")
-        .body("{}")
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(response.status().as_u16(), 415);
-    let body: Value = response.json().await.expect("JSON");
-    assert_eq!(body["code"], "invalid_argument", "{body}");
+        .post("/process.Process/List", "text/plain", &[], "{}")
+        .await;
+    let answer = json_answer(response).await;
+    assert_error(&answer, 415, json!("invalid_argument"), "text/plain");
+    let body = answer.1;
     assert!(
         body["message"]
             .as_str()
@@ -221,9 +282,8 @@ async fn a_wrong_content_type_is_415_with_a_connect_error() {
 async fn invalid_json_and_bad_fields_are_invalid_argument() {
     let server = start(None).await;
     for body in ["{\"process\":", "[1]", "{\"process\":{\"pid\":-4}}"] {
-        let (status, answer) = server.unary("process.Process/SendSignal", body).await;
-        assert_eq!(status, 400, "{body}: {answer}");
-        assert_eq!(answer["code"], "invalid_argument", "{body}: {answer}");
+        let answer = server.unary("process.Process/SendSignal", body).await;
+        assert_error(&answer, 400, json!("invalid_argument"), body);
     }
 }
 
@@ -232,14 +292,15 @@ async fn unknown_pids_and_processes_of_other_trees_are_not_found() {
     let server = start(None).await;
     let own_pid = std::process::id();
     for body in [
-        json!({"process": {"pid": 999_999_999u32}, "signal": "SIGNAL_SIGKILL"}).to_string(),
+        json!({"process": {"pid": 999_999_999u32}, "signal": "SIGNAL_SIGKILL"}),
         // The pid as a JSON string, as proto3 JSON allows; it is this test's own process.
-        json!({"process": {"pid": own_pid.to_string()}, "signal": "SIGNAL_SIGTERM"}).to_string(),
-        json!({"process": {"pid": 1}, "signal": 9}).to_string(),
+        json!({"process": {"pid": own_pid.to_string()}, "signal": "SIGNAL_SIGTERM"}),
+        json!({"process": {"pid": 1}, "signal": 9}),
     ] {
-        let (status, answer) = server.unary("process.Process/SendSignal", &body).await;
-        assert_eq!(status, 404, "{body}: {answer}");
-        assert_eq!(answer["code"], "not_found", "{body}: {answer}");
+        let answer = server
+            .call("process.Process/SendSignal", body.clone())
+            .await;
+        assert_error(&answer, 404, json!("not_found"), &body.to_string());
     }
     let envelopes = server
         .stream(
@@ -256,39 +317,29 @@ async fn truncated_and_oversized_envelopes_end_the_stream_with_an_error() {
     let server = start(None).await;
     let mut truncated = envelope(&json!({"process": {"cmd": "true"}}));
     truncated.truncate(truncated.len() - 3);
-    let envelopes = server
-        .stream_raw("process.Process/Start", truncated, &[])
-        .await;
-    assert_eq!(end_error(&envelopes)["code"], "invalid_argument");
-
     let mut oversized = vec![0u8];
     oversized.extend_from_slice(&u32::MAX.to_be_bytes());
     oversized.extend_from_slice(b"{}");
-    let envelopes = server
-        .stream_raw("process.Process/Start", oversized, &[])
-        .await;
-    assert_eq!(end_error(&envelopes)["code"], "resource_exhausted");
-
-    let envelopes = server
-        .stream_raw(
-            "process.Process/Start",
+    let cases = [
+        ("truncated", truncated, "invalid_argument"),
+        ("oversized", oversized, "resource_exhausted"),
+        (
+            "flags 0x40",
             vec![0x40, 0, 0, 0, 2, b'{', b'}'],
-            &[],
-        )
-        .await;
-    assert_eq!(end_error(&envelopes)["code"], "invalid_argument");
+            "invalid_argument",
+        ),
+    ];
+    for (what, body, code) in cases {
+        let envelopes = server.stream_raw("process.Process/Start", body, &[]).await;
+        assert_eq!(end_error(&envelopes)["code"], code, "{what}");
+    }
 }
 
 #[tokio::test]
 async fn start_streams_start_then_output_then_end() {
     let server = start(None).await;
-    let envelopes = server
-        .stream(
-            "process.Process/Start",
-            json!({"process": {"cmd": "/bin/sh", "args": ["-c", "printf hi; exit 4"]}, "stdin": false}),
-            &[],
-        )
-        .await;
+    let process = json!({"cmd": "/bin/sh", "args": ["-c", "printf hi; exit 4"]});
+    let envelopes = server.run(process, &[]).await;
     assert!(
         envelopes[0].1["event"]["start"]["pid"].as_u64().is_some(),
         "{envelopes:?}"
@@ -299,10 +350,7 @@ async fn start_streams_start_then_output_then_end() {
         .flat_map(base64_decode)
         .collect();
     assert_eq!(stdout, b"hi");
-    let end = envelopes
-        .iter()
-        .find_map(|(_, e)| e["event"].get("end").cloned())
-        .expect("an end event");
+    let end = end_event(&envelopes);
     assert_eq!(end["exitCode"], 4, "{end}");
     assert_eq!(end["exited"], true, "{end}");
     assert_eq!(
@@ -316,13 +364,8 @@ async fn a_timeout_kills_the_whole_tree_not_just_the_shell() {
     let server = start(None).await;
     // A duration no other test uses, to find the sleep in /proc.
     let command = "sleep 37.25; echo x";
-    let envelopes = server
-        .stream(
-            "process.Process/Start",
-            json!({"process": {"cmd": "/bin/bash", "args": ["-c", command]}, "stdin": false}),
-            &[("connect-timeout-ms", "700")],
-        )
-        .await;
+    let process = json!({"cmd": "/bin/bash", "args": ["-c", command]});
+    let envelopes = server.run(process, &[("connect-timeout-ms", "700")]).await;
     assert_eq!(
         end_error(&envelopes)["code"],
         "deadline_exceeded",
@@ -339,22 +382,15 @@ async fn a_timeout_kills_the_whole_tree_not_just_the_shell() {
 async fn paths_escaping_the_root_are_permission_denied() {
     let server = start(None).await;
     for path in ["/etc/passwd", "../../etc", "/"] {
-        let body = json!({"path": path}).to_string();
-        let (status, answer) = server.unary("filesystem.Filesystem/Stat", &body).await;
+        let answer = server.stat(path).await;
         if path == "/" {
             // The root's parent is outside; `/` itself is not under a temporary root either.
-            assert_eq!(answer["code"], "permission_denied", "{path}: {answer}");
+            assert_eq!(answer.1["code"], "permission_denied", "{path}: {answer:?}");
             continue;
         }
-        assert_eq!(status, 403, "{path}: {answer}");
-        assert_eq!(answer["code"], "permission_denied", "{path}: {answer}");
+        assert_error(&answer, 403, json!("permission_denied"), path);
     }
-    let response = server
-        .client
-        .get(format!("{}/files?path=/etc/passwd", server.base))
-        .send()
-        .await
-        .expect("answered");
+    let response = server.get("/files?path=/etc/passwd").await;
     assert_eq!(response.status().as_u16(), 403);
 }
 
@@ -362,12 +398,7 @@ async fn paths_escaping_the_root_are_permission_denied() {
 async fn stat_reports_int64_sizes_as_strings_and_missing_paths_as_not_found() {
     let server = start(None).await;
     std::fs::write(server.root.join("ten.txt"), "0123456789").expect("writes");
-    let (status, answer) = server
-        .unary(
-            "filesystem.Filesystem/Stat",
-            &json!({"path": "ten.txt"}).to_string(),
-        )
-        .await;
+    let (status, answer) = server.stat("ten.txt").await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["entry"]["size"], "10", "{answer}");
     assert_eq!(answer["entry"]["type"], "FILE_TYPE_FILE", "{answer}");
@@ -375,60 +406,35 @@ async fn stat_reports_int64_sizes_as_strings_and_missing_paths_as_not_found() {
         answer["entry"]["permissions"].as_str().map(|p| p.len()),
         Some(10)
     );
-    let (status, answer) = server
-        .unary(
-            "filesystem.Filesystem/Stat",
-            &json!({"path": "missing"}).to_string(),
-        )
-        .await;
-    assert_eq!((status, answer["code"].clone()), (404, json!("not_found")));
+    assert_error(
+        &server.stat("missing").await,
+        404,
+        json!("not_found"),
+        "missing",
+    );
 }
 
 #[tokio::test]
 async fn a_watch_on_a_missing_directory_ends_with_not_found() {
     let server = start(None).await;
+    let nowhere = json!({"path": "nowhere"});
     let envelopes = server
-        .stream(
-            "filesystem.Filesystem/WatchDir",
-            json!({"path": "nowhere"}),
-            &[],
-        )
+        .stream("filesystem.Filesystem/WatchDir", nowhere.clone(), &[])
         .await;
     assert_eq!(end_error(&envelopes)["code"], "not_found", "{envelopes:?}");
-    let (status, answer) = server
-        .unary(
-            "filesystem.Filesystem/CreateWatcher",
-            &json!({"path": "nowhere"}).to_string(),
-        )
+    let answer = server
+        .call("filesystem.Filesystem/CreateWatcher", nowhere)
         .await;
-    assert_eq!((status, answer["code"].clone()), (404, json!("not_found")));
+    assert_error(&answer, 404, json!("not_found"), "CreateWatcher");
 }
 
 #[tokio::test]
 async fn a_token_is_required_when_execd_has_one_except_for_health() {
     let server = start(Some("sekret")).await;
-    let (status, answer) = server.unary("process.Process/List", "{}").await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (401, json!("unauthenticated"))
-    );
-    let health = server
-        .client
-        .get(format!("{}/health", server.base))
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(health.status().as_u16(), 204);
-    let listed = server
-        .client
-        .post(format!("{}/process.Process/List", server.base))
-        .header("content-type", "application/json")
-        .header("x-access-token", "sekret")
-        .body("{}")
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(listed.status().as_u16(), 200);
+    let answer = server.unary("process.Process/List", "{}").await;
+    assert_error(&answer, 401, json!("unauthenticated"), "no token");
+    assert_eq!(server.get("/health").await.status().as_u16(), 204);
+    assert_eq!(server.list_with_token("sekret").await, 200);
 }
 
 fn base64_encode(bytes: &[u8]) -> String {
@@ -449,25 +455,14 @@ async fn e2b_js_sdk_works_against_warren() {
         .await
         .expect("installs tests/node");
     let server = start(None).await;
-    let output = tokio::time::timeout(
-        Duration::from_secs(300),
+    sdk_script::assert_checks_pass(
         tokio::process::Command::new("node")
             .arg(dir.join("e2b_sdk_test.mjs"))
             .arg(&server.base)
-            .arg(&server.root)
-            .kill_on_drop(true)
-            .output(),
+            .arg(&server.root),
+        "all e2b JS SDK checks passed",
     )
-    .await
-    .expect("the JS SDK script finishes within 5 minutes")
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "JS SDK checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("all e2b JS SDK checks passed"), "{stdout}");
+    .await;
 }
 
 /// A streaming response read envelope by envelope as it arrives, for streams that stay open
@@ -478,6 +473,14 @@ struct EnvelopeStream {
 }
 
 impl EnvelopeStream {
+    /// `response`'s body, read envelope by envelope.
+    fn new(response: reqwest::Response) -> Self {
+        Self {
+            response,
+            buffer: Vec::new(),
+        }
+    }
+
     /// The next envelope's flags and payload; `None` once the body has ended.
     async fn next_raw(&mut self) -> Option<(u8, Vec<u8>)> {
         loop {
@@ -543,37 +546,36 @@ impl EnvelopeStream {
 impl Server {
     /// A server stream opened with one JSON request message, read as it arrives.
     async fn open_stream(&self, method: &str, message: Value) -> EnvelopeStream {
-        let response = tokio::time::timeout(
-            WAIT,
-            self.client
-                .post(format!("{}/{method}", self.base))
-                .header("content-type", "application/connect+json")
-                .body(envelope(&message))
-                .send(),
-        )
-        .await
-        .expect("the stream opens in time")
-        .expect("the stream is answered");
+        let path = format!("/{method}");
+        let response = self
+            .post(&path, "application/connect+json", &[], envelope(&message))
+            .await;
         assert_eq!(response.status().as_u16(), 200);
-        EnvelopeStream {
-            response,
-            buffer: Vec::new(),
-        }
+        EnvelopeStream::new(response)
     }
 
     /// `Start` of `process` (a JSON `ProcessConfig`) with `stdin`: the stream after its start
     /// event, and the pid that event names.
     async fn start_process(&self, process: Value, stdin: bool) -> (EnvelopeStream, u64) {
-        let mut stream = self
-            .open_stream(
-                "process.Process/Start",
-                json!({"process": process, "stdin": stdin}),
-            )
-            .await;
+        self.start_request(json!({"process": process, "stdin": stdin}))
+            .await
+    }
+
+    /// `Start` of the whole JSON `StartRequest` `request`: as [`Server::start_process`].
+    async fn start_request(&self, request: Value) -> (EnvelopeStream, u64) {
+        let mut stream = self.open_stream("process.Process/Start", request).await;
         let (flags, first) = stream.next().await;
         let pid = first["event"]["start"]["pid"].as_u64();
         assert_eq!(flags, 0, "{first}");
         (stream, pid.expect("the first event is start{pid}"))
+    }
+
+    /// The status of `List` with `token` as `X-Access-Token`.
+    async fn list_with_token(&self, token: &str) -> u16 {
+        let token = [("x-access-token", token)];
+        let path = "/process.Process/List";
+        let response = self.post(path, "application/json", &token, "{}").await;
+        response.status().as_u16()
     }
 
     /// A plain HTTP request of the envd API: status and JSON body (`Null` when empty).
@@ -593,23 +595,28 @@ impl Server {
         if let Some(token) = token {
             request = request.header("x-access-token", token);
         }
-        let response = tokio::time::timeout(WAIT, request.send())
+        json_answer(Self::send(request).await).await
+    }
+
+    /// `GET /envs` with `token`.
+    async fn envs(&self, token: Option<&str>) -> (u16, Value) {
+        self.http(reqwest::Method::GET, "/envs", None, token).await
+    }
+
+    /// `POST /init` of `body` with `token`.
+    async fn init(&self, body: &str, token: Option<&str>) -> (u16, Value) {
+        self.http(reqwest::Method::POST, "/init", Some(body), token)
             .await
-            .expect("answered in time")
-            .expect("answered");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("a body");
-        let body = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
-        (status, body)
+    }
+
+    /// `SendSignal` of SIGKILL to `pid`.
+    async fn send_kill(&self, pid: u64) -> (u16, Value) {
+        let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
+        self.call("process.Process/SendSignal", body).await
     }
 
     async fn kill(&self, pid: u64) {
-        let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}).to_string();
-        let (status, answer) = self.unary("process.Process/SendSignal", &body).await;
+        let (status, answer) = self.send_kill(pid).await;
         assert_eq!(status, 200, "{answer}");
     }
 
@@ -736,17 +743,14 @@ async fn stream_input_without_start_to_unknown_pids_or_without_stdin_ends_with_a
         assert_eq!(envelopes.len(), 1, "{case}: only the end: {envelopes:?}");
         assert_eq!(end_error(&envelopes)["code"], code, "{case}: {envelopes:?}");
     }
-    let (status, answer) = server
-        .unary(
+    let answer = server
+        .call(
             "process.Process/StreamInput",
-            &json!({"start": {"process": {"pid": cat}}}).to_string(),
+            json!({"start": {"process": {"pid": cat}}}),
         )
         .await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (415, json!("invalid_argument")),
-        "StreamInput is a streaming call: {answer}"
-    );
+    let what = "StreamInput is a streaming call";
+    assert_error(&answer, 415, json!("invalid_argument"), what);
     server.kill(cat).await;
     server.kill(no_stdin).await;
 }
@@ -756,23 +760,14 @@ async fn close_stdin_lets_cat_finish_with_exit_code_0() {
     let server = start(None).await;
     let (mut stream, pid) = server.start_process(json!({"cmd": "/bin/cat"}), true).await;
     let input = json!({"process": {"pid": pid}, "input": {"stdin": base64_encode(b"bye\n")}});
-    let (status, answer) = server
-        .unary("process.Process/SendInput", &input.to_string())
-        .await;
-    assert_eq!((status, answer), (200, json!({})));
+    let answer = server.call("process.Process/SendInput", input).await;
+    assert_eq!(answer, (200, json!({})));
     stream.stdout_until(b"bye\n").await;
-    let (status, answer) = server
-        .unary(
-            "process.Process/CloseStdin",
-            &json!({"process": {"pid": pid}}).to_string(),
-        )
-        .await;
-    assert_eq!((status, answer), (200, json!({})));
+    let close = json!({"process": {"pid": pid}});
+    let answer = server.call("process.Process/CloseStdin", close).await;
+    assert_eq!(answer, (200, json!({})));
     let rest = stream.rest().await;
-    let end = rest
-        .iter()
-        .find_map(|(_, e)| e["event"].get("end").cloned())
-        .expect("an end event");
+    let end = end_event(&rest);
     // proto3 JSON leaves a zero exit code out, as envd's protojson does.
     assert_eq!(
         end.get("exitCode").and_then(Value::as_i64).unwrap_or(0),
@@ -790,21 +785,15 @@ async fn close_stdin_without_a_pipe_or_a_selector_and_input_after_it_are_refused
     let (_sleep_stream, sleep) = server
         .start_process(json!({"cmd": "/bin/sleep", "args": ["30"]}), true)
         .await;
-    let mut pty_stream = server
-        .open_stream(
-            "process.Process/Start",
-            json!({"process": {"cmd": "/bin/sleep", "args": ["30"]},
-                   "pty": {"size": {"rows": 24, "cols": 80}}}),
-        )
+    let (_pty_stream, pty) = server
+        .start_request(json!({"process": {"cmd": "/bin/sleep", "args": ["30"]},
+                              "pty": {"size": {"rows": 24, "cols": 80}}}))
         .await;
-    let pty = pty_stream.next().await.1["event"]["start"]["pid"]
-        .as_u64()
-        .expect("the PTY process starts");
     let close = |pid: u64| json!({"process": {"pid": pid}}).to_string();
-    let (status, answer) = server
+    let answer = server
         .unary("process.Process/CloseStdin", &close(sleep))
         .await;
-    assert_eq!((status, answer), (200, json!({})));
+    assert_eq!(answer, (200, json!({})));
     // The sleep does not read stdin, so it runs on with it closed.
     let input = json!({"process": {"pid": sleep}, "input": {"stdin": base64_encode(b"x")}});
     let cases = [
@@ -819,12 +808,11 @@ async fn close_stdin_without_a_pipe_or_a_selector_and_input_after_it_are_refused
             "invalid_argument",
         ),
     ];
-    for (method, body, want_status, code) in cases {
-        let (status, answer) = server
+    for (method, body, status, code) in cases {
+        let answer = server
             .unary(&format!("process.Process/{method}"), &body)
             .await;
-        assert_eq!(status, want_status, "{method} {body}: {answer}");
-        assert_eq!(answer["code"], code, "{method} {body}: {answer}");
+        assert_error(&answer, status, json!(code), &format!("{method} {body}"));
     }
     server.kill(sleep).await;
     server.kill(pty).await;
@@ -833,20 +821,15 @@ async fn close_stdin_without_a_pipe_or_a_selector_and_input_after_it_are_refused
 #[tokio::test]
 async fn init_env_vars_are_merged_listed_by_envs_and_seen_by_later_processes() {
     let server = start(None).await;
-    let get = reqwest::Method::GET;
-    let post = reqwest::Method::POST;
-    assert_eq!(
-        server.http(get.clone(), "/envs", None, None).await,
-        (200, json!({}))
-    );
+    assert_eq!(server.envs(None).await, (200, json!({})));
     let first = json!({"envVars": {"WARREN_A": "from-init", "WARREN_B": "b1"}}).to_string();
     let second = json!({"envVars": {"WARREN_B": "b2", "WARREN_C": "c"}}).to_string();
     for body in [first, second] {
-        let answer = server.http(post.clone(), "/init", Some(&body), None).await;
+        let answer = server.init(&body, None).await;
         assert_eq!(answer, (204, Value::Null), "{body}");
     }
     assert_eq!(
-        server.http(get, "/envs", None, None).await,
+        server.envs(None).await,
         (
             200,
             json!({"WARREN_A": "from-init", "WARREN_B": "b2", "WARREN_C": "c"})
@@ -873,99 +856,49 @@ async fn bad_init_bodies_are_400_in_envds_error_shape_and_change_nothing() {
         r#"{"envVars": {"A": 1}}"#,
         r#"{"envVars": "#,
     ] {
-        let (status, answer) = server
-            .http(reqwest::Method::POST, "/init", Some(body), None)
-            .await;
-        assert_eq!(status, 400, "{body}: {answer}");
-        assert_eq!(answer["code"], 400, "{body}: {answer}");
-        assert!(answer["message"].is_string(), "{body}: {answer}");
+        let answer = server.init(body, None).await;
+        assert_error(&answer, 400, json!(400), body);
+        assert!(answer.1["message"].is_string(), "{body}: {answer:?}");
     }
-    let envs = server.http(reqwest::Method::GET, "/envs", None, None).await;
-    assert_eq!(envs, (200, json!({})));
+    assert_eq!(server.envs(None).await, (200, json!({})));
 }
 
 #[tokio::test]
 async fn a_token_set_by_init_is_required_afterwards_when_none_was_configured() {
     let server = start(None).await;
-    let post = reqwest::Method::POST;
     let (status, _) = server.unary("process.Process/List", "{}").await;
     assert_eq!(status, 200, "no token yet");
     let body = json!({"accessToken": "from-init"}).to_string();
-    let answer = server.http(post.clone(), "/init", Some(&body), None).await;
-    assert_eq!(answer, (204, Value::Null));
+    assert_eq!(server.init(&body, None).await, (204, Value::Null));
 
-    let (status, answer) = server.unary("process.Process/List", "{}").await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (401, json!("unauthenticated"))
-    );
+    let answer = server.unary("process.Process/List", "{}").await;
+    assert_error(&answer, 401, json!("unauthenticated"), "no token");
     for token in [None, Some("wrong")] {
-        let (status, answer) = server
-            .http(reqwest::Method::GET, "/envs", None, token)
-            .await;
-        assert_eq!(
-            (status, answer["code"].clone()),
-            (401, json!(401)),
-            "{token:?}"
-        );
+        let answer = server.envs(token).await;
+        assert_error(&answer, 401, json!(401), &format!("{token:?}"));
     }
-    let (status, _) = server
-        .http(reqwest::Method::GET, "/envs", None, Some("from-init"))
-        .await;
-    assert_eq!(status, 200);
-    let listed = server
-        .client
-        .post(format!("{}/process.Process/List", server.base))
-        .header("content-type", "application/json")
-        .header("x-access-token", "from-init")
-        .body("{}")
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(listed.status().as_u16(), 200);
+    assert_eq!(server.envs(Some("from-init")).await.0, 200);
+    assert_eq!(server.list_with_token("from-init").await, 200);
 
     // Once set, the token stays: the same one again is fine, another is refused.
-    let again = server
-        .http(post.clone(), "/init", Some(&body), Some("from-init"))
-        .await;
+    let again = server.init(&body, Some("from-init")).await;
     assert_eq!(again, (204, Value::Null));
     let other = json!({"accessToken": "other"}).to_string();
-    let (status, answer) = server
-        .http(post.clone(), "/init", Some(&other), Some("from-init"))
-        .await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (403, json!(403)),
-        "{answer}"
-    );
-    let (status, _) = server
-        .http(reqwest::Method::GET, "/envs", None, Some("other"))
-        .await;
-    assert_eq!(status, 401, "the refused token was not taken");
+    let answer = server.init(&other, Some("from-init")).await;
+    assert_error(&answer, 403, json!(403), "another token");
+    let still = server.envs(Some("other")).await.0;
+    assert_eq!(still, 401, "the refused token was not taken");
 }
 
 #[tokio::test]
 async fn init_cannot_replace_a_configured_token() {
     let server = start(Some("sekret")).await;
-    let post = reqwest::Method::POST;
     let body = json!({"accessToken": "mine"}).to_string();
-    let (status, answer) = server.http(post.clone(), "/init", Some(&body), None).await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (401, json!(401)),
-        "{answer}"
-    );
-    let (status, answer) = server
-        .http(post, "/init", Some(&body), Some("sekret"))
-        .await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (403, json!(403)),
-        "{answer}"
-    );
-    let (status, _) = server
-        .http(reqwest::Method::GET, "/envs", None, Some("sekret"))
-        .await;
+    let answer = server.init(&body, None).await;
+    assert_error(&answer, 401, json!(401), "no token");
+    let answer = server.init(&body, Some("sekret")).await;
+    assert_error(&answer, 403, json!(403), "the configured token");
+    let (status, _) = server.envs(Some("sekret")).await;
     assert_eq!(status, 200, "the configured token still works");
 }
 
@@ -983,9 +916,7 @@ async fn init_fields_for_the_clock_hosts_and_mounts_are_accepted_and_change_noth
         "defaultWorkdir": "/",
     })
     .to_string();
-    let answer = server
-        .http(reqwest::Method::POST, "/init", Some(&body), None)
-        .await;
+    let answer = server.init(&body, None).await;
     assert_eq!(answer, (204, Value::Null), "accepted as envd does");
 
     assert_eq!(std::fs::read("/etc/hosts").ok(), hosts_before, "/etc/hosts");
@@ -994,10 +925,7 @@ async fn init_fields_for_the_clock_hosts_and_mounts_are_accepted_and_change_noth
     assert!(!mount_point.exists(), "no mount point was made");
     let year_2020 = std::time::UNIX_EPOCH + Duration::from_secs(1_577_836_800);
     assert!(std::time::SystemTime::now() > year_2020, "the clock");
-    assert_eq!(
-        server.http(reqwest::Method::GET, "/envs", None, None).await,
-        (200, json!({}))
-    );
+    assert_eq!(server.envs(None).await, (200, json!({})));
     // Neither the default user nor the default directory of later processes moved.
     let (mut stream, _) = server
         .start_process(
@@ -1015,18 +943,9 @@ async fn init_fields_for_the_clock_hosts_and_mounts_are_accepted_and_change_noth
 
 /// A unary call in the binary codec: status, content type and body.
 async fn unary_proto(server: &Server, method: &str, body: Vec<u8>) -> (u16, String, Vec<u8>) {
-    let response = tokio::time::timeout(
-        WAIT,
-        server
-            .client
-            .post(format!("{}/{method}", server.base))
-            .header("content-type", "application/proto")
-            .body(body)
-            .send(),
-    )
-    .await
-    .expect("the call answers in time")
-    .expect("the call is answered");
+    let response = server
+        .post(&format!("/{method}"), "application/proto", &[], body)
+        .await;
     let status = response.status().as_u16();
     let content_type = response
         .headers()
@@ -1044,16 +963,11 @@ async fn unary_calls_in_application_proto_take_and_answer_prost_messages() {
     use warren_execd::e2b::proto::process as pb;
 
     let server = start(None).await;
-    let mut stream = server
-        .open_stream(
-            "process.Process/Start",
-            json!({"process": {"cmd": "/bin/sleep", "args": ["30"]}, "tag": "proto-tag",
-                   "stdin": false}),
-        )
+    let (mut stream, pid) = server
+        .start_request(json!({"process": {"cmd": "/bin/sleep", "args": ["30"]},
+                              "tag": "proto-tag", "stdin": false}))
         .await;
-    let pid = stream.next().await.1["event"]["start"]["pid"]
-        .as_u64()
-        .expect("started") as u32;
+    let pid = pid as u32;
 
     let (status, content_type, body) = unary_proto(
         &server,
@@ -1115,12 +1029,7 @@ async fn unary_calls_in_application_proto_take_and_answer_prost_messages() {
     .await;
     assert_eq!(status, 200);
     pb::SendSignalResponse::decode(&body[..]).expect("a SendSignalResponse");
-    let end = stream
-        .rest()
-        .await
-        .into_iter()
-        .find_map(|(_, e)| e["event"].get("end").cloned())
-        .expect("the killed sleep ends");
+    let end = end_event(&stream.rest().await);
     // Every signal ends the tree with SIGTERM first (the module's documented escalation).
     assert!(
         end["status"]
@@ -1145,30 +1054,20 @@ async fn a_connect_proto_stream_carries_prost_messages_and_a_json_end() {
         stdin: Some(false),
         ..Default::default()
     };
-    let mut body = vec![0];
-    let message = request.encode_to_vec();
-    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    body.extend_from_slice(&message);
-    let response = tokio::time::timeout(
-        WAIT,
-        server
-            .client
-            .post(format!("{}/process.Process/Start", server.base))
-            .header("content-type", "application/connect+proto")
-            .body(body)
-            .send(),
-    )
-    .await
-    .expect("answers in time")
-    .expect("answered");
+    let body = envelope_of(&request.encode_to_vec());
+    let response = server
+        .post(
+            "/process.Process/Start",
+            "application/connect+proto",
+            &[],
+            body,
+        )
+        .await;
     assert_eq!(
         response.headers().get("content-type").map(|v| v.as_bytes()),
         Some(&b"application/connect+proto"[..])
     );
-    let mut stream = EnvelopeStream {
-        response,
-        buffer: Vec::new(),
-    };
+    let mut stream = EnvelopeStream::new(response);
     let mut events = Vec::new();
     let mut end_of_stream = None;
     while let Some((flags, data)) = stream.next_raw().await {
@@ -1288,16 +1187,12 @@ async fn open_watch(server: &Server, path: &str, recursive: bool) -> EnvelopeStr
 #[tokio::test]
 async fn connect_to_a_process_that_just_exited_answers_start_and_its_end() {
     let server = start(None).await;
-    let mut stream = server
-        .open_stream(
-            "process.Process/Start",
-            json!({"process": {"cmd": "/bin/sh", "args": ["-c", "exit 3"]}, "tag": "short",
-                   "stdin": false}),
+    let (mut stream, pid) = server
+        .start_request(
+            json!({"process": {"cmd": "/bin/sh", "args": ["-c", "exit 3"]},
+                              "tag": "short", "stdin": false}),
         )
         .await;
-    let pid = stream.next().await.1["event"]["start"]["pid"]
-        .as_u64()
-        .expect("started");
     stream.rest().await;
     server.wait_until_gone(pid).await;
 
@@ -1317,9 +1212,8 @@ async fn connect_to_a_process_that_just_exited_answers_start_and_its_end() {
         assert_eq!(envelopes[2], (2, json!({})), "{selector}");
     }
     // Only `Connect` sees a finished process; the other calls name running ones, as in envd.
-    let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}).to_string();
-    let (status, answer) = server.unary("process.Process/SendSignal", &body).await;
-    assert_eq!((status, answer["code"].clone()), (404, json!("not_found")));
+    let answer = server.send_kill(pid).await;
+    assert_error(&answer, 404, json!("not_found"), "SendSignal");
 }
 
 #[tokio::test]
@@ -1328,35 +1222,25 @@ async fn stat_and_list_report_where_a_symlink_finally_leads_as_an_absolute_path(
     let dir = server.root.join("links");
     std::fs::create_dir_all(dir.join("sub")).expect("dirs");
     std::fs::write(dir.join("sub/t.txt"), "t").expect("file");
+    // Each link, its target and where it is reported to lead: resolved like Go's
+    // `filepath.EvalSymlinks`; unresolvable (or outside the root): the link's own path, as
+    // envd reports it.
     let links = [
-        ("rel", PathBuf::from("sub/t.txt")),
-        ("abs", dir.join("sub/t.txt")),
-        ("chain", PathBuf::from("rel")),
-        ("updir", PathBuf::from("sub/../sub")),
-        ("broken", PathBuf::from("missing")),
-        ("outside", PathBuf::from("/etc/passwd")),
-        ("loop", PathBuf::from("loop")),
+        ("rel", PathBuf::from("sub/t.txt"), "sub/t.txt"),
+        ("abs", dir.join("sub/t.txt"), "sub/t.txt"),
+        ("chain", PathBuf::from("rel"), "sub/t.txt"),
+        ("updir", PathBuf::from("sub/../sub"), "sub"),
+        ("broken", PathBuf::from("missing"), "broken"),
+        ("outside", PathBuf::from("/etc/passwd"), "outside"),
+        ("loop", PathBuf::from("loop"), "loop"),
     ];
-    for (name, target) in &links {
+    for (name, target, _) in &links {
         std::os::unix::fs::symlink(target, dir.join(name)).expect("a link");
     }
     let shown = |rel: &str| dir.join(rel).to_string_lossy().into_owned();
-    // Resolved like Go's `filepath.EvalSymlinks`; unresolvable (or outside the root): the
-    // link's own path, as envd reports it.
-    let expected = [
-        ("rel", shown("sub/t.txt")),
-        ("abs", shown("sub/t.txt")),
-        ("chain", shown("sub/t.txt")),
-        ("updir", shown("sub")),
-        ("broken", shown("broken")),
-        ("outside", shown("outside")),
-        ("loop", shown("loop")),
-    ];
+    let expected = links.map(|(name, _, leads_to)| (name, shown(leads_to)));
     let (status, listed) = server
-        .unary(
-            "filesystem.Filesystem/ListDir",
-            &json!({"path": dir}).to_string(),
-        )
+        .call("filesystem.Filesystem/ListDir", json!({"path": dir}))
         .await;
     assert_eq!(status, 200, "{listed}");
     let entries = listed["entries"].as_array().cloned().unwrap_or_default();
@@ -1366,12 +1250,7 @@ async fn stat_and_list_report_where_a_symlink_finally_leads_as_an_absolute_path(
             .find(|e| e["name"] == *name)
             .unwrap_or_else(|| panic!("{name} is listed: {listed}"));
         assert_eq!(entry["symlinkTarget"], json!(target), "list {name}");
-        let (_, stat) = server
-            .unary(
-                "filesystem.Filesystem/Stat",
-                &json!({"path": shown(name)}).to_string(),
-            )
-            .await;
+        let (_, stat) = server.stat(&shown(name)).await;
         assert_eq!(stat["entry"]["symlinkTarget"], json!(target), "stat {name}");
     }
     let sub = entries
@@ -1398,16 +1277,8 @@ async fn relative_paths_start_at_the_users_home_for_every_file_call() {
         .await;
 
     // Upload and download (`/files`).
-    let response = server
-        .client
-        .post(format!("{}/files?path=up/a.txt", server.base))
-        .header("content-type", "application/octet-stream")
-        .body("uploaded")
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(response.status().as_u16(), 200);
-    let written: Value = response.json().await.expect("JSON");
+    let (status, written) = server.upload("up/a.txt", "uploaded").await;
+    assert_eq!(status, 200);
     assert_eq!(
         written,
         json!([{"name": "a.txt", "type": "file", "path": at_home("up/a.txt")}])
@@ -1416,16 +1287,8 @@ async fn relative_paths_start_at_the_users_home_for_every_file_call() {
         std::fs::read_to_string(home.join("up/a.txt")).expect("written in the home"),
         "uploaded"
     );
-    let downloaded = server
-        .client
-        .get(format!("{}/files?path=up/a.txt", server.base))
-        .send()
-        .await
-        .expect("answered")
-        .text()
-        .await
-        .expect("a body");
-    assert_eq!(downloaded, "uploaded");
+    let downloaded = server.get("/files?path=up/a.txt").await;
+    assert_eq!(downloaded.text().await.expect("a body"), "uploaded");
 
     // Every filesystem call, `~` and `~/x` included.
     let calls = [
@@ -1441,10 +1304,7 @@ async fn relative_paths_start_at_the_users_home_for_every_file_call() {
     ];
     for (method, body, path) in calls {
         let (status, answer) = server
-            .unary(
-                &format!("filesystem.Filesystem/{method}"),
-                &body.to_string(),
-            )
+            .call(&format!("filesystem.Filesystem/{method}"), body.clone())
             .await;
         assert_eq!(status, 200, "{method} {body}: {answer}");
         assert_eq!(
@@ -1455,19 +1315,12 @@ async fn relative_paths_start_at_the_users_home_for_every_file_call() {
             "{method} {body}"
         );
     }
+    let made = json!({"path": "made"});
     let (_, listed) = server
-        .unary(
-            "filesystem.Filesystem/ListDir",
-            &json!({"path": "made"}).to_string(),
-        )
+        .call("filesystem.Filesystem/ListDir", made.clone())
         .await;
     assert_eq!(listed["entries"][0]["path"], json!(at_home("made/b.txt")));
-    let (status, _) = server
-        .unary(
-            "filesystem.Filesystem/Remove",
-            &json!({"path": "made"}).to_string(),
-        )
-        .await;
+    let (status, _) = server.call("filesystem.Filesystem/Remove", made).await;
     assert_eq!(status, 200);
     assert!(!home.join("made").exists(), "removed from the home");
     let mut watch = open_watch(&server, "~", false).await;
@@ -1476,16 +1329,8 @@ async fn relative_paths_start_at_the_users_home_for_every_file_call() {
         has(events, "seen.txt", "EVENT_TYPE_CREATE")
     })
     .await;
-    let (status, answer) = server
-        .unary(
-            "filesystem.Filesystem/Stat",
-            &json!({"path": "~other/x"}).to_string(),
-        )
-        .await;
-    assert_eq!(
-        (status, answer["code"].clone()),
-        (400, json!("invalid_argument"))
-    );
+    let answer = server.stat("~other/x").await;
+    assert_error(&answer, 400, json!("invalid_argument"), "~other/x");
 }
 
 #[tokio::test]
@@ -1494,19 +1339,10 @@ async fn a_watch_reports_an_upload_as_create_and_write_of_its_name_never_its_tem
     let dir = server.root.join("watched");
     std::fs::create_dir(&dir).expect("dir");
     let mut watch = open_watch(&server, &dir.to_string_lossy(), false).await;
-    let response = server
-        .client
-        .post(format!(
-            "{}/files?path={}/inner.txt",
-            server.base,
-            dir.display()
-        ))
-        .header("content-type", "application/octet-stream")
-        .body("inner")
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(response.status().as_u16(), 200);
+    let (status, _) = server
+        .upload(&format!("{}/inner.txt", dir.display()), "inner")
+        .await;
+    assert_eq!(status, 200);
     let events = watch_events_until(&mut watch, |events| {
         has(events, "inner.txt", "EVENT_TYPE_CREATE")
             && has(events, "inner.txt", "EVENT_TYPE_WRITE")

@@ -11,6 +11,9 @@ use serde_json::{Value, json};
 use warren_execd::{Config, Execd};
 use warren_test_support::alive;
 
+#[path = "support/loopback.rs"]
+mod loopback;
+
 struct Server {
     base: String,
     http: reqwest::Client,
@@ -28,16 +31,8 @@ impl Server {
         let logs = tempfile::tempdir().expect("temp dir");
         config.root = std::env::temp_dir();
         let execd = Execd::new(config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let app = execd.router();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
         Self {
-            base: format!("http://{addr}"),
+            base: loopback::serve(execd.router()).await,
             http: reqwest::Client::new(),
             execd,
             _logs: logs,

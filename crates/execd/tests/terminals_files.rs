@@ -7,13 +7,16 @@
 
 use std::time::Duration;
 
-use warren_execd_client::{ClientError, ExecdClient};
+use warren_execd_client::ExecdClient;
 use warren_protocol::exec::ExecCommandArgs;
-use warren_protocol::terminal::{TerminalCreate, TerminalExitStatus};
+use warren_protocol::terminal::{TerminalCreate, TerminalCreated, TerminalExitStatus};
 
+#[path = "support/client_answers.rs"]
+mod client_answers;
 #[path = "support/engine_execd.rs"]
 mod engine_execd;
 
+use client_answers::{assert_refused, mkfifo};
 use engine_execd::start;
 
 fn shell_line(command: &str) -> TerminalCreate {
@@ -37,23 +40,16 @@ async fn finish(client: &ExecdClient, id: &str) -> (String, bool, TerminalExitSt
     panic!("terminal {id} exits within 100 s");
 }
 
-fn api_code(error: ClientError) -> (u16, String) {
-    match error {
-        ClientError::Api { status, code, .. } => (status.as_u16(), code),
-        other => panic!("an error answer, got {other}"),
-    }
+/// Starts `create`, which must start.
+async fn create(client: &ExecdClient, create: &TerminalCreate) -> TerminalCreated {
+    client.create_terminal(create).await.expect("created")
 }
 
 #[tokio::test]
 async fn a_terminal_returns_exactly_the_bytes_written_and_the_exit_code() {
     let server = start().await;
-    let created = server
-        .client
-        .create_terminal(&shell_line(
-            r"printf 'p10\rp100\n'; printf 'no-newline' >&2; exit 3",
-        ))
-        .await
-        .expect("created");
+    let line = shell_line(r"printf 'p10\rp100\n'; printf 'no-newline' >&2; exit 3");
+    let created = create(&server.client, &line).await;
     assert!(created.pid > 0);
     let (output, truncated, status) = finish(&server.client, &created.terminal_id).await;
     assert_eq!(output, "p10\rp100\nno-newline");
@@ -75,24 +71,19 @@ async fn a_terminal_returns_exactly_the_bytes_written_and_the_exit_code() {
     let gone = server
         .client
         .terminal_output(&created.terminal_id, Duration::ZERO)
-        .await
-        .expect_err("released");
-    assert_eq!(api_code(gone), (404, "TERMINAL_NOT_FOUND".into()));
+        .await;
+    assert_refused(gone, 404, "TERMINAL_NOT_FOUND", "released");
 }
 
 #[tokio::test]
 async fn a_program_with_arguments_runs_without_a_shell_interpreting_them() {
     let server = start().await;
-    let create = TerminalCreate {
+    let printf = TerminalCreate {
         command: "printf".into(),
         args: vec!["%s|".into(), "a b".into(), "$HOME".into(), "'q'".into()],
         ..TerminalCreate::default()
     };
-    let created = server
-        .client
-        .create_terminal(&create)
-        .await
-        .expect("created");
+    let created = create(&server.client, &printf).await;
     let (output, _, status) = finish(&server.client, &created.terminal_id).await;
     assert_eq!(output, "a b|$HOME|'q'|");
     assert_eq!(status.exit_code, Some(0));
@@ -101,11 +92,8 @@ async fn a_program_with_arguments_runs_without_a_shell_interpreting_them() {
 #[tokio::test]
 async fn kill_ends_the_whole_tree_with_its_signal_and_keeps_the_output() {
     let server = start().await;
-    let created = server
-        .client
-        .create_terminal(&shell_line("echo started; sleep 300 & sleep 300"))
-        .await
-        .expect("created");
+    let line = shell_line("echo started; sleep 300 & sleep 300");
+    let created = create(&server.client, &line).await;
     for _ in 0..100 {
         let output = server
             .client
@@ -138,15 +126,11 @@ async fn kill_ends_the_whole_tree_with_its_signal_and_keeps_the_output() {
 #[tokio::test]
 async fn the_output_limit_keeps_the_newest_bytes_and_says_so() {
     let server = start().await;
-    let create = TerminalCreate {
+    let limited = TerminalCreate {
         output_byte_limit: Some(10),
         ..shell_line("printf 'abcdefghij'; printf 'é0123456789'")
     };
-    let created = server
-        .client
-        .create_terminal(&create)
-        .await
-        .expect("created");
+    let created = create(&server.client, &limited).await;
     let (output, truncated, _) = finish(&server.client, &created.terminal_id).await;
     assert!(truncated);
     assert_eq!(output, "0123456789");
@@ -155,20 +139,12 @@ async fn the_output_limit_keeps_the_newest_bytes_and_says_so() {
 #[tokio::test]
 async fn terminals_and_exec_sessions_do_not_see_each_other() {
     let server = start().await;
-    let created = server
-        .client
-        .create_terminal(&shell_line("sleep 300"))
-        .await
-        .expect("created");
+    let created = create(&server.client, &shell_line("sleep 300")).await;
     let sessions = server.client.list_sessions().await.expect("sessions");
     assert!(sessions.sessions.is_empty(), "{sessions:?}");
     let id: u32 = created.terminal_id.parse().expect("numeric id");
-    let refused = server
-        .client
-        .kill_session(id)
-        .await
-        .expect_err("not an exec session");
-    assert_eq!(api_code(refused), (404, "SESSION_NOT_FOUND".into()));
+    let refused = server.client.kill_session(id).await;
+    assert_refused(refused, 404, "SESSION_NOT_FOUND", "not an exec session");
     let result = server
         .client
         .exec_command(&ExecCommandArgs {
@@ -183,9 +159,8 @@ async fn terminals_and_exec_sessions_do_not_see_each_other() {
     let refused = server
         .client
         .terminal_output(&session_id, Duration::ZERO)
-        .await
-        .expect_err("not a terminal");
-    assert_eq!(api_code(refused), (404, "TERMINAL_NOT_FOUND".into()));
+        .await;
+    assert_refused(refused, 404, "TERMINAL_NOT_FOUND", "not a terminal");
     server
         .client
         .release_terminal(&created.terminal_id)
@@ -209,19 +184,11 @@ async fn bad_terminal_requests_get_a_code() {
         ),
     ];
     for (create, status, code) in cases {
-        let refused = server
-            .client
-            .create_terminal(&create)
-            .await
-            .expect_err("refused");
-        assert_eq!(api_code(refused), (status, code.into()), "{create:?}");
+        let refused = server.client.create_terminal(&create).await;
+        assert_refused(refused, status, code, &format!("{create:?}"));
     }
-    let unknown = server
-        .client
-        .kill_terminal("not-a-number")
-        .await
-        .expect_err("unknown");
-    assert_eq!(api_code(unknown), (404, "TERMINAL_NOT_FOUND".into()));
+    let unknown = server.client.kill_terminal("not-a-number").await;
+    assert_refused(unknown, 404, "TERMINAL_NOT_FOUND", "unknown");
 }
 
 #[tokio::test]
@@ -263,17 +230,9 @@ async fn bad_file_requests_get_a_code() {
     let root = server.root.path();
     std::fs::write(root.join("plain"), "x").expect("file");
     std::os::unix::fs::symlink("/etc", root.join("out")).expect("link");
-    let fifo = root.join("fifo");
     // Made directly: this binary runs the daemon's reaper, which would take a `mkfifo`
     // child's exit status.
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .expect("mkfifo");
+    mkfifo(&root.join("fifo"));
     let long_name = "n".repeat(300);
     let reads = [
         ("missing", 404, "FILE_NOT_FOUND"),
@@ -288,8 +247,8 @@ async fn bad_file_requests_get_a_code() {
         ("a\0b", 400, "INVALID_PATH"),
     ];
     for (path, status, code) in reads {
-        let refused = server.client.read_file(path).await.expect_err("refused");
-        assert_eq!(api_code(refused), (status, code.into()), "read {path:?}");
+        let refused = server.client.read_file(path).await;
+        assert_refused(refused, status, code, &format!("read {path:?}"));
     }
     let writes = [
         ("out/evil", 403, "PATH_ESCAPE"),
@@ -298,12 +257,8 @@ async fn bad_file_requests_get_a_code() {
         (".", 400, "INVALID_PATH"),
     ];
     for (path, status, code) in writes {
-        let refused = server
-            .client
-            .write_file(path, "data")
-            .await
-            .expect_err("refused");
-        assert_eq!(api_code(refused), (status, code.into()), "write {path:?}");
+        let refused = server.client.write_file(path, "data").await;
+        assert_refused(refused, status, code, &format!("write {path:?}"));
     }
     assert!(!std::path::Path::new("/etc/evil").exists());
 }

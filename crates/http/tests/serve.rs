@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use warren_http::{Json, OptionalJson, RequestError, ServeConfig};
 
@@ -66,24 +66,42 @@ async fn start(config: ServeConfig) -> std::net::SocketAddr {
     addr
 }
 
-/// Reads until the server closes the connection; what it sent on the way.
-async fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
+/// Reads until the server closes the connection (or breaks it off); what it sent on the way.
+async fn read_until_closed(stream: &mut (impl AsyncRead + Unpin), what: &str) -> String {
     let mut received = Vec::new();
-    let read = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => received.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
+    // An error ends the reading as the close does; what came before it is kept.
+    let read = tokio::time::timeout(WAIT, stream.read_to_end(&mut received)).await;
     assert!(
         read.is_ok(),
         "{what}: the server did not close within {WAIT:?}"
     );
     String::from_utf8_lossy(&received).into_owned()
+}
+
+/// Writes the head of a `POST /echo` whose body is `length` bytes long, with the header lines
+/// `extra` (each ending in CRLF) besides.
+async fn write_echo_head(stream: &mut TcpStream, length: usize, extra: &str) {
+    let head = format!(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n"
+    );
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("writes head");
+}
+
+/// Sends `request`: the body of its answer as text.
+async fn text(request: reqwest::RequestBuilder) -> String {
+    let response = request.send().await.expect("answered");
+    response.text().await.expect("text")
+}
+
+/// Asserts that `response` is `status` with Warren's JSON error body of `code`; the body.
+async fn assert_error(response: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(response.status(), status);
+    let body: serde_json::Value = response.json().await.expect("JSON error body");
+    assert_eq!(body["code"], code, "{body}");
+    body
 }
 
 async fn connect(addr: std::net::SocketAddr) -> TcpStream {
@@ -144,14 +162,7 @@ async fn body_short_of_its_content_length_times_out() {
     let addr = start(short_timeouts()).await;
     let mut stream = connect(addr).await;
     let body = r#"{"text": "hello"}"#;
-    let head = format!(
-        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len() + 100
-    );
-    stream
-        .write_all(head.as_bytes())
-        .await
-        .expect("writes head");
+    write_echo_head(&mut stream, body.len() + 100, "").await;
     stream
         .write_all(body.as_bytes())
         .await
@@ -166,14 +177,7 @@ async fn a_slow_body_that_keeps_coming_is_not_cut_off() {
     let addr = start(short_timeouts()).await;
     let mut stream = connect(addr).await;
     let body = br#"{"text": "slow"}"#;
-    let head = format!(
-        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream
-        .write_all(head.as_bytes())
-        .await
-        .expect("writes head");
+    write_echo_head(&mut stream, body.len(), "Connection: close\r\n").await;
     // Each piece comes well within the idle timeout, though the whole takes longer than it.
     for piece in body.chunks(4) {
         stream.write_all(piece).await.expect("writes a piece");
@@ -194,19 +198,10 @@ async fn a_handler_that_panics_answers_500_in_the_error_shape_and_the_server_goe
             .send()
             .await
             .expect("answered, not cut off");
-        assert_eq!(response.status(), 500);
-        let body: serde_json::Value = response.json().await.expect("JSON error body");
-        assert_eq!(body["code"], "RUNTIME_ERROR", "{body}");
+        let body = assert_error(response, 500, "RUNTIME_ERROR").await;
         assert_eq!(body["message"], "internal error", "{body}");
     }
-    let pong = http
-        .get(format!("http://{addr}/ping"))
-        .send()
-        .await
-        .expect("answered")
-        .text()
-        .await
-        .expect("text");
+    let pong = text(http.get(format!("http://{addr}/ping"))).await;
     assert_eq!(pong, "pong");
 }
 
@@ -221,18 +216,9 @@ async fn a_json_array_for_an_object_body_is_refused() {
         .send()
         .await
         .expect("answered");
-    assert_eq!(response.status(), 400);
-    let body: serde_json::Value = response.json().await.expect("JSON error body");
-    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
-    let answer = http
-        .post(format!("http://{addr}/optional"))
-        .body(r#"["hello"]"#)
-        .send()
-        .await
-        .expect("answered")
-        .text()
-        .await
-        .expect("text");
+    assert_error(response, 400, "INVALID_REQUEST_BODY").await;
+    let optional = http.post(format!("http://{addr}/optional"));
+    let answer = text(optional.body(r#"["hello"]"#)).await;
     assert!(answer.starts_with("refused: invalid JSON body"), "{answer}");
 }
 
@@ -313,27 +299,11 @@ async fn a_unix_socket_gets_the_same_answers_and_header_timeout() {
         .write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .expect("writes");
-    let mut answer = String::new();
-    tokio::time::timeout(WAIT, client.read_to_string(&mut answer))
-        .await
-        .expect("answered within the wait")
-        .expect("reads");
+    let answer = read_until_closed(&mut client, "a ping").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("pong"), "{answer}");
     // Half a request line is closed by the header read timeout, as on TCP.
     let mut half = connect().await;
     half.write_all(b"GET /pi").await.expect("writes");
-    let closed = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 1024];
-        while let Ok(n) = half.read(&mut buf).await {
-            if n == 0 {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(
-        closed.is_ok(),
-        "half a request line not closed within {WAIT:?}"
-    );
+    read_until_closed(&mut half, "half a request line").await;
 }

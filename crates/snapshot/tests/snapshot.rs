@@ -11,7 +11,9 @@ use std::path::Path;
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
-use warren_snapshot::{EntryKind, SnapshotError, UnpackLimits, list, pack, read_file, unpack};
+use warren_snapshot::{
+    EntryKind, SnapshotError, UnpackLimits, UnpackStats, list, pack, read_file, unpack,
+};
 
 /// One entry of a hand-built archive: written with raw header bytes, so `tar::Builder`'s own
 /// path checks cannot stop a hostile name.
@@ -115,6 +117,27 @@ fn is_empty(dir: &Path) -> bool {
     std::fs::read_dir(dir).expect("lists").next().is_none()
 }
 
+/// `unpack` of `archive` into `root` with the default limits.
+fn unpack_default(archive: &[u8], root: &Path) -> Result<UnpackStats, SnapshotError> {
+    unpack(Cursor::new(archive), root, &UnpackLimits::default())
+}
+
+/// A new temporary directory that `archive` was unpacked into (`what` says why it must unpack).
+fn restored(archive: &[u8], what: &str) -> tempfile::TempDir {
+    let restored = tempfile::tempdir().expect("tempdir");
+    unpack_default(archive, restored.path()).expect(what);
+    restored
+}
+
+/// Asserts that unpacking `archive` into the empty `root` is refused as `expected` and leaves
+/// `root` empty.
+#[track_caller]
+fn assert_refused(archive: &[u8], root: &Path, expected: Expected, what: &str) {
+    let error = unpack_default(archive, root).expect_err(what);
+    assert_eq!(kind_of(&error), Some(expected), "{what}: {error}");
+    assert!(is_empty(root), "{what}: root not empty after {error}");
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Expected {
     Unsafe,
@@ -137,100 +160,66 @@ fn every_hostile_archive_is_refused_and_leaves_the_root_empty() {
     // Each starts with harmless entries (a read-only directory among them), so the cleanup has
     // something to remove.
     let prefix = || vec![dir("ro"), file("ro/kept", b"ok"), file("a.txt", b"hello")];
-    let cases: Vec<(&str, Vec<Raw>, Expected)> = vec![
-        ("parent component", vec![file("../x", b"x")], Unsafe),
-        ("parent inside", vec![file("a/../../x", b"x")], Unsafe),
-        ("absolute path", vec![file("/etc/x", b"x")], Unsafe),
-        ("symlink to the root", vec![symlink("l", "/")], Unsafe),
+    let unsafe_cases: Vec<(&str, Vec<Raw>)> = vec![
+        ("parent component", vec![file("../x", b"x")]),
+        ("parent inside", vec![file("a/../../x", b"x")]),
+        ("absolute path", vec![file("/etc/x", b"x")]),
+        ("symlink to the root", vec![symlink("l", "/")]),
         (
             "symlink to an absolute file",
             vec![symlink("l", "/etc/passwd")],
-            Unsafe,
         ),
-        (
-            "symlink climbing out",
-            vec![symlink("l", "a/../../x")],
-            Unsafe,
-        ),
+        ("symlink climbing out", vec![symlink("l", "a/../../x")]),
         (
             "nested symlink climbing out",
             vec![symlink("d/l", "../../x")],
-            Unsafe,
         ),
         (
             "hard link to an absolute path",
             vec![hard_link("h", "/etc/passwd")],
-            Unsafe,
         ),
-        (
-            "hard link climbing out",
-            vec![hard_link("h", "../x")],
-            Unsafe,
-        ),
+        ("hard link climbing out", vec![hard_link("h", "../x")]),
         (
             "hard link to a later entry",
             vec![hard_link("h", "later"), file("later", b"x")],
-            Unsafe,
         ),
-        (
-            "hard link to a directory",
-            vec![hard_link("h", "ro")],
-            Unsafe,
-        ),
+        ("hard link to a directory", vec![hard_link("h", "ro")]),
         (
             "hard link to a symlink",
             vec![symlink("s", "a.txt"), hard_link("h", "s")],
-            Unsafe,
         ),
         (
             "write through a symlink",
             vec![dir("sub"), symlink("link", "sub"), file("link/x", b"x")],
-            Unsafe,
         ),
         (
             "dir through a symlink",
             vec![symlink("link", "."), dir("link/d")],
-            Unsafe,
         ),
         (
             "file over a symlink",
             vec![symlink("s", "a.txt"), file("s", b"x")],
-            Unsafe,
         ),
-        ("duplicate file", vec![file("a.txt", b"again")], Unsafe),
-        ("char device", vec![special(EntryType::Char, "tty")], Unsafe),
-        (
-            "block device",
-            vec![special(EntryType::Block, "sda")],
-            Unsafe,
-        ),
-        ("fifo", vec![special(EntryType::Fifo, "pipe")], Unsafe),
-        (
-            "gnu sparse",
-            vec![special(EntryType::GNUSparse, "sparse")],
-            Unsafe,
-        ),
-        (
-            "10 GB size claim",
-            vec![Raw {
-                claimed_size: Some(10_000_000_000),
-                ..file("big", b"few bytes")
-            }],
-            TooLarge,
-        ),
+        ("duplicate file", vec![file("a.txt", b"again")]),
+        ("char device", vec![special(EntryType::Char, "tty")]),
+        ("block device", vec![special(EntryType::Block, "sda")]),
+        ("fifo", vec![special(EntryType::Fifo, "pipe")]),
+        ("gnu sparse", vec![special(EntryType::GNUSparse, "sparse")]),
     ];
+    let too_large = Raw {
+        claimed_size: Some(10_000_000_000),
+        ..file("big", b"few bytes")
+    };
+    let cases = unsafe_cases
+        .into_iter()
+        .map(|(name, hostile)| (name, hostile, Unsafe))
+        .chain([("10 GB size claim", vec![too_large], TooLarge)]);
     for (name, hostile, expected) in cases {
         let mut entries = prefix();
         entries.extend(hostile);
         let archive = zstd_bytes(&raw_tar(&entries));
         let root = tempfile::tempdir().expect("tempdir");
-        let error =
-            unpack(Cursor::new(archive), root.path(), &UnpackLimits::default()).expect_err(name);
-        assert_eq!(kind_of(&error), Some(expected), "{name}: {error}");
-        assert!(
-            is_empty(root.path()),
-            "{name}: root not empty after {error}"
-        );
+        assert_refused(&archive, root.path(), expected, name);
     }
 }
 
@@ -252,20 +241,15 @@ fn a_symlink_chained_through_another_symlink_out_of_the_root_is_refused() {
     for entries in chains {
         let archive = zstd_bytes(&raw_tar(&entries));
         let root = tempfile::tempdir().expect("tempdir");
-        let error = unpack(Cursor::new(archive), root.path(), &UnpackLimits::default())
-            .expect_err("a chained escape is refused");
-        assert_eq!(kind_of(&error), Some(Expected::Unsafe), "{error}");
-        assert!(is_empty(root.path()), "root not empty after {error}");
+        let what = "a chained escape is refused";
+        assert_refused(&archive, root.path(), Expected::Unsafe, what);
     }
     // Chains that stay inside still unpack.
     let inside = vec![dir("d"), symlink("d/l", ".."), symlink("x", "d/l/d")];
-    let root = tempfile::tempdir().expect("tempdir");
-    unpack(
-        Cursor::new(zstd_bytes(&raw_tar(&inside))),
-        root.path(),
-        &UnpackLimits::default(),
-    )
-    .expect("a chain that stays inside unpacks");
+    restored(
+        &zstd_bytes(&raw_tar(&inside)),
+        "a chain that stays inside unpacks",
+    );
 }
 
 #[test]
@@ -299,13 +283,7 @@ fn truncated_and_garbage_streams_are_corrupt_and_leave_the_root_empty() {
     ];
     for (name, bytes) in cases {
         let root = tempfile::tempdir().expect("tempdir");
-        let error =
-            unpack(Cursor::new(bytes), root.path(), &UnpackLimits::default()).expect_err(&name);
-        assert!(
-            matches!(error, SnapshotError::Corrupt(_)),
-            "{name}: {error}"
-        );
-        assert!(is_empty(root.path()), "{name}: root not empty");
+        assert_refused(&bytes, root.path(), Expected::Corrupt, &name);
     }
 }
 
@@ -314,8 +292,7 @@ fn a_non_empty_root_is_refused_and_left_as_it_was() {
     let archive = zstd_bytes(&raw_tar(&[file("a", b"a")]));
     let root = tempfile::tempdir().expect("tempdir");
     std::fs::write(root.path().join("mine"), "keep").expect("writes");
-    let error = unpack(Cursor::new(archive), root.path(), &UnpackLimits::default())
-        .expect_err("non-empty root");
+    let error = unpack_default(&archive, root.path()).expect_err("non-empty root");
     assert!(matches!(error, SnapshotError::NotEmpty), "{error}");
     assert_eq!(
         std::fs::read_to_string(root.path().join("mine")).expect("reads"),
@@ -380,8 +357,7 @@ fn unpack_strips_setuid_and_keeps_mtimes_and_readonly_directories() {
         .append_data(&mut header, "ro/tool", &b"#!"[..])
         .expect("file");
     let archive = zstd_bytes(&builder.into_inner().expect("finishes"));
-    let root = tempfile::tempdir().expect("tempdir");
-    unpack(Cursor::new(archive), root.path(), &UnpackLimits::default()).expect("unpacks");
+    let root = restored(&archive, "unpacks");
     let tool = std::fs::metadata(root.path().join("ro/tool")).expect("tool");
     assert_eq!(tool.mode() & 0o7777, 0o755);
     assert_eq!(tool.mtime(), 1_500_000_000);
@@ -430,13 +406,7 @@ fn pack_skips_fifos_and_sockets_and_stores_link_loops_as_links() {
         (EntryKind::Symlink, Some("b"))
     );
 
-    let restored = tempfile::tempdir().expect("tempdir");
-    unpack(
-        Cursor::new(&archive),
-        restored.path(),
-        &UnpackLimits::default(),
-    )
-    .expect("unpacks");
+    let restored = restored(&archive, "unpacks");
     assert_eq!(
         std::fs::read_link(restored.path().join("b")).expect("b"),
         Path::new("a")
@@ -459,13 +429,7 @@ fn pack_skips_links_out_of_the_tree_so_every_archive_restores() {
     let mut archive = Vec::new();
     let stats = pack(root, &mut archive).expect("packs");
     assert_eq!((stats.n_links, stats.n_skipped), (1, 2), "{stats:?}");
-    let restored = tempfile::tempdir().expect("tempdir");
-    unpack(
-        Cursor::new(&archive),
-        restored.path(),
-        &UnpackLimits::default(),
-    )
-    .expect("an archive pack made always unpacks");
+    let restored = restored(&archive, "an archive pack made always unpacks");
     assert_eq!(
         std::fs::read_link(restored.path().join("venv/bin/lib")).expect("kept"),
         Path::new("../lib")
@@ -503,7 +467,7 @@ fn an_absolute_link_spelling_the_root_is_kept_and_restored_as_written() {
             std::fs::remove_file(path).expect("empties");
         }
     }
-    unpack(Cursor::new(&archive), &root, &UnpackLimits::default()).expect("restores");
+    unpack_default(&archive, &root).expect("restores");
     assert_eq!(
         std::fs::read_link(root.join("link")).expect("link"),
         Path::new(&spelled("a.txt"))
@@ -516,24 +480,15 @@ fn an_absolute_link_spelling_the_root_is_kept_and_restored_as_written() {
 
     // Another root does not spell those targets: there they would lead out.
     let elsewhere = tempfile::tempdir().expect("tempdir");
-    let error = unpack(
-        Cursor::new(&archive),
-        elsewhere.path(),
-        &UnpackLimits::default(),
-    )
-    .expect_err("an absolute link into another tree");
-    assert_eq!(kind_of(&error), Some(Expected::Unsafe), "{error}");
-    assert!(is_empty(elsewhere.path()));
+    let what = "an absolute link into another tree";
+    assert_refused(&archive, elsewhere.path(), Expected::Unsafe, what);
 
     // A hand-built archive whose absolute link climbs out through `..` is refused too.
     let target_dir = tempfile::tempdir().expect("tempdir");
     let target = std::fs::canonicalize(target_dir.path()).expect("real root");
     let climbing: &'static str = Box::leak(format!("{}/../x", target.display()).into_boxed_str());
     let hostile = zstd_bytes(&raw_tar(&[file("a.txt", b"a"), symlink("l", climbing)]));
-    let error =
-        unpack(Cursor::new(hostile), &target, &UnpackLimits::default()).expect_err("climbs out");
-    assert_eq!(kind_of(&error), Some(Expected::Unsafe), "{error}");
-    assert!(is_empty(&target));
+    assert_refused(&hostile, &target, Expected::Unsafe, "climbs out");
 }
 
 #[test]
@@ -605,13 +560,7 @@ fn read_file_streams_files_ranges_and_hard_links() {
         (EntryKind::HardLink, Some("d/data"))
     );
 
-    let restored = tempfile::tempdir().expect("tempdir");
-    unpack(
-        Cursor::new(&archive),
-        restored.path(),
-        &UnpackLimits::default(),
-    )
-    .expect("unpacks");
+    let restored = restored(&archive, "unpacks");
     let (a, b) = (
         std::fs::metadata(restored.path().join("d/data")).expect("data"),
         std::fs::metadata(restored.path().join("z-link")).expect("link"),
@@ -776,8 +725,7 @@ proptest! {
         build_tree(source.path(), &nodes);
         let mut archive = Vec::new();
         pack(source.path(), &mut archive).expect("packs");
-        let restored = tempfile::tempdir().expect("tempdir");
-        unpack(Cursor::new(&archive), restored.path(), &UnpackLimits::default()).expect("unpacks");
+        let restored = restored(&archive, "unpacks");
         prop_assert_eq!(manifest(source.path()), manifest(restored.path()));
     }
 }

@@ -22,7 +22,8 @@ use super::E2b;
 use super::connect::{Code, ConnectError};
 use super::filesystem::{Filesystem, Target, fs_error};
 use crate::fs::confined::{self, TempFile};
-use crate::fs::resolve::{Part, Want};
+use crate::fs::resolve::Part;
+use crate::route_helpers::open_file;
 
 /// envd's error body with the status of the error's code.
 pub fn http_error(error: ConnectError) -> Response {
@@ -70,15 +71,7 @@ pub async fn download(
         let target = fs.target(&path, &base)?;
         let (file, size) = fs
             .with_root(move |_, root| {
-                let (fd, _) = root
-                    .open(&target.parts, Want::File)
-                    .map_err(|e| fs_error(&target.shown, e))?;
-                let file = std::fs::File::from(fd);
-                let size = file
-                    .metadata()
-                    .map_err(|e| fs_error(&target.shown, e))?
-                    .len();
-                Ok((file, size))
+                open_file(root, &target.parts).map_err(|e| fs_error(&target.shown, e))
             })
             .await?;
         let (status, headers, body) = confined::file_download(file, size, None)

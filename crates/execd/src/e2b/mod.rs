@@ -41,9 +41,11 @@ use self::connect::{
     Code, Codec, ConnectError, Shape, StreamSender, negotiate, read_stream_request,
     read_unary_request, stream_error_response, unary_response, unsupported_media_type,
 };
+use self::filesystem::Filesystem;
 use self::proto::filesystem as fs_proto;
 use self::proto::process as ps_proto;
 use crate::Config;
+use crate::fs::resolve::Root;
 
 /// How often a stream sends a keepalive when the client names no `Keepalive-Ping-Interval`.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(30);
@@ -285,19 +287,57 @@ impl Call {
         unary_response(codec, result)
     }
 
-    /// The one request message of a server stream, or the answer that refuses it.
-    async fn stream_request<Req: connect::Message>(
+    /// Runs a server-streaming handler: `open` takes the one request message and returns what
+    /// feeds the stream, which is spawned with the stream's sender and the keepalive interval;
+    /// an error of either is the stream's only message.
+    async fn stream<Req, F, Feed, Fed>(
         self,
         method: &str,
-    ) -> Result<(Req, Codec, HeaderMap), Response> {
-        self.expect(Shape::Stream, method)
-            .map_err(|response| *response)?;
+        open: impl FnOnce(Req, HeaderMap) -> F,
+    ) -> Response
+    where
+        Req: connect::Message,
+        F: std::future::Future<Output = Result<Feed, ConnectError>>,
+        Feed: FnOnce(StreamSender, Duration) -> Fed,
+        Fed: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if let Err(response) = self.expect(Shape::Stream, method) {
+            return *response;
+        }
         let codec = self.codec;
-        match read_stream_request::<Req>(self.body, codec).await {
-            Ok(request) => Ok((request, codec, self.headers)),
-            Err(error) => Err(stream_error_response(codec, &error)),
+        let keepalive = keepalive(&self.headers);
+        let opened = match read_stream_request::<Req>(self.body, codec).await {
+            Ok(request) => open(request, self.headers).await,
+            Err(error) => Err(error),
+        };
+        match opened {
+            Ok(feed) => {
+                let (sender, response) = StreamSender::response(codec);
+                tokio::spawn(feed(sender, keepalive));
+                response
+            }
+            Err(error) => stream_error_response(codec, &error),
         }
     }
+}
+
+/// An RPC's content type is negotiated before its handler runs: a refusal is the whole answer.
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Call {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, _: &S) -> Result<Self, Response> {
+        let (parts, body) = request.into_parts();
+        Call::new(parts.headers, body).map_err(|response| *response)
+    }
+}
+
+/// The answer to a method `service` does not have.
+fn no_method(service: &str, method: &str) -> Response {
+    ConnectError::new(
+        Code::Unimplemented,
+        format!("{service} has no method {method:?}"),
+    )
+    .into_unary_response()
 }
 
 /// `Keepalive-Ping-Interval` (seconds, 1 to 3600), else [`DEFAULT_KEEPALIVE`].
@@ -310,16 +350,7 @@ fn keepalive(headers: &HeaderMap) -> Duration {
         .map_or(DEFAULT_KEEPALIVE, Duration::from_secs)
 }
 
-async fn process_rpc(
-    State(e2b): State<E2b>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let call = match Call::new(headers, body) {
-        Ok(call) => call,
-        Err(response) => return *response,
-    };
+async fn process_rpc(State(e2b): State<E2b>, Path(method): Path<String>, call: Call) -> Response {
     let processes = Arc::clone(&e2b.inner.processes);
     match method.as_str() {
         "Start" => start(e2b, call).await,
@@ -368,21 +399,12 @@ async fn process_rpc(
             .await
         }
         "StreamInput" => stream_input(e2b, call).await,
-        _ => ConnectError::new(
-            Code::Unimplemented,
-            format!("process.Process has no method {method:?}"),
-        )
-        .into_unary_response(),
+        _ => no_method("process.Process", &method),
     }
 }
 
 async fn start(e2b: E2b, call: Call) -> Response {
-    let (request, codec, headers) =
-        match call.stream_request::<ps_proto::StartRequest>("Start").await {
-            Ok(parts) => parts,
-            Err(response) => return response,
-        };
-    let started = (|| {
+    call.stream("Start", async |request: ps_proto::StartRequest, headers| {
         let timeout = connect::timeout(&headers)?;
         let user = user::request_user(&headers)?;
         // envd gives every process its user's home as `HOME`, so `cd ~` is where relative
@@ -401,56 +423,40 @@ async fn start(e2b: E2b, call: Call) -> Response {
             },
             timeout,
         )?;
-        e2b.inner.processes.start(launch)
-    })();
-    let (process, subscription) = match started {
-        Ok(started) => started,
-        Err(error) => return stream_error_response(codec, &error),
-    };
-    let (sender, response) = StreamSender::response(codec);
-    tokio::spawn(process::forward(
-        process.pid,
-        subscription,
-        sender,
-        |event| ps_proto::StartResponse { event: Some(event) },
-        keepalive(&headers),
-        None,
-        e2b.inner.stopping.clone(),
-    ));
-    response
+        let (process, subscription) = e2b.inner.processes.start(launch)?;
+        let (pid, stopping) = (process.pid, e2b.inner.stopping.clone());
+        let wrap = |event| ps_proto::StartResponse { event: Some(event) };
+        Ok(move |sender, keepalive| {
+            process::forward(pid, subscription, sender, wrap, keepalive, None, stopping)
+        })
+    })
+    .await
 }
 
 async fn connect_process(e2b: E2b, call: Call) -> Response {
-    let (request, codec, headers) = match call
-        .stream_request::<ps_proto::ConnectRequest>("Connect")
-        .await
-    {
-        Ok(parts) => parts,
-        Err(response) => return response,
-    };
-    // A process that finished within the last `FINISHED_RETENTION` is still found: its stream
-    // is `start` and its `end`, as envd answers.
-    let found = connect::timeout(&headers).and_then(|timeout| {
-        Ok((
-            timeout,
-            e2b.inner.processes.connect(request.process.as_ref())?,
-        ))
-    });
-    let (timeout, (pid, subscription)) = match found {
-        Ok(found) => found,
-        Err(error) => return stream_error_response(codec, &error),
-    };
-    let (sender, response) = StreamSender::response(codec);
-    tokio::spawn(process::forward(
-        pid,
-        subscription,
-        sender,
-        |event| ps_proto::ConnectResponse { event: Some(event) },
-        keepalive(&headers),
-        timeout,
-        e2b.inner.stopping.clone(),
-    ));
-    response
+    call.stream(
+        "Connect",
+        async |request: ps_proto::ConnectRequest, headers| {
+            // A process that finished within the last `FINISHED_RETENTION` is still found: its
+            // stream is `start` and its `end`, as envd answers.
+            let timeout = connect::timeout(&headers)?;
+            let (pid, subscription) = e2b.inner.processes.connect(request.process.as_ref())?;
+            let stopping = e2b.inner.stopping.clone();
+            let wrap = |event| ps_proto::ConnectResponse { event: Some(event) };
+            Ok(move |sender, keepalive| {
+                process::forward(
+                    pid,
+                    subscription,
+                    sender,
+                    wrap,
+                    keepalive,
+                    timeout,
+                    stopping,
+                )
+            })
+        },
+    )
+    .await
 }
 
 /// `StreamInput`: a client stream whose first message names the process and whose later ones
@@ -502,20 +508,13 @@ async fn stream_input(e2b: E2b, call: Call) -> Response {
 async fn filesystem_rpc(
     State(e2b): State<E2b>,
     Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    call: Call,
 ) -> Response {
-    let call = match Call::new(headers, body) {
-        Ok(call) => call,
-        Err(response) => return *response,
-    };
     let fs = Arc::clone(&e2b.inner.filesystem);
     match method.as_str() {
         "Stat" => {
             call.unary(&method, async |request: fs_proto::StatRequest, headers| {
-                let base = request_base(&fs, &headers)?;
-                let target = fs.target(&request.path, &base)?;
-                let entry = fs.with_root(move |fs, root| fs.stat(root, &target)).await?;
+                let entry = at_path(&fs, &headers, &request.path, Filesystem::stat).await?;
                 Ok(fs_proto::StatResponse { entry: Some(entry) })
             })
             .await
@@ -524,11 +523,7 @@ async fn filesystem_rpc(
             call.unary(
                 &method,
                 async |request: fs_proto::MakeDirRequest, headers| {
-                    let base = request_base(&fs, &headers)?;
-                    let target = fs.target(&request.path, &base)?;
-                    let entry = fs
-                        .with_root(move |fs, root| fs.make_dir(root, &target))
-                        .await?;
+                    let entry = at_path(&fs, &headers, &request.path, Filesystem::make_dir).await?;
                     Ok(fs_proto::MakeDirResponse { entry: Some(entry) })
                 },
             )
@@ -536,9 +531,8 @@ async fn filesystem_rpc(
         }
         "Move" => {
             call.unary(&method, async |request: fs_proto::MoveRequest, headers| {
-                let base = request_base(&fs, &headers)?;
-                let from = fs.target(&request.source, &base)?;
-                let to = fs.target(&request.destination, &base)?;
+                let from = request_target(&fs, &headers, &request.source)?;
+                let to = request_target(&fs, &headers, &request.destination)?;
                 let entry = fs
                     .with_root(move |fs, root| fs.rename(root, &from, &to))
                     .await?;
@@ -550,11 +544,11 @@ async fn filesystem_rpc(
             call.unary(
                 &method,
                 async |request: fs_proto::ListDirRequest, headers| {
-                    let base = request_base(&fs, &headers)?;
-                    let target = fs.target(&request.path, &base)?;
-                    let entries = fs
-                        .with_root(move |fs, root| fs.list(root, &target, request.depth))
-                        .await?;
+                    let depth = request.depth;
+                    let list = move |fs: &Filesystem, root: &Root, target: &filesystem::Target| {
+                        fs.list(root, target, depth)
+                    };
+                    let entries = at_path(&fs, &headers, &request.path, list).await?;
                     Ok(fs_proto::ListDirResponse { entries })
                 },
             )
@@ -564,10 +558,7 @@ async fn filesystem_rpc(
             call.unary(
                 &method,
                 async |request: fs_proto::RemoveRequest, headers| {
-                    let base = request_base(&fs, &headers)?;
-                    let target = fs.target(&request.path, &base)?;
-                    fs.with_root(move |fs, root| fs.remove(root, &target))
-                        .await?;
+                    at_path(&fs, &headers, &request.path, Filesystem::remove).await?;
                     Ok(fs_proto::RemoveResponse {})
                 },
             )
@@ -577,8 +568,7 @@ async fn filesystem_rpc(
             call.unary(
                 &method,
                 async |request: fs_proto::CreateWatcherRequest, headers| {
-                    let base = request_base(&fs, &headers)?;
-                    let target = fs.target(&request.path, &base)?;
+                    let target = request_target(&fs, &headers, &request.path)?;
                     let watcher_id = fs
                         .create_watcher(target, request.recursive, request.include_entry)
                         .await?;
@@ -608,57 +598,52 @@ async fn filesystem_rpc(
             .await
         }
         "WatchDir" => watch_dir(e2b, call).await,
-        _ => ConnectError::new(
-            Code::Unimplemented,
-            format!("filesystem.Filesystem has no method {method:?}"),
-        )
-        .into_unary_response(),
+        _ => no_method("filesystem.Filesystem", &method),
     }
 }
 
-/// Where relative paths of the request start: the home of its `Authorization` user.
-fn request_base(fs: &filesystem::Filesystem, headers: &HeaderMap) -> Result<PathBuf, ConnectError> {
-    fs.base(user::basic_user(headers)?.as_deref())
+/// The request's `path` below the root: relative paths start at the home of its
+/// `Authorization` user.
+fn request_target(
+    fs: &filesystem::Filesystem,
+    headers: &HeaderMap,
+    path: &str,
+) -> Result<filesystem::Target, ConnectError> {
+    fs.target(path, &fs.base(user::basic_user(headers)?.as_deref())?)
+}
+
+/// Runs `work` with an open root on the request's `path` (found as [`request_target`] does).
+async fn at_path<T: Send + 'static>(
+    fs: &Arc<Filesystem>,
+    headers: &HeaderMap,
+    path: &str,
+    work: impl FnOnce(&Filesystem, &Root, &filesystem::Target) -> Result<T, ConnectError>
+    + Send
+    + 'static,
+) -> Result<T, ConnectError> {
+    let target = request_target(fs, headers, path)?;
+    fs.with_root(move |fs, root| work(fs, root, &target)).await
 }
 
 async fn watch_dir(e2b: E2b, call: Call) -> Response {
-    let (request, codec, headers) = match call
-        .stream_request::<fs_proto::WatchDirRequest>("WatchDir")
-        .await
-    {
-        Ok(parts) => parts,
-        Err(response) => return response,
-    };
-    let fs = Arc::clone(&e2b.inner.filesystem);
-    let (events_tx, events_rx) = tokio::sync::mpsc::channel(WATCH_STREAM_BUFFER);
-    let started = async {
-        let timeout = connect::timeout(&headers)?;
-        let target = fs.target(&request.path, &request_base(&fs, &headers)?)?;
-        let watch = fs
-            .watch(
-                target,
-                request.recursive,
-                request.include_entry,
-                filesystem::EventSink::Stream(events_tx),
-            )
-            .await?;
-        Ok::<_, ConnectError>((timeout, watch))
-    }
-    .await;
-    let (timeout, watch) = match started {
-        Ok(started) => started,
-        Err(error) => return stream_error_response(codec, &error),
-    };
-    let (sender, response) = StreamSender::response(codec);
-    tokio::spawn(filesystem::forward_watch(
-        watch,
-        events_rx,
-        sender,
-        keepalive(&headers),
-        timeout,
-        e2b.inner.stopping.clone(),
-    ));
-    response
+    call.stream(
+        "WatchDir",
+        async |request: fs_proto::WatchDirRequest, headers| {
+            let fs = &e2b.inner.filesystem;
+            let (events_tx, events_rx) = tokio::sync::mpsc::channel(WATCH_STREAM_BUFFER);
+            let timeout = connect::timeout(&headers)?;
+            let target = request_target(fs, &headers, &request.path)?;
+            let sink = filesystem::EventSink::Stream(events_tx);
+            let watch = fs
+                .watch(target, request.recursive, request.include_entry, sink)
+                .await?;
+            let stopping = e2b.inner.stopping.clone();
+            Ok(move |sender, keepalive| {
+                filesystem::forward_watch(watch, events_rx, sender, keepalive, timeout, stopping)
+            })
+        },
+    )
+    .await
 }
 
 impl IntoResponse for ConnectError {

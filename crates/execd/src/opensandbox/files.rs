@@ -41,7 +41,7 @@ use warren_protocol::opensandbox::{
 
 use super::CompatError;
 use super::commands::rfc3339;
-use crate::fs::confined::{self, Gaps, MoveError, MoveRefusal, TempFile, enough_when, walk};
+use crate::fs::confined::{self, Gaps, MoveError, MoveRefusal, Seen, TempFile, enough_when, walk};
 use crate::fs::resolve::{self, Entry, Part, Refusal, Root, Want};
 use crate::fs::{PathError, checked_path, is_escape, path_error};
 /// Header of a search or listing answer that a limit cut short: `true`.
@@ -384,12 +384,25 @@ impl Files {
         .await
     }
 
-    pub async fn delete_files(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
+    /// [`Files::for_each_path`] over `paths` without following the last link, skipping those
+    /// that do not exist: `each` gets the entry and its metadata.
+    async fn for_each_existing(
+        self: &Arc<Self>,
+        paths: Vec<String>,
+        each: impl Fn(&Target, Entry, Metadata) -> Result<(), CompatError> + Send + 'static,
+    ) -> Result<(), CompatError> {
         let items = paths.into_iter().map(|path| (path, ()));
-        self.for_each_path(items, |root, target, ()| {
-            let Some((entry, meta)) = locate_existing(root, target)? else {
-                return Ok(());
-            };
+        self.for_each_path(items, move |root, target, ()| {
+            match locate_existing(root, target)? {
+                Some((entry, meta)) => each(target, entry, meta),
+                None => Ok(()),
+            }
+        })
+        .await
+    }
+
+    pub async fn delete_files(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
+        self.for_each_existing(paths, |target, entry, meta| {
             if meta.is_dir() {
                 return Err(CompatError::Runtime(format!(
                     "error removing file {}: is a directory",
@@ -426,33 +439,37 @@ impl Files {
         .await
     }
 
+    /// Applies each path's permission of `request`, after making the directory when `make`.
+    async fn permit_each(
+        self: &Arc<Self>,
+        request: HashMap<String, Permission>,
+        make: bool,
+    ) -> Result<(), CompatError> {
+        self.for_each_path(request, move |root, target, perm| {
+            if make {
+                create_dirs(root, &target.parts, &target.shown)?;
+            }
+            apply_permission(root, target, &perm)
+        })
+        .await
+    }
+
     pub async fn set_permissions(
         self: &Arc<Self>,
         request: HashMap<String, Permission>,
     ) -> Result<(), CompatError> {
-        self.for_each_path(request, |root, target, perm| {
-            apply_permission(root, target, &perm)
-        })
-        .await
+        self.permit_each(request, false).await
     }
 
     pub async fn make_dirs(
         self: &Arc<Self>,
         request: HashMap<String, Permission>,
     ) -> Result<(), CompatError> {
-        self.for_each_path(request, |root, target, perm| {
-            create_dirs(root, &target.parts, &target.shown)?;
-            apply_permission(root, target, &perm)
-        })
-        .await
+        self.permit_each(request, true).await
     }
 
     pub async fn remove_dirs(self: &Arc<Self>, paths: Vec<String>) -> Result<(), CompatError> {
-        let items = paths.into_iter().map(|path| (path, ()));
-        self.for_each_path(items, |root, target, ()| {
-            let Some((entry, meta)) = locate_existing(root, target)? else {
-                return Ok(());
-            };
+        self.for_each_existing(paths, |target, entry, meta| {
             if entry.is_root() {
                 return Err(CompatError::Runtime(
                     "refusing to remove the root".to_owned(),
@@ -481,27 +498,12 @@ impl Files {
         let matcher = globset::Glob::new(&pattern)
             .map_err(|e| CompatError::InvalidRequest(format!("invalid pattern {pattern}: {e}")))?
             .compile_matcher();
-        let files = Arc::clone(self);
-        blocking(move || {
-            let root = files.open_root()?;
-            let target = files.target(&raw)?;
-            let dir = open_dir(&root, &target)?;
-            let names = Names::load();
-            let mut found = Vec::new();
-            let gaps = walk(&dir, &target.shown, usize::MAX, &mut |seen| {
-                if !seen.meta.is_dir() && matcher.is_match(&*seen.name.to_string_lossy()) {
-                    found.push(file_info(seen.path, seen.meta, &names));
-                }
-                enough_when(found.len())
-            })
-            .map_err(|e| fs_error(&target.shown, e))?;
-            found.sort_by(|a, b| a.path.cmp(&b.path));
-            Ok(Listing {
-                entries: found,
-                gaps,
-            })
-        })
-        .await
+        let is_match = move |seen: &Seen<'_>| {
+            !seen.meta.is_dir() && matcher.is_match(&*seen.name.to_string_lossy())
+        };
+        let mut found = self.walk_below(raw, usize::MAX, is_match).await?;
+        found.entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(found)
     }
 
     /// `GET /directories/list`: every entry under `raw` down to `depth` levels, in pre-order.
@@ -509,22 +511,32 @@ impl Files {
         if depth == 0 {
             return Ok(Listing::default());
         }
+        self.walk_below(raw, depth, |_| true).await
+    }
+
+    /// The entries under the directory `raw` down to `depth` levels that `keep` takes, in
+    /// pre-order: the walk search and list share.
+    async fn walk_below(
+        self: &Arc<Self>,
+        raw: String,
+        depth: usize,
+        keep: impl Fn(&Seen<'_>) -> bool + Send + 'static,
+    ) -> Result<Listing, CompatError> {
         let files = Arc::clone(self);
         blocking(move || {
             let root = files.open_root()?;
             let target = files.target(&raw)?;
             let dir = open_dir(&root, &target)?;
             let names = Names::load();
-            let mut listed = Vec::new();
+            let mut entries = Vec::new();
             let gaps = walk(&dir, &target.shown, depth, &mut |seen| {
-                listed.push(file_info(seen.path, seen.meta, &names));
-                enough_when(listed.len())
+                if keep(&seen) {
+                    entries.push(file_info(seen.path, seen.meta, &names));
+                }
+                enough_when(entries.len())
             })
             .map_err(|e| fs_error(&target.shown, e))?;
-            Ok(Listing {
-                entries: listed,
-                gaps,
-            })
+            Ok(Listing { entries, gaps })
         })
         .await
     }

@@ -13,25 +13,13 @@ use warren_protocol::error::ErrorBody;
 use warren_protocol::files::{FileKind, MoveRequest};
 use warren_test_support::{eventually, within};
 
+use crate::client_answers::{assert_refused, mkfifo};
 use crate::opensandbox_support::Server;
 
 async fn start() -> (Server, ExecdClient) {
     let server = Server::start().await;
     let client = ExecdClient::new(&server.base, None).expect("client");
     (server, client)
-}
-
-/// Asserts that `result` is execd's error answer with `status` and `code`; `what` names the
-/// request in the failure.
-fn assert_refused<T: std::fmt::Debug>(
-    result: Result<T, ClientError>,
-    status: u16,
-    code: &str,
-    what: &str,
-) {
-    let error = result.expect_err(what);
-    let answer = (error.status().map(|s| s.as_u16()), error.code());
-    assert_eq!(answer, (Some(status), Some(code)), "{what}: {error}");
 }
 
 /// An execd whose root holds `digits` (`0123456789`), and its client.
@@ -60,18 +48,6 @@ fn names_in(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-fn mkfifo(path: &Path) {
-    // Made directly: no child process, so no reaper question.
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        path,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .expect("mkfifo");
 }
 
 /// `digits` downloaded with `range`: status, `Content-Range`, `Content-Length` and body.

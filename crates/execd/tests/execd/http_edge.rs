@@ -34,19 +34,11 @@ async fn connect(daemon: &pty_support::Daemon) -> TcpStream {
         .expect("connects")
 }
 
-/// Reads until the daemon closes the connection; what it sent on the way.
+/// Reads until the daemon closes the connection (or breaks it off); what it sent on the way.
 async fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
     let mut received = Vec::new();
-    let finished = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => received.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
+    // An error ends the reading as the close does; what came before it is kept.
+    let finished = tokio::time::timeout(WAIT, stream.read_to_end(&mut received)).await;
     assert!(finished.is_ok(), "{what}: not closed within {WAIT:?}");
     String::from_utf8_lossy(&received).into_owned()
 }
@@ -63,6 +55,19 @@ async fn json_answer(request: reqwest::RequestBuilder, what: &str) -> (u16, Valu
     let body = serde_json::from_str(&text)
         .unwrap_or_else(|_| panic!("{what}: {status} with a body that is not JSON: {text:?}"));
     (status, body)
+}
+
+/// Sends `request` of `http` as [`json_answer`] does, named by its method and URL: that name,
+/// the status and the body.
+async fn named_json_answer(
+    http: &reqwest::Client,
+    request: reqwest::RequestBuilder,
+) -> (String, u16, Value) {
+    let request = request.build().expect("request");
+    let what = format!("{} {}", request.method(), request.url());
+    let builder = reqwest::RequestBuilder::from_parts(http.clone(), request);
+    let (status, body) = json_answer(builder, &what).await;
+    (what, status, body)
 }
 
 /// Asserts Warren's `{"code","message"}` body with `code` and a non-empty message.
@@ -148,13 +153,7 @@ async fn non_utf8_path_parameter_gets_the_error_shape() {
         http.delete(format!("{base}/session/%FF")),
     ];
     for request in cases {
-        let request = request.build().expect("request");
-        let what = format!("{} {}", request.method(), request.url());
-        let (status, body) = json_answer(
-            reqwest::RequestBuilder::from_parts(http.clone(), request),
-            &what,
-        )
-        .await;
+        let (what, status, body) = named_json_answer(http, request).await;
         assert_eq!(status, 400, "{what}: {body}");
         assert_error_shape(&body, "INVALID_REQUEST_BODY", &what);
     }
@@ -230,11 +229,7 @@ async fn every_mcp_error_has_the_error_shape() {
 
 #[tokio::test]
 async fn the_access_token_answers_in_the_shape_of_the_route_it_guards() {
-    let daemon = start_with(Config {
-        access_token: Some("s3cret".into()),
-        ..Config::default()
-    })
-    .await;
+    let daemon = pty_support::start_with_token("s3cret").await;
     let http = &daemon.http;
     let base = &daemon.base;
     let opensandbox =
@@ -247,13 +242,7 @@ async fn the_access_token_answers_in_the_shape_of_the_route_it_guards() {
         http.post(format!("{base}/mcp")).json(&json!({})),
     ];
     for request in warren_routes {
-        let request = request.build().expect("request");
-        let what = format!("{} {}", request.method(), request.url());
-        let (status, body) = json_answer(
-            reqwest::RequestBuilder::from_parts(http.clone(), request),
-            &what,
-        )
-        .await;
+        let (what, status, body) = named_json_answer(http, request).await;
         assert_eq!(status, 401, "{what}");
         assert_error_shape(&body, "UNAUTHORIZED", &what);
     }
@@ -266,13 +255,7 @@ async fn the_access_token_answers_in_the_shape_of_the_route_it_guards() {
         http.get(format!("{base}/nope")),
     ];
     for request in opensandbox_routes {
-        let request = request.build().expect("request");
-        let what = format!("{} {}", request.method(), request.url());
-        let (status, body) = json_answer(
-            reqwest::RequestBuilder::from_parts(http.clone(), request),
-            &what,
-        )
-        .await;
+        let (what, status, body) = named_json_answer(http, request).await;
         assert_eq!((status, &body), (401, &opensandbox), "{what}");
     }
 }
@@ -298,18 +281,15 @@ async fn body_short_of_its_content_length_times_out() {
     let body = r#"{"cwd": "/tmp"}"#;
     for path in ["/pty", "/v1/exec", "/session"] {
         let mut stream = connect(&daemon).await;
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        // The head and all of the body there is: 100 bytes short of what the head announces.
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len() + 100
         );
         stream
-            .write_all(head.as_bytes())
+            .write_all(request.as_bytes())
             .await
-            .expect("writes head");
-        stream
-            .write_all(body.as_bytes())
-            .await
-            .expect("writes body");
+            .expect("writes the head and the short body");
         let answer = read_until_closed(&mut stream, path).await;
         assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
         assert!(

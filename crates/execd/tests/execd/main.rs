@@ -11,8 +11,12 @@
 // Tests start real programs (shells, servers, the binary under test) directly.
 #![allow(clippy::disallowed_methods)]
 
+#[path = "../support/client_answers.rs"]
+mod client_answers;
 mod files_api;
 mod http_edge;
+#[path = "../support/loopback.rs"]
+mod loopback;
 mod openapi;
 mod opensandbox_commands;
 mod opensandbox_files;
@@ -22,4 +26,6 @@ mod origin_guard;
 mod proxy;
 mod pty;
 mod pty_support;
+#[path = "../support/sdk_script.rs"]
+mod sdk_script;
 mod workspace;

@@ -27,17 +27,17 @@ async fn daemon(token: Option<&str>) -> (pty_support::Daemon, tempfile::TempDir)
     (pty_support::start_with(config).await, root)
 }
 
+/// `GET path_and_query`, answered within the wait.
+async fn get(daemon: &pty_support::Daemon, path_and_query: &str) -> reqwest::Response {
+    let request = daemon.http.get(format!("{}{path_and_query}", daemon.base));
+    tokio::time::timeout(WAIT, request.send())
+        .await
+        .expect("answers within the wait")
+        .unwrap_or_else(|e| panic!("GET {path_and_query}: {e}"))
+}
+
 async fn fetch_document(daemon: &pty_support::Daemon) -> Value {
-    let response = tokio::time::timeout(
-        WAIT,
-        daemon
-            .http
-            .get(format!("{}/openapi.json", daemon.base))
-            .send(),
-    )
-    .await
-    .expect("answers within the wait")
-    .expect("GET /openapi.json");
+    let response = get(daemon, "/openapi.json").await;
     assert_eq!(response.status(), 200, "GET /openapi.json without a token");
     assert_eq!(
         response.headers()["content-type"],
@@ -274,39 +274,29 @@ async fn every_route_is_documented_or_listed_as_deliberately_left_out() {
     }
 }
 
-/// GET `path_and_query` and the answer's status and JSON body (a plain-text body fails).
-async fn get_json(daemon: &pty_support::Daemon, path_and_query: &str) -> (u16, Value) {
-    let response = tokio::time::timeout(
-        WAIT,
-        daemon
-            .http
-            .get(format!("{}{path_and_query}", daemon.base))
-            .send(),
-    )
-    .await
-    .expect("answers within the wait")
-    .expect("GET");
+/// GETs `path_and_query`, which must answer a JSON 400 `INVALID_REQUEST_BODY` (a plain-text
+/// body fails); the body.
+async fn get_json_400(daemon: &pty_support::Daemon, path_and_query: &str) -> Value {
+    let response = get(daemon, path_and_query).await;
     let status = response.status().as_u16();
     let text = response.text().await.expect("a body");
-    let body = serde_json::from_str(&text)
+    let body: Value = serde_json::from_str(&text)
         .unwrap_or_else(|_| panic!("{path_and_query}: not JSON: {text:?}"));
-    (status, body)
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
+    body
 }
 
 #[tokio::test]
 async fn a_terminal_id_that_does_not_decode_is_a_json_400_not_plain_text() {
     let (daemon, _root) = daemon(None).await;
-    let (status, body) = get_json(&daemon, "/v1/terminals/%FF/output").await;
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
+    get_json_400(&daemon, "/v1/terminals/%FF/output").await;
 }
 
 #[tokio::test]
 async fn a_workspace_query_that_does_not_parse_is_a_json_400_not_plain_text() {
     let (daemon, _root) = daemon(None).await;
-    let (status, body) = get_json(&daemon, "/v1/workspace/snapshot?tree=a&tree=b").await;
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{body}");
+    let body = get_json_400(&daemon, "/v1/workspace/snapshot?tree=a&tree=b").await;
     assert!(
         body["message"]
             .as_str()

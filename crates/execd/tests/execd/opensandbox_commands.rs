@@ -11,9 +11,7 @@ use warren_test_support::{WAIT, eventually_async, wait_until_dead};
 #[tokio::test]
 async fn foreground_command_streams_init_ping_output_lines_and_completion() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": "echo a; echo b >&2; printf c"}))
-        .await;
+    let events = server.run_command("echo a; echo b >&2; printf c").await;
     assert_eq!(kinds(&events[..2]), ["init", "ping"]);
     let id = events[0]["text"].as_str().expect("init carries the id");
     assert_eq!(id.len(), 32);
@@ -36,16 +34,14 @@ async fn foreground_command_streams_init_ping_output_lines_and_completion() {
 #[tokio::test]
 async fn empty_lines_are_sent_as_a_newline_and_crlf_ends_one_line() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": r"printf 'x\r\n\ny\rz'"}))
-        .await;
+    let events = server.run_command(r"printf 'x\r\n\ny\rz'").await;
     assert_eq!(texts(&events, "stdout"), ["x", "\n", "y", "z"]);
 }
 
 #[tokio::test]
 async fn failing_command_ends_with_an_error_event_carrying_the_exit_code() {
     let server = Server::start().await;
-    let events = server.run(json!({"command": "echo out; exit 3"})).await;
+    let events = server.run_command("echo out; exit 3").await;
     assert!(!kinds(&events).contains(&"execution_complete".to_owned()));
     let last = events.last().expect("a final event");
     assert_eq!(last["type"], "error");
@@ -153,13 +149,9 @@ async fn envs_and_cwd_apply_to_the_command_and_the_token_is_not_inherited() {
 #[tokio::test]
 async fn output_is_streamed_while_the_command_runs() {
     let server = Server::start().await;
-    let response = server
-        .post_json(
-            "/command",
-            json!({"command": "echo first; sleep 30; echo never"}),
-        )
+    let mut stream = server
+        .command_stream(json!({"command": "echo first; sleep 30; echo never"}))
         .await;
-    let mut stream = response.bytes_stream();
     let mut text = String::new();
     let id = tokio::time::timeout(WAIT, async {
         while let Some(chunk) = stream.next().await {
@@ -223,9 +215,7 @@ async fn background_command_reports_status_and_logs_with_a_cursor() {
 #[tokio::test]
 async fn a_descendant_holding_stdout_open_does_not_hold_the_stream() {
     let server = Server::start().await;
-    let events = server
-        .run(json!({"command": "sleep 30 & echo \"started $!\""}))
-        .await;
+    let events = server.run_command("sleep 30 & echo \"started $!\"").await;
     let stdout = texts(&events, "stdout");
     assert_eq!(stdout.len(), 1, "{stdout:?}");
     let sleeper: i32 = stdout[0]
@@ -299,7 +289,7 @@ async fn unknown_commands_and_foreground_logs_are_errors() {
         "INVALID_REQUEST_BODY",
     )
     .await;
-    let id = command_id(&server.run(json!({"command": "true"})).await);
+    let id = command_id(&server.run_command("true").await);
     assert_error(
         server.get(&format!("/command/{id}/logs")).await,
         400,
@@ -369,7 +359,7 @@ async fn only_the_newest_finished_records_are_kept_beyond_the_cap() {
         .await;
     ids.push(background);
     for _ in 0..MAX {
-        let events = server.run(json!({"command": "true"})).await;
+        let events = server.run_command("true").await;
         assert_eq!(events.last().expect("final")["type"], "execution_complete");
         ids.push(command_id(&events));
     }
@@ -392,13 +382,9 @@ async fn only_the_newest_finished_records_are_kept_beyond_the_cap() {
 async fn a_client_that_leaves_does_not_kill_the_command() {
     let server = Server::start().await;
     let marker = server.path("marker");
-    let response = server
-        .post_json(
-            "/command",
-            json!({"command": format!("sleep 0.3; touch {marker}")}),
-        )
+    let mut stream = server
+        .command_stream(json!({"command": format!("sleep 0.3; touch {marker}")}))
         .await;
-    let mut stream = response.bytes_stream();
     let first = tokio::time::timeout(WAIT, stream.next())
         .await
         .expect("init arrives");
@@ -745,7 +731,7 @@ async fn session_run_with_a_cwd_runs_there() {
 #[tokio::test]
 async fn a_command_killed_by_a_signal_reports_minus_one() {
     let server = Server::start().await;
-    let events = server.run(json!({"command": "kill -KILL $$"})).await;
+    let events = server.run_command("kill -KILL $$").await;
     let last = events.last().expect("a final event");
     assert_eq!(last["type"], "error");
     assert_eq!(last["error"]["evalue"], "-1");
@@ -780,13 +766,11 @@ async fn uid_and_gid_set_the_command_credentials() {
 #[tokio::test]
 async fn the_timeout_kills_a_foreground_command_whose_client_stopped_reading() {
     let server = Server::start().await;
-    let response = server
-        .post_json(
-            "/command",
+    let mut stream = server
+        .command_stream(
             json!({"command": "yes \"$(head -c 2000 /dev/zero | tr '\\0' x)\"", "timeout": 2000}),
         )
         .await;
-    let mut stream = response.bytes_stream();
     let mut text = String::new();
     let id = tokio::time::timeout(WAIT, async {
         while !text.contains("\n\n") {
@@ -823,13 +807,12 @@ async fn the_timeout_ends_a_session_run_whose_client_stopped_reading() {
     let command = format!(
         "sh -c 'echo $$ > {pid_file}; exec yes \"$(head -c 2000 /dev/zero | tr \"\\\\0\" x)\"'"
     );
-    let response = server
-        .post_json(
+    let mut stream = server
+        .post_stream(
             &format!("/session/{id}/run"),
             json!({"command": command, "timeout": 2000}),
         )
         .await;
-    let mut stream = response.bytes_stream();
     tokio::time::timeout(WAIT, stream.next())
         .await
         .expect("the first event arrives")
@@ -852,7 +835,7 @@ async fn the_timeout_ends_a_session_run_whose_client_stopped_reading() {
 async fn foreground_stdin_is_dev_null() {
     let server = Server::start().await;
     let events = server
-        .run(json!({"command": "cat; readlink /proc/self/fd/0; echo done"}))
+        .run_command("cat; readlink /proc/self/fd/0; echo done")
         .await;
     assert_eq!(texts(&events, "stdout"), ["/dev/null", "done"]);
 }

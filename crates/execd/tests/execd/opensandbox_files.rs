@@ -166,6 +166,53 @@ fn q(path: &str) -> String {
         .replace('#', "%23")
 }
 
+/// `GET /directories/list` of `path` to `depth`.
+fn list_url(path: &str, depth: u32) -> String {
+    format!("/directories/list?path={}&depth={depth}", q(path))
+}
+
+/// Writes `content` to `rel` below the root, making its parent first; its path.
+fn write_below(server: &Server, rel: &str, content: &str) -> String {
+    let path = server.path(rel);
+    let parent = Path::new(&path).parent().expect("a parent");
+    std::fs::create_dir_all(parent).expect("mkdir");
+    std::fs::write(&path, content).expect("write");
+    path
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &str) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+}
+
+/// `POST {route}` (`/files/replace`, with a query or not) of `old` with `new` in `path`.
+async fn replace(
+    server: &Server,
+    route: &str,
+    path: &str,
+    old: &str,
+    new: &str,
+) -> reqwest::Response {
+    server
+        .post_json(route, json!({path: {"old": old, "new": new}}))
+        .await
+}
+
+/// The status of `DELETE {route}?path=...` of `path`.
+async fn delete_status(server: &Server, route: &str, path: &str) -> reqwest::StatusCode {
+    server.delete(&at(route, path)).await.status()
+}
+
+/// Asserts that `response` is a 200 whose body is `expected`.
+async fn assert_ok_text(response: reqwest::Response, expected: &str) {
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.expect("text"), expected);
+}
+
 #[tokio::test]
 async fn upload_creates_parents_and_download_and_info_see_the_file() {
     let server = Server::start().await;
@@ -179,8 +226,7 @@ async fn upload_creates_parents_and_download_and_info_see_the_file() {
         ],
     )
     .await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.text().await.expect("text"), "");
+    assert_ok_text(response, "").await;
     assert_eq!(std::fs::read(&b).expect("b exists"), [0u8, 1, 2, 255]);
 
     let response = download(&server, &a).await;
@@ -376,8 +422,7 @@ async fn range_headers_that_are_not_one_valid_byte_range_are_ignored() {
             .header("Range", "items=0-1"),
     )
     .await;
-    assert_eq!(lines.status(), 200);
-    assert_eq!(lines.text().await.expect("text"), "0123456789ab");
+    assert_ok_text(lines, "0123456789ab").await;
 }
 
 /// Regression: a path with a 300-byte component (ENAMETOOLONG) was a 500.
@@ -429,12 +474,7 @@ async fn a_file_with_a_255_byte_name_can_be_uploaded_and_replaced() {
     let path = server.path(&"x".repeat(255));
     let response = upload(&server, &[(json!({"path": path}), b"old text")]).await;
     assert_eq!(response.status(), 200);
-    let response = server
-        .post_json(
-            "/files/replace",
-            json!({path.clone(): {"old": "old", "new": "new"}}),
-        )
-        .await;
+    let response = replace(&server, "/files/replace", &path, "old", "new").await;
     assert_eq!(response.status(), 200);
     assert_eq!(std::fs::read_to_string(&path).expect("read"), "new text");
     let names: Vec<_> = std::fs::read_dir(&server.root)
@@ -452,11 +492,7 @@ async fn search_list_and_mkdir_where_a_file_is_are_409_not_a_directory() {
     let file = server.path("file.txt");
     std::fs::write(&file, "f").expect("write");
     let fifo = server.path("fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo runs");
-    assert!(made.success());
+    mkfifo(&fifo);
     let everywhere = Server::start_with(|config| config.root = "/".into()).await;
     for (server, path) in [
         (&server, &file),
@@ -644,11 +680,7 @@ async fn unreadable_entries_are_skipped() {
     let tree = server.path("tree");
     let p = |rel: &str| format!("{tree}/{rel}");
 
-    let (paths, truncated, unreadable) = listing(
-        &server,
-        &format!("/directories/list?path={}&depth=5", q(&tree)),
-    )
-    .await;
+    let (paths, truncated, unreadable) = listing(&server, &list_url(&tree, 5)).await;
     assert_eq!(
         paths,
         [
@@ -751,11 +783,7 @@ async fn a_directory_whose_name_is_not_utf8_is_listed_with_its_contents() {
     std::fs::create_dir_all(&odd).expect("mkdir");
     std::fs::write(odd.join("inner.txt"), "i").expect("write");
     let tree = server.path("t");
-    let (paths, _, unreadable) = listing(
-        &server,
-        &format!("/directories/list?path={}&depth=2", q(&tree)),
-    )
-    .await;
+    let (paths, _, unreadable) = listing(&server, &list_url(&tree, 2)).await;
     assert_eq!(
         paths,
         [
@@ -875,10 +903,8 @@ async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
     let file = server.path("r.txt");
     std::fs::write(&file, "a-b-a-b-a").expect("write");
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
-    let replace = |route: &'static str, path: &str, old: &str, new: &str| {
-        server.post_json(route, json!({path: {"old": old, "new": new}}))
-    };
-    let response = replace("/files/replace?verbose=true", &file, "a", "XY").await;
+    let verbose = "/files/replace?verbose=true";
+    let response = replace(&server, verbose, &file, "a", "XY").await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.expect("json");
     assert_eq!(body[&file]["replacedCount"], 3);
@@ -890,12 +916,12 @@ async fn replace_rewrites_every_occurrence_and_reports_counts_when_verbose() {
         std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777,
         0o640
     );
-    let response = replace("/files/replace", &file, "b", "").await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.text().await.expect("text"), "");
-    let response = replace("/files/replace", &file, "", "x").await;
+    let response = replace(&server, "/files/replace", &file, "b", "").await;
+    assert_ok_text(response, "").await;
+    let response = replace(&server, "/files/replace", &file, "", "x").await;
     assert_error(response, 400, "INVALID_REQUEST_BODY").await;
-    let response = replace("/files/replace", &server.path("nope"), "a", "b").await;
+    let nope = server.path("nope");
+    let response = replace(&server, "/files/replace", &nope, "a", "b").await;
     assert_error(response, 404, "FILE_NOT_FOUND").await;
 }
 
@@ -960,21 +986,10 @@ async fn permissions_directories_and_deletion() {
         200
     );
     assert!(!Path::new(&file).exists());
-    assert_eq!(
-        server
-            .delete(&at("/directories", &server.path("made")))
-            .await
-            .status(),
-        200
-    );
-    assert!(!Path::new(&server.path("made")).exists());
-    assert_eq!(
-        server
-            .delete(&at("/directories", &server.path("made")))
-            .await
-            .status(),
-        200
-    );
+    let made = server.path("made");
+    assert_eq!(delete_status(&server, "/directories", &made).await, 200);
+    assert!(!Path::new(&made).exists());
+    assert_eq!(delete_status(&server, "/directories", &made).await, 200);
     assert_missing(&server, "/files/info", &file).await;
 }
 
@@ -1098,13 +1113,8 @@ async fn absolute_link_targets_outside_the_root_are_refused() {
     // The link itself can still be described and deleted (lstat, no following).
     let info = info(&server, &server.path("abs")).await;
     assert_eq!(info[server.path("abs")]["type"], "symlink");
-    assert_eq!(
-        server
-            .delete(&at("/files", &server.path("abs")))
-            .await
-            .status(),
-        200
-    );
+    let abs = server.path("abs");
+    assert_eq!(delete_status(&server, "/files", &abs).await, 200);
     assert!(Path::new("/etc/hostname").exists());
 }
 
@@ -1112,21 +1122,11 @@ async fn absolute_link_targets_outside_the_root_are_refused() {
 async fn a_fifo_is_never_opened_and_nothing_hangs() {
     let server = Server::start().await;
     let fifo = server.path("fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo runs");
-    assert!(made.success());
+    mkfifo(&fifo);
     assert_refused(&server, &at("/files/download", &fifo), "NOT_REGULAR_FILE").await;
-    let response = tokio::time::timeout(
-        WAIT,
-        server.post_json(
-            "/files/replace",
-            json!({fifo.clone(): {"old": "a", "new": "b"}}),
-        ),
-    )
-    .await
-    .expect("replace on a FIFO answers");
+    let response = tokio::time::timeout(WAIT, replace(&server, "/files/replace", &fifo, "a", "b"))
+        .await
+        .expect("replace on a FIFO answers");
     assert_eq!(error_body(response).await.1, "NOT_REGULAR_FILE");
     let response = tokio::time::timeout(WAIT, upload(&server, &[(json!({"path": fifo}), b"x")]))
         .await
@@ -1175,10 +1175,9 @@ async fn a_file_swapped_for_a_symlink_between_checks_never_leaks_outside_content
 #[tokio::test]
 async fn an_absolute_link_to_a_file_inside_the_root_is_followed() {
     let server = Server::start().await;
-    std::fs::create_dir(server.path("real")).expect("mkdir");
-    std::fs::write(server.path("real/data.txt"), "inside\n").expect("write");
+    let data = write_below(&server, "real/data.txt", "inside\n");
     let link = server.path("abs");
-    symlink(server.path("real/data.txt"), &link).expect("symlink");
+    symlink(&data, &link).expect("symlink");
     // Spelled with `.` and `..` at the root's level, still inside.
     let dotted = server.path("dotted");
     let root_name = server.root.file_name().expect("root has a name");
@@ -1193,22 +1192,15 @@ async fn an_absolute_link_to_a_file_inside_the_root_is_followed() {
     .expect("symlink");
 
     for path in [&link, &dotted] {
-        let response = download(&server, path).await;
-        assert_eq!(response.status(), 200, "{path}");
-        assert_eq!(response.text().await.expect("text"), "inside\n");
+        assert_ok_text(download(&server, path).await, "inside\n").await;
     }
     let info = info(&server, &link).await;
     assert_eq!(info[&link]["type"], "symlink", "info describes the link");
 
-    let response = server
-        .post_json(
-            "/files/replace",
-            json!({link.clone(): {"old": "inside", "new": "rewritten"}}),
-        )
-        .await;
+    let response = replace(&server, "/files/replace", &link, "inside", "rewritten").await;
     assert_eq!(response.status(), 200);
     assert_eq!(
-        std::fs::read_to_string(server.path("real/data.txt")).expect("read"),
+        std::fs::read_to_string(&data).expect("read"),
         "rewritten\n",
         "replace writes the file the link points to"
     );
@@ -1225,7 +1217,7 @@ async fn an_absolute_link_to_a_file_inside_the_root_is_followed() {
 async fn an_absolute_link_to_a_directory_inside_the_root_can_be_listed_and_written_through() {
     let server = Server::start().await;
     std::fs::create_dir_all(server.path("real/sub")).expect("mkdir");
-    std::fs::write(server.path("real/a.txt"), "a").expect("write");
+    write_below(&server, "real/a.txt", "a");
     let dir_link = server.path("absdir");
     symlink(server.path("real"), &dir_link).expect("symlink");
 
@@ -1309,9 +1301,7 @@ async fn with_the_root_slash_absolute_links_are_followed() {
     symlink(&elsewhere, here.join("dir-link")).expect("symlink");
 
     let file_link = here.join("file-link").display().to_string();
-    let response = download(&server, &file_link).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.text().await.expect("text"), "far away");
+    assert_ok_text(download(&server, &file_link).await, "far away").await;
 
     let dir_link = here.join("dir-link").display().to_string();
     assert_eq!(
@@ -1320,16 +1310,13 @@ async fn with_the_root_slash_absolute_links_are_followed() {
     );
     // `..` at `/` stays at `/`, as in the kernel.
     let climbing = format!("/../..{}", elsewhere.join("file.txt").display());
-    let response = download(&server, &climbing).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.text().await.expect("text"), "far away");
+    assert_ok_text(download(&server, &climbing).await, "far away").await;
 }
 
 #[tokio::test]
 async fn a_directory_link_retargeted_from_inside_to_etc_never_leaks_outside_content() {
     let server = Server::start().await;
-    std::fs::create_dir(server.path("real")).expect("mkdir");
-    std::fs::write(server.path("real/passwd"), "inside").expect("write");
+    write_below(&server, "real/passwd", "inside");
     let link = server.path("dir");
     let _swapping = {
         let (link, tmp) = (link.clone(), server.path("dir.tmp"));

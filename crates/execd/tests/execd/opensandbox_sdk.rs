@@ -2,8 +2,6 @@
 //! `scripts/python-env.sh`) drives its adapters against this crate's router on 127.0.0.1:0,
 //! running `tests/python/opensandbox_sdk_test.py`, which exits non-zero naming each failed check.
 
-use std::time::Duration;
-
 use crate::opensandbox_support::Server;
 use warren_test_support::{python, repo_root};
 
@@ -22,27 +20,13 @@ async fn opensandbox_python_sdk_adapters_work_against_warren() {
         .expect("base has a port")
         .to_owned();
     let script = root.join("tests/python/opensandbox_sdk_test.py");
-    let output = tokio::time::timeout(
-        Duration::from_secs(300),
+    crate::sdk_script::assert_checks_pass(
         tokio::process::Command::new(&python)
             .arg(&script)
             .arg(&port)
-            .arg(&workdir)
-            .kill_on_drop(true)
-            .output(),
+            .arg(&workdir),
+        "all OpenSandbox SDK checks passed",
     )
-    .await
-    .expect("the SDK script finishes within 5 minutes")
-    .expect("the SDK script runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("all OpenSandbox SDK checks passed"),
-        "{stdout}"
-    );
+    .await;
     server.shutdown().await;
 }

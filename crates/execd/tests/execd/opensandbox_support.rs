@@ -34,16 +34,8 @@ impl Server {
         adjust(&mut config);
         let root = config.root.clone();
         let execd = Execd::new(config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let addr = listener.local_addr().expect("local addr");
-        let router = execd.router();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
         Server {
-            base: format!("http://{addr}"),
+            base: crate::loopback::serve(execd.router()).await,
             execd,
             client: reqwest::Client::new(),
             root,
@@ -62,6 +54,23 @@ impl Server {
 
     pub async fn post_json(&self, path: &str, body: Value) -> reqwest::Response {
         send(self.client.post(self.url(path)).json(&body)).await
+    }
+
+    /// POSTs `body` to `path` and returns the answer's body as it streams in.
+    pub async fn post_stream(
+        &self,
+        path: &str,
+        body: Value,
+    ) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + use<> {
+        self.post_json(path, body).await.bytes_stream()
+    }
+
+    /// POSTs `body` to `/command` and returns the events' bytes as they stream in.
+    pub async fn command_stream(
+        &self,
+        body: Value,
+    ) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + use<> {
+        self.post_stream("/command", body).await
     }
 
     pub async fn get(&self, path: &str) -> reqwest::Response {
@@ -91,6 +100,11 @@ impl Server {
     /// Runs a foreground command and returns its events.
     pub async fn run(&self, body: Value) -> Vec<Value> {
         self.events("/command", body).await
+    }
+
+    /// Runs `command` in the foreground with no other option and returns its events.
+    pub async fn run_command(&self, command: &str) -> Vec<Value> {
+        self.run(serde_json::json!({ "command": command })).await
     }
 
     /// Starts `command` in the background and returns its id.

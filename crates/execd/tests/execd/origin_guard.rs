@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use warren_execd::{Config, Execd, ListenAddr};
 use warren_test_support::WAIT;
 
@@ -112,9 +112,22 @@ async fn send(mut request: reqwest::RequestBuilder, headers: &[(&str, &str)]) ->
     )
 }
 
-/// Asserts a 403 in Warren's `{"code","message"}` shape with `code`, whose message names the
+/// Asserts a 403 in Warren's `{"code","message"}` shape with `code` (`HOST_NOT_ALLOWED` or
+/// `ORIGIN_NOT_ALLOWED`), whose message names the flag that would admit the request.
+fn assert_refused(answer: &(u16, Value), code: &str, what: &str) {
+    let flag = if code == "HOST_NOT_ALLOWED" {
+        "--allowed-host"
+    } else {
+        "--allowed-origin"
+    };
+    assert_forbidden(answer, json!(code), flag, what);
+    let body = &answer.1;
+    assert_eq!(body.as_object().map(|o| o.len()), Some(2), "{what}: {body}");
+}
+
+/// Asserts a 403 with `code` (a string, or envd's HTTP error's number) whose message names the
 /// flag that would admit the request.
-fn assert_refused(answer: &(u16, Value), code: &str, flag: &str, what: &str) {
+fn assert_forbidden(answer: &(u16, Value), code: Value, flag: &str, what: &str) {
     let (status, body) = answer;
     assert_eq!(*status, 403, "{what}: {body}");
     assert_eq!(body["code"], code, "{what}: {body}");
@@ -122,7 +135,17 @@ fn assert_refused(answer: &(u16, Value), code: &str, flag: &str, what: &str) {
         body["message"].as_str().is_some_and(|m| m.contains(flag)),
         "{what}: the message names {flag}: {body}"
     );
-    assert_eq!(body.as_object().map(|o| o.len()), Some(2), "{what}: {body}");
+}
+
+/// Writes `request` on a raw connection and reads the answer until the server closes it.
+async fn raw_request(stream: &mut (impl AsyncRead + AsyncWrite + Unpin), request: &[u8]) -> String {
+    stream.write_all(request).await.expect("writes");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed within the wait")
+        .expect("reads");
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// Extra request headers, `(name, value)`.
@@ -176,7 +199,7 @@ async fn a_rebound_host_is_refused_on_upload_exec_and_the_pty_websocket() {
     let server = Server::start(Config::default()).await;
     let evil = [("host", "evil.example:44772")];
     let upload = server.upload("rebound.txt", &evil).await;
-    assert_refused(&upload, "HOST_NOT_ALLOWED", "--allowed-host", "upload");
+    assert_refused(&upload, "HOST_NOT_ALLOWED", "upload");
     assert!(
         !server.written("rebound.txt"),
         "the refused upload wrote nothing"
@@ -189,15 +212,10 @@ async fn a_rebound_host_is_refused_on_upload_exec_and_the_pty_websocket() {
         &[("host", "evil.example")],
     )
     .await;
-    assert_refused(&exec, "HOST_NOT_ALLOWED", "--allowed-host", "/v1/exec");
+    assert_refused(&exec, "HOST_NOT_ALLOWED", "/v1/exec");
     let id = pty_session(&server).await;
     let ws = pty_handshake(&server, &id, &[("host", "evil.example")]).await;
-    assert_refused(
-        &ws,
-        "HOST_NOT_ALLOWED",
-        "--allowed-host",
-        "the PTY WebSocket",
-    );
+    assert_refused(&ws, "HOST_NOT_ALLOWED", "the PTY WebSocket");
     // The same upload with the Host reqwest sends (127.0.0.1:PORT) is served.
     assert_eq!(server.upload("plain.txt", &[]).await.0, 200);
     assert!(server.written("plain.txt"));
@@ -209,12 +227,7 @@ async fn another_sites_origin_cannot_upload_and_the_servers_own_origin_can() {
     let evil = server
         .upload("evil.txt", &[("origin", "https://evil.example")])
         .await;
-    assert_refused(
-        &evil,
-        "ORIGIN_NOT_ALLOWED",
-        "--allowed-origin",
-        "evil upload",
-    );
+    assert_refused(&evil, "ORIGIN_NOT_ALLOWED", "evil upload");
     assert!(
         !server.written("evil.txt"),
         "the refused upload wrote nothing"
@@ -223,12 +236,7 @@ async fn another_sites_origin_cannot_upload_and_the_servers_own_origin_can() {
     let other_port = server
         .upload("port.txt", &[("origin", "http://127.0.0.1:1")])
         .await;
-    assert_refused(
-        &other_port,
-        "ORIGIN_NOT_ALLOWED",
-        "--allowed-origin",
-        "port",
-    );
+    assert_refused(&other_port, "ORIGIN_NOT_ALLOWED", "port");
     let own = format!("http://{}", server.addr);
     let same = server.upload("same.txt", &[("origin", own.as_str())]).await;
     assert_eq!(same.0, 200, "the server's own origin: {}", same.1);
@@ -240,7 +248,7 @@ async fn a_websocket_from_another_origin_is_refused_and_one_from_the_servers_own
     let server = Server::start(Config::default()).await;
     let id = pty_session(&server).await;
     let evil = pty_handshake(&server, &id, &[("origin", "https://evil.example")]).await;
-    assert_refused(&evil, "ORIGIN_NOT_ALLOWED", "--allowed-origin", "evil WS");
+    assert_refused(&evil, "ORIGIN_NOT_ALLOWED", "evil WS");
     let own = format!("http://{}", server.addr);
     let same = pty_handshake(&server, &id, &[("origin", own.as_str())]).await;
     assert_eq!(same.0, 101, "the server's own origin upgrades: {}", same.1);
@@ -285,14 +293,7 @@ async fn allowed_host_and_allowed_origin_admit_exactly_what_they_name() {
         let answer = server.ping(headers).await;
         match refused {
             None => assert_eq!(answer.0, 200, "{headers:?}: {}", answer.1),
-            Some(code) => {
-                let flag = if code == "HOST_NOT_ALLOWED" {
-                    "--allowed-host"
-                } else {
-                    "--allowed-origin"
-                };
-                assert_refused(&answer, code, flag, &format!("{headers:?}"));
-            }
+            Some(code) => assert_refused(&answer, code, &format!("{headers:?}")),
         }
     }
 }
@@ -306,7 +307,7 @@ async fn the_access_token_passes_the_guard_and_its_absence_does_not() {
     .await;
     let foreign = [("host", "hands"), ("origin", "https://console.example")];
     let refused = server.ping(&foreign).await;
-    assert_refused(&refused, "HOST_NOT_ALLOWED", "--allowed-host", "no token");
+    assert_refused(&refused, "HOST_NOT_ALLOWED", "no token");
     // The gateway's tunnel sends `Host: hands` and the browser's Origin, with the token.
     let with_token = [foreign[0], foreign[1], ("x-execd-access-token", "s3cret")];
     assert_eq!(server.ping(&with_token).await.0, 200);
@@ -314,7 +315,6 @@ async fn the_access_token_passes_the_guard_and_its_absence_does_not() {
     assert_refused(
         &server.ping(&wrong).await,
         "HOST_NOT_ALLOWED",
-        "--allowed-host",
         "a wrong token",
     );
 }
@@ -325,16 +325,7 @@ async fn a_request_without_host_is_served() {
     let mut stream = tokio::net::TcpStream::connect(&server.addr)
         .await
         .expect("connects");
-    stream
-        .write_all(b"GET /ping HTTP/1.0\r\n\r\n")
-        .await
-        .expect("writes");
-    let mut answer = Vec::new();
-    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
-        .await
-        .expect("answered and closed within the wait")
-        .expect("reads");
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = raw_request(&mut stream, b"GET /ping HTTP/1.0\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
 }
 
@@ -349,11 +340,11 @@ async fn off_loopback_without_a_token_answers_ip_addresses_and_loopback_names_on
     assert_eq!(server.ping(&[("host", "10.1.2.3:44772")]).await.0, 200);
     assert_eq!(server.ping(&[("host", "localhost")]).await.0, 200);
     let named = server.ping(&[("host", "sandbox.lan:44772")]).await;
-    assert_refused(&named, "HOST_NOT_ALLOWED", "--allowed-host", "a name");
+    assert_refused(&named, "HOST_NOT_ALLOWED", "a name");
     let evil = server
         .upload("evil.txt", &[("origin", "https://evil.example")])
         .await;
-    assert_refused(&evil, "ORIGIN_NOT_ALLOWED", "--allowed-origin", "an origin");
+    assert_refused(&evil, "ORIGIN_NOT_ALLOWED", "an origin");
     assert!(!server.written("evil.txt"));
 }
 
@@ -377,12 +368,7 @@ async fn off_loopback_with_a_token_checks_the_origin_but_not_the_host() {
             ("origin", "http://evil.example:44772"),
         ])
         .await;
-    assert_refused(
-        &rebound,
-        "ORIGIN_NOT_ALLOWED",
-        "--allowed-origin",
-        "rebound",
-    );
+    assert_refused(&rebound, "ORIGIN_NOT_ALLOWED", "rebound");
 }
 
 #[tokio::test]
@@ -404,19 +390,9 @@ async fn a_unix_socket_has_no_guard() {
     let mut stream = tokio::net::UnixStream::connect(&path)
         .await
         .expect("connects");
-    stream
-        .write_all(
-            b"GET /ping HTTP/1.1\r\nHost: evil.example\r\nOrigin: https://evil.example\r\n\
-              Connection: close\r\n\r\n",
-        )
-        .await
-        .expect("writes");
-    let mut answer = Vec::new();
-    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
-        .await
-        .expect("answered and closed within the wait")
-        .expect("reads");
-    let answer = String::from_utf8_lossy(&answer);
+    let request = b"GET /ping HTTP/1.1\r\nHost: evil.example\r\nOrigin: https://evil.example\r\n\
+                    Connection: close\r\n\r\n";
+    let answer = raw_request(&mut stream, request).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
@@ -478,25 +454,11 @@ async fn envd_upload(server: &Server, name: &str, headers: &[(&str, &str)]) -> (
 async fn envd_refuses_a_rebound_host_and_another_sites_origin_in_its_own_error_shapes() {
     let server = start_envd(Config::default(), "127.0.0.1:0").await;
     assert_eq!(envd_stat(&server, &[]).await.0, 200, "the SDKs' request");
-    let (status, body) = envd_stat(&server, &[("host", "evil.example:49983")]).await;
-    assert_eq!(status, 403, "{body}");
-    assert_eq!(body["code"], "permission_denied", "Connect's error: {body}");
-    assert!(
-        body["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("--allowed-host")),
-        "{body}"
-    );
-    let (status, body) =
-        envd_upload(&server, "evil.txt", &[("origin", "https://evil.example")]).await;
-    assert_eq!(status, 403, "{body}");
-    assert_eq!(body["code"], 403, "envd's HTTP error: {body}");
-    assert!(
-        body["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("--allowed-origin")),
-        "{body}"
-    );
+    let rebound = envd_stat(&server, &[("host", "evil.example:49983")]).await;
+    let connect_error = json!("permission_denied");
+    assert_forbidden(&rebound, connect_error, "--allowed-host", "Connect's error");
+    let evil = envd_upload(&server, "evil.txt", &[("origin", "https://evil.example")]).await;
+    assert_forbidden(&evil, json!(403), "--allowed-origin", "envd's HTTP error");
     assert!(
         !server.written("evil.txt"),
         "the refused upload wrote nothing"

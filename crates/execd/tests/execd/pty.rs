@@ -114,11 +114,7 @@ async fn session_limit_answers_429_too_many_sessions() {
 
 #[tokio::test]
 async fn access_token_is_required_on_rest_and_websocket_routes() {
-    let daemon = start_with(Config {
-        access_token: Some("s3cret".into()),
-        ..Config::default()
-    })
-    .await;
+    let daemon = pty_support::start_with_token("s3cret").await;
     let id = daemon.create(json!({})).await;
     let anonymous = reqwest::Client::new();
     let response = tokio::time::timeout(
@@ -1239,11 +1235,7 @@ async fn stdin_to_a_shell_that_closed_it_gets_stdin_write_failed() {
 
 #[tokio::test]
 async fn a_wrong_access_token_is_refused_and_ping_needs_none() {
-    let daemon = start_with(Config {
-        access_token: Some("right-token".into()),
-        ..Config::default()
-    })
-    .await;
+    let daemon = pty_support::start_with_token("right-token").await;
     let id = daemon.create(json!({})).await;
     let wrong = pty_support::Daemon {
         base: daemon.base.clone(),

@@ -14,6 +14,15 @@ pub async fn start_with(config: Config) -> Daemon {
     start_with_shutdown(config, std::future::pending()).await.0
 }
 
+/// A daemon that requires `token` as its access token.
+pub async fn start_with_token(token: &str) -> Daemon {
+    start_with(Config {
+        access_token: Some(token.to_owned()),
+        ..Config::default()
+    })
+    .await
+}
+
 /// A daemon that shuts down (and tears every session down) when `shutdown` resolves; the
 /// handle resolves once `serve` has returned.
 pub async fn start_with_shutdown(

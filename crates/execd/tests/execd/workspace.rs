@@ -13,6 +13,8 @@ use warren_execd::{Config, Execd, ListenAddr};
 use warren_execd_client::Tree;
 use warren_execd_client::{ClientError, ExecdClient};
 
+use crate::client_answers::{assert_error, assert_refused};
+
 /// An execd serving `root`, on `listen`, with `nonce` if given; the client of it.
 async fn start(root: &Path, listen: ListenAddr, nonce: Option<&str>) -> ExecdClient {
     serve(Config {
@@ -100,10 +102,6 @@ async fn snapshot_bytes(client: &ExecdClient) -> Vec<u8> {
     let stream = client.snapshot().await.expect("snapshot starts");
     let chunks: Vec<bytes::Bytes> = stream.try_collect().await.expect("snapshot completes");
     chunks.concat()
-}
-
-fn api_code(error: &ClientError) -> (Option<u16>, Option<&str>) {
-    (error.status().map(|s| s.as_u16()), error.code())
 }
 
 fn is_empty(dir: &Path) -> bool {
@@ -195,10 +193,7 @@ async fn the_agent_home_is_a_second_tree_and_an_unknown_tree_is_400() {
         Ok(_) => panic!("no home without --home"),
         Err(error) => error,
     };
-    assert_eq!(
-        api_code(&refused),
-        (Some(400), Some("INVALID_REQUEST_BODY"))
-    );
+    assert_error(&refused, 400, "INVALID_REQUEST_BODY", "the home tree");
     let http = reqwest::Client::new();
     let answer = http
         .get(format!(
@@ -219,15 +214,8 @@ async fn restore_into_a_non_empty_root_is_409_and_keeps_it() {
     let from = start(source.path(), tcp(), None).await;
     let to = start(target.path(), tcp(), None).await;
     let archive = snapshot_bytes(&from).await;
-    let error = to
-        .restore(archive.into())
-        .await
-        .expect_err("non-empty root");
-    assert_eq!(
-        api_code(&error),
-        (Some(409), Some("WORKSPACE_NOT_EMPTY")),
-        "{error}"
-    );
+    let refused = to.restore(archive.into()).await;
+    assert_refused(refused, 409, "WORKSPACE_NOT_EMPTY", "non-empty root");
     assert_eq!(tree(target.path()).len(), 1);
 }
 
@@ -257,28 +245,16 @@ async fn hostile_and_cut_archives_are_400_and_leave_the_root_empty() {
     let root = outer.path().join("workspace");
     std::fs::create_dir(&root).expect("mkdir");
     let client = start(&root, tcp(), None).await;
-    let error = client
-        .restore(archive_ending_with("../x").into())
-        .await
-        .expect_err("hostile archive");
-    assert_eq!(
-        api_code(&error),
-        (Some(400), Some("SNAPSHOT_UNSAFE_ENTRY")),
-        "{error}"
-    );
+    let refused = client.restore(archive_ending_with("../x").into()).await;
+    assert_refused(refused, 400, "SNAPSHOT_UNSAFE_ENTRY", "hostile archive");
     assert!(is_empty(&root), "root touched");
     assert!(!outer.path().join("x").exists(), "wrote outside the root");
 
     let whole = archive_ending_with("fine-too");
-    let error = client
+    let refused = client
         .restore(whole[..whole.len() / 2].to_vec().into())
-        .await
-        .expect_err("cut archive");
-    assert_eq!(
-        api_code(&error),
-        (Some(400), Some("SNAPSHOT_CORRUPT")),
-        "{error}"
-    );
+        .await;
+    assert_refused(refused, 400, "SNAPSHOT_CORRUPT", "cut archive");
     assert!(is_empty(&root), "root touched");
 
     let restored = client
@@ -327,11 +303,7 @@ async fn another_nonce_is_refused_with_409_on_every_route_and_the_same_one_passe
         ("files", wrong.read_file("anything").await.err()),
     ] {
         let error = result.unwrap_or_else(|| panic!("{route}: served with the wrong nonce"));
-        assert_eq!(
-            api_code(&error),
-            (Some(409), Some("HANDS_IDENTITY_MISMATCH")),
-            "{route}: {error}"
-        );
+        assert_error(&error, 409, "HANDS_IDENTITY_MISMATCH", route);
         assert!(error.to_string().contains("another sandbox"), "{error}");
     }
     let right = plain.clone().with_nonce("right");

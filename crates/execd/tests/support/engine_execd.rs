@@ -6,6 +6,9 @@
 use warren_execd::{Config, Execd};
 use warren_execd_client::ExecdClient;
 
+#[path = "loopback.rs"]
+mod loopback;
+
 pub struct Server {
     pub client: ExecdClient,
     /// execd's `--root`.
@@ -20,15 +23,9 @@ pub async fn start() -> Server {
         ..Config::default()
     };
     let execd = Execd::new(config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, execd.router()).await;
-    });
+    let base = loopback::serve(execd.router()).await;
     Server {
-        client: ExecdClient::new(&format!("http://{addr}"), None).expect("client"),
+        client: ExecdClient::new(&base, None).expect("client"),
         root,
     }
 }
