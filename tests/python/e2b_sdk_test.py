@@ -7,6 +7,7 @@ processes' `~`) must lie beneath ROOT, so relative paths have somewhere to land 
 
 import asyncio
 import os
+import secrets
 import sys
 import time
 import traceback
@@ -100,18 +101,20 @@ def _():
 @check("a timeout raises TimeoutException and kills the whole tree, sleep included")
 def _():
     marker = path("timeout-marker")
+    # A duration no other process on this machine sleeps for, so `ps` finds only this one.
+    sleep = f"sleep 30.{secrets.randbelow(10**6):06d}"
     started = time.monotonic()
     try:
         # Long enough for the login shell's profile to finish: a kill in the middle of it can
         # leave the profile's own lock files behind (pyenv's rehash lock on some machines).
-        sbx.commands.run(f"sleep 30; touch {marker}", timeout=3)
+        sbx.commands.run(f"{sleep}; touch {marker}", timeout=3)
     except TimeoutException:
         pass
     else:
         raise AssertionError("no timeout")
     assert time.monotonic() - started < 15
     listed = sbx.commands.run("ps -eo args")
-    assert "sleep 30" not in listed.stdout, listed.stdout
+    assert sleep not in listed.stdout, listed.stdout
 
 
 @check("a background command is listed, connected to, fed stdin and killed")
