@@ -9,11 +9,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use warren_brain::WorkerPool;
+use warren_process::TreeRegistry;
+use warren_store::file;
+use warren_store::health::StorageHealth;
 
-use crate::config::GatewayArgs;
-use crate::hands::Lifecycle;
+use crate::admission::{Admission, Limits};
+use crate::config::{self, BrainPlacement, GatewayArgs, HandsProviderKind};
+use crate::engine_error::EngineError;
+use crate::hands::local::{LocalConfig, LocalHands};
+use crate::hands::remote::RemoteHands;
+use crate::hands::{HandsProvider, Lifecycle};
 use crate::sessions::{self, Sessions};
-use crate::{agents, model_proxy, replicas, turns, warm};
+use crate::{agents, model_proxy, network, replicas, turns, warm};
 
 /// Called with the id of every session that goes away.
 type GoneHook = Box<dyn Fn(&str) + Send + Sync>;
@@ -36,32 +43,163 @@ pub struct Engine {
     /// The `warren` binary that runs hands, the MCP server and the built-in agent.
     pub warren_bin: PathBuf,
     gone: Mutex<Vec<GoneHook>>,
+    /// Held for the engine's lifetime: one gateway per data directory.
+    _data_lock: std::fs::File,
 }
 
 impl Engine {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        args: GatewayArgs,
-        sessions: Sessions,
-        pool: Arc<WorkerPool>,
-        agent: agents::Agent,
-        model: Arc<model_proxy::ModelProxy>,
-        warm: warm::WarmSandboxes,
-        replicas: Option<Arc<replicas::Replicas>>,
-        warren_bin: PathBuf,
-    ) -> Engine {
-        Engine {
+    /// Opens the engine on `--data` (and `--store`): stops what an earlier gateway left
+    /// running, loads every session, connects the store, the agent, the model proxy and the
+    /// hands' provider. Nothing runs until [`Engine::start`]. Call inside a tokio runtime.
+    pub async fn open(mut args: GatewayArgs) -> Result<Arc<Engine>, EngineError> {
+        std::fs::create_dir_all(&args.data)?;
+        args.data = std::fs::canonicalize(&args.data)?;
+        let data_lock = {
+            let data = args.data.clone();
+            tokio::task::spawn_blocking(move || file::lock_data_dir(&data))
+                .await
+                .map_err(|e| EngineError::Internal(e.to_string()))??
+        };
+        let warren_bin = match &args.warren_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()?,
+        };
+        let agent = agents::Agent::resolve(
+            args.agent.as_deref(),
+            args.agent_program.as_deref(),
+            args.brain_placement,
+            &warren_bin,
+            &args.agent_env,
+        )
+        .and_then(|agent| agent.with_model(args.agent_model.as_deref()))
+        .map_err(EngineError::InvalidRequest)?;
+        let model = model_proxy::ModelProxy::from_args(&args.model)
+            .map_err(|e| EngineError::InvalidRequest(format!("model proxy: {e}")))?;
+        let data = args.data.clone();
+        let admission = Admission::new(Limits::new(args.max_brains));
+        // Every agent and hands process tree is listed here while it runs.
+        let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
+        let provider = hands_provider(&args, &warren_bin, &agent).await?;
+        let network = Arc::new(network::Network::new(&args, provider.network()));
+        let network_for_store = network.clone();
+        let registry = trees.clone();
+        let placement = agent.placement;
+        let admission_for_store = admission.clone();
+        let provider_for_store = provider.clone();
+        let storage = Arc::new(StorageHealth::default());
+        let pg = match &args.store {
+            config::StoreUrl::File => None,
+            config::StoreUrl::Postgres(url) => Some(
+                warren_store::pg::Store::connect(url)
+                    .await
+                    .map_err(|e| EngineError::InvalidRequest(format!("--store: {e}")))?,
+            ),
+        };
+        let file_storage = storage.clone();
+        let file_store = pg.is_none();
+        let loaded = tokio::task::spawn_blocking(move || {
+            // Agents and hands a gateway killed with SIGKILL left running (and whatever they
+            // started): stopped before any new one starts.
+            let n_left = registry.stop_leftovers(LEFTOVER_STOP_GRACE);
+            if n_left > 0 {
+                tracing::warn!(
+                    n_left,
+                    "stopped process trees an earlier gateway left running"
+                );
+            }
+            // A disk that is already full is found now, not at the first write that fails:
+            // `/healthz` says so and new work is refused from the start.
+            if let Err(e) = file::probe_space(&data) {
+                tracing::error!(error = %e, "the data directory does not take writes");
+                file_storage.report(&e);
+            }
+            if !file_store {
+                return Ok::<_, std::io::Error>(None);
+            }
+            Ok(Some(Sessions::load(
+                &data,
+                admission,
+                provider,
+                placement,
+                file_storage,
+                network,
+            )?))
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))??;
+        let sessions = match (loaded, pg) {
+            (Some(loaded), _) => loaded,
+            (None, Some(pg)) => {
+                Sessions::load_postgres(
+                    &args.data,
+                    pg,
+                    admission_for_store,
+                    provider_for_store,
+                    placement,
+                    storage,
+                    network_for_store,
+                )
+                .await?
+            }
+            (None, None) => {
+                return Err(EngineError::Internal(
+                    "the file store was not loaded".into(),
+                ));
+            }
+        };
+        // Warm workers are agents on the host that need nothing of a session; the others start
+        // per session (in its hands, or with its model token).
+        let n_warm = match (agent.placement, agent.needs_session_env()) {
+            (BrainPlacement::Host, false) => args.warm_workers,
+            _ => 0,
+        };
+        let pool = WorkerPool::with_registry(agent.command.clone(), n_warm, Some(trees));
+        let replicas = match sessions.store() {
+            Some(store) => Some(replicas::Replicas::new(
+                store.clone(),
+                replica_id(&args)?,
+                replica_url(&args),
+                args.lease_ttl,
+            )),
+            None => None,
+        };
+        if let Some(replicas) = &replicas {
+            // A device's brains are counted over all replicas.
+            let store = sessions.store().cloned();
+            if let Some(store) = store {
+                let (id, ttl) = (replicas.id.clone(), args.lease_ttl);
+                sessions.admission().count_brains_in(store, id, ttl);
+            }
+            // The sessions whose lease this replica takes are its own; the others it follows.
+            for session in sessions.all() {
+                match replicas.acquire(&session).await {
+                    Ok(warren_store::leases::Acquired::Owned { .. }) => {}
+                    Ok(warren_store::leases::Acquired::HeldBy { replica_id, .. }) => {
+                        tracing::info!(session = %session.id, owner = %replica_id, "session followed");
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %session.id, error = %e, "session lease not taken; followed")
+                    }
+                }
+            }
+        }
+        let n_warm_sandboxes = match (agent.placement, args.hands_provider) {
+            (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
+            _ => 0,
+        };
+        Ok(Arc::new(Engine {
             args,
             sessions,
             pool,
             agent,
-            model,
+            model: Arc::new(model),
             model_sockets: model_proxy::sockets::ModelSockets::default(),
-            warm,
+            warm: warm::WarmSandboxes::new(n_warm_sandboxes),
             replicas,
             warren_bin,
             gone: Mutex::new(Vec::new()),
-        }
+            _data_lock: data_lock,
+        }))
     }
 
     /// Closes the turns an earlier gateway left open and adopts its hands (for the sessions
@@ -177,3 +315,89 @@ fn spawn_hands_sweeper(gateway: &Arc<Engine>) {
         }
     });
 }
+
+/// How long a left-over agent or hands gets between SIGTERM and SIGKILL at start.
+const LEFTOVER_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// `--replica-id`, or the id kept in `--data` (made at the first start), so a gateway that
+/// restarts on its data directory is the same replica and keeps its leases.
+fn replica_id(args: &GatewayArgs) -> Result<String, EngineError> {
+    if let Some(id) = &args.replica_id {
+        return Ok(id.clone());
+    }
+    let path = args.data.join("replica-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+        _ => {
+            let id = format!(
+                "replica-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            );
+            file::write_atomic(&path, id.as_bytes())?;
+            Ok(id)
+        }
+    }
+}
+
+/// `--replica-url`, or `http://` and the listen address (loopback for an unspecified one).
+fn replica_url(args: &GatewayArgs) -> String {
+    if let Some(url) = &args.replica_url {
+        return url.trim_end_matches('/').to_owned();
+    }
+    let port = args.listen.port();
+    match args.listen.ip() {
+        ip if ip.is_unspecified() => format!("http://127.0.0.1:{port}"),
+        ip => format!("http://{}", std::net::SocketAddr::new(ip, port)),
+    }
+}
+
+/// The hands provider `--hands-provider` names.
+async fn hands_provider(
+    args: &GatewayArgs,
+    warren_bin: &std::path::Path,
+    agent: &agents::Agent,
+) -> Result<Arc<dyn HandsProvider>, EngineError> {
+    // `--snapshots`: object storage the client cannot be built for is a startup error naming it.
+    let snapshots = args
+        .snapshots
+        .as_ref()
+        .map(|url| {
+            warren_store::objects::Objects::from_url(url)
+                .map_err(|e| EngineError::InvalidRequest(format!("--snapshots {url}: {e}")))
+        })
+        .transpose()?;
+    match args.hands_provider {
+        HandsProviderKind::Local => {
+            let config = LocalConfig {
+                warren_bin: warren_bin.to_path_buf(),
+                run_dir: args.data.join("run").join("hands"),
+                isolation: args.hands_isolation,
+                bwrap: args.hands_bwrap.clone(),
+                network: args.hands_network,
+                uid: args.hands_uid,
+                memory_bytes: args.hands_memory,
+                pids: args.hands_pids,
+                env: args.hands_env.clone(),
+                agent_prefix: match agent.placement {
+                    BrainPlacement::Hands => agent.install_prefix().map(|p| p.to_path_buf()),
+                    BrainPlacement::Host => None,
+                },
+                snapshots,
+            };
+            std::fs::create_dir_all(&config.run_dir)?;
+            Ok(Arc::new(LocalHands::new(config).await))
+        }
+        HandsProviderKind::Remote => {
+            let template = args.hands_url_template.clone().ok_or_else(|| {
+                EngineError::InvalidRequest(
+                    "--hands-provider remote needs --hands-url-template".into(),
+                )
+            })?;
+            let token = args.hands_token.clone().ok_or_else(|| {
+                EngineError::InvalidRequest("--hands-provider remote needs --hands-token".into())
+            })?;
+            Ok(Arc::new(RemoteHands::new(template, token, snapshots)))
+        }
+    }
+}
+
