@@ -190,10 +190,12 @@ impl Egress {
     /// addresses are checked before the person is asked, so no one is asked about a host that
     /// would be refused anyway (a name that resolves to loopback or metadata).
     async fn open_upstream(&self, host: &str, port: u16) -> Result<TcpStream, Response<Body>> {
-        let verdict = self.policy().judge(host, port);
-        if let Verdict::Refuse(rule) = &verdict {
-            return Err(self.refuse(host, port, rule));
-        }
+        // A rule's name when a rule allows; `None` when the person is to be asked.
+        let allowed_by = match self.policy().judge(host, port) {
+            Verdict::Refuse(rule) => return Err(self.refuse(host, port, &rule)),
+            Verdict::Allow(rule) => Some(rule),
+            Verdict::Ask => None,
+        };
         let resolved = tokio::time::timeout(self.limits.connect_timeout, resolve(host, port)).await;
         let addresses = match resolved {
             Ok(Ok(addresses)) if !addresses.is_empty() => addresses,
@@ -223,9 +225,9 @@ impl Egress {
             let why = refused.unwrap_or_default();
             return Err(self.refuse(host, port, &why));
         }
-        let rule = match verdict {
-            Verdict::Allow(rule) | Verdict::Refuse(rule) => rule,
-            Verdict::Ask => match self.observer.ask(host, port).await {
+        let rule = match allowed_by {
+            Some(rule) => rule,
+            None => match self.observer.ask(host, port).await {
                 Answer::AllowOnce => "allowed once by the person".to_owned(),
                 Answer::AllowSession => {
                     if let Some(rule) = Rule::exact(host, port) {
