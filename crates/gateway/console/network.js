@@ -251,18 +251,8 @@ export class NetworkView {
       const sessionId = this.sessionId;
       this.stale = false;
       this.lastRefresh = this.now();
-      let egress;
-      try {
-        egress = await this.api.request("GET", this.url());
-      } catch (error) {
-        if (sessionId === this.sessionId) this.showError(this.el.error, `Could not load the network settings: ${error.message}`);
-        return false;
-      }
-      if (sessionId !== this.sessionId) return false;
-      this.showError(this.el.error, "");
-      this.egress = egress;
-      this.render();
-      return true;
+      return this.request(sessionId, "GET", undefined, (error) =>
+        this.showError(this.el.error, `Could not load the network settings: ${error.message}`));
     });
   }
 
@@ -288,19 +278,25 @@ export class NetworkView {
       if (!sessionId || !this.egress) return false;
       const body = change(this.egress);
       if (!body) return true;
-      let egress;
-      try {
-        egress = await this.api.request("PUT", this.url(), { json: body });
-      } catch (error) {
-        if (sessionId === this.sessionId) onError(error);
-        return false;
-      }
-      if (sessionId !== this.sessionId) return false;
-      this.showError(this.el.error, "");
-      this.egress = egress;
-      this.render();
-      return true;
+      return this.request(sessionId, "PUT", { json: body }, onError);
     });
+  }
+
+  /** One GET or PUT of `sessionId`'s egress: its answer shown if that session is still the
+   *  view's; `onError(error)` hears a failure. Resolves to whether it was taken. */
+  async request(sessionId, method, options, onError) {
+    let egress;
+    try {
+      egress = await this.api.request(method, this.url(), options);
+    } catch (error) {
+      if (sessionId === this.sessionId) onError(error);
+      return false;
+    }
+    if (sessionId !== this.sessionId) return false;
+    this.showError(this.el.error, "");
+    this.egress = egress;
+    this.render();
+    return true;
   }
 
   /** Runs `task` after every request queued before it; resolves to its result. */
