@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::{FromRequestParts, Query, State};
-use axum::http::request::Parts;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
@@ -20,7 +19,7 @@ use warren_protocol::gateway::{
     RegisterDevice, RenameSession, SessionInfo, SessionList,
 };
 
-use crate::auth::{bearer_token, secret_matches};
+use crate::auth::{Admin, Device, bearer_token, secret_matches};
 use crate::error::{GatewayError, Json, OptionalJson, Path};
 use crate::{Gateway, event_log, sessions, sse, turns};
 
@@ -210,61 +209,6 @@ async fn delete_preview(
     {
         true => Ok(StatusCode::NO_CONTENT),
         false => Err(GatewayError::PreviewNotFound),
-    }
-}
-
-/// The bearer token of a request: `Authorization: Bearer T`, else `?access_token=T` (browsers
-/// cannot set headers on EventSource/WebSocket).
-fn bearer(parts: &Parts) -> Option<String> {
-    if let Some(value) = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        return bearer_token(value).map(str::to_string);
-    }
-    let query = parts.uri.query()?;
-    query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("access_token=").map(str::to_string))
-}
-
-/// An authenticated device (its id).
-pub struct Device(pub String);
-
-impl FromRequestParts<Arc<Gateway>> for Device {
-    type Rejection = GatewayError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        gateway: &Arc<Gateway>,
-    ) -> Result<Self, Self::Rejection> {
-        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
-        gateway.devices.authenticate(&token).await.map(Device)
-    }
-}
-
-/// A request carrying the admin token. Admin routes do not exist without `--admin-token`.
-pub struct Admin;
-
-impl FromRequestParts<Arc<Gateway>> for Admin {
-    type Rejection = GatewayError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        gateway: &Arc<Gateway>,
-    ) -> Result<Self, Self::Rejection> {
-        let expected = gateway
-            .args
-            .admin_token
-            .as_deref()
-            .ok_or(GatewayError::RouteNotFound)?;
-        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
-        if secret_matches(&token, expected) {
-            Ok(Admin)
-        } else {
-            Err(GatewayError::Unauthorized)
-        }
     }
 }
 

@@ -10,6 +10,11 @@
 //! cannot both bind one device id.
 
 use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -18,6 +23,7 @@ use subtle::ConstantTimeEq;
 
 pub use warren_http::secret::{bearer_token, new_secret};
 
+use crate::Gateway;
 use crate::error::GatewayError;
 use warren_store::devices::DeviceStore;
 
@@ -257,6 +263,61 @@ fn listing(record: &DeviceRecord, now: DateTime<Utc>) -> (String, String, bool, 
             .last_used_at
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
     )
+}
+
+/// The bearer token of a request: `Authorization: Bearer T`, else `?access_token=T` (browsers
+/// cannot set headers on EventSource/WebSocket).
+fn bearer(parts: &Parts) -> Option<String> {
+    if let Some(value) = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        return bearer_token(value).map(str::to_string);
+    }
+    let query = parts.uri.query()?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("access_token=").map(str::to_string))
+}
+
+/// An authenticated device (its id).
+pub struct Device(pub String);
+
+impl FromRequestParts<Arc<Gateway>> for Device {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
+        gateway.devices.authenticate(&token).await.map(Device)
+    }
+}
+
+/// A request carrying the admin token. Admin routes do not exist without `--admin-token`.
+pub struct Admin;
+
+impl FromRequestParts<Arc<Gateway>> for Admin {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let expected = gateway
+            .args
+            .admin_token
+            .as_deref()
+            .ok_or(GatewayError::RouteNotFound)?;
+        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
+        if secret_matches(&token, expected) {
+            Ok(Admin)
+        } else {
+            Err(GatewayError::Unauthorized)
+        }
+    }
 }
 
 #[cfg(test)]

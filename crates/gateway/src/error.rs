@@ -83,7 +83,7 @@ pub enum GatewayError {
     Hands(#[from] HandsError),
     /// A file request the workspace refused (files-terminals-previews.md "Files").
     #[error(transparent)]
-    Files(#[from] crate::files::FilesError),
+    Files(#[from] crate::files_error::FilesError),
     #[error("storage error: {0}")]
     Io(std::io::Error),
     #[error("internal error: {0}")]

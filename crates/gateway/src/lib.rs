@@ -5,9 +5,9 @@
 //!
 //! The HTTP layer over the session engine (`warren-engine`, re-exported here module by module):
 //! [`Gateway`] is the engine and what only routes keep. [`api`] routes and credential
-//! extractors; `auth` devices and tokens; [`sse`] the event stream over HTTP; `files`,
-//! `terminals` and [`previews`] the window into the hands; `owner` forwarding to a session's
-//! owner replica; `tunnel` one request to an execd; `console` the web console's files;
+//! extractors; `auth` devices, tokens and the credential extractors; [`sse`] the event stream
+//! over HTTP; `files` (its refusals in `files_error`), `terminals` and [`previews`] the window
+//! into the hands; `owner` forwarding to a session's owner replica; `tunnel` one request to an execd; `console` the web console's files;
 //! [`openapi`] the document of the routes; [`error`] the one mapping of errors to statuses.
 //! Modules are crate-private unless another crate names them.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
@@ -19,6 +19,7 @@ pub(crate) mod auth;
 pub(crate) mod console;
 pub mod error;
 pub(crate) mod files;
+pub(crate) mod files_error;
 pub use warren_engine::{
     admission, agents, config, engine, engine_error, event_log, hands, model_proxy, network,
     replicas, session, sessions, turns, warm,

@@ -2,7 +2,7 @@
 //! no secret). The operations come from the same `utoipa_axum::routes!` calls that register the
 //! handlers ([`crate::api::routes`]), so a route cannot be served without being documented;
 //! this module adds what is the same for every operation: the version, the credential schemes
-//! (as [`crate::api::Device`], [`crate::api::Admin`] and registration read them) and the 500
+//! (as [`crate::auth::Device`], [`crate::auth::Admin`] and registration read them) and the 500
 //! `RUNTIME_ERROR` any handler answers when it panics.
 //!
 //! Deliberately left out, on plain axum routes and named in [`UNDOCUMENTED`]: the model proxy,
