@@ -16,11 +16,11 @@ use axum::response::{IntoResponse, Response};
 use warren_exec::ExecError;
 use warren_http::RequestError;
 
-use crate::files_api::FilesError;
-use crate::fs::PathError;
-use crate::opensandbox::CompatError;
-use crate::pty::PtyError;
-use crate::workspace::WorkspaceError;
+use crate::files_api::error::FilesError;
+use crate::fs::error::PathError;
+use crate::opensandbox::error::CompatError;
+use crate::pty::error::PtyError;
+use crate::workspace::error::WorkspaceError;
 use warren_snapshot::SnapshotError;
 
 /// OpenSandbox's 401 body text, byte for byte.
@@ -64,7 +64,7 @@ pub enum ApiError {
     #[error(transparent)]
     Workspace(#[from] WorkspaceError),
     #[error(transparent)]
-    Proxy(#[from] crate::proxy::ProxyError),
+    Proxy(#[from] crate::proxy::error::ProxyError),
 }
 
 impl ApiError {
@@ -182,8 +182,8 @@ impl ApiError {
                 WorkspaceError::UnknownTree(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
             },
             ApiError::Proxy(error) => match error {
-                crate::proxy::ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_PORT"),
-                crate::proxy::ProxyError::Unreachable { .. } => {
+                crate::proxy::error::ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_PORT"),
+                crate::proxy::error::ProxyError::Unreachable { .. } => {
                     (S::BAD_GATEWAY, "UPSTREAM_UNREACHABLE")
                 }
             },

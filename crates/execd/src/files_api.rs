@@ -45,6 +45,9 @@ use crate::fs::resolve::{self, Part, Refusal, Root, Want};
 use crate::fs::{PathError, is_escape, path_error};
 use crate::route_helpers::{open_file, query};
 
+pub mod error;
+pub use error::FilesError;
+
 /// Longest path a request may name, in bytes (Linux's `PATH_MAX`).
 pub const MAX_PATH_BYTES: usize = 4096;
 /// Most levels `GET /v1/files/list` descends.
@@ -57,38 +60,6 @@ pub struct FilesApi {
     /// Cancelled when the daemon stops: ends the open watches, which graceful shutdown would
     /// otherwise wait for forever.
     stopping: CancellationToken,
-}
-
-/// Why a file request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FilesError {
-    #[error("{0}")]
-    InvalidPath(String),
-    #[error("{0} does not exist")]
-    NotFound(String),
-    #[error("{0} leads outside the root")]
-    Escape(String),
-    #[error("{0} is not a regular file")]
-    NotRegular(String),
-    #[error("{0}")]
-    Exists(String),
-    #[error("directory {0} is not empty")]
-    DirNotEmpty(String),
-    #[error("requested range not satisfiable for a file of {0} bytes")]
-    RangeNotSatisfiable(u64),
-    /// The change feed cannot be set up (the inotify limits, the root `/`).
-    #[error("{0}")]
-    WatchUnavailable(String),
-    /// A path the OS refuses for a reason the client can fix (a name too long, a file where a
-    /// directory should be, no permission): the same codes as the OpenSandbox file routes.
-    #[error(transparent)]
-    Path(#[from] PathError),
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
 }
 
 /// A path from a request: as the client wrote it (for messages and answers) and as parts below

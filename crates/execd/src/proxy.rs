@@ -22,15 +22,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::error::ApiError;
 
-/// Why a proxied request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    #[error("{0:?} is not a port (1 to 65535)")]
-    InvalidPort(String),
-    /// Nothing answers at the port (refused, reset, or not HTTP).
-    #[error("nothing answers at 127.0.0.1:{port}: {detail}")]
-    Unreachable { port: u16, detail: String },
-}
+pub mod error;
+pub use error::ProxyError;
 
 /// The proxy's state: one pooled HTTP client.
 #[derive(Clone)]

@@ -31,22 +31,12 @@ use warren_snapshot::{SnapshotError, UnpackLimits};
 use crate::error::ApiError;
 use crate::route_helpers;
 
+pub mod error;
+pub use error::WorkspaceError;
+
 /// Bytes the packer hands to the response at once, and chunks in flight: about 1 MiB queued.
 const CHUNK_BYTES: usize = 64 * 1024;
 const CHUNKS_IN_FLIGHT: usize = 16;
-
-/// Why a snapshot or restore failed.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkspaceError {
-    #[error(transparent)]
-    Snapshot(#[from] SnapshotError),
-    /// The blocking task ended without an answer (it panicked).
-    #[error("snapshot task failed: {0}")]
-    Task(String),
-    /// `?tree=` names no tree this execd has (`workspace`, or `home` with `--home`).
-    #[error("no tree {0:?} here: `workspace`, or `home` when execd runs with --home")]
-    UnknownTree(String),
-}
 
 /// `?tree=workspace|home` (default `workspace`).
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
