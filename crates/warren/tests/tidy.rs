@@ -203,3 +203,129 @@ fn what_the_gateway_stands_on_knows_neither_the_gateway_nor_axum() {
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
+
+/// The most files one import cycle may hold in a crate (the engine's handle and the three
+/// subsystems it starts name each other).
+const MAX_IMPORT_CYCLE: usize = 4;
+
+#[test]
+fn no_import_cycle_spans_more_than_a_handful_of_files() {
+    let mut offenders = Vec::new();
+    for (name, files) in crates() {
+        let src = workspace().join("crates").join(&name).join("src");
+        let graph = module_graph(&src, &files);
+        for cycle in strongly_connected(&graph) {
+            if cycle.len() > MAX_IMPORT_CYCLE {
+                offenders.push(format!("crates/{name}: {}", cycle.join(", ")));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "import cycles of more than {MAX_IMPORT_CYCLE} files:\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// Each module of a crate (`a::b` for `src/a/b.rs` or `src/a/b/mod.rs`; the crate root left
+/// out) and the modules its code outside tests names through `crate::`.
+fn module_graph(
+    src: &Path,
+    files: &[PathBuf],
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let module_of = |file: &PathBuf| {
+        let relative = file.strip_prefix(src).ok()?.with_extension("");
+        let name = relative.to_string_lossy().replace('/', "::");
+        let name = name.strip_suffix("::mod").unwrap_or(&name).to_owned();
+        (!matches!(name.as_str(), "lib" | "main") && !name.starts_with("bin::")).then_some(name)
+    };
+    let modules: std::collections::BTreeSet<String> = files.iter().filter_map(module_of).collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for file in files {
+        let Some(module) = module_of(file) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        let mut names = std::collections::BTreeSet::new();
+        for line in code.lines() {
+            let line = line.split("//").next().unwrap_or("");
+            for (at, _) in line.match_indices("crate::") {
+                let path: String = line[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                let parts: Vec<&str> = path.split("::").collect();
+                let named = [parts[..parts.len().min(2)].join("::"), parts[0].to_owned()]
+                    .into_iter()
+                    .find(|candidate| modules.contains(candidate));
+                if let Some(named) = named
+                    && named != module
+                    && !module.starts_with(&format!("{named}::"))
+                {
+                    names.insert(named);
+                }
+            }
+        }
+        graph.insert(module, names);
+    }
+    graph
+}
+
+/// The strongly connected components of more than one module (Tarjan's algorithm).
+fn strongly_connected(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        index: std::collections::HashMap<&'a str, usize>,
+        low: std::collections::HashMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, module: &'a str) {
+            let n = self.index.len();
+            self.index.insert(module, n);
+            self.low.insert(module, n);
+            self.stack.push(module);
+            for next in self.graph.get(module).into_iter().flatten() {
+                let next = next.as_str();
+                if !self.index.contains_key(next) {
+                    self.visit(next);
+                    let low = self.low[module].min(self.low[next]);
+                    self.low.insert(module, low);
+                } else if self.stack.contains(&next) {
+                    let low = self.low[module].min(self.index[next]);
+                    self.low.insert(module, low);
+                }
+            }
+            if self.low[module] == self.index[module] {
+                let mut component = Vec::new();
+                while let Some(top) = self.stack.pop() {
+                    component.push(top.to_owned());
+                    if top == module {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: Default::default(),
+        low: Default::default(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for module in graph.keys() {
+        if !walk.index.contains_key(module.as_str()) {
+            walk.visit(module);
+        }
+    }
+    walk.found
+}
