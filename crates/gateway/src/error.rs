@@ -41,49 +41,21 @@ pub enum GatewayError {
     UpgradeRequired,
     #[error("device not found")]
     DeviceNotFound,
-    #[error("session not found")]
-    SessionNotFound,
-    #[error("a turn is in progress")]
-    TurnInProgress,
-    #[error("no turn is running")]
-    NoTurnRunning,
-    #[error("no pending permission request with this id")]
-    PermissionNotFound,
     #[error("the session has no preview of this port")]
     PreviewNotFound,
-    /// An egress rule that does not parse (network.md "Policy").
-    #[error(transparent)]
-    InvalidEgressRule(#[from] warren_egress::RuleError),
-    /// The session's hands have no egress proxy (their network is `host`, `none` or remote).
-    #[error(
-        "this session's hands have no egress proxy (network {0}): their network is not governed by egress rules"
-    )]
-    NoEgressProxy(&'static str),
     /// An agent terminal's name (`term-…`, `exec-…`) the running hands do not know.
     #[error("the agent runs no terminal {0} in this session's hands (or it was released)")]
     TerminalNotFound(String),
-    #[error("{0}")]
-    QuotaExceeded(String),
-    #[error("{0}")]
-    ServerBusy(String),
-    #[error("the agent could not be started: {0}")]
-    BrainUnavailable(String),
-    #[error(
-        "the gateway's storage is full: new messages, sessions and devices are refused until space is freed"
-    )]
-    StorageFull,
-    /// The PostgreSQL store (`--store postgres://…`) cannot be reached; worth retrying.
-    #[error("the gateway's store is unavailable: {0}")]
-    StoreUnavailable(String),
     /// The replica that owns the session does not answer; its lease runs this many seconds
     /// more, then another replica takes the session.
     #[error("the replica that owns this session does not answer; retry in {0} s")]
     OwnerUnavailable(u64),
-    #[error(transparent)]
-    Hands(#[from] HandsError),
     /// A file request the workspace refused (files-terminals-previews.md "Files").
     #[error(transparent)]
     Files(#[from] crate::files_error::FilesError),
+    /// What the session engine refused or failed with (its codes; the statuses are here).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
     #[error("storage error: {0}")]
     Io(std::io::Error),
     #[error("internal error: {0}")]
@@ -114,32 +86,10 @@ impl GatewayError {
             }
             GatewayError::UpgradeRequired => (StatusCode::UPGRADE_REQUIRED, "UPGRADE_REQUIRED"),
             GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
-            GatewayError::SessionNotFound => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
-            GatewayError::TurnInProgress => (StatusCode::CONFLICT, "TURN_IN_PROGRESS"),
-            GatewayError::NoTurnRunning => (StatusCode::CONFLICT, "NO_TURN_RUNNING"),
-            GatewayError::PermissionNotFound => (StatusCode::NOT_FOUND, "PERMISSION_NOT_FOUND"),
             GatewayError::PreviewNotFound => (StatusCode::NOT_FOUND, "PREVIEW_NOT_FOUND"),
-            GatewayError::InvalidEgressRule(_) => (StatusCode::BAD_REQUEST, "INVALID_EGRESS_RULE"),
-            GatewayError::NoEgressProxy(_) => (StatusCode::CONFLICT, "NO_EGRESS_PROXY"),
             GatewayError::TerminalNotFound(_) => (StatusCode::NOT_FOUND, "TERMINAL_NOT_FOUND"),
-            GatewayError::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED"),
-            GatewayError::ServerBusy(_) => (StatusCode::TOO_MANY_REQUESTS, "SERVER_BUSY"),
-            GatewayError::BrainUnavailable(_) => (StatusCode::BAD_GATEWAY, "BRAIN_UNAVAILABLE"),
-            GatewayError::Hands(error) => match error {
-                HandsError::Unavailable(_) | HandsError::Start(_) => {
-                    (StatusCode::SERVICE_UNAVAILABLE, "HANDS_UNAVAILABLE")
-                }
-                HandsError::IdentityMismatch(_) => {
-                    (StatusCode::CONFLICT, "HANDS_IDENTITY_MISMATCH")
-                }
-                HandsError::Stopped => (StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
-                HandsError::Failed(_) => (StatusCode::BAD_GATEWAY, "HANDS_FAILED"),
-            },
+            GatewayError::Engine(error) => (engine_status(error), error.code()),
             GatewayError::Files(error) => error.kind.status_and_code(),
-            GatewayError::StorageFull => (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL"),
-            GatewayError::StoreUnavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE")
-            }
             GatewayError::OwnerUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "OWNER_UNAVAILABLE")
             }
@@ -150,12 +100,38 @@ impl GatewayError {
     }
 }
 
+/// The status of each of the engine's errors (their codes are the engine's).
+fn engine_status(error: &EngineError) -> StatusCode {
+    match error {
+        EngineError::InvalidRequest(_) | EngineError::InvalidEgressRule(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        EngineError::SessionNotFound | EngineError::PermissionNotFound => StatusCode::NOT_FOUND,
+        EngineError::TurnInProgress
+        | EngineError::NoTurnRunning
+        | EngineError::NoEgressProxy(_) => StatusCode::CONFLICT,
+        EngineError::QuotaExceeded(_) | EngineError::ServerBusy(_) => StatusCode::TOO_MANY_REQUESTS,
+        EngineError::BrainUnavailable(_) => StatusCode::BAD_GATEWAY,
+        EngineError::StorageFull => StatusCode::INSUFFICIENT_STORAGE,
+        EngineError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        EngineError::Hands(error) => match error {
+            HandsError::Unavailable(_) | HandsError::Start(_) => StatusCode::SERVICE_UNAVAILABLE,
+            HandsError::IdentityMismatch(_) => StatusCode::CONFLICT,
+            HandsError::Stopped => StatusCode::NOT_FOUND,
+            HandsError::Failed(_) => StatusCode::BAD_GATEWAY,
+        },
+        EngineError::Io(_) | EngineError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         let message = match &self {
             // Fixed texts that tell the person what to do (free space, install bubblewrap).
-            GatewayError::StorageFull | GatewayError::Hands(HandsError::Unavailable(_)) => {
+            GatewayError::Engine(
+                EngineError::StorageFull | EngineError::Hands(HandsError::Unavailable(_)),
+            ) => {
                 tracing::warn!(error = %self, "request refused");
                 self.to_string()
             }
@@ -164,7 +140,7 @@ impl IntoResponse for GatewayError {
                 return with_retry_after(response, *seconds);
             }
             // The database's own message may name hosts and users: a fixed text, and a retry.
-            GatewayError::StoreUnavailable(_) => {
+            GatewayError::Engine(EngineError::StoreUnavailable(_)) => {
                 tracing::warn!(error = %self, "request refused");
                 let response = warren_http::error_response(
                     status,
@@ -194,26 +170,9 @@ fn with_retry_after(mut response: Response, seconds: u64) -> Response {
     response
 }
 
-impl From<EngineError> for GatewayError {
-    /// Each of the engine's errors is the gateway's of the same name (and message).
-    fn from(error: EngineError) -> Self {
-        match error {
-            EngineError::InvalidRequest(message) => GatewayError::InvalidRequest(message),
-            EngineError::SessionNotFound => GatewayError::SessionNotFound,
-            EngineError::TurnInProgress => GatewayError::TurnInProgress,
-            EngineError::NoTurnRunning => GatewayError::NoTurnRunning,
-            EngineError::PermissionNotFound => GatewayError::PermissionNotFound,
-            EngineError::InvalidEgressRule(e) => GatewayError::InvalidEgressRule(e),
-            EngineError::NoEgressProxy(network) => GatewayError::NoEgressProxy(network),
-            EngineError::QuotaExceeded(message) => GatewayError::QuotaExceeded(message),
-            EngineError::ServerBusy(message) => GatewayError::ServerBusy(message),
-            EngineError::BrainUnavailable(message) => GatewayError::BrainUnavailable(message),
-            EngineError::StorageFull => GatewayError::StorageFull,
-            EngineError::StoreUnavailable(message) => GatewayError::StoreUnavailable(message),
-            EngineError::Hands(e) => GatewayError::Hands(e),
-            EngineError::Io(e) => GatewayError::Io(e),
-            EngineError::Internal(message) => GatewayError::Internal(message),
-        }
+impl From<HandsError> for GatewayError {
+    fn from(error: HandsError) -> Self {
+        EngineError::Hands(error).into()
     }
 }
 
@@ -261,35 +220,44 @@ pub struct Path<T>(pub T);
 mod tests {
     use super::*;
 
+    /// Table: each of the engine's errors → the status the HTTP layer answers with; the code
+    /// and the message are the engine's own.
     #[test]
-    fn every_engine_error_keeps_its_code_and_message_over_http() {
+    fn every_engine_error_has_its_status_and_keeps_its_code_and_message_over_http() {
         let rule = ""
             .parse::<warren_egress::Rule>()
             .expect_err("an empty rule is refused");
         let cases = [
-            EngineError::InvalidRequest("bad".into()),
-            EngineError::SessionNotFound,
-            EngineError::TurnInProgress,
-            EngineError::NoTurnRunning,
-            EngineError::PermissionNotFound,
-            EngineError::InvalidEgressRule(rule),
-            EngineError::NoEgressProxy("host"),
-            EngineError::QuotaExceeded("full".into()),
-            EngineError::ServerBusy("busy".into()),
-            EngineError::BrainUnavailable("gone".into()),
-            EngineError::StorageFull,
-            EngineError::StoreUnavailable("away".into()),
-            EngineError::Hands(HandsError::Unavailable("x".into())),
-            EngineError::Hands(HandsError::IdentityMismatch("x".into())),
-            EngineError::Hands(HandsError::Stopped),
-            EngineError::Hands(HandsError::Failed("x".into())),
-            EngineError::Io(std::io::Error::other("x")),
-            EngineError::Internal("x".into()),
+            (EngineError::InvalidRequest("bad".into()), 400),
+            (EngineError::SessionNotFound, 404),
+            (EngineError::TurnInProgress, 409),
+            (EngineError::NoTurnRunning, 409),
+            (EngineError::PermissionNotFound, 404),
+            (EngineError::InvalidEgressRule(rule), 400),
+            (EngineError::NoEgressProxy("host"), 409),
+            (EngineError::QuotaExceeded("full".into()), 429),
+            (EngineError::ServerBusy("busy".into()), 429),
+            (EngineError::BrainUnavailable("gone".into()), 502),
+            (EngineError::StorageFull, 507),
+            (EngineError::StoreUnavailable("away".into()), 503),
+            (EngineError::Hands(HandsError::Unavailable("x".into())), 503),
+            (
+                EngineError::Hands(HandsError::IdentityMismatch("x".into())),
+                409,
+            ),
+            (EngineError::Hands(HandsError::Stopped), 404),
+            (EngineError::Hands(HandsError::Failed("x".into())), 502),
+            (EngineError::Io(std::io::Error::other("x")), 500),
+            (EngineError::Internal("x".into()), 500),
         ];
-        for error in cases {
+        for (error, status) in cases {
             let (code, message) = (error.code(), error.to_string());
             let over_http = GatewayError::from(error);
-            assert_eq!(over_http.code(), code, "{message}");
+            assert_eq!(
+                over_http.status_and_code(),
+                (StatusCode::from_u16(status).expect("a status"), code),
+                "{message}"
+            );
             assert_eq!(over_http.to_string(), message);
         }
     }

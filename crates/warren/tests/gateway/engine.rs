@@ -9,7 +9,7 @@ use warren_gateway::engine_error::EngineError;
 use warren_gateway::{sessions, turns};
 use warren_test_support::within;
 
-use crate::helpers::args_with_shell_agent;
+use super::helpers::args_with_shell_agent;
 
 /// The event types of `session`'s log up to and including the first `turn_end`.
 async fn until_turn_end(session: &sessions::Session) -> Vec<serde_json::Value> {
