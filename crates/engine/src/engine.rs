@@ -400,4 +400,3 @@ async fn hands_provider(
         }
     }
 }
-

@@ -60,18 +60,7 @@ fn install_node_packages() -> PathBuf {
         .args(["-c", install, "install"])
         .arg(&dir)
         .arg(&source);
-    let output = output_within(
-        command,
-        Vec::new(),
-        NODE_INSTALL_WAIT,
-        "npm ci of tests/node",
-    );
-    assert!(
-        output.status.success(),
-        "npm ci of tests/node failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    succeeding_within(command, NODE_INSTALL_WAIT, "npm ci of tests/node");
     dir
 }
 
@@ -79,18 +68,7 @@ fn run_python_env() -> PathBuf {
     let script = repo_root().join("scripts/python-env.sh");
     let mut command = Command::new("bash");
     command.arg(&script);
-    let output = output_within(
-        command,
-        Vec::new(),
-        PYTHON_ENV_WAIT,
-        "scripts/python-env.sh",
-    );
-    assert!(
-        output.status.success(),
-        "scripts/python-env.sh failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = succeeding_within(command, PYTHON_ENV_WAIT, "scripts/python-env.sh");
     let path = String::from_utf8(output.stdout).expect("the python path is UTF-8");
     PathBuf::from(path.trim())
 }
@@ -114,6 +92,19 @@ pub fn validate_openapi(name: &str, document_json: &str) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Runs `command` with no input like [`output_within`]; panics with its stderr, naming `what`,
+/// unless it succeeds.
+fn succeeding_within(command: Command, limit: Duration, what: &str) -> std::process::Output {
+    let output = output_within(command, Vec::new(), limit, what);
+    assert!(
+        output.status.success(),
+        "{what} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
 }
 
 /// Runs `command` with `input` on its stdin (then closed) and its output captured, and waits

@@ -89,14 +89,30 @@ pub fn session_id(result: &CallToolResult) -> u64 {
         .unwrap_or_else(|| panic!("no session_id in {value}"))
 }
 
-/// Starts `cmd` with the shortest yield; it must still be running after it.
-pub async fn start_running(client: &McpClient, cmd: &str) -> anyhow::Result<u64> {
-    let result = call(
+/// `exec_command` of `cmd` with the shortest yield (250 ms).
+async fn exec_briefly(client: &McpClient, cmd: &str) -> anyhow::Result<CallToolResult> {
+    call(
         client,
         "exec_command",
         json!({"cmd": cmd, "yield_time_ms": 250}),
     )
-    .await?;
+    .await
+}
+
+/// `write_stdin` of `chars` to `session`, waiting at most `yield_ms` for output.
+async fn write_stdin(
+    client: &McpClient,
+    session: u64,
+    chars: &str,
+    yield_ms: u64,
+) -> anyhow::Result<CallToolResult> {
+    let arguments = json!({"session_id": session, "chars": chars, "yield_time_ms": yield_ms});
+    call(client, "write_stdin", arguments).await
+}
+
+/// Starts `cmd` with the shortest yield; it must still be running after it.
+pub async fn start_running(client: &McpClient, cmd: &str) -> anyhow::Result<u64> {
+    let result = exec_briefly(client, cmd).await?;
     let value = structured(&result);
     anyhow::ensure!(
         value["status"] == "running",
@@ -255,12 +271,7 @@ pub async fn long_command_is_polled_to_its_exit(
 ) -> anyhow::Result<()> {
     let flag = dir.join("long-command-flag");
     let cmd = wait_for_flag_cmd(&flag);
-    let first = call(
-        client,
-        "exec_command",
-        json!({"cmd": cmd, "yield_time_ms": 250}),
-    )
-    .await?;
+    let first = exec_briefly(client, &cmd).await?;
     let value = structured(&first);
     assert_eq!(value["status"], "running", "{value}");
     let session = session_id(&first);
@@ -270,12 +281,7 @@ pub async fn long_command_is_polled_to_its_exit(
     // An empty poll waits for more output or the exit; collect until the exit is reported.
     let mut output = value["output"].as_str().unwrap_or_default().to_owned();
     loop {
-        let poll = call(
-            client,
-            "write_stdin",
-            json!({"session_id": session, "chars": "", "yield_time_ms": 30000}),
-        )
-        .await?;
+        let poll = write_stdin(client, session, "", 30000).await?;
         let value = structured(&poll);
         output.push_str(value["output"].as_str().unwrap_or_default());
         if value["status"] == "exited" {
@@ -307,12 +313,7 @@ pub async fn prompt_is_answered_with_write_stdin(client: &McpClient) -> anyhow::
     );
     let session = session_id(&first);
 
-    let answer = call(
-        client,
-        "write_stdin",
-        json!({"session_id": session, "chars": "bob\n", "yield_time_ms": 10000}),
-    )
-    .await?;
+    let answer = write_stdin(client, session, "bob\n", 10000).await?;
     let value = structured(&answer);
     assert!(
         value["output"]

@@ -1,6 +1,6 @@
 //! Processes as /proc shows them: whether one still runs, and which mention a path. A zombie
 //! (killed, not yet reaped by its parent) counts as dead: it runs nothing and holds nothing but
-//! its pid.
+//! its pid. And the first line a child prints.
 
 /// Whether `pid` exists and is not a zombie. Takes a pid as the tests hold it (`i32`, `u32`,
 /// `u64`); one no process can have is not alive.
@@ -61,4 +61,19 @@ pub fn status_owned(
     let status = child.wait();
     warren_process::reaper::release(child.id());
     status
+}
+
+/// Takes `child`'s piped stdout and returns its first line, read within [`crate::WAIT`] (`what`
+/// names it); the rest is read and dropped in the background, so the child never blocks on a
+/// full pipe.
+pub async fn first_line(child: &mut tokio::process::Child, what: &str) -> String {
+    use tokio::io::AsyncBufReadExt as _;
+    let stdout = child.stdout.take().expect("the child's stdout is piped");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = crate::within(what, lines.next_line())
+        .await
+        .unwrap_or_else(|e| panic!("reads {what}: {e}"))
+        .unwrap_or_else(|| panic!("the child exited before {what}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    line
 }

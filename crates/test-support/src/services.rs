@@ -54,6 +54,30 @@ fn chown_for_server(path: &Path) {
     }
 }
 
+/// Which server a [`Watched`] runs: its name (in failures), its log's file name, the signal
+/// that stops it and whether it runs as the server user.
+struct Kind {
+    name: &'static str,
+    log: &'static str,
+    stop_signal: &'static str,
+    unprivileged: bool,
+}
+
+/// SIGINT is PostgreSQL's fast shutdown: clients are disconnected at once.
+const POSTGRES: Kind = Kind {
+    name: "PostgreSQL",
+    log: "postgres.log",
+    stop_signal: "INT",
+    unprivileged: true,
+};
+
+const MOTO: Kind = Kind {
+    name: "moto",
+    log: "moto.log",
+    stop_signal: "TERM",
+    unprivileged: false,
+};
+
 /// A server process under its watchdog.
 struct Watched {
     child: Child,
@@ -62,20 +86,16 @@ struct Watched {
 }
 
 impl Watched {
-    /// Runs `program args` under a watchdog `sh` (as the server user when `unprivileged`), its
-    /// output to `log`. The watchdog sends `stop_signal` when told to stop or when its stdin
-    /// closes; in the second case (the test process is gone) it also removes `dir`.
-    fn spawn(
-        program: &Path,
-        args: &[String],
-        log: &Path,
-        dir: &Path,
-        stop_signal: &str,
-        unprivileged: bool,
-    ) -> Watched {
-        let log_file = std::fs::File::create(log).expect("creates the server log");
+    /// Runs `program args`, the `kind` server, under a watchdog `sh` (as the server user when
+    /// it runs unprivileged), its output to its log in `dir`. The watchdog sends its stop signal
+    /// when told to stop or when its stdin closes; in the second case (the test process is
+    /// gone) it also removes `dir`.
+    fn spawn(kind: &Kind, program: &Path, args: &[String], dir: &Path) -> Watched {
+        let (stop_signal, unprivileged) = (kind.stop_signal, kind.unprivileged);
+        let log = dir.join(kind.log);
+        let log_file = std::fs::File::create(&log).expect("creates the server log");
         if unprivileged {
-            chown_for_server(log);
+            chown_for_server(&log);
         }
         let script = format!(
             r#"dir=$1; shift
@@ -106,6 +126,15 @@ impl Watched {
         let mut child = command.spawn().expect("starts the server's watchdog");
         let stdin = child.stdin.take();
         Watched { child, stdin }
+    }
+
+    /// [`Watched::spawn`] of the `kind` server in `dir` (its log there), then waits until it
+    /// accepts connections on 127.0.0.1:`port`.
+    fn listening(kind: &Kind, program: &Path, args: &[String], dir: &Path, port: u16) -> Watched {
+        let server = Watched::spawn(kind, program, args, dir);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_for_port(addr, kind.name, &dir.join(kind.log));
+        server
     }
 
     /// Stops the server and waits (bounded) for the watchdog to end.
@@ -226,22 +255,9 @@ impl Postgres {
             "-c".to_owned(),
             "max_connections=300".to_owned(),
         ];
-        let log = self.dir.path().join("postgres.log");
-        // SIGINT is PostgreSQL's fast shutdown: clients are disconnected at once.
-        let server = Watched::spawn(
-            &self.bin.join("postgres"),
-            &args,
-            &log,
-            self.dir.path(),
-            "INT",
-            true,
-        );
+        let program = self.bin.join("postgres");
+        let server = Watched::listening(&POSTGRES, &program, &args, self.dir.path(), self.port);
         self.server = Some(server);
-        wait_for_port(
-            SocketAddr::from(([127, 0, 0, 1], self.port)),
-            "PostgreSQL",
-            &log,
-        );
         // The port opens before the cluster accepts queries; pg_isready says when it does.
         let deadline = Instant::now() + START_WAIT;
         loop {
@@ -340,7 +356,6 @@ impl S3 {
     /// Starts moto (again) on the same port; its objects do not survive a stop.
     pub fn start_again(&mut self) {
         assert!(self.server.is_none(), "the endpoint is already running");
-        let log = self.dir.path().join("moto.log");
         let args = vec![
             "-m".to_owned(),
             "moto.server".to_owned(),
@@ -349,16 +364,9 @@ impl S3 {
             "-p".to_owned(),
             self.port.to_string(),
         ];
-        let server = Watched::spawn(
-            &crate::python(),
-            &args,
-            &log,
-            self.dir.path(),
-            "TERM",
-            false,
-        );
+        let program = crate::python();
+        let server = Watched::listening(&MOTO, &program, &args, self.dir.path(), self.port);
         self.server = Some(server);
-        wait_for_port(SocketAddr::from(([127, 0, 0, 1], self.port)), "moto", &log);
     }
 
     /// Stops the endpoint (the fault tests' "S3 unavailable").

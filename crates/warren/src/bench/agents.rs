@@ -304,7 +304,8 @@ async fn brain_starts(args: GatewayArgs) -> anyhow::Result<(Vec<Duration>, Vec<D
         let (mut created, mut samples) = (Vec::new(), Vec::new());
         for _ in 0..N_BRAIN_STARTS {
             if warm > 0 {
-                let (pool, sandboxes) = (&gateway.gateway.engine.pool, &gateway.gateway.engine.warm);
+                let (pool, sandboxes) =
+                    (&gateway.gateway.engine.pool, &gateway.gateway.engine.warm);
                 let filled = match gateway.gateway.engine.agent.placement {
                     BrainPlacement::Host => pool.wait_ready(warm, Duration::from_secs(30)).await,
                     BrainPlacement::Hands => {

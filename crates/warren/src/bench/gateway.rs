@@ -226,7 +226,11 @@ async fn handout(gateway: &Arc<Gateway>, client: &Client, token: &str) -> anyhow
     let mut samples = Vec::with_capacity(N_HANDOUTS);
     for _ in 0..N_HANDOUTS {
         anyhow::ensure!(
-            gateway.engine.pool.wait_ready(1, Duration::from_secs(30)).await,
+            gateway
+                .engine
+                .pool
+                .wait_ready(1, Duration::from_secs(30))
+                .await,
             "the warm pool did not refill within 30 s"
         );
         let started = Instant::now();
@@ -256,7 +260,11 @@ async fn first_event(
     token: &str,
 ) -> anyhow::Result<Vec<Row>> {
     anyhow::ensure!(
-        gateway.engine.pool.wait_ready(1, Duration::from_secs(30)).await,
+        gateway
+            .engine
+            .pool
+            .wait_ready(1, Duration::from_secs(30))
+            .await,
         "no warm worker"
     );
     let session = client.create_session(token).await?;

@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use crate::matrix::{Credential, FileParam, Route, Shape};
+use crate::matrix::{self, Credential, Route, Shape};
 use crate::servers::{EXECD_TOKEN, Server};
 use crate::wire::{self, Body, Request};
 
@@ -14,12 +14,13 @@ const PERMISSION_IS_ALL_OPTIONAL: &[(&str, &[u16])] = &[("wrong types", &[200])]
 /// Over Connect's message limit (32 MiB).
 const CONNECT_HUGE: usize = 33 * 1024 * 1024;
 
-fn credential() -> Option<Credential> {
-    Some(Credential {
+/// execd's own credential.
+fn credential() -> Credential {
+    Credential {
         header: "X-EXECD-ACCESS-TOKEN",
         good: EXECD_TOKEN.into(),
         other: None,
-    })
+    }
 }
 
 /// What the rows need that must exist first: a PTY session and an agent terminal.
@@ -36,37 +37,8 @@ async fn post_json(server: &Server, target: &str, body: serde_json::Value) -> se
         .header("X-EXECD-ACCESS-TOKEN", EXECD_TOKEN)
         .header("Content-Type", "application/json")
         .body(Body::Sized(body.to_string().into_bytes()));
-    let response = send_reading_body(server, &request).await;
-    serde_json::from_slice(&response).unwrap_or_else(|e| panic!("POST {target}: {e}"))
-}
-
-/// A request whose 2xx body is wanted: read to the end of the connection.
-async fn send_reading_body(server: &Server, request: &Request) -> Vec<u8> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(server.addr)
-        .await
-        .expect("connects");
-    let mut bytes = format!("{} ", request.method).into_bytes();
-    bytes.extend_from_slice(&request.target);
-    bytes.extend_from_slice(b" HTTP/1.0\r\n");
-    for (name, value) in &request.headers {
-        bytes.extend_from_slice(format!("{name}: ").as_bytes());
-        bytes.extend_from_slice(value);
-        bytes.extend_from_slice(b"\r\n");
-    }
-    let Body::Sized(body) = &request.body else {
-        panic!("a sized body")
-    };
-    bytes.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
-    bytes.extend_from_slice(body);
-    stream.write_all(&bytes).await.expect("writes");
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.expect("reads");
-    let at = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a head");
-    answer[at + 4..].to_vec()
+    let answer = wire::fetch(server.addr, &request).await;
+    serde_json::from_slice(wire::body_of(&answer)).unwrap_or_else(|e| panic!("POST {target}: {e}"))
 }
 
 pub async fn fixtures(server: &Server) -> Fixtures {
@@ -94,8 +66,8 @@ pub async fn fixtures(server: &Server) -> Fixtures {
         .body(Body::Sized(Vec::new()));
     let deadline = tokio::time::Instant::now() + warren_test_support::WAIT;
     loop {
-        let body: serde_json::Value =
-            serde_json::from_slice(&send_reading_body(server, &status).await).expect("JSON");
+        let answer = wire::fetch(server.addr, &status).await;
+        let body: serde_json::Value = serde_json::from_slice(wire::body_of(&answer)).expect("JSON");
         if body["running"] == true {
             break;
         }
@@ -116,392 +88,217 @@ pub async fn fixtures(server: &Server) -> Fixtures {
 pub fn routes(server: &Server, fixtures: &Fixtures) -> Vec<Route> {
     let addr = server.addr;
     let e2b = server.e2b.expect("execd's E2B listener");
-    let warren = |method, target: &str| {
-        let mut route = Route::new(method, target, addr);
-        route.credential = credential();
-        route
-    };
-    let os = |method, target: &str| {
-        let mut route = warren(method, target);
-        route.shape = Shape::OpenSandbox;
-        route
-    };
-    let json_route = |mut route: Route, sample: serde_json::Value| {
-        route.json = Some(sample);
-        route
-    };
+    let warren = |method, target: &str| Route::new(method, target, addr).credential(credential());
+    let os = |method, target: &str| warren(method, target).shape(Shape::OpenSandbox);
     let pty = &fixtures.pty;
     let term = &fixtures.agent_terminal;
     let mut routes = vec![
         // /v1/exec: Warren's 401 shape.
-        Route {
-            wrong_methods: &["PUT", "DELETE"],
+        warren("POST", "/v1/exec")
+            .json(json!({"cmd": "true", "yield_time_ms": 100}))
             // A NUL cannot be in a command line.
-            fine: &[200],
-            ..json_route(
-                warren("POST", "/v1/exec"),
-                json!({"cmd": "true", "yield_time_ms": 100}),
-            )
-        },
-        Route {
-            wrong_methods: &["POST", "GET"],
-            fine: &[200, 404],
-            ..warren("DELETE", "/v1/exec/999999")
-        },
-        Route {
-            optional_json: true,
-            fine: &[404],
-            wrong_methods: &["GET"],
-            ..json_route(
-                warren("POST", "/v1/exec/999999/stdin"),
-                json!({"chars": "x", "yield_time_ms": 10}),
-            )
-        },
-        Route {
-            wrong_methods: &["PUT"],
-            ..warren("GET", "/v1/exec")
-        },
+            .fine(&[200])
+            .wrong(&["PUT", "DELETE"]),
+        warren("DELETE", "/v1/exec/999999")
+            .fine(&[200, 404])
+            .wrong(&["POST", "GET"]),
+        warren("POST", "/v1/exec/999999/stdin")
+            .json(json!({"chars": "x", "yield_time_ms": 10}))
+            .optional_json()
+            .fine(&[404])
+            .wrong(&["GET"]),
+        warren("GET", "/v1/exec").wrong(&["PUT"]),
         // /v1/terminals
-        Route {
-            wrong_methods: &["PUT", "DELETE"],
-            fine: &[200, 201],
-            ..json_route(
-                os("POST", "/v1/terminals"),
-                json!({"command": "true", "args": []}),
-            )
-        },
-        Route {
-            wrong_methods: &["GET"],
-            fine: &[404],
-            ..os("DELETE", "/v1/terminals/nope")
-        },
-        Route {
-            wrong_methods: &["POST"],
-            fine: &[404],
-            ..os("GET", "/v1/terminals/nope/output?wait_ms=notanumber")
-        },
-        Route {
-            wrong_methods: &["GET"],
-            fine: &[404],
-            ..os("POST", "/v1/terminals/nope/kill")
-        },
+        os("POST", "/v1/terminals")
+            .json(json!({"command": "true", "args": []}))
+            .fine(&[200, 201])
+            .wrong(&["PUT", "DELETE"]),
+        os("DELETE", "/v1/terminals/nope")
+            .fine(&[404])
+            .wrong(&["GET"]),
+        os("GET", "/v1/terminals/nope/output?wait_ms=notanumber")
+            .fine(&[404])
+            .wrong(&["POST"]),
+        os("POST", "/v1/terminals/nope/kill")
+            .fine(&[404])
+            .wrong(&["GET"]),
         // /v1/files
-        Route {
-            file: Some(FileParam::Target),
-            range: true,
-            wrong_methods: &["POST", "PATCH"],
-            ..os("GET", "/v1/files?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            writes: true,
-            fine: &[200, 201, 204],
-            ..os("PUT", "/v1/files?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            writes: true,
-            fine: &[200, 204, 404],
-            ..os("DELETE", "/v1/files?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            fine: &[200, 400, 404],
-            wrong_methods: &["POST"],
-            ..os("GET", "/v1/files/list?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            writes: true,
-            fine: &[200, 201, 204, 409],
-            wrong_methods: &["GET"],
-            ..os("POST", "/v1/files/dir?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Field("to")),
-            writes: true,
-            fine: &[200, 204, 404],
-            wrong_methods: &["GET"],
-            ..json_route(
-                os("POST", "/v1/files/move"),
-                json!({"from": "absent.txt", "to": "moved.txt"}),
-            )
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..os("GET", "/v1/files/watch")
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..os("GET", "/v1/hands/identity")
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..os("GET", "/v1/workspace/snapshot?tree=nonsense")
-        },
-        Route {
-            fine: &[200, 400, 409],
-            wrong_methods: &["GET"],
-            ..os("POST", "/v1/workspace/restore?tree=nonsense")
-        },
+        os("GET", "/v1/files?path={file}")
+            .file()
+            .range()
+            .wrong(&["POST", "PATCH"]),
+        os("PUT", "/v1/files?path={file}")
+            .file()
+            .writes()
+            .fine(&[200, 201, 204]),
+        os("DELETE", "/v1/files?path={file}")
+            .file()
+            .writes()
+            .fine(&[200, 204, 404]),
+        os("GET", "/v1/files/list?path={file}")
+            .file()
+            .fine(&[200, 400, 404])
+            .wrong(&["POST"]),
+        os("GET", "/v1/files/watch").wrong(&["POST"]),
+        os("GET", "/v1/hands/identity").wrong(&["POST"]),
+        os("GET", "/v1/workspace/snapshot?tree=nonsense").wrong(&["POST"]),
+        os("POST", "/v1/workspace/restore?tree=nonsense")
+            .fine(&[200, 400, 409])
+            .wrong(&["GET"]),
         // PTY
-        Route {
-            optional_json: true,
-            fine: &[200, 201],
-            wrong_methods: &["PUT", "DELETE"],
-            ..json_route(os("POST", "/pty"), json!({"cwd": "dir", "command": "true"}))
-        },
-        Route {
-            wrong_methods: &["POST", "PUT"],
-            fine: &[200, 404],
-            ..os("GET", "/pty/nope")
-        },
-        Route {
-            fine: &[200, 204, 404],
-            ..os("DELETE", "/pty/nope")
-        },
-        Route {
-            websocket: true,
-            wrong_methods: &["POST"],
-            ..os("GET", &format!("/pty/{pty}/ws?mode=viewer"))
-        },
-        Route {
-            websocket: true,
-            wrong_methods: &["POST"],
-            ..os("GET", &format!("/v1/agent-terminals/{term}/ws?mode=viewer"))
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..os("GET", "/v1/agent-terminals")
-        },
+        os("POST", "/pty")
+            .json(json!({"cwd": "dir", "command": "true"}))
+            .optional_json()
+            .fine(&[200, 201])
+            .wrong(&["PUT", "DELETE"]),
+        os("GET", "/pty/nope")
+            .fine(&[200, 404])
+            .wrong(&["POST", "PUT"]),
+        os("DELETE", "/pty/nope").fine(&[200, 204, 404]),
+        os("GET", &format!("/pty/{pty}/ws?mode=viewer"))
+            .websocket()
+            .wrong(&["POST"]),
+        os("GET", &format!("/v1/agent-terminals/{term}/ws?mode=viewer"))
+            .websocket()
+            .wrong(&["POST"]),
+        os("GET", "/v1/agent-terminals").wrong(&["POST"]),
         // /mcp (rmcp's streamable HTTP), Warren's 401.
-        Route {
-            fine: &[200, 202, 400, 406],
-            ..warren("POST", "/mcp")
-        },
+        warren("POST", "/mcp").fine(&[200, 202, 400, 406]),
         // OpenSandbox
-        Route {
-            wrong_methods: &["POST"],
-            ..Route::new("GET", "/ping", addr)
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..os("GET", "/metrics")
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..os("GET", "/metrics/watch")
-        },
-        Route {
-            wrong_methods: &["PUT"],
-            fine: &[200],
-            ..json_route(
-                os("POST", "/command"),
-                json!({"command": "true", "cwd": "dir", "background": true}),
-            )
-        },
-        Route {
-            fine: &[200, 204, 404],
-            ..os("DELETE", "/command?id=nope")
-        },
-        Route {
-            wrong_methods: &["POST"],
-            fine: &[404],
-            ..os("GET", "/command/status/nope")
-        },
-        Route {
-            wrong_methods: &["POST"],
-            fine: &[404],
-            ..os("GET", "/command/nope/logs?cursor=notanumber")
-        },
-        Route {
-            optional_json: true,
-            fine: &[200, 201],
-            wrong_methods: &["GET"],
-            ..json_route(os("POST", "/session"), json!({"cwd": "dir"}))
-        },
-        Route {
-            wrong_methods: &["GET"],
-            fine: &[200, 204, 404],
-            ..os("DELETE", "/session/nope")
-        },
-        Route {
-            wrong_methods: &["GET"],
-            // execd-compat.md: an unknown session is OpenSandbox's 500 `RUNTIME_ERROR`.
-            fine: &[500],
-            ..json_route(os("POST", "/session/nope/run"), json!({"command": "true"}))
-        },
-        Route {
-            file: Some(FileParam::Target),
-            writes: true,
-            fine: &[200, 204, 404],
-            // execd-compat.md: a directory is OpenSandbox's 500 `RUNTIME_ERROR`, and the lossily
-            // decoded name may be the directory `POST /v1/files/dir` made of it.
-            also: &[("invalid UTF-8", &[500])],
-            wrong_methods: &["GET"],
-            ..os("DELETE", "/files?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            fine: &[200, 404],
-            wrong_methods: &["POST"],
-            ..os("GET", "/files/info?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Field("dest")),
-            writes: true,
-            fine: &[200, 204, 404],
-            wrong_methods: &["GET"],
-            ..json_route(
-                os("POST", "/files/mv"),
-                json!([{"src": "absent.txt", "dest": "moved.txt"}]),
-            )
-        },
-        Route {
-            fine: &[200, 404],
-            wrong_methods: &["GET"],
-            also: PERMISSION_IS_ALL_OPTIONAL,
-            ..json_route(
-                os("POST", "/files/permissions"),
-                json!({"absent.txt": {"mode": 644}}),
-            )
-        },
-        Route {
-            file: Some(FileParam::Target),
-            fine: &[200, 404],
-            wrong_methods: &["POST"],
-            ..os("GET", "/files/search?path={file}&pattern=*")
-        },
-        Route {
-            fine: &[200, 404],
-            wrong_methods: &["GET"],
-            ..json_route(
-                os("POST", "/files/replace"),
-                json!({"absent.txt": {"old": "a", "new": "b"}}),
-            )
-        },
-        Route {
-            fine: &[200, 400],
-            wrong_methods: &["GET"],
-            ..os("POST", "/files/upload")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            range: true,
-            wrong_methods: &["POST"],
-            ..os("GET", "/files/download?path={file}")
-        },
-        Route {
-            fine: &[200, 404],
-            wrong_methods: &["GET"],
-            also: PERMISSION_IS_ALL_OPTIONAL,
-            ..json_route(os("POST", "/directories"), json!({"made": {"mode": 755}}))
-        },
-        Route {
-            file: Some(FileParam::Target),
-            writes: true,
-            fine: &[200, 204, 404],
-            ..os("DELETE", "/directories?path={file}")
-        },
-        Route {
-            file: Some(FileParam::Target),
-            fine: &[200, 400, 404],
-            wrong_methods: &["POST"],
-            ..os("GET", "/directories/list?path={file}")
-        },
-        Route {
-            fine: &[404, 501],
-            ..os("POST", "/code")
-        },
-        Route {
-            fine: &[404, 501],
-            ..os("GET", "/v1/isolated/anything")
-        },
-        Route {
-            fine: &[400, 502],
-            ..os("GET", "/proxy/notaport/x")
-        },
-        Route {
-            fine: &[400, 502],
-            ..os("GET", "/proxy/99999/x")
-        },
+        Route::new("GET", "/ping", addr).wrong(&["POST"]),
+        os("GET", "/metrics").wrong(&["POST"]),
+        os("GET", "/metrics/watch").wrong(&["POST"]),
+        os("POST", "/command")
+            .json(json!({"command": "true", "cwd": "dir", "background": true}))
+            .fine(&[200])
+            .wrong(&["PUT"]),
+        os("DELETE", "/command?id=nope").fine(&[200, 204, 404]),
+        os("GET", "/command/status/nope")
+            .fine(&[404])
+            .wrong(&["POST"]),
+        os("GET", "/command/nope/logs?cursor=notanumber")
+            .fine(&[404])
+            .wrong(&["POST"]),
+        os("POST", "/session")
+            .json(json!({"cwd": "dir"}))
+            .optional_json()
+            .fine(&[200, 201])
+            .wrong(&["GET"]),
+        os("DELETE", "/session/nope")
+            .fine(&[200, 204, 404])
+            .wrong(&["GET"]),
+        // execd-compat.md: an unknown session is OpenSandbox's 500 `RUNTIME_ERROR`.
+        os("POST", "/session/nope/run")
+            .json(json!({"command": "true"}))
+            .fine(&[500])
+            .wrong(&["GET"]),
+        // execd-compat.md: a directory is OpenSandbox's 500 `RUNTIME_ERROR`, and the lossily
+        // decoded name may be the directory `POST /v1/files/dir` made of it.
+        os("DELETE", "/files?path={file}")
+            .file()
+            .writes()
+            .fine(&[200, 204, 404])
+            .also(&[("invalid UTF-8", &[500])])
+            .wrong(&["GET"]),
+        os("GET", "/files/info?path={file}")
+            .file()
+            .fine(&[200, 404])
+            .wrong(&["POST"]),
+        os("POST", "/files/mv")
+            .json(json!([{"src": "absent.txt", "dest": "moved.txt"}]))
+            .file_field("dest")
+            .writes()
+            .fine(&[200, 204, 404])
+            .wrong(&["GET"]),
+        os("POST", "/files/permissions")
+            .json(json!({"absent.txt": {"mode": 644}}))
+            .fine(&[200, 404])
+            .also(PERMISSION_IS_ALL_OPTIONAL)
+            .wrong(&["GET"]),
+        os("GET", "/files/search?path={file}&pattern=*")
+            .file()
+            .fine(&[200, 404])
+            .wrong(&["POST"]),
+        os("POST", "/files/replace")
+            .json(json!({"absent.txt": {"old": "a", "new": "b"}}))
+            .fine(&[200, 404])
+            .wrong(&["GET"]),
+        os("POST", "/files/upload")
+            .fine(&[200, 400])
+            .wrong(&["GET"]),
+        os("GET", "/files/download?path={file}")
+            .file()
+            .range()
+            .wrong(&["POST"]),
+        os("POST", "/directories")
+            .json(json!({"made": {"mode": 755}}))
+            .fine(&[200, 404])
+            .also(PERMISSION_IS_ALL_OPTIONAL)
+            .wrong(&["GET"]),
+        os("DELETE", "/directories?path={file}")
+            .file()
+            .writes()
+            .fine(&[200, 204, 404]),
+        os("GET", "/directories/list?path={file}")
+            .file()
+            .fine(&[200, 400, 404])
+            .wrong(&["POST"]),
+        os("POST", "/code").fine(&[404, 501]),
+        os("GET", "/v1/isolated/anything").fine(&[404, 501]),
+        os("GET", "/proxy/notaport/x").fine(&[400, 502]),
+        os("GET", "/proxy/99999/x").fine(&[400, 502]),
     ];
     // envd (E2B) on its own listener: `X-Access-Token`, envd's and Connect's error shapes.
     let envd = |method, target: &str, shape| {
-        let mut route = Route::new(method, target, e2b);
-        route.credential = Some(Credential {
+        let credential = Credential {
             header: "X-Access-Token",
-            good: EXECD_TOKEN.into(),
-            other: None,
-        });
-        route.shape = shape;
-        route
+            ..credential()
+        };
+        Route::new(method, target, e2b)
+            .credential(credential)
+            .shape(shape)
     };
     routes.extend([
-        Route {
-            wrong_methods: &["POST"],
-            fine: &[204],
-            shape: Shape::Envd,
-            ..Route::new("GET", "/health", e2b)
-        },
-        Route {
-            wrong_methods: &["POST"],
-            ..envd("GET", "/envs", Shape::Envd)
-        },
+        Route::new("GET", "/health", e2b)
+            .fine(&[204])
+            .wrong(&["POST"])
+            .shape(Shape::Envd),
+        envd("GET", "/envs", Shape::Envd).wrong(&["POST"]),
         // envd's `/init` takes an empty body, any content type, and `{}` for its variables.
-        Route {
-            fine: &[204],
-            optional_json: true,
-            also: &[("wrong types", &[204])],
-            wrong_methods: &["GET"],
-            ..json_route(
-                envd("POST", "/init", Shape::Envd),
-                json!({"envVars": {"A": "b"}}),
-            )
-        },
-        Route {
-            // envd's download has no byte ranges: a `Range` is ignored, as by envd itself.
-            file: Some(FileParam::Target),
-            wrong_methods: &["PUT"],
-            ..envd("GET", "/files?path={file}", Shape::Envd)
-        },
-        Route {
-            fine: &[200, 400],
-            ..envd("POST", "/files?path={file}", Shape::Envd)
-        },
-        Route {
-            fine: &[200],
-            wrong_methods: &["GET"],
-            huge: CONNECT_HUGE,
+        envd("POST", "/init", Shape::Envd)
+            .json(json!({"envVars": {"A": "b"}}))
+            .optional_json()
+            .fine(&[204])
+            .also(&[("wrong types", &[204])])
+            .wrong(&["GET"]),
+        // envd's download has no byte ranges: a `Range` is ignored, as by envd itself.
+        envd("GET", "/files?path={file}", Shape::Envd)
+            .file()
+            .wrong(&["PUT"]),
+        envd("POST", "/files?path={file}", Shape::Envd).fine(&[200, 400]),
+        envd("POST", "/filesystem.Filesystem/Stat", Shape::Connect)
+            .json(json!({"path": "hello.txt"}))
+            .huge(CONNECT_HUGE)
+            .fine(&[200])
             // Connect's `resource_exhausted` is HTTP 429.
-            also: &[("huge body", &[429])],
-            ..json_route(
-                envd("POST", "/filesystem.Filesystem/Stat", Shape::Connect),
-                json!({"path": "hello.txt"}),
-            )
-        },
+            .also(&[("huge body", &[429])])
+            .wrong(&["GET"]),
         // A `ListRequest` has no fields: any object is one, and Connect takes an empty body
         // for the empty message.
-        Route {
-            fine: &[200],
-            wrong_methods: &["GET"],
-            huge: CONNECT_HUGE,
-            also: &[
+        envd("POST", "/process.Process/List", Shape::Connect)
+            .json(json!({}))
+            .huge(CONNECT_HUGE)
+            .fine(&[200])
+            .also(&[
                 ("wrong types", &[200]),
                 ("empty body", &[200]),
                 ("huge body", &[429]),
-            ],
-            ..json_route(
-                envd("POST", "/process.Process/List", Shape::Connect),
-                json!({}),
-            )
-        },
+            ])
+            .wrong(&["GET"]),
         // Connect's `unimplemented` is HTTP 501, before the body is read.
-        Route {
-            fine: &[501],
-            ..envd("POST", "/process.Process/NoSuchMethod", Shape::Connect)
-        },
+        envd("POST", "/process.Process/NoSuchMethod", Shape::Connect).fine(&[501]),
     ]);
+    routes.extend(matrix::dir_and_move(os, "/v1/files"));
     routes
 }
 

@@ -84,6 +84,16 @@ fn edge_cases(routes: &[Route]) -> Vec<Case> {
         .collect()
 }
 
+/// Every case of `routes`, then the edge requests with the credential of `routes[credentialed]`
+/// and errors in `shape`.
+fn all_cases(server: &Server, routes: &[Route], credentialed: usize, shape: Shape) -> Vec<Case> {
+    let outside_abs = server.outside().join("secret.txt");
+    let mut cases = matrix::cases(routes, &outside_abs.to_string_lossy());
+    let credential = routes[credentialed].credential.clone();
+    cases.extend(edge_cases(&edge_routes(server, credential, shape)));
+    cases
+}
+
 /// The listing of the directory beside the root: no case may create anything there.
 fn outside_listing(server: &Server) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(server.outside())
@@ -202,51 +212,28 @@ async fn execd_answers_every_bad_input_on_every_route_with_a_clear_error() {
     let mut server = servers::execd().await;
     let fixtures = execd::fixtures(&server).await;
     let routes = execd::routes(&server, &fixtures);
-    let outside_abs = server.outside().join("secret.txt");
-    let mut cases = matrix::cases(&routes, &outside_abs.to_string_lossy());
-    let credential = routes[0].credential.clone();
-    cases.extend(edge_cases(&edge_routes(
-        &server,
-        credential,
-        Shape::OpenSandbox,
-    )));
+    let cases = all_cases(&server, &routes, 0, Shape::OpenSandbox);
     let pty = fixtures.pty.clone();
-    run_matrix(
-        "execd",
-        &mut server,
-        "/ping",
-        cases,
-        async |server: &Server| {
-            (!execd::pty_alive(server, &pty).await)
-                .then(|| format!("the PTY session {pty} is gone"))
-        },
-    )
-    .await;
+    let pty_gone = async |server: &Server| {
+        (!execd::pty_alive(server, &pty).await).then(|| format!("the PTY session {pty} is gone"))
+    };
+    run_matrix("execd", &mut server, "/ping", cases, pty_gone).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_answers_every_bad_input_on_every_route_with_a_clear_error() {
     let mut server = servers::gateway().await;
     let fixtures = gateway::fixtures(&server).await;
-    let routes = gateway::routes(&server, &fixtures);
-    let outside_abs = server.outside().join("secret.txt");
-    let mut cases = matrix::cases(&routes, &outside_abs.to_string_lossy());
-    let credential = routes[3].credential.clone();
-    cases.extend(edge_cases(&edge_routes(&server, credential, Shape::Warren)));
     let (token, session) = (fixtures.token.clone(), fixtures.session.clone());
-    run_matrix(
-        "gateway",
-        &mut server,
-        "/healthz",
-        cases,
-        async |server: &Server| {
-            let request = Request::new("GET", format!("/v1/sessions/{session}"))
-                .header("Authorization", format!("Bearer {token}"));
-            match wire::send(server.addr, &request).await {
-                Ok(response) if response.status == 200 => None,
-                other => Some(format!("the session {session} is gone: {other:?}")),
-            }
-        },
-    )
-    .await;
+    let routes = gateway::routes(&server, &fixtures);
+    let cases = all_cases(&server, &routes, 3, Shape::Warren);
+    let session_gone = async |server: &Server| {
+        let request = Request::new("GET", format!("/v1/sessions/{session}"))
+            .header("Authorization", format!("Bearer {token}"));
+        match wire::send(server.addr, &request).await {
+            Ok(response) if response.status == 200 => None,
+            other => Some(format!("the session {session} is gone: {other:?}")),
+        }
+    };
+    run_matrix("gateway", &mut server, "/healthz", cases, session_gone).await;
 }

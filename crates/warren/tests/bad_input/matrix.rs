@@ -99,6 +99,84 @@ impl Route {
         }
     }
 
+    /// With a sample of the JSON body it reads.
+    pub fn json(mut self, sample: Value) -> Self {
+        self.json = Some(sample);
+        self
+    }
+
+    /// Its JSON body may be absent.
+    pub fn optional_json(mut self) -> Self {
+        self.optional_json = true;
+        self
+    }
+
+    /// Takes a file path where `{file}` stands in its target.
+    pub fn file(mut self) -> Self {
+        self.file = Some(FileParam::Target);
+        self
+    }
+
+    /// Takes a file path in the JSON body's field `field`.
+    pub fn file_field(mut self, field: &'static str) -> Self {
+        self.file = Some(FileParam::Field(field));
+        self
+    }
+
+    /// Serves byte ranges of its file.
+    pub fn range(mut self) -> Self {
+        self.range = true;
+        self
+    }
+
+    /// Changes the file it names.
+    pub fn writes(mut self) -> Self {
+        self.writes = true;
+        self
+    }
+
+    /// Is a WebSocket.
+    pub fn websocket(mut self) -> Self {
+        self.websocket = true;
+        self
+    }
+
+    /// With a body of `size` over its limit.
+    pub fn huge(mut self, size: usize) -> Self {
+        self.huge = size;
+        self
+    }
+
+    /// With what it may answer a well-formed request.
+    pub fn fine(mut self, statuses: &'static [u16]) -> Self {
+        self.fine = statuses;
+        self
+    }
+
+    /// With statuses some categories may answer besides their own.
+    pub fn also(mut self, also: &'static [(&'static str, &'static [u16])]) -> Self {
+        self.also = also;
+        self
+    }
+
+    /// With methods its path does not have.
+    pub fn wrong(mut self, methods: &'static [&'static str]) -> Self {
+        self.wrong_methods = methods;
+        self
+    }
+
+    /// With errors in `shape`.
+    pub fn shape(mut self, shape: Shape) -> Self {
+        self.shape = shape;
+        self
+    }
+
+    /// With `credential`.
+    pub fn credential(mut self, credential: Credential) -> Self {
+        self.credential = Some(credential);
+        self
+    }
+
     pub fn label(&self) -> String {
         format!("{} {}", self.method, self.target)
     }
@@ -126,9 +204,34 @@ impl Route {
         request
     }
 
+    /// A [`Route::base`] request with `file` in the target's `{file}` as it is (not encoded).
+    fn with_raw_file(&self, file: &str) -> Request {
+        let mut request = self.base();
+        request.target = self.target_with(file);
+        request
+    }
+
     fn json_body(&self, bytes: impl Into<Vec<u8>>) -> Request {
         self.base().body(Body::Sized(bytes.into()))
     }
+}
+
+/// Making a directory (`POST {files}/dir?path=`) and moving a file (`POST {files}/move`), which
+/// execd's and the gateway's file APIs take alike: their rows, each made with `route`.
+pub fn dir_and_move(route: impl Fn(&'static str, &str) -> Route, files: &str) -> [Route; 2] {
+    [
+        route("POST", &format!("{files}/dir?path={{file}}"))
+            .file()
+            .writes()
+            .fine(&[200, 201, 204, 409])
+            .wrong(&["GET"]),
+        route("POST", &format!("{files}/move"))
+            .json(serde_json::json!({"from": "absent.txt", "to": "moved.txt"}))
+            .file_field("to")
+            .writes()
+            .fine(&[200, 204, 404])
+            .wrong(&["GET"]),
+    ]
 }
 
 /// One request of the matrix and what may come back.
@@ -234,6 +337,27 @@ fn traversals(outside_abs: &str) -> Vec<(&'static str, String, bool)> {
         ),
         ("dot segments", "./dir/./../hello.txt".into(), false),
     ]
+}
+
+/// The traversal cases of `route`'s file parameter as (variant, request, statuses expected),
+/// `with_file` putting each value in its place: a route that writes gets only those that escape.
+fn traversal_cases(
+    route: &Route,
+    outside_abs: &str,
+    with_file: impl Fn(&str) -> Request,
+) -> Vec<(&'static str, Request, Vec<u16>)> {
+    traversals(outside_abs)
+        .into_iter()
+        .filter(|(_, _, escapes)| !route.writes || *escapes)
+        .map(|(variant, value, escapes)| {
+            let expect = if escapes && variant != ABSOLUTE {
+                vec![400, 403, 404]
+            } else {
+                [route.fine, &[400, 403, 404, 409]].concat()
+            };
+            (variant, with_file(&value), expect)
+        })
+        .collect()
 }
 
 /// Every case of `routes`. `outside_abs` is the secret's absolute path on the host.
@@ -378,19 +502,11 @@ pub fn cases(routes: &[Route], outside_abs: &str) -> Vec<Case> {
 
         match &route.file {
             Some(FileParam::Target) => {
-                let with_file = |value: &str| {
-                    let mut request = route.base();
-                    request.target = route.target_with(&encode(value));
-                    request
-                };
+                let with_file = |value: &str| route.with_raw_file(&encode(value));
                 add(
                     "invalid UTF-8",
                     "in the file parameter".into(),
-                    {
-                        let mut request = route.base();
-                        request.target = route.target_with("hello%C3%28%FF.txt");
-                        request
-                    },
+                    route.with_raw_file("hello%C3%28%FF.txt"),
                     // Query values are percent-decoded lossily (U+FFFD for what is not UTF-8),
                     // so this names an odd file inside the root.
                     &fine_or(&[400, 403, 404, 409]),
@@ -413,37 +529,20 @@ pub fn cases(routes: &[Route], outside_abs: &str) -> Vec<Case> {
                     with_file(&"a/".repeat(LONG / 2)),
                     &fine_or(&[400, 404, 414]),
                 );
-                for (variant, value, escapes) in traversals(outside_abs) {
-                    if route.writes && !escapes {
-                        continue;
-                    }
-                    let expect = if escapes && variant != ABSOLUTE {
-                        vec![400, 403, 404]
-                    } else {
-                        fine_or(&[400, 403, 404, 409])
-                    };
-                    add("traversal", variant.into(), with_file(&value), &expect);
+                for (variant, request, expect) in traversal_cases(route, outside_abs, with_file) {
+                    add("traversal", variant.into(), request, &expect);
                 }
-                add(
-                    "traversal",
-                    "encoded dotdot in the target".into(),
-                    {
-                        let mut request = route.base();
-                        request.target = route.target_with("%2e%2e/outside/secret.txt");
-                        request
-                    },
-                    &[400, 403, 404],
-                );
-                add(
-                    "traversal",
-                    "dotdot with an encoded slash".into(),
-                    {
-                        let mut request = route.base();
-                        request.target = route.target_with("..%2foutside%2fsecret.txt");
-                        request
-                    },
-                    &[400, 403, 404],
-                );
+                for (variant, file) in [
+                    ("encoded dotdot in the target", "%2e%2e/outside/secret.txt"),
+                    ("dotdot with an encoded slash", "..%2foutside%2fsecret.txt"),
+                ] {
+                    add(
+                        "traversal",
+                        variant.into(),
+                        route.with_raw_file(file),
+                        &[400, 403, 404],
+                    );
+                }
             }
             Some(FileParam::Field(field)) => {
                 let sample = route.json.as_ref().expect("a body field needs a JSON body");
@@ -461,16 +560,8 @@ pub fn cases(routes: &[Route], outside_abs: &str) -> Vec<Case> {
                     with_file(&"a".repeat(LONG)),
                     &[400, 404],
                 );
-                for (variant, value, escapes) in traversals(outside_abs) {
-                    if route.writes && !escapes {
-                        continue;
-                    }
-                    let expect = if escapes && variant != ABSOLUTE {
-                        vec![400, 403, 404]
-                    } else {
-                        fine_or(&[400, 403, 404, 409])
-                    };
-                    add("traversal", variant.into(), with_file(&value), &expect);
+                for (variant, request, expect) in traversal_cases(route, outside_abs, with_file) {
+                    add("traversal", variant.into(), request, &expect);
                 }
             }
             None => {}

@@ -90,16 +90,17 @@ fn prepare(dir: &Path) {
     std::fs::write(outside.join("secret.txt"), OUTSIDE_SECRET).expect("outside secret");
 }
 
-/// Spawns `warren <args>` with its log in `dir/server.log` and reads `lines` address lines,
-/// each `<prefix> listening on http://ADDR`.
-async fn spawn(
-    args: &[&std::ffi::OsStr],
-    dir: &Path,
-    lines: usize,
-) -> (tokio::process::Child, Vec<SocketAddr>, PathBuf) {
-    let log = dir.join("server.log");
+/// Starts `warren <words> <paths>` (`words` split at spaces, then each path after its flag) with
+/// its log in `dir/server.log`, and reads its address line (`<prefix> listening on
+/// http://ADDR`), then that of its E2B listener if it has `e2b`.
+async fn start(words: &str, paths: &[(&str, &Path)], dir: tempfile::TempDir, e2b: bool) -> Server {
+    let mut args: Vec<&std::ffi::OsStr> = words.split(' ').map(std::ffi::OsStr::new).collect();
+    for (flag, path) in paths {
+        args.extend([std::ffi::OsStr::new(flag), path.as_os_str()]);
+    }
+    let log = dir.path().join("server.log");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warren"))
-        .args(args)
+        .args(&args)
         .env("WARREN_LOG", "warn")
         .env_remove("EXECD_ACCESS_TOKEN")
         .stdin(Stdio::null())
@@ -110,8 +111,8 @@ async fn spawn(
         .expect("spawns warren");
     let stdout = child.stdout.take().expect("piped stdout");
     let mut reader = tokio::io::BufReader::new(stdout).lines();
-    let mut addrs = Vec::new();
-    for _ in 0..lines {
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for _ in 0..1 + usize::from(e2b) {
         let line = within("the server's `listening on` line", reader.next_line())
             .await
             .expect("reads the server's stdout")
@@ -124,7 +125,13 @@ async fn spawn(
     }
     // Whatever else it prints is read and dropped, so the pipe never fills.
     tokio::spawn(async move { while let Ok(Some(_)) = reader.next_line().await {} });
-    (child, addrs, log)
+    Server {
+        child,
+        addr: addrs[0],
+        e2b: addrs.get(1).copied(),
+        log,
+        dir,
+    }
 }
 
 /// `warren execd --root <tmp>/root --access-token ... --e2b-listen 127.0.0.1:0`, with
@@ -136,27 +143,15 @@ pub async fn execd() -> Server {
     std::fs::create_dir_all(root.join("dir")).expect("root/dir");
     std::fs::write(root.join("hello.txt"), HELLO).expect("hello.txt");
     let state = dir.path().join("state");
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "execd".as_ref(),
-        "--listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--e2b-listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--access-token".as_ref(),
-        EXECD_TOKEN.as_ref(),
-        "--root".as_ref(),
-        root.as_os_str(),
-        "--state-dir".as_ref(),
-        state.as_os_str(),
-    ];
-    let (child, addrs, log) = spawn(&args, dir.path(), 2).await;
-    Server {
-        child,
-        addr: addrs[0],
-        e2b: Some(addrs[1]),
-        log,
+    let words =
+        format!("execd --listen 127.0.0.1:0 --e2b-listen 127.0.0.1:0 --access-token {EXECD_TOKEN}");
+    start(
+        &words,
+        &[("--root", &root), ("--state-dir", &state)],
         dir,
-    }
+        true,
+    )
+    .await
 }
 
 /// `warren gateway` on 127.0.0.1:0 with an app key, an admin token, no warm workers and an
@@ -165,29 +160,9 @@ pub async fn gateway() -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
     prepare(dir.path());
     let data = dir.path().join("data");
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "gateway".as_ref(),
-        "--listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--data".as_ref(),
-        data.as_os_str(),
-        "--app-key".as_ref(),
-        APP_KEY.as_ref(),
-        "--admin-token".as_ref(),
-        ADMIN_TOKEN.as_ref(),
-        "--warm-workers".as_ref(),
-        "0".as_ref(),
-        "--agent".as_ref(),
-        "/nonexistent/agent".as_ref(),
-        "--brain-placement".as_ref(),
-        "host".as_ref(),
-    ];
-    let (child, addrs, log) = spawn(&args, dir.path(), 1).await;
-    Server {
-        child,
-        addr: addrs[0],
-        e2b: None,
-        log,
-        dir,
-    }
+    let words = format!(
+        "gateway --listen 127.0.0.1:0 --app-key {APP_KEY} --admin-token {ADMIN_TOKEN} \
+         --warm-workers 0 --agent /nonexistent/agent --brain-placement host"
+    );
+    start(&words, &[("--data", &data)], dir, false).await
 }

@@ -232,6 +232,37 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Sends `request` as HTTP/1.0 (a sized body with its `Content-Length`, any other body as none)
+/// and reads the whole answer, however long it takes: for the fixtures a matrix needs first,
+/// not for its cases.
+pub async fn fetch(addr: SocketAddr, request: &Request) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).await.expect("connects");
+    let mut bytes = format!("{} ", request.method).into_bytes();
+    bytes.extend_from_slice(&request.target);
+    bytes.extend_from_slice(b" HTTP/1.0\r\n");
+    for (name, value) in &request.headers {
+        bytes.extend_from_slice(format!("{name}: ").as_bytes());
+        bytes.extend_from_slice(value);
+        bytes.extend_from_slice(b"\r\n");
+    }
+    let body = match &request.body {
+        Body::Sized(body) => body.as_slice(),
+        _ => &[],
+    };
+    bytes.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).await.expect("writes");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("reads");
+    answer
+}
+
+/// The body of a whole answer [`fetch`] read: what follows its head.
+pub fn body_of(answer: &[u8]) -> &[u8] {
+    let at = find(answer, b"\r\n\r\n").expect("a head");
+    &answer[at + 4..]
+}
+
 /// Opens a WebSocket with `request` (the upgrade's headers added), returning the stream after a
 /// 101, or what came instead.
 pub async fn websocket(addr: SocketAddr, request: &Request) -> Result<TcpStream, String> {

@@ -11,6 +11,16 @@ use warren_test_support::pty::Daemon;
 
 use crate::support::{ExecdProcess, warren};
 
+/// `warren execd --listen 0.0.0.0:0` with a temp `--root`, `args` and `env` added, once it
+/// listens; and its root.
+async fn off_loopback(args: &[&str], env: &[(&str, &str)]) -> (ExecdProcess, tempfile::TempDir) {
+    let root = tempfile::tempdir().expect("temp root");
+    let path = root.path().to_str().expect("a UTF-8 temp path");
+    let mut all = vec!["--listen", "0.0.0.0:0", "--root", path];
+    all.extend_from_slice(args);
+    (ExecdProcess::start(&all, env).await, root)
+}
+
 /// `warren <args>` with a temp `--root`, expected to exit on its own: its exit status, stdout
 /// and stderr.
 async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String, String) {
@@ -38,30 +48,31 @@ async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String, String
     )
 }
 
-#[tokio::test]
-async fn warren_execd_off_loopback_without_a_token_refuses_to_start() {
-    let (status, stdout, stderr) = run_to_exit(&["execd", "--listen", "0.0.0.0:0"]).await;
+/// Asserts `warren <args>` exits non-zero, refusing to listen on 0.0.0.0:0 without an access
+/// token and binding nothing; returns what it printed on stderr.
+async fn refuses_to_start(args: &[&str]) -> String {
+    let (status, stdout, stderr) = run_to_exit(args).await;
     assert!(!status.success(), "exits non-zero: {status}");
     assert!(
         stderr.contains("refusing to listen on 0.0.0.0:0 without an access token"),
         "{stderr}"
     );
+    assert!(!stdout.contains("listening on"), "bound nothing: {stdout}");
+    stderr
+}
+
+#[tokio::test]
+async fn warren_execd_off_loopback_without_a_token_refuses_to_start() {
+    let stderr = refuses_to_start(&["execd", "--listen", "0.0.0.0:0"]).await;
     assert!(
         stderr.contains("--access-token") && stderr.contains("--no-auth"),
         "says what to do: {stderr}"
     );
-    assert!(!stdout.contains("listening on"), "bound nothing: {stdout}");
 }
 
 #[tokio::test]
 async fn warren_envd_off_loopback_without_a_token_refuses_to_start() {
-    let (status, stdout, stderr) = run_to_exit(&["envd", "--e2b-listen", "0.0.0.0:0"]).await;
-    assert!(!status.success(), "exits non-zero: {status}");
-    assert!(
-        stderr.contains("refusing to listen on 0.0.0.0:0 without an access token"),
-        "{stderr}"
-    );
-    assert!(!stdout.contains("listening on"), "bound nothing: {stdout}");
+    refuses_to_start(&["envd", "--e2b-listen", "0.0.0.0:0"]).await;
     // execd's own listener beyond loopback is refused the same way when envd rides along.
     let (status, _, stderr) = run_to_exit(&[
         "execd",
@@ -80,10 +91,7 @@ async fn warren_envd_off_loopback_without_a_token_refuses_to_start() {
 
 #[tokio::test]
 async fn warren_execd_with_no_auth_listens_off_loopback_and_warns() {
-    let root_dir = tempfile::tempdir().expect("temp root");
-    let root = root_dir.path().to_str().expect("a UTF-8 temp path");
-    let open =
-        ExecdProcess::start(&["--listen", "0.0.0.0:0", "--no-auth", "--root", root], &[]).await;
+    let (open, _root) = off_loopback(&["--no-auth"], &[]).await;
     open.daemon.create(json!({})).await;
     let log = open.stop_with(rustix::process::Signal::TERM).await;
     assert!(
@@ -94,13 +102,7 @@ async fn warren_execd_with_no_auth_listens_off_loopback_and_warns() {
 
 #[tokio::test]
 async fn warren_execd_off_loopback_with_a_token_starts_quietly_and_requires_it() {
-    let root_dir = tempfile::tempdir().expect("temp root");
-    let root = root_dir.path().to_str().expect("a UTF-8 temp path");
-    let guarded = ExecdProcess::start(
-        &["--listen", "0.0.0.0:0", "--root", root],
-        &[("EXECD_ACCESS_TOKEN", "from-env")],
-    )
-    .await;
+    let (guarded, _root) = off_loopback(&[], &[("EXECD_ACCESS_TOKEN", "from-env")]).await;
     guarded.daemon.create(json!({})).await;
     let anonymous = Daemon {
         token: None,

@@ -57,6 +57,16 @@ fn processes_with_marker(markers: &[String], needle: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Sends `request` and returns the string `field` of the JSON object it answers.
+async fn answered_field(request: reqwest::RequestBuilder, field: &str) -> String {
+    let response = request.send().await.expect("answers");
+    let answer: Value = response.json().await.expect("a JSON answer");
+    answer[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} in {answer}"))
+        .to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_of_the_gateway_reaches_a_hands_command_the_event_log_or_the_log() {
     let data = tempfile::tempdir().expect("data dir");
@@ -102,27 +112,13 @@ async fn no_secret_of_the_gateway_reaches_a_hands_command_the_event_log_or_the_l
         .to_owned();
 
     let http = reqwest::Client::new();
-    let registered: Value = http
+    let registration = http
         .post(format!("{url}/v1/devices"))
         .header("X-App-Key", APP_KEY)
-        .json(&json!({"device_id": "phone-secrets"}))
-        .send()
-        .await
-        .expect("register")
-        .json()
-        .await
-        .expect("device");
-    let token = registered["token"].as_str().expect("token").to_owned();
-    let session: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("create session")
-        .json()
-        .await
-        .expect("session");
-    let session_id = session["id"].as_str().expect("id").to_owned();
+        .json(&json!({"device_id": "phone-secrets"}));
+    let token = answered_field(registration, "token").await;
+    let creation = http.post(format!("{url}/v1/sessions")).bearer_auth(&token);
+    let session_id = answered_field(creation, "id").await;
     let accepted = http
         .post(format!("{url}/v1/sessions/{session_id}/messages"))
         .bearer_auth(&token)

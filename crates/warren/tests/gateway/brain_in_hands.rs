@@ -10,8 +10,7 @@ use warren_gateway::config::BrainPlacement;
 use warren_gateway::hands::local::IsolationMode;
 
 use super::helpers::{
-    LeftHands, Received, TestGateway, WAIT, args_with_shell_agent, hands_processes, stop_reason,
-    text_of,
+    LeftHands, Received, TestGateway, WAIT, args_with_shell_agent, hands_processes, text_of,
 };
 
 fn in_the_hands(data: std::path::PathBuf) -> GatewayArgs {
@@ -37,8 +36,7 @@ fn agents_in_hands(data: &Path, session: &str) -> Vec<u32> {
 async fn the_agent_runs_inside_the_sandbox_and_sees_its_workspace() {
     let gw = TestGateway::start(in_the_hands).await;
     let mut chat = gw.conversation("phone-brain-in-hands").await;
-    let seen = chat.turn("echo \"at=$(pwd) uid=$(id -u)\"").await;
-    assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
+    let seen = chat.turn_ok("echo \"at=$(pwd) uid=$(id -u)\"").await;
     let said = text_of(&seen);
     assert!(said.contains("at=/workspace uid=1000"), "{said}");
     let info = chat.info().await;
@@ -54,14 +52,14 @@ async fn the_agent_runs_inside_the_sandbox_and_sees_its_workspace() {
 #[tokio::test]
 async fn paused_hands_are_resumed_before_the_prompt_reaches_their_agent() {
     let gw = TestGateway::start(in_the_hands).await;
-    let mut chat = gw.conversation("phone-paused-brain").await;
-    assert_eq!(stop_reason(&chat.turn("echo one").await), "end_turn");
-    let session = gw.gateway.engine.sessions.by_id(&chat.session).expect("session");
+    let mut chat = gw
+        .conversation_after("phone-paused-brain", "echo one")
+        .await;
+    let session = gw.session(&chat.session);
     session.hands.pause(None).await;
     assert_eq!(chat.info().await["hands"], "paused");
     // The agent is frozen with its hands; the message must thaw them first.
-    let seen = chat.turn("echo two").await;
-    assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
+    let seen = chat.turn_ok("echo two").await;
     assert!(text_of(&seen).contains("two"));
     gw.stop().await;
 }
@@ -72,8 +70,9 @@ async fn a_restarted_gateway_stops_the_agent_its_predecessor_left_in_the_hands()
     let data = dir.path().to_path_buf();
     let _cleanup = LeftHands(data.clone());
     let first = TestGateway::start_in(in_the_hands(data.clone())).await;
-    let mut chat = first.conversation("phone-restart-brain").await;
-    assert_eq!(stop_reason(&chat.turn("echo before").await), "end_turn");
+    let chat = first
+        .conversation_after("phone-restart-brain", "echo before")
+        .await;
     let (token, session) = (chat.token.clone(), chat.session.clone());
     let left = agents_in_hands(&data, &session);
     assert_eq!(left.len(), 1);
@@ -99,13 +98,11 @@ async fn a_restarted_gateway_stops_the_agent_its_predecessor_left_in_the_hands()
 /// the pool refills, and at shutdown the sandboxes nobody took are stopped and removed.
 #[tokio::test]
 async fn a_new_session_takes_a_warm_sandbox_whole_and_the_pool_refills() {
-    let gw = TestGateway::start(|data| {
-        let mut args = in_the_hands(data);
-        args.warm_workers = 1;
-        args
-    })
-    .await;
-    assert!(gw.gateway.engine.warm.wait_ready(1, WAIT).await, "a warm sandbox");
+    let gw = TestGateway::start_changed(in_the_hands, |args| args.warm_workers = 1).await;
+    assert!(
+        gw.gateway.engine.warm.wait_ready(1, WAIT).await,
+        "a warm sandbox"
+    );
     let mut chat = gw.conversation("phone-warm-sandbox").await;
     let info = chat.info().await;
     assert_eq!(
@@ -114,8 +111,7 @@ async fn a_new_session_takes_a_warm_sandbox_whole_and_the_pool_refills() {
         "the session took the sandbox and its agent: {info}"
     );
     assert_eq!(agents_in_hands(&gw.data, &chat.session).len(), 1);
-    let seen = chat.turn("echo \"at=$(pwd)\"").await;
-    assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
+    let seen = chat.turn_ok("echo \"at=$(pwd)\"").await;
     assert!(text_of(&seen).contains("at=/workspace"));
     // The history says the hands run from the start (the warm sandbox), and nothing started
     // for the first message.
@@ -166,11 +162,12 @@ async fn a_warm_sandbox_left_by_a_killed_gateway_is_removed_at_start() {
 #[tokio::test]
 async fn deleting_a_session_with_its_agent_frozen_stops_everything() {
     let gw = TestGateway::start(in_the_hands).await;
-    let mut chat = gw.conversation("phone-delete-paused").await;
-    assert_eq!(stop_reason(&chat.turn("echo one").await), "end_turn");
+    let chat = gw
+        .conversation_after("phone-delete-paused", "echo one")
+        .await;
     let processes = hands_processes(&gw.data, &chat.session);
     assert!(!agents_in_hands(&gw.data, &chat.session).is_empty());
-    let session = gw.gateway.engine.sessions.by_id(&chat.session).expect("session");
+    let session = gw.session(&chat.session);
     session.hands.pause(None).await;
     let deleted = gw
         .delete(&chat.token, &format!("/sessions/{}", chat.session))

@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use super::helpers::{
-    Received, TestGateway, args_with_shell_agent, args_without_agent, stop_reason, test_agent_bin,
-    text_of,
+    Conversation, Received, TestGateway, args_with_shell_agent, args_without_agent, assert_error,
+    stop_reason, test_agent_bin, text_of,
 };
 
 fn turn_ends_of(events: &[Received], turn: u64) -> usize {
@@ -16,6 +16,18 @@ fn turn_ends_of(events: &[Received], turn: u64) -> usize {
         .count()
 }
 
+/// Sends `text` as turn `turn` and reads until that turn's `turn_end`, asserting it ended well.
+async fn turn_ended_well(chat: &mut Conversation<'_>, text: &str, turn: u64) -> Vec<Received> {
+    chat.accept(text).await;
+    let seen = chat
+        .until(&format!("turn_end of turn {turn}, {text:?}"), |e| {
+            e.event == "turn_end" && e.data["turn"] == turn
+        })
+        .await;
+    assert_eq!(stop_reason(&seen), "end_turn", "{text}");
+    seen
+}
+
 /// A gateway whose agent is `warren-test-agent` with `agent_args`.
 async fn with_test_agent(agent_args: &[&str]) -> TestGateway {
     let mut agent = test_agent_bin().display().to_string();
@@ -23,12 +35,7 @@ async fn with_test_agent(agent_args: &[&str]) -> TestGateway {
         agent.push(' ');
         agent.push_str(arg);
     }
-    TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.agent = Some(agent);
-        args
-    })
-    .await
+    TestGateway::start_changed(args_with_shell_agent, |args| args.agent = Some(agent)).await
 }
 
 #[tokio::test]
@@ -38,13 +45,7 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
     let gate_arg = gate.display().to_string();
     let gw = with_test_agent(&["--gate-session", &gate_arg]).await;
     let mut chat = gw.conversation("phone-0001").await;
-    let workspace = gw
-        .gateway
-        .engine
-        .sessions
-        .get("phone-0001", &chat.session)
-        .expect("session")
-        .workspace();
+    let workspace = gw.session_of("phone-0001", &chat.session).workspace();
 
     chat.accept("term touch marker-file").await;
     // The agent cannot have started: its `session/new` waits for the gate file.
@@ -61,14 +62,8 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
     );
 
     std::fs::write(&gate, b"").expect("open the gate");
-    chat.accept("term test -e marker-file && echo present || echo absent")
-        .await;
-    let second = chat
-        .until("turn_end of the turn looking for the marker", |e| {
-            e.event == "turn_end" && e.data["turn"] == 2
-        })
-        .await;
-    assert_eq!(stop_reason(&second), "end_turn");
+    let looking = "term test -e marker-file && echo present || echo absent";
+    let second = turn_ended_well(&mut chat, looking, 2).await;
     assert!(
         text_of(&second).contains("absent"),
         "no marker file: {second:#?}"
@@ -80,13 +75,7 @@ async fn a_cancel_while_the_brain_starts_ends_the_turn_and_its_command_never_run
     seen.extend(second);
 
     // The same command in a turn that is not cancelled does create the file where we looked.
-    chat.accept("term touch marker-file").await;
-    let third = chat
-        .until("turn_end of the uncancelled touch", |e| {
-            e.event == "turn_end" && e.data["turn"] == 3
-        })
-        .await;
-    assert_eq!(stop_reason(&third), "end_turn");
+    let third = turn_ended_well(&mut chat, "term touch marker-file", 3).await;
     assert!(
         workspace.join("marker-file").exists(),
         "an uncancelled `touch` creates {}",
@@ -162,17 +151,12 @@ async fn a_cancel_with_no_turn_running_is_409_no_turn_running() {
     let gw = TestGateway::start(args_without_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
 
-    let before_any = chat.cancel().await;
-    assert_eq!(before_any.status(), 409, "no turn yet");
-    let body: Value = before_any.json().await.expect("error body");
-    assert_eq!(body["code"], "NO_TURN_RUNNING");
+    assert_error(chat.cancel().await, 409, "NO_TURN_RUNNING", "no turn yet").await;
 
     // The agent cannot start: the turn ends with `error`, and then nothing runs either.
     let seen = chat.turn("echo hi").await;
     assert_eq!(stop_reason(&seen), "error");
     let after_turn = chat.cancel().await;
-    assert_eq!(after_turn.status(), 409, "the turn has ended");
-    let body: Value = after_turn.json().await.expect("error body");
-    assert_eq!(body["code"], "NO_TURN_RUNNING");
+    assert_error(after_turn, 409, "NO_TURN_RUNNING", "the turn has ended").await;
     gw.stop().await;
 }

@@ -296,10 +296,8 @@ async fn an_unknown_console_file_is_404_in_the_api_error_shape() {
 
 #[tokio::test]
 async fn the_frame_src_names_the_preview_origins_of_preview_base_url() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_without_agent(data);
-        args.preview_base_url = Some("https://{token}.preview.example.com".into());
-        args
+    let gw = TestGateway::start_changed(args_without_agent, |args| {
+        args.preview_base_url = Some("https://{token}.preview.example.com".into())
     })
     .await;
     for path in [
@@ -335,12 +333,7 @@ async fn the_api_answers_beside_the_console() {
 
     let unknown = get(&gw, "/v1/no-such-route", &[]).await;
     assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
-    let posted = gw
-        .http
-        .post(format!("{}/", gw.url))
-        .send()
-        .await
-        .expect("POST /");
+    let posted = gw.send_plain(reqwest::Method::POST, "/").await;
     assert_eq!(posted.status(), StatusCode::METHOD_NOT_ALLOWED);
 }
 

@@ -20,7 +20,7 @@
 //!   limit prints where every thread was and ends the run); this side stops run.py's whole
 //!   process group after [`BROWSER_TESTS_WAIT`] and shows what it had printed by then.
 //!
-//! The gateway is in-process ([`TestGateway`]), with the built-in shell agent and bwrap hands
+//! The gateway is in-process (a `TestGateway` from [`in_bwrap`]), with the built-in shell agent and bwrap hands
 //! on the host network, as the other gateway tests start it; nothing extra is built.
 
 // Tests start real programs (shells, servers, the binary under test) directly.
@@ -29,10 +29,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use warren_gateway::hands::local::IsolationMode;
 use warren_test_support::{python, repo_root};
 
-use super::helpers::{TestGateway, args_with_shell_agent};
+use super::helpers::in_bwrap;
 
 /// How long the whole browser run may take (both sizes, every flow).
 const BROWSER_TESTS_WAIT: Duration = Duration::from_secs(15 * 60);
@@ -46,12 +45,7 @@ async fn the_console_works_in_a_real_browser() {
          the front end); this test runs it as its module docs say",
         run_py.display()
     );
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        args
-    })
-    .await;
+    let gw = in_bwrap(|_| {}).await;
     let shots = repo_root().join("target/console-shots");
     // run.py's output goes to a file, not a pipe: what it printed is there even when it has to
     // be stopped, and a process it leaves behind cannot keep this side waiting for an EOF.

@@ -14,7 +14,7 @@ use warren_gateway::hands::local::{LocalConfig, LocalHands};
 use warren_gateway::hands::{BrainPlacement, Hands, HandsProvider};
 use warren_test_support::{alive, eventually, within};
 
-use super::helpers::{test_agent_bin, warren_bin};
+use super::helpers::{kill, test_agent_bin, warren_bin};
 
 /// The local provider as `warren serve` makes it (bwrap where it works), with its run
 /// directory in `data`.
@@ -333,11 +333,7 @@ async fn hands_that_died_are_noticed_at_once_and_rebuilt_on_next_use() {
         .sandbox_pid()
         .await
         .expect("a local sandbox has a pid");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("kill -9 the sandbox this test started");
-    assert!(killed.success());
+    kill("9", pid, "the sandbox this test started");
     eventually("the dead hands are noticed", || {
         hands.state() == warren_gateway::hands::HandsState::Lost
     })

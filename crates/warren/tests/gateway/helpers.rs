@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use serde_json::Value;
 use warren_gateway::{Gateway, GatewayArgs};
-pub use warren_test_support::WAIT;
+pub use warren_test_support::{WAIT, files_under};
 
 /// Stops every hands sandbox recorded in `data` (by cgroup or recorded pid).
 pub fn stop_left_hands(data: &Path) {
@@ -98,6 +98,21 @@ pub fn stored_rows(data: &Path) -> String {
         .join("\n")
 }
 
+/// On PostgreSQL, asserts the rows of the gateway on `data` hold `marker` (so they were read)
+/// and none of `secrets`, and returns true; on the file store (whose files the test reads
+/// itself) returns false.
+pub fn stored_rows_keep_none_of(data: &Path, marker: &str, secrets: &[&str]) -> bool {
+    if !on_postgres() {
+        return false;
+    }
+    let stored = stored_rows(data);
+    assert!(stored.contains(marker), "the rows were read: {stored}");
+    for secret in secrets {
+        assert!(!stored.contains(secret), "{secret} in the store");
+    }
+    true
+}
+
 /// On PostgreSQL, deletes the session's row from the store of the gateway on `data` (what
 /// removing its directory is for the file store); nothing otherwise.
 pub fn delete_stored_session(data: &Path, session: &str) {
@@ -122,6 +137,88 @@ pub fn assert_seq_from(events: &[Received], after: u64, what: &str) {
             event.event
         );
     }
+}
+
+/// Appends a `status` event (the brain `ready`) to `session`'s log, as the gateway would;
+/// returns its seq.
+pub fn append_ready_status(session: &warren_gateway::sessions::Session) -> u64 {
+    let ready = warren_protocol::gateway::EventBody::Status {
+        brain: Some("ready".into()),
+        hands: None,
+        message: None,
+    };
+    session.log.append(None, ready).expect("append").seq
+}
+
+/// Asserts `response` is `status` with the error `code` (`what` names the request); returns its
+/// JSON body.
+pub async fn assert_error(
+    response: reqwest::Response,
+    status: u16,
+    code: &str,
+    what: &str,
+) -> Value {
+    assert_eq!(response.status(), status, "{what}");
+    let body: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["code"], code, "{what}: {body}");
+    body
+}
+
+/// Of `answers` to session creations: how many made a session (201) and how many the device
+/// quota refused (429 `QUOTA_EXCEEDED`); any other answer fails the test.
+pub async fn created_and_refused(
+    answers: Vec<reqwest::Result<reqwest::Response>>,
+) -> (usize, usize) {
+    let (mut n_created, mut n_refused) = (0, 0);
+    for answer in answers {
+        let answer = answer.expect("a creation is answered");
+        match answer.status().as_u16() {
+            201 => n_created += 1,
+            429 => {
+                assert_error(answer, 429, "QUOTA_EXCEEDED", "a creation over the quota").await;
+                n_refused += 1;
+            }
+            other => panic!("a creation answered {other}"),
+        }
+    }
+    (n_created, n_refused)
+}
+
+/// Asserts `response` is 201 (`what` names the request) and returns the string `field` of its
+/// JSON body.
+async fn created(response: reqwest::Response, what: &str, field: &str) -> String {
+    assert_eq!(response.status(), 201, "{what}");
+    let body: Value = response.json().await.expect("a JSON body");
+    body[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} in {body}"))
+        .to_owned()
+}
+
+/// Sends `request` and returns the JSON it answers; panics naming `what` if either fails.
+pub async fn json_of(request: reqwest::RequestBuilder, what: &str) -> Value {
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    response
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: a JSON body: {e}"))
+}
+
+/// Reads `events` to the next `turn_end`, asserting its ids go on +1 from `after` (`what` names
+/// the stream) and that the turn is the one of the message `text`.
+pub async fn assert_turn_follows(events: &mut EventStream, text: &str, after: u64, what: &str) {
+    let turn = events
+        .until(&format!("turn_end of {text}"), |e| e.event == "turn_end")
+        .await;
+    assert_seq_from(&turn, after, what);
+    assert!(
+        turn.iter()
+            .any(|e| e.event == "user_message" && e.data["text"] == text),
+        "the turn of {text:?} is in the stream"
+    );
 }
 
 /// For a test of the file store's own files (`events.jsonl`, `meta.json`, a full data disk):
@@ -167,6 +264,16 @@ pub fn args_with_shell_agent(data: PathBuf) -> GatewayArgs {
     args
 }
 
+/// A gateway with the shell agent whose hands must be bwrap sandboxes, its arguments then
+/// changed by `configure`.
+pub async fn in_bwrap(configure: impl FnOnce(&mut GatewayArgs)) -> TestGateway {
+    TestGateway::start_changed(args_with_shell_agent, |args| {
+        args.hands_isolation = warren_gateway::hands::local::IsolationMode::Bwrap;
+        configure(args);
+    })
+    .await
+}
+
 impl Drop for TestGateway {
     /// A test that failed before stopping its gateway leaves no sandbox behind.
     fn drop(&mut self) {
@@ -182,6 +289,19 @@ impl TestGateway {
         let mut gateway = Self::start_in(configure(dir.path().to_path_buf())).await;
         gateway._data_dir = Some(dir);
         gateway
+    }
+
+    /// Starts a gateway on the arguments `base` makes, then changed by `configure`.
+    pub async fn start_changed(
+        base: impl FnOnce(PathBuf) -> GatewayArgs,
+        configure: impl FnOnce(&mut GatewayArgs),
+    ) -> TestGateway {
+        Self::start(|data| {
+            let mut args = base(data);
+            configure(&mut args);
+            args
+        })
+        .await
     }
 
     pub async fn start_in(mut args: GatewayArgs) -> TestGateway {
@@ -242,6 +362,25 @@ impl TestGateway {
         self._data_dir.take()
     }
 
+    /// The engine's session `id`, whichever device's it is.
+    pub fn session(&self, id: &str) -> Arc<warren_gateway::sessions::Session> {
+        self.gateway.engine.sessions.by_id(id).expect("the session")
+    }
+
+    /// The engine's session `id` of the device `device_id`.
+    pub fn session_of(&self, device_id: &str, id: &str) -> Arc<warren_gateway::sessions::Session> {
+        let sessions = &self.gateway.engine.sessions;
+        sessions.get(device_id, id).expect("the device's session")
+    }
+
+    /// A [`TestGateway::conversation`] for `device_id` once `command` ran in it to an
+    /// `end_turn`.
+    pub async fn conversation_after(&self, device_id: &str, command: &str) -> Conversation<'_> {
+        let mut chat = self.conversation(device_id).await;
+        chat.turn_ok(command).await;
+        chat
+    }
+
     /// Registers `device_id`, creates a session and opens its event stream.
     pub async fn conversation(&self, device_id: &str) -> Conversation<'_> {
         let token = self.register(device_id).await;
@@ -274,28 +413,19 @@ impl Client {
     }
 
     pub async fn register(&self, device_id: &str) -> String {
-        let response = self
-            .registration(device_id)
-            .send()
-            .await
-            .expect("register request");
-        assert_eq!(response.status(), 201, "registering {device_id}");
-        let body: Value = response.json().await.expect("register body");
-        body["token"].as_str().expect("token in body").to_string()
+        let request = self.registration(device_id);
+        let response = request.send().await.expect("register request");
+        created(response, &format!("registering {device_id}"), "token").await
     }
 
     pub async fn create_session(&self, token: &str) -> String {
         let response = self
-            .http
-            .post(format!("{}/v1/sessions", self.url))
-            .bearer_auth(token)
+            .request(reqwest::Method::POST, token, "/sessions")
             .json(&serde_json::json!({ "title": "test" }))
             .send()
             .await
             .expect("create session request");
-        assert_eq!(response.status(), 201, "creating a session");
-        let body: Value = response.json().await.expect("session body");
-        body["id"].as_str().expect("session id").to_string()
+        created(response, "creating a session", "id").await
     }
 
     pub async fn post_message(&self, token: &str, session: &str, text: &str) -> reqwest::Response {
@@ -331,6 +461,27 @@ impl Client {
             .send()
             .await
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// Sends `method` of `path` (from the root, e.g. `/healthz`) with no token; panics naming
+    /// it if it cannot be sent.
+    pub async fn send_plain(&self, method: reqwest::Method, path: &str) -> reqwest::Response {
+        self.http
+            .request(method.clone(), format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// `GET` of `path` (from the root, e.g. `/healthz`) with no token.
+    pub async fn get_plain(&self, path: &str) -> reqwest::Response {
+        self.send_plain(reqwest::Method::GET, path).await
+    }
+
+    /// Asserts `GET /healthz` answers 200 (`what` says why it should).
+    pub async fn assert_healthy(&self, what: &str) {
+        let health = self.get_plain("/healthz").await;
+        assert_eq!(health.status(), 200, "{what}");
     }
 
     pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {
@@ -461,11 +612,7 @@ impl GatewayProcess {
         let line = lines
             .recv_timeout(WAIT)
             .expect("the gateway prints its address");
-        let url = line
-            .strip_prefix("warren gateway listening on ")
-            .unwrap_or_else(|| panic!("an address line: {line}"))
-            .trim()
-            .to_owned();
+        let url = listening_url(&line, "gateway");
         GatewayProcess {
             client: Client {
                 url,
@@ -482,12 +629,7 @@ impl GatewayProcess {
     /// Sends the gateway process itself (not its agents) `signal` (`STOP`, `CONT`, ...), as
     /// `kill -<signal> <pid>` does.
     pub fn signal(&self, signal: &str) {
-        let sent = std::process::Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(sent.success(), "kill -{signal} {}", self.child.id());
+        kill(signal, self.child.id(), "the gateway process");
     }
 
     /// SIGKILL to the gateway's whole process group (it and the agents it runs on the host),
@@ -542,6 +684,18 @@ impl Conversation<'_> {
         assert_eq!(status, 202, "message {text:?} accepted");
     }
 
+    /// Sends `text`, asserts 202 and reads until the agent asks for a permission; returns the
+    /// `permission_request`.
+    pub async fn permission_request_for(&mut self, text: &str) -> Received {
+        self.accept(text).await;
+        let seen = self
+            .until(&format!("the permission request of {text:?}"), |e| {
+                e.event == "permission_request"
+            })
+            .await;
+        seen.last().expect("a permission_request").clone()
+    }
+
     /// Reads until the first event satisfying `done`, returning everything read including it.
     pub async fn until(
         &mut self,
@@ -560,6 +714,13 @@ impl Conversation<'_> {
                 e.event == "update"
             })
             .await
+    }
+
+    /// Sends `text`, reads until its `turn_end` and asserts the turn ended well (`end_turn`).
+    pub async fn turn_ok(&mut self, text: &str) -> Vec<Received> {
+        let seen = self.turn(text).await;
+        assert_eq!(stop_reason(&seen), "end_turn", "{text}: {seen:#?}");
+        seen
     }
 
     /// Reads until the next `turn_end`.
@@ -587,6 +748,23 @@ impl Conversation<'_> {
         self.gw
             .answer_permission(&self.token, &self.session, request_id, option_id)
             .await
+    }
+
+    /// `POST /sessions/{id}/previews` of `port` (any JSON value, so bad ones can be sent too).
+    pub async fn create_preview(&self, port: Value) -> reqwest::Response {
+        let path = format!("/sessions/{}/previews", self.session);
+        self.gw
+            .request(reqwest::Method::POST, &self.token, &path)
+            .json(&serde_json::json!({ "port": port }))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+    }
+
+    /// `DELETE /sessions/{id}/previews/{port}`.
+    pub async fn revoke_preview(&self, port: u16) -> reqwest::Response {
+        let path = format!("/sessions/{}/previews/{port}", self.session);
+        self.gw.delete(&self.token, &path).await
     }
 
     /// The session's workspace directory on disk.
@@ -695,6 +873,25 @@ impl EventStream {
     }
 }
 
+/// The URL in a `warren <program> listening on <url>` line.
+pub fn listening_url(line: &str, program: &str) -> String {
+    line.strip_prefix(&format!("warren {program} listening on "))
+        .unwrap_or_else(|| panic!("a `warren {program} listening on` line, got {line:?}"))
+        .trim()
+        .to_owned()
+}
+
+/// Sends `signal` (`9`, `TERM`, `STOP`, ...) to `pid` as `kill -<signal> <pid>` does, and
+/// asserts it was delivered (`what` names the process).
+pub fn kill(signal: &str, pid: impl std::fmt::Display, what: &str) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("kill -{signal} {what}: {e}"));
+    assert!(sent.success(), "kill -{signal} {what} (pid {pid})");
+}
+
 /// The `warren` binary of this package, which cargo builds for its tests.
 pub fn warren_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_warren"))
@@ -729,24 +926,4 @@ impl std::io::Write for LogBuffer {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-/// Every regular file beneath `dir`, links not followed (what a secret must not be in).
-pub fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.is_dir() => stack.push(path),
-                Ok(meta) if meta.is_file() => files.push(path),
-                _ => {}
-            }
-        }
-    }
-    files
 }

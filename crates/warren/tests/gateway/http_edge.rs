@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use warren_gateway::GatewayArgs;
-use warren_protocol::gateway::EventBody;
+use warren_test_support::read_until_closed;
 
-use super::helpers::{EventStream, TestGateway, WAIT, args_without_agent};
+use super::helpers::{
+    EventStream, TestGateway, append_ready_status, args_without_agent, assert_error,
+};
 
 /// Timeouts short enough to watch them fire.
 fn args_with_short_timeouts(data: PathBuf) -> GatewayArgs {
@@ -22,29 +24,9 @@ fn args_with_short_timeouts(data: PathBuf) -> GatewayArgs {
     args
 }
 
+/// A raw connection to the gateway.
 async fn connect(gw: &TestGateway) -> TcpStream {
-    let addr = gw.url.trim_start_matches("http://").to_owned();
-    tokio::time::timeout(WAIT, TcpStream::connect(addr))
-        .await
-        .expect("connects within the wait")
-        .expect("connects")
-}
-
-/// Reads until the gateway closes the connection; what it sent on the way.
-async fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
-    let mut received = Vec::new();
-    let finished = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => received.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(finished.is_ok(), "{what}: not closed within {WAIT:?}");
-    String::from_utf8_lossy(&received).into_owned()
+    warren_test_support::connect(gw.url.trim_start_matches("http://")).await
 }
 
 #[tokio::test]
@@ -67,9 +49,7 @@ async fn json_array_body_is_refused_as_400_on_every_object_route() {
                 .await
                 .expect("request");
             let what = format!("POST {path} {body}");
-            assert_eq!(response.status(), 400, "{what}");
-            let answer: Value = response.json().await.expect("JSON error body");
-            assert_eq!(answer["code"], "INVALID_REQUEST_BODY", "{what}: {answer}");
+            assert_error(response, 400, "INVALID_REQUEST_BODY", &what).await;
         }
     }
     let response = gw
@@ -96,13 +76,7 @@ async fn half_sent_request_line_is_closed_after_header_read_timeout() {
     read_until_closed(&mut half, "half a request line").await;
     let mut silent = connect(&gw).await;
     read_until_closed(&mut silent, "a connection that sends nothing").await;
-    let health = gw
-        .http
-        .get(format!("{}/healthz", gw.url))
-        .send()
-        .await
-        .expect("the gateway keeps serving");
-    assert_eq!(health.status(), 200);
+    gw.assert_healthy("the gateway keeps serving").await;
     gw.stop().await;
 }
 
@@ -119,18 +93,13 @@ async fn body_short_of_its_content_length_times_out() {
             gw.app_key,
             body.len() + 100
         );
-        stream
-            .write_all(head.as_bytes())
-            .await
-            .expect("writes head");
-        stream
-            .write_all(body.as_bytes())
-            .await
-            .expect("writes body");
+        for part in [head.as_bytes(), body.as_bytes()] {
+            stream.write_all(part).await.expect("writes");
+        }
         let answer = read_until_closed(&mut stream, path).await;
-        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        let timed_out = r#""code":"REQUEST_TIMEOUT""#;
         assert!(
-            answer.contains(r#""code":"REQUEST_TIMEOUT""#),
+            answer.starts_with("HTTP/1.1 408") && answer.contains(timed_out),
             "{path}: {answer}"
         );
     }
@@ -142,23 +111,12 @@ async fn an_event_stream_outlives_the_request_timeouts() {
     let gw = TestGateway::start(args_with_short_timeouts).await;
     let token = gw.register("phone-0001").await;
     let id = gw.create_session(&token).await;
-    let session = gw.gateway.engine.sessions.get("phone-0001", &id).expect("session");
+    let session = gw.session_of("phone-0001", &id);
     let response = gw.get(&token, &format!("/sessions/{id}/events")).await;
     let mut stream = EventStream::new(response);
     // Deliberately longer than both timeouts: the open stream must not be cut by them.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let seq = session
-        .log
-        .append(
-            None,
-            EventBody::Status {
-                brain: Some("ready".into()),
-                hands: None,
-                message: None,
-            },
-        )
-        .expect("append")
-        .seq;
+    let seq = append_ready_status(&session);
     let mut last = None;
     while last != Some(seq) {
         last = stream

@@ -10,7 +10,9 @@ use serde_json::Value;
 use warren_gateway::GatewayArgs;
 use warren_test_support::{alive, eventually};
 
-use super::helpers::{EventStream, Received, TestGateway, args_with_shell_agent, hands_processes};
+use super::helpers::{
+    EventStream, Received, TestGateway, args_with_shell_agent, hands_processes, in_bwrap, kill,
+};
 
 /// What the agent said (its message chunks), in order.
 fn text_of(events: &[Received]) -> String {
@@ -217,11 +219,7 @@ async fn killed_hands_are_noticed_at_once_as_lost_and_rebuilt_with_a_reset_notic
     let root = *hands_processes(&gw.data, &chat.session)
         .first()
         .expect("the sandbox's root process");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &root.to_string()])
-        .status()
-        .expect("kill -9 the sandbox this test's gateway started");
-    assert!(killed.success());
+    kill("9", root, "the sandbox this test's gateway started");
     let seen = chat
         .until("the hands noticed lost", |e| {
             e.event == "hands" && e.data["state"] == "lost"
@@ -429,13 +427,7 @@ async fn deleting_a_session_removes_its_workspace_snapshot_and_run_directory() {
 
 #[tokio::test]
 async fn with_isolation_bwrap_and_no_working_bwrap_a_message_ends_with_hands_unavailable() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = warren_gateway::hands::local::IsolationMode::Bwrap;
-        args.hands_bwrap = Some("/nonexistent/bwrap".into());
-        args
-    })
-    .await;
+    let gw = in_bwrap(|args| args.hands_bwrap = Some("/nonexistent/bwrap".into())).await;
     let mut chat = gw.conversation("phone-nobwrap").await;
     assert_eq!(chat.info().await["isolation"], "bwrap");
     let seen = chat.turn("echo never").await;
@@ -458,10 +450,8 @@ async fn with_isolation_bwrap_and_no_working_bwrap_a_message_ends_with_hands_una
 
 #[tokio::test]
 async fn with_isolation_auto_and_no_working_bwrap_hands_run_unconfined_and_say_so_everywhere() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_bwrap = Some("/nonexistent/bwrap".into());
-        args
+    let gw = TestGateway::start_changed(args_with_shell_agent, |args| {
+        args.hands_bwrap = Some("/nonexistent/bwrap".into())
     })
     .await;
     let mut chat = gw.conversation("phone-noiso").await;
@@ -504,11 +494,7 @@ async fn paused_hands_thaw_cleanly_when_one_of_their_processes_was_killed_while_
                 .is_ok_and(|cmd| cmd.starts_with(b"sleep\x005151"))
         })
         .expect("the sleeper, as the host sees it");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &sleeper.to_string()])
-        .status()
-        .expect("kill -9 the frozen sleeper");
-    assert!(killed.success());
+    kill("9", sleeper, "the frozen sleeper");
     eventually("a frozen process still dies of SIGKILL", || !alive(sleeper)).await;
     let seen = chat
         .turn("pgrep -f '[s]leep 5151' || echo sleeper-gone")
@@ -532,11 +518,7 @@ async fn hands_killed_while_paused_are_noticed_lost_and_rebuilt_on_next_use() {
     })
     .await;
     let root = hands_processes(&gw.data, &chat.session)[0];
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &root.to_string()])
-        .status()
-        .expect("kill -9 the paused sandbox");
-    assert!(killed.success());
+    kill("9", root, "the paused sandbox");
     chat.until("lost", |e| e.event == "hands" && e.data["state"] == "lost")
         .await;
     let seen = chat.turn("cat kept.txt").await;

@@ -13,22 +13,10 @@ use std::process::Stdio;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use warren_gateway::GatewayArgs;
-use warren_gateway::hands::local::{IsolationMode, NetworkMode};
-use warren_test_support::within;
+use warren_gateway::hands::local::NetworkMode;
+use warren_test_support::{first_line, within};
 
-use super::helpers::{Conversation, Received, TestGateway, agent_text, args_with_shell_agent};
-
-/// A gateway whose hands must be bwrap sandboxes (with the default `private` network).
-async fn gateway(configure: impl FnOnce(&mut GatewayArgs)) -> TestGateway {
-    TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        configure(&mut args);
-        args
-    })
-    .await
-}
+use super::helpers::{Conversation, Received, TestGateway, agent_text, in_bwrap};
 
 /// `python3 -m http.server` serving `dir` on 127.0.0.2 (port chosen by the server, read from
 /// its first line); stopped when dropped.
@@ -48,12 +36,7 @@ async fn upstream(dir: &Path) -> Upstream {
         .kill_on_drop(true)
         .spawn()
         .expect("python3 -m http.server starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = within("the upstream's first line", lines.next_line())
-        .await
-        .expect("reads")
-        .expect("a line");
+    let line = first_line(&mut child, "the upstream's first line").await;
     // "Serving HTTP on 127.0.0.2 port 41234 (http://127.0.0.2:41234/) ..."
     let port = line
         .split_whitespace()
@@ -61,7 +44,6 @@ async fn upstream(dir: &Path) -> Upstream {
         .nth(1)
         .and_then(|port| port.parse().ok())
         .unwrap_or_else(|| panic!("a port in {line:?}"));
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Upstream {
         _child: child,
         port,
@@ -115,7 +97,7 @@ fn of_type<'a>(events: &'a [Received], kind: &str) -> Vec<&'a Value> {
 
 #[tokio::test]
 async fn two_sessions_listen_on_one_port_and_reach_nothing_of_the_host() {
-    let gw = gateway(|_| {}).await;
+    let gw = in_bwrap(|_| {}).await;
     let host_service = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a service on the host's loopback");
@@ -176,7 +158,7 @@ async fn two_sessions_listen_on_one_port_and_reach_nothing_of_the_host() {
 
 #[tokio::test]
 async fn the_proxy_refuses_the_hosts_loopback_metadata_and_private_ranges_saying_why() {
-    let gw = gateway(|_| {}).await;
+    let gw = in_bwrap(|_| {}).await;
     let mut chat = gw.conversation("phone-net-r").await;
     let (output, events) = run_ok(
         &mut chat,
@@ -235,7 +217,7 @@ async fn the_proxy_refuses_the_hosts_loopback_metadata_and_private_ranges_saying
 
 #[tokio::test]
 async fn the_registries_policy_lets_curl_pip_and_npm_through_without_a_question() {
-    let gw = gateway(|_| {}).await;
+    let gw = in_bwrap(|_| {}).await;
     let mut chat = gw.conversation("phone-net-p").await;
     let (output, events) = run_ok(
         &mut chat,
@@ -341,7 +323,7 @@ async fn git_clones_over_http_from_a_local_server_an_exact_rule_allows() {
     git(&["update-server-info"], &repo);
     let server = upstream(served.path()).await;
     let port = server.port;
-    let gw = gateway(|args| {
+    let gw = in_bwrap(|args| {
         args.hands_egress_allow = vec![format!("127.0.0.2:{port}").parse().expect("rule")];
     })
     .await;
@@ -397,7 +379,7 @@ async fn a_host_no_rule_covers_is_asked_and_the_persons_answer_decides() {
     std::fs::write(served.path().join("hello"), "hello from upstream\n").expect("write");
     let server = upstream(served.path()).await;
     let port = server.port;
-    let gw = gateway(|args| {
+    let gw = in_bwrap(|args| {
         args.egress_ask_timeout = std::time::Duration::from_secs(2);
     })
     .await;
@@ -549,7 +531,7 @@ async fn a_host_no_rule_covers_is_asked_and_the_persons_answer_decides() {
 
 #[tokio::test]
 async fn the_sessions_rules_are_read_and_replaced_at_run_time() {
-    let gw = gateway(|args| {
+    let gw = in_bwrap(|args| {
         args.hands_egress_deny = vec!["*.example.com".parse().expect("rule")];
     })
     .await;
@@ -630,7 +612,7 @@ async fn the_sessions_rules_are_read_and_replaced_at_run_time() {
 
 #[tokio::test]
 async fn host_network_is_said_in_the_session_and_has_no_rules_to_change() {
-    let gw = gateway(|args| args.hands_network = NetworkMode::Host).await;
+    let gw = in_bwrap(|args| args.hands_network = NetworkMode::Host).await;
     let token = gw.register("phone-net-h").await;
     let session = gw.create_session(&token).await;
     let info = gw.session_info(&token, &session).await;
@@ -669,7 +651,7 @@ async fn a_tunnel_open_while_the_hands_are_paused_carries_on_when_they_resume() 
         // Held open until the test ends.
         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
     });
-    let gw = gateway(|args| {
+    let gw = in_bwrap(|args| {
         args.hands_idle_pause = std::time::Duration::from_millis(700);
         args.hands_egress_allow = vec![format!("127.0.0.2:{port}").parse().expect("rule")];
     })

@@ -13,7 +13,7 @@ use serde_json::Value;
 use warren_gateway::openapi::UNDOCUMENTED;
 use warren_test_support::repo_root;
 
-use super::helpers::{TestGateway, args_without_agent, files_under, warren_bin};
+use super::helpers::{TestGateway, args_without_agent, assert_error, files_under, warren_bin};
 
 /// The methods an OpenAPI path item may hold.
 const METHODS: [&str; 8] = [
@@ -37,12 +37,7 @@ fn operations(document: &Value) -> Vec<(String, String, Value)> {
 }
 
 async fn fetch_document(gw: &TestGateway) -> Value {
-    let response = gw
-        .http
-        .get(format!("{}/openapi.json", gw.url))
-        .send()
-        .await
-        .expect("GET /openapi.json");
+    let response = gw.get_plain("/openapi.json").await;
     assert_eq!(
         response.status(),
         200,
@@ -302,10 +297,8 @@ async fn schemathesis_finds_nothing_on_the_gateway() {
     let schemathesis = python.with_file_name("schemathesis");
     // Hands of the real binary (the files and terminals routes start them); no agent, so the
     // generated messages run nothing.
-    let gw = TestGateway::start(|data| {
-        let mut args = args_without_agent(data);
-        args.warren_bin = Some(warren_bin());
-        args
+    let gw = TestGateway::start_changed(args_without_agent, |args| {
+        args.warren_bin = Some(warren_bin())
     })
     .await;
     let device_id = "openapi-fuzz-01";
@@ -426,13 +419,8 @@ checks.negative_data_rejection.expected-statuses = [400, 401, 403, 404, 405, 409
         stdout.contains(&format!("{n_operations} selected")) || stdout.contains("selected"),
         "schemathesis covered the document's {n_operations} operations"
     );
-    let health = gw
-        .http
-        .get(format!("{}/healthz", gw.url))
-        .send()
-        .await
-        .expect("healthz after the run");
-    assert_eq!(health.status(), 200, "the gateway is healthy after the run");
+    gw.assert_healthy("the gateway is healthy after the run")
+        .await;
     gw.stop().await;
 }
 
@@ -440,10 +428,8 @@ checks.negative_data_rejection.expected-statuses = [400, 401, 403, 404, 405, 409
 /// session's hands and made a shell before execd refused the missing handshake.
 #[tokio::test]
 async fn a_plain_get_of_a_terminal_websocket_is_426_and_starts_no_hands() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_without_agent(data);
-        args.warren_bin = Some(warren_bin());
-        args
+    let gw = TestGateway::start_changed(args_without_agent, |args| {
+        args.warren_bin = Some(warren_bin())
     })
     .await;
     let token = gw.register("openapi-plain-ws").await;
@@ -451,9 +437,13 @@ async fn a_plain_get_of_a_terminal_websocket_is_426_and_starts_no_hands() {
     let response = gw
         .get(&token, &format!("/sessions/{session}/terminals/shell-1/ws"))
         .await;
-    assert_eq!(response.status(), 426);
-    let body: Value = response.json().await.expect("a JSON error body");
-    assert_eq!(body["code"], "UPGRADE_REQUIRED", "{body}");
+    assert_error(
+        response,
+        426,
+        "UPGRADE_REQUIRED",
+        "a plain GET of a WebSocket",
+    )
+    .await;
     let info = gw.session_info(&token, &session).await;
     assert_eq!(info["hands"], "none", "no hands were started: {info}");
     gw.stop().await;

@@ -3,9 +3,9 @@
 //! gateway proxies through the hands' execd; and the bad input each route gets.
 
 use serde_json::{Value, json};
-use warren_gateway::hands::local::{IsolationMode, NetworkMode};
+use warren_gateway::hands::local::NetworkMode;
 
-use super::helpers::{TestGateway, args_with_shell_agent, stop_reason};
+use super::helpers::{Conversation, TestGateway, assert_error, in_bwrap};
 
 /// A client that sends every `*.localhost` name to the gateway, as browsers resolve them.
 fn preview_client(gateway_url: &str, preview_url: &str) -> reqwest::Client {
@@ -25,36 +25,29 @@ fn preview_client(gateway_url: &str, preview_url: &str) -> reqwest::Client {
         .expect("client")
 }
 
+/// The URL of the preview `chat` creates for `port`.
+async fn preview_url(chat: &Conversation<'_>, port: u16) -> String {
+    let created: Value = chat
+        .create_preview(json!(port))
+        .await
+        .json()
+        .await
+        .expect("json");
+    created["url"].as_str().expect("url").to_owned()
+}
+
 /// A gateway with the shell agent and bwrap hands on `network`.
-async fn in_bwrap(network: NetworkMode) -> TestGateway {
-    TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        args.hands_network = network;
-        args
-    })
-    .await
+async fn on_network(network: NetworkMode) -> TestGateway {
+    in_bwrap(|args| args.hands_network = network).await
 }
 
 #[tokio::test]
 async fn a_dev_server_in_hands_without_a_network_is_served_through_its_preview() {
-    let gw = in_bwrap(NetworkMode::None).await;
+    let gw = on_network(NetworkMode::None).await;
     let mut chat = gw.conversation("phone-preview-01").await;
-    let seen = chat
-        .turn("echo served-from-the-hands > index.txt; setsid nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & echo started")
-        .await;
-    assert_eq!(stop_reason(&seen), "end_turn", "{seen:#?}");
+    chat.turn_ok("echo served-from-the-hands > index.txt; setsid nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & echo started").await;
 
-    let created = gw
-        .request(
-            reqwest::Method::POST,
-            &chat.token,
-            &format!("/sessions/{}/previews", chat.session),
-        )
-        .json(&json!({"port": 8765}))
-        .send()
-        .await
-        .expect("answers");
+    let created = chat.create_preview(json!(8765)).await;
     assert_eq!(created.status(), 201);
     let preview: Value = created.json().await.expect("json");
     let url = preview["url"].as_str().expect("url").to_owned();
@@ -92,59 +85,33 @@ async fn a_dev_server_in_hands_without_a_network_is_served_through_its_preview()
     assert_eq!(listed[0]["url"], url.as_str());
 
     // Revoked: its URL is gone at once.
-    let revoked = gw
-        .delete(
-            &chat.token,
-            &format!("/sessions/{}/previews/8765", chat.session),
-        )
-        .await;
+    let revoked = chat.revoke_preview(8765).await;
     assert_eq!(revoked.status(), 204);
     let gone = client.get(&url).send().await.expect("answers");
-    assert_eq!(gone.status(), 404);
-    let body: Value = gone.json().await.expect("json");
-    assert_eq!(body["code"], "PREVIEW_NOT_FOUND");
+    assert_error(gone, 404, "PREVIEW_NOT_FOUND", "the revoked preview").await;
     gw.stop().await;
 }
 
 #[tokio::test]
 async fn preview_bad_input_gets_clear_errors() {
-    let gw = in_bwrap(NetworkMode::Host).await;
-    let mut chat = gw.conversation("phone-preview-02").await;
-    assert_eq!(stop_reason(&chat.turn("echo up").await), "end_turn");
+    let gw = on_network(NetworkMode::Host).await;
+    let chat = gw.conversation_after("phone-preview-02", "echo up").await;
     let previews = format!("/sessions/{}/previews", chat.session);
     for port in [json!(0), json!(70000), json!(-1), json!("80")] {
-        let answer = gw
-            .request(reqwest::Method::POST, &chat.token, &previews)
-            .json(&json!({"port": port}))
-            .send()
-            .await
-            .expect("answers");
-        assert_eq!(answer.status(), 400, "port {port}");
-        let body: Value = answer.json().await.expect("json");
-        assert_eq!(body["code"], "INVALID_REQUEST_BODY", "port {port}");
+        let answer = chat.create_preview(port.clone()).await;
+        assert_error(answer, 400, "INVALID_REQUEST_BODY", &format!("port {port}")).await;
     }
     // A port nobody listens on: created, and its URL answers 502.
-    let created: Value = gw
-        .request(reqwest::Method::POST, &chat.token, &previews)
-        .json(&json!({"port": 9}))
-        .send()
-        .await
-        .expect("answers")
-        .json()
-        .await
-        .expect("json");
-    let url = created["url"].as_str().expect("url").to_owned();
+    let url = preview_url(&chat, 9).await;
     let client = preview_client(&gw.url, &url);
     let unreachable = client.get(&url).send().await.expect("answers");
-    assert_eq!(unreachable.status(), 502);
-    let body: Value = unreachable.json().await.expect("json");
-    assert_eq!(body["code"], "PREVIEW_UNREACHABLE");
+    assert_error(unreachable, 502, "PREVIEW_UNREACHABLE", "port 9").await;
     // An unknown token on the preview origin, and a preview nobody made.
     let unknown = url.replacen("http://p-", "http://p-0", 1);
     let unknown_client = preview_client(&gw.url, &unknown);
     let answer = unknown_client.get(&unknown).send().await.expect("answers");
     assert_eq!(answer.status(), 404);
-    let missing = gw.delete(&chat.token, &format!("{previews}/3000")).await;
+    let missing = chat.revoke_preview(3000).await;
     assert_eq!(missing.status(), 404);
     // Another device's token on every preview route: the session does not exist for it.
     let other = gw.register("phone-preview-03").await;
@@ -159,9 +126,13 @@ async fn preview_bad_input_gets_clear_errors() {
             .send()
             .await
             .expect("answers");
-        assert_eq!(answer.status(), 404, "{method} {path}");
-        let body: Value = answer.json().await.expect("json");
-        assert_eq!(body["code"], "SESSION_NOT_FOUND");
+        assert_error(
+            answer,
+            404,
+            "SESSION_NOT_FOUND",
+            &format!("{method} {path}"),
+        )
+        .await;
     }
     // Deleting the session revokes its previews.
     let deleted = gw
@@ -183,32 +154,16 @@ async fn a_websocket_goes_through_a_preview_into_hands_without_a_network() {
     use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-    let gw = in_bwrap(NetworkMode::None).await;
-    let mut chat = gw.conversation("phone-preview-ws").await;
-    assert_eq!(stop_reason(&chat.turn("echo up").await), "end_turn");
+    let gw = on_network(NetworkMode::None).await;
+    let mut chat = gw.conversation_after("phone-preview-ws", "echo up").await;
     std::fs::copy(
         warren_test_support::repo_root().join("tests/python/ws_echo_server.py"),
         chat.workspace().join("ws_echo_server.py"),
     )
     .expect("the echo server in the workspace");
-    let seen = chat
-        .turn("setsid nohup python3 ws_echo_server.py 8766 >/dev/null 2>&1 & echo started")
+    chat.turn_ok("setsid nohup python3 ws_echo_server.py 8766 >/dev/null 2>&1 & echo started")
         .await;
-    assert_eq!(stop_reason(&seen), "end_turn");
-    let preview: Value = gw
-        .request(
-            reqwest::Method::POST,
-            &chat.token,
-            &format!("/sessions/{}/previews", chat.session),
-        )
-        .json(&json!({"port": 8766}))
-        .send()
-        .await
-        .expect("answers")
-        .json()
-        .await
-        .expect("json");
-    let url = preview["url"].as_str().expect("url");
+    let url = preview_url(&chat, 8766).await;
     // The preview's host, resolved to the gateway as a browser resolves `*.localhost`.
     let host = url
         .trim_start_matches("http://")

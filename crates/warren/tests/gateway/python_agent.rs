@@ -91,16 +91,8 @@ async fn a_python_acp_agent_works_through_the_gateway() {
     let seen = chat.turn("term echo from-a-terminal").await;
     assert!(said(&seen).contains("from-a-terminal"), "{seen:#?}");
 
-    chat.accept("perm").await;
-    let seen = chat
-        .until("the permission request", |e| {
-            e.event == "permission_request"
-        })
-        .await;
-    let request_id = seen.last().expect("request").data["request_id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+    let request = chat.permission_request_for("perm").await;
+    let request_id = request.data["request_id"].as_str().expect("id").to_string();
     let answer = chat.answer_permission(&request_id, "allow").await;
     assert_eq!(answer.status(), 204);
     let seen = chat.until_turn_end("the permission turn").await;

@@ -349,7 +349,7 @@ async fn a_real_agent_runs_in_the_hands(preset: &str, program: &str, probe: &str
 
     // Archive (processes stopped, workspace removed), then a new turn: the agent resumes its
     // session from its home and the model sees the earlier conversation.
-    let session = gw.gateway.engine.sessions.by_id(&chat.session).expect("session");
+    let session = gw.session(&chat.session);
     session.hands.pause(None).await;
     session.hands.archive(u64::MAX).await;
     assert_eq!(
@@ -464,14 +464,8 @@ async fn a_spent_budget_stops_the_next_model_call() {
     )
     .await;
     let mut chat = gw.conversation("phone-budget").await;
-    chat.accept("run it").await;
     // Claude asks before running its command; the answer leads to the second model call.
-    let asked = chat
-        .until("the permission question", |e| {
-            e.event == "permission_request"
-        })
-        .await;
-    let question = asked.last().expect("a question");
+    let question = chat.permission_request_for("run it").await;
     let options = question.data["options"]
         .as_array()
         .cloned()

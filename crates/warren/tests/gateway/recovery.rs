@@ -15,7 +15,8 @@ use serde_json::Value;
 use warren_test_support::{alive, processes_mentioning};
 
 use super::helpers::{
-    EventStream, TestGateway, WAIT, args_without_agent, file_store_only, stop_reason, warren_bin,
+    EventStream, TestGateway, WAIT, args_without_agent, file_store_only, json_of, kill,
+    listening_url, stop_reason, warren_bin,
 };
 
 /// A `warren` child process in its own process group, and the lines it prints on stdout.
@@ -58,12 +59,7 @@ impl WarrenProcess {
 
     /// Sends SIGTERM and asserts a clean exit.
     async fn terminate(mut self) {
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
+        kill("TERM", self.child.id(), "the warren process");
         let exited = tokio::task::spawn_blocking(move || self.child.wait())
             .await
             .expect("join")
@@ -106,12 +102,10 @@ fn start_gateway(data: &Path) -> (WarrenProcess, String) {
         ],
         data,
     );
-    let url = gateway
-        .next_line("the gateway prints its address")
-        .strip_prefix("warren gateway listening on ")
-        .expect("address line")
-        .trim()
-        .to_string();
+    let url = listening_url(
+        &gateway.next_line("the gateway prints its address"),
+        "gateway",
+    );
     (gateway, url)
 }
 
@@ -125,31 +119,21 @@ struct Device {
 impl Device {
     async fn register(url: &str) -> Device {
         let http = reqwest::Client::new();
-        let registered: Value = http
+        let registration = http
             .post(format!("{url}/v1/devices"))
             .header("X-App-Key", "recovery-key")
-            .json(&serde_json::json!({"device_id": "phone-0001"}))
-            .send()
-            .await
-            .expect("register")
-            .json()
-            .await
-            .expect("register body");
+            .json(&serde_json::json!({"device_id": "phone-0001"}));
+        let registered = json_of(registration, "register").await;
         let token = registered["token"].as_str().expect("token").to_string();
         Device { http, token }
     }
 
     async fn create_session(&self, url: &str) -> String {
-        let created: Value = self
+        let creation = self
             .http
             .post(format!("{url}/v1/sessions"))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .expect("create")
-            .json()
-            .await
-            .expect("body");
+            .bearer_auth(&self.token);
+        let created = json_of(creation, "create").await;
         created["id"].as_str().expect("id").to_string()
     }
 
@@ -390,12 +374,10 @@ async fn agents_left_by_a_killed_gateway_are_stopped_at_restart() {
     let first_args = args("127.0.0.1:0");
     let first_args: Vec<&str> = first_args.iter().map(String::as_str).collect();
     let mut first = WarrenProcess::spawn(&first_args, &data);
-    let url = first
-        .next_line("the gateway prints its address")
-        .strip_prefix("warren gateway listening on ")
-        .expect("address line")
-        .trim()
-        .to_string();
+    let url = listening_url(
+        &first.next_line("the gateway prints its address"),
+        "gateway",
+    );
     let device = Device::register(&url).await;
     let session = device.create_session(&url).await;
     let accepted = device.post_message(&url, &session, "echo hi").await;

@@ -22,8 +22,8 @@ use warren_gateway::config::HandsProviderKind;
 use warren_test_support::{WAIT, alive, eventually, within};
 
 use super::helpers::{
-    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, on_postgres, store_for,
-    warren_bin,
+    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, listening_url,
+    on_postgres, store_for, warren_bin,
 };
 
 const TOKEN: &str = "netns-hands-token";
@@ -180,11 +180,7 @@ impl Netns {
             self.execd_pid = None;
             return None;
         };
-        let url = line
-            .strip_prefix("warren execd listening on ")
-            .unwrap_or_else(|| panic!("a `listening on` line, got {line:?}"))
-            .trim()
-            .to_string();
+        let url = listening_url(&line, "execd");
         // Keep reading so the execd never blocks on a full pipe; the guard kills it by pid, and
         // the child handle reaps it then.
         tokio::spawn(async move {

@@ -11,7 +11,8 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::helpers::{
-    EventStream, Received, TestGateway, WAIT, args_with_shell_agent, assert_seq_from, on_postgres,
+    EventStream, Received, TestGateway, WAIT, args_with_shell_agent, assert_error, assert_seq_from,
+    assert_turn_follows, created_and_refused, on_postgres,
 };
 
 /// A lease short enough that a failover test waits seconds, not the default 15.
@@ -297,15 +298,7 @@ async fn an_owner_that_is_gone_is_503_until_its_lease_expires_then_the_session_i
         accepted >= LEASE_TTL - Duration::from_millis(500),
         "not before the lease expired: {accepted:?}"
     );
-    let after = stream
-        .until("turn_end of echo after", |e| e.event == "turn_end")
-        .await;
-    assert_seq_from(&after, last_seen, "after the takeover");
-    assert!(
-        after
-            .iter()
-            .any(|e| e.event == "user_message" && e.data["text"] == "echo after")
-    );
+    assert_turn_follows(&mut stream, "echo after", last_seen, "after the takeover").await;
     let holder = psql(
         &database,
         &format!("SELECT replica_id FROM leases WHERE session_id = '{session}'"),
@@ -329,18 +322,7 @@ async fn fifty_creations_racing_over_two_replicas_never_exceed_the_device_quota(
     let answers =
         futures_util::future::join_all((0..50).map(|n| create(if n % 2 == 0 { &a } else { &b })))
             .await;
-    let mut n_created = 0;
-    for answer in answers {
-        let answer = answer.expect("answers");
-        match answer.status().as_u16() {
-            201 => n_created += 1,
-            429 => {
-                let body: Value = answer.json().await.expect("json");
-                assert_eq!(body["code"], "QUOTA_EXCEEDED", "{body}");
-            }
-            other => panic!("a creation answered {other}"),
-        }
-    }
+    let (n_created, _) = created_and_refused(answers).await;
     assert_eq!(
         n_created, 20,
         "a device holds at most 20 sessions across replicas"
@@ -438,8 +420,7 @@ async fn a_devices_brains_on_both_replicas_together_never_exceed_its_limit() {
         match answer.status().as_u16() {
             202 => {}
             429 => {
-                let body: Value = answer.json().await.expect("json");
-                assert_eq!(body["code"], "QUOTA_EXCEEDED", "{body}");
+                let body = assert_error(answer, 429, "QUOTA_EXCEEDED", "a message over it").await;
                 assert!(
                     body["message"]
                         .as_str()
@@ -530,8 +511,7 @@ async fn kill_9_of_the_owner_mid_turn_and_the_other_replica_closes_the_turn_once
         match answer.status().as_u16() {
             202 => break killed_at.elapsed(),
             503 => {
-                let body: Value = answer.json().await.expect("json");
-                assert_eq!(body["code"], "OWNER_UNAVAILABLE", "{body}");
+                assert_error(answer, 503, "OWNER_UNAVAILABLE", "a message to B").await;
             }
             other => panic!("a message while A is gone answered {other}"),
         }
@@ -629,8 +609,7 @@ async fn a_replica_that_stalls_past_its_lease_writes_nothing_after_the_new_owner
         match answer.status().as_u16() {
             202 => break,
             503 => {
-                let body: Value = answer.json().await.expect("json");
-                assert_eq!(body["code"], "OWNER_UNAVAILABLE", "{body}");
+                assert_error(answer, 503, "OWNER_UNAVAILABLE", "a message to B").await;
             }
             other => panic!("a message while A is stalled answered {other}"),
         }
@@ -660,13 +639,7 @@ async fn a_replica_that_stalls_past_its_lease_writes_nothing_after_the_new_owner
     a.signal("CONT");
     tokio::time::sleep(LEASE_TTL).await;
     assert_eq!(n_stored(), before_wake, "nothing of A's after B's events");
-    let health = a
-        .http
-        .get(format!("{}/healthz", a.url))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(health.status(), 200, "A's storage is fine");
+    a.assert_healthy("A's storage is fine").await;
     let other = a.create_session(&token).await;
     let mut on_other = a.events(&token, &other, None).await;
     let sent = a.post_message(&token, &other, "echo fine").await;
@@ -704,16 +677,7 @@ async fn a_preview_made_on_a_is_served_through_b_until_it_is_revoked() {
     let mut chat = a.conversation("phone-replica-preview").await;
     chat.turn("echo served-by-a > index.txt; setsid nohup python3 -m http.server 18766 --bind 127.0.0.1 >/dev/null 2>&1 & echo started")
         .await;
-    let created = a
-        .request(
-            Method::POST,
-            &chat.token,
-            &format!("/sessions/{}/previews", chat.session),
-        )
-        .json(&serde_json::json!({"port": 18766}))
-        .send()
-        .await
-        .expect("answers");
+    let created = chat.create_preview(serde_json::json!(18766)).await;
     assert_eq!(created.status(), 201);
     let preview: Value = created.json().await.expect("json");
     let url = preview["url"].as_str().expect("url").to_owned();
@@ -747,9 +711,7 @@ async fn a_preview_made_on_a_is_served_through_b_until_it_is_revoked() {
         .send()
         .await
         .expect("answers");
-    assert_eq!(bounced.status(), 503);
-    let bounced: Value = bounced.json().await.expect("json");
-    assert_eq!(bounced["code"], "OWNER_UNAVAILABLE", "{bounced}");
+    assert_error(bounced, 503, "OWNER_UNAVAILABLE", "a forwarded request").await;
     // The store holds the token's hash, never the token.
     let rows = psql(
         &database,
@@ -762,17 +724,10 @@ async fn a_preview_made_on_a_is_served_through_b_until_it_is_revoked() {
     assert!(!rows[0].contains(&token), "{rows:?}");
     assert!(rows[0].contains(&chat.session), "{rows:?}");
 
-    let revoked = a
-        .delete(
-            &chat.token,
-            &format!("/sessions/{}/previews/18766", chat.session),
-        )
-        .await;
+    let revoked = chat.revoke_preview(18766).await;
     assert_eq!(revoked.status(), 204);
     let gone = through_b("/index.txt").send().await.expect("answers");
-    assert_eq!(gone.status(), 404);
-    let gone: Value = gone.json().await.expect("json");
-    assert_eq!(gone["code"], "PREVIEW_NOT_FOUND", "{gone}");
+    assert_error(gone, 404, "PREVIEW_NOT_FOUND", "the revoked preview").await;
     assert_eq!(
         psql(&database, "SELECT count(*) FROM preview_tokens").trim(),
         "0"

@@ -12,14 +12,15 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::AsyncReadExt;
 use warren_gateway::GatewayArgs;
 use warren_gateway::config::HandsProviderKind;
 use warren_gateway::hands::local::{IsolationMode, NetworkMode};
-use warren_test_support::{eventually, processes_mentioning, within};
+use warren_test_support::{eventually, first_line, processes_mentioning, within};
 
 use super::helpers::{
-    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, warren_bin,
+    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, listening_url,
+    warren_bin,
 };
 
 /// The gateway's own secrets, distinctive so a leak into the hands is unmistakable.
@@ -760,13 +761,7 @@ async fn others_go_on_and_the_next_message_gets_new_hands(
     a: &mut Conversation<'_>,
     b: &mut Conversation<'_>,
 ) {
-    let health = gw
-        .http
-        .get(format!("{}/healthz", gw.url))
-        .send()
-        .await
-        .expect("healthz request");
-    assert_eq!(health.status(), 200, "the gateway answers /healthz");
+    gw.assert_healthy("the gateway answers /healthz").await;
     let ran = run_ok(b, "session B after A's hands died", "echo b-still-fine").await;
     assert!(ran.output.contains("b-still-fine"), "{:?}", ran.output);
     let b_info = b.info().await;
@@ -880,19 +875,8 @@ impl RemoteExecd {
             .kill_on_drop(true)
             .spawn()
             .expect("warren execd starts");
-        let stdout = child.stdout.take().expect("execd stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = within("the execd's `listening on` line", lines.next_line())
-            .await
-            .expect("read execd stdout")
-            .expect("execd printed a line");
-        let url = line
-            .strip_prefix("warren execd listening on ")
-            .unwrap_or_else(|| panic!("a `listening on` line, got {line:?}"))
-            .trim()
-            .to_string();
-        // Keep reading so the execd never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let line = first_line(&mut child, "the execd's `listening on` line").await;
+        let url = listening_url(&line, "execd");
         RemoteExecd { child, url, root }
     }
 
@@ -910,12 +894,10 @@ impl RemoteExecd {
 async fn remote_hands_run_commands_in_the_remote_execds_root() {
     let execd = RemoteExecd::start("t").await;
     let url = execd.url.clone();
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
+    let gw = TestGateway::start_changed(args_with_shell_agent, |args| {
         args.hands_provider = HandsProviderKind::Remote;
         args.hands_url_template = Some(url);
         args.hands_token = Some("t".into());
-        args
     })
     .await;
     let mut chat = gw.conversation("phone-0001").await;

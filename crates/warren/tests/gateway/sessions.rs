@@ -3,21 +3,16 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use super::helpers::{TestGateway, args_without_agent};
+use super::helpers::{TestGateway, args_without_agent, assert_error, created_and_refused, json_of};
 
 #[tokio::test]
 async fn session_is_created_listed_read_and_deleted() {
     let gw = TestGateway::start(args_without_agent).await;
     let token = gw.register("phone-0001").await;
-    let created: Value = gw
+    let creation = gw
         .request(Method::POST, &token, "/sessions")
-        .json(&serde_json::json!({"title": "fix the build"}))
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("body");
+        .json(&serde_json::json!({"title": "fix the build"}));
+    let created = json_of(creation, "create").await;
     let id = created["id"].as_str().expect("id").to_string();
     for field in [
         "id",
@@ -95,19 +90,10 @@ async fn bad_bodies_get_400_with_a_code() {
     for request in cases {
         let response = request.send().await.expect("request");
         let url = response.url().to_string();
-        assert_eq!(response.status(), 400, "{url}");
-        let body: Value = response.json().await.expect("error body");
-        assert_eq!(body["code"], "INVALID_REQUEST_BODY", "{url}: {body}");
+        let body = assert_error(response, 400, "INVALID_REQUEST_BODY", &url).await;
         assert!(body["message"].is_string(), "{url}: {body}");
     }
-    let listed: Value = gw
-        .request(Method::GET, &token, "/sessions")
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("list body");
+    let listed = gw.get_json(&token, "/sessions").await;
     let sessions = listed["sessions"].as_array().expect("sessions");
     assert_eq!(sessions.len(), 1, "a refused creation makes nothing");
     let longest = gw
@@ -195,9 +181,7 @@ async fn bodies_over_the_size_limit_get_413() {
     for request in cases {
         let response = request.send().await.expect("request");
         let url = response.url().to_string();
-        assert_eq!(response.status(), 413, "{url}");
-        let body: Value = response.json().await.expect("error body");
-        assert_eq!(body["code"], "BODY_TOO_LARGE", "{url}: {body}");
+        assert_error(response, 413, "BODY_TOO_LARGE", &url).await;
     }
     let info = gw.session_info(&token, &session).await;
     assert_eq!(info["turn"], 0, "no turn started");
@@ -210,18 +194,9 @@ async fn a_message_the_event_log_refuses_is_500_and_holds_no_brain_slot() {
     let token = gw.register("phone-0001").await;
     let session = gw.create_session(&token).await;
     // A log that takes no more appends, as after a disk failure.
-    gw.gateway
-        .engine
-        .sessions
-        .get("phone-0001", &session)
-        .expect("the session")
-        .log
-        .close()
-        .await;
+    gw.session_of("phone-0001", &session).log.close().await;
     let refused = gw.post_message(&token, &session, "echo x").await;
-    assert_eq!(refused.status(), 500);
-    let body: Value = refused.json().await.expect("error body");
-    assert_eq!(body["code"], "RUNTIME_ERROR");
+    let body = assert_error(refused, 500, "RUNTIME_ERROR", "a refused append").await;
     assert_eq!(body["message"], "internal error", "internals are not shown");
     let info = gw.session_info(&token, &session).await;
     assert_eq!(
@@ -243,21 +218,7 @@ async fn fifty_parallel_creations_never_exceed_the_quota() {
     let token = gw.register("busy-device").await;
     let requests = (0..50).map(|_| gw.request(Method::POST, &token, "/sessions").send());
     let responses = futures_util::future::join_all(requests).await;
-    let mut n_created = 0;
-    let mut n_refused = 0;
-    for response in responses {
-        let response = response.expect("request");
-        match response.status().as_u16() {
-            201 => n_created += 1,
-            429 => {
-                let body: Value = response.json().await.expect("body");
-                assert_eq!(body["code"], "QUOTA_EXCEEDED");
-                n_refused += 1;
-            }
-            other => panic!("unexpected status {other}"),
-        }
-    }
-    assert_eq!((n_created, n_refused), (20, 30));
+    assert_eq!(created_and_refused(responses).await, (20, 30));
     let listed = gw.get_json(&token, "/sessions").await;
     assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(20));
     gw.stop().await;
@@ -266,30 +227,14 @@ async fn fifty_parallel_creations_never_exceed_the_quota() {
 #[tokio::test]
 async fn health_and_metrics_answer() {
     let gw = TestGateway::start(args_without_agent).await;
-    let health = gw
-        .http
-        .get(format!("{}/healthz", gw.url))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(health.status(), 200);
-    let metrics = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    assert!(
-        metrics.contains("# TYPE warren_gateway_sessions gauge"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("warren_gateway_events_appended_total"),
-        "{metrics}"
-    );
+    gw.assert_healthy("/healthz").await;
+    let metrics = gw.get_plain("/metrics").await.text().await.expect("text");
+    for family in [
+        "# TYPE warren_gateway_sessions gauge",
+        "warren_gateway_events_appended_total",
+    ] {
+        assert!(metrics.contains(family), "{metrics}");
+    }
     gw.stop().await;
 }
 

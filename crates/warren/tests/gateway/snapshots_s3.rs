@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use warren_store::objects::{ObjectUrl, Objects};
 use warren_test_support::services::S3;
 
-use super::helpers::{EventStream, GatewayProcess, text_of, warren_bin};
+use super::helpers::{EventStream, GatewayProcess, Received, text_of, warren_bin};
 
 const DEVICE: &str = "phone-s3-01";
 
@@ -114,6 +114,19 @@ async fn assert_range_of_notes(gateway: &GatewayProcess, token: &str, session: &
     assert_eq!(part.bytes().await.expect("body").as_ref(), b"object");
 }
 
+/// Asserts the turn `seen` restored the hands (`what` says how) and then printed `printed`.
+fn assert_restored(seen: &[Received], printed: &str, what: &str) {
+    assert!(
+        seen.iter()
+            .any(|e| e.event == "hands" && e.data["state"] == "restored"),
+        "the hands were restored {what}: {seen:#?}"
+    );
+    assert!(
+        text_of(seen).contains(printed),
+        "{printed:?} came back {what}: {seen:#?}"
+    );
+}
+
 #[tokio::test]
 async fn an_archived_sessions_snapshot_is_the_object_in_the_bucket_and_serves_ranges() {
     let s3 = S3::start();
@@ -181,15 +194,7 @@ async fn a_gateway_that_never_held_the_snapshot_serves_and_restores_it_from_the_
     let seen = second
         .turn(&token, &session, &mut events, "cat notes.txt")
         .await;
-    assert!(
-        seen.iter()
-            .any(|e| e.event == "hands" && e.data["state"] == "restored"),
-        "the hands were restored on the second gateway: {seen:#?}"
-    );
-    assert!(
-        text_of(&seen).contains("hello object storage"),
-        "the workspace came back from the bucket: {seen:#?}"
-    );
+    assert_restored(&seen, "hello object storage", "on the second gateway");
     assert_eq!(
         std::fs::read_to_string(to.join("workspace").join("notes.txt")).expect("restored file"),
         "hello object storage"
@@ -285,15 +290,7 @@ async fn a_snapshot_while_object_storage_is_down_is_an_error_and_the_previous_on
             "cat notes.txt; printf 'version two' > notes.txt",
         )
         .await;
-    assert!(
-        seen.iter()
-            .any(|e| e.event == "hands" && e.data["state"] == "restored"),
-        "the hands were restored: {seen:#?}"
-    );
-    assert!(
-        text_of(&seen).contains("version one"),
-        "the previous snapshot restored: {seen:#?}"
-    );
+    assert_restored(&seen, "version one", "from the previous snapshot");
     let failed = events
         .until("the snapshot's error", |e| e.event == "error")
         .await;

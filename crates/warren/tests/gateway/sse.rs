@@ -14,7 +14,11 @@ use warren_gateway::event_log::SUBSCRIBER_QUEUE_MAX;
 use warren_gateway::sessions::Session;
 use warren_protocol::gateway::EventBody;
 
-use super::helpers::{EventStream, Received, TestGateway, WAIT, args_without_agent};
+use warren_test_support::within;
+
+use super::helpers::{
+    EventStream, Received, TestGateway, WAIT, append_ready_status, args_without_agent,
+};
 
 fn filler(i: u64, size: usize) -> EventBody {
     EventBody::Update {
@@ -22,12 +26,16 @@ fn filler(i: u64, size: usize) -> EventBody {
     }
 }
 
-/// A device's token, a new session's id, and the session itself, whose log the test appends to.
-async fn new_session(gw: &TestGateway) -> (String, String, Arc<Session>) {
+/// A gateway on the arguments `args` makes, a device's token, a new session's id, and the
+/// session itself, whose log the test appends to.
+async fn with_session(
+    args: impl FnOnce(PathBuf) -> GatewayArgs,
+) -> (TestGateway, String, String, Arc<Session>) {
+    let gw = TestGateway::start(args).await;
     let token = gw.register("phone-0001").await;
     let id = gw.create_session(&token).await;
-    let session = gw.gateway.engine.sessions.get("phone-0001", &id).expect("session");
-    (token, id, session)
+    let session = gw.session_of("phone-0001", &id);
+    (gw, token, id, session)
 }
 
 /// A tiny deterministic generator so failures replay the same disconnect points.
@@ -46,8 +54,7 @@ impl Lcg {
 #[tokio::test]
 async fn resume_after_random_disconnects_under_10000_events_has_no_gap_and_no_duplicate() {
     const N: u64 = 10_000;
-    let gw = TestGateway::start(args_without_agent).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_without_agent).await;
 
     // The writer appends while the reader disconnects and resumes.
     let writer_session = Arc::clone(&session);
@@ -110,19 +117,11 @@ async fn resume_after_random_disconnects_under_10000_events_has_no_gap_and_no_du
 #[tokio::test]
 async fn a_reader_that_stops_reading_is_dropped_while_another_keeps_receiving() {
     const N: u64 = 3000;
-    let gw = TestGateway::start(args_without_agent).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_without_agent).await;
 
     let mut fast = gw.events(&token, &id, None).await;
     let mut slow = gw.events(&token, &id, None).await;
-    let subscribed = async {
-        while session.log.n_subscribers() < 2 {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(WAIT, subscribed)
-        .await
-        .expect("both readers subscribed");
+    until_subscribed(&session, 2).await;
 
     // The producer keeps pace with the reader that reads (as an agent producing text would be
     // far slower than any reader); the log itself never waits for anyone.
@@ -182,8 +181,7 @@ async fn a_reader_that_stops_reading_is_dropped_while_another_keeps_receiving() 
 
 #[tokio::test]
 async fn stream_sends_stored_events_then_live_ones_with_sse_framing() {
-    let gw = TestGateway::start(args_without_agent).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_without_agent).await;
     for i in 1..=3 {
         session.log.append(Some(1), filler(i, 1)).expect("append");
     }
@@ -200,17 +198,7 @@ async fn stream_sends_stored_events_then_live_ones_with_sse_framing() {
         stream.next("stored event 3").await.expect("event").id,
         Some(3)
     );
-    session
-        .log
-        .append(
-            None,
-            EventBody::Status {
-                brain: Some("ready".into()),
-                hands: None,
-                message: None,
-            },
-        )
-        .expect("append");
+    append_ready_status(&session);
     let live = stream.next("the live status event").await.expect("event");
     assert_eq!((live.id, live.event.as_str()), (Some(4), "status"));
     assert_eq!(live.data["brain"], "ready");
@@ -337,14 +325,23 @@ async fn raw_events(
 }
 
 /// Appends a one-chunk update and returns its seq.
+/// Waits until `n` readers are subscribed to `session`'s log.
+async fn until_subscribed(session: &Session, n: usize) {
+    within(&format!("{n} readers subscribed"), async {
+        while session.log.n_subscribers() < n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
 fn append(session: &Session, i: u64) -> u64 {
     session.log.append(None, filler(i, 1)).expect("append").seq
 }
 
 #[tokio::test]
 async fn an_idle_stream_sends_heartbeat_comments_and_events_keep_their_ids() {
-    let gw = TestGateway::start(args_with_heartbeat_ms(HEARTBEAT_MS)).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_with_heartbeat_ms(HEARTBEAT_MS)).await;
     append(&session, 1);
     let mut stream = raw_events(&gw, &token, &id, None).await;
     let mut ids = vec![stream.event("stored event 1").await.0.id];
@@ -378,8 +375,7 @@ async fn an_idle_stream_sends_heartbeat_comments_and_events_keep_their_ids() {
 
 #[tokio::test]
 async fn last_event_id_resume_after_heartbeats_continues_with_the_next_event() {
-    let gw = TestGateway::start(args_with_heartbeat_ms(HEARTBEAT_MS)).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_with_heartbeat_ms(HEARTBEAT_MS)).await;
     for i in 1..=3 {
         append(&session, i);
     }
@@ -418,18 +414,10 @@ async fn last_event_id_resume_after_heartbeats_continues_with_the_next_event() {
 #[tokio::test]
 async fn heartbeats_do_not_count_towards_a_readers_queue() {
     // A short interval so more heartbeats than the queue holds pass quickly.
-    let gw = TestGateway::start(args_with_heartbeat_ms(2)).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_with_heartbeat_ms(2)).await;
     let mut idle = raw_events(&gw, &token, &id, None).await;
     let mut clock = raw_events(&gw, &token, &id, None).await;
-    let subscribed = async {
-        while session.log.n_subscribers() < 2 {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(WAIT, subscribed)
-        .await
-        .expect("both readers subscribed");
+    until_subscribed(&session, 2).await;
 
     // The second stream's heartbeats are the clock: while it receives more than a queue's worth,
     // the first one is not read at all.
@@ -462,8 +450,7 @@ async fn heartbeats_do_not_count_towards_a_readers_queue() {
 
 #[tokio::test]
 async fn last_event_id_header_wins_over_a_bad_after_query() {
-    let gw = TestGateway::start(args_without_agent).await;
-    let (token, id, session) = new_session(&gw).await;
+    let (gw, token, id, session) = with_session(args_without_agent).await;
     for i in 1..=3 {
         append(&session, i);
     }

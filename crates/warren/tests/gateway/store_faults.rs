@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::helpers::{TestGateway, WAIT, args_with_shell_agent, assert_seq_from, on_postgres};
+use super::helpers::{
+    TestGateway, WAIT, args_with_shell_agent, assert_seq_from, assert_turn_follows, on_postgres,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_is_503_store_unavailable_meanwhile_and_nothing_is_lost() {
@@ -17,10 +19,8 @@ async fn a_postgres_restart_is_503_store_unavailable_meanwhile_and_nothing_is_lo
         .await
         .expect("PostgreSQL starts");
     let url = postgres.fresh_database();
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.store = warren_gateway::config::StoreUrl::Postgres(url);
-        args
+    let gw = TestGateway::start_changed(args_with_shell_agent, |args| {
+        args.store = warren_gateway::config::StoreUrl::Postgres(url)
     })
     .await;
     let token = gw.register("phone-store-01").await;
@@ -116,16 +116,7 @@ async fn a_postgres_restart_is_503_store_unavailable_meanwhile_and_nothing_is_lo
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status, 202, "a message works once the store is back");
-    let after = resumed
-        .until("turn_end of echo after", |e| e.event == "turn_end")
-        .await;
-    assert_seq_from(&after, last_seen, "after the restart");
-    assert!(
-        after
-            .iter()
-            .any(|e| e.event == "user_message" && e.data["text"] == "echo after"),
-        "the new turn is in the stream"
-    );
+    assert_turn_follows(&mut resumed, "echo after", last_seen, "after the restart").await;
     drop(events);
     gw.stop().await;
     drop(postgres);

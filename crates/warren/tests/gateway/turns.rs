@@ -10,7 +10,7 @@ use warren_test_support::alive;
 
 use super::helpers::{
     Received, TestGateway, WAIT, args_with_shell_agent, file_store_only, first_of, hands_processes,
-    stop_reason, text_of,
+    kill, stop_reason, text_of,
 };
 
 #[tokio::test]
@@ -102,13 +102,7 @@ async fn rm_asks_permission_and_the_answer_is_recorded() {
     let mut chat = gw.conversation("phone-0001").await;
     chat.turn("touch doomed.txt").await;
 
-    chat.accept("rm doomed.txt").await;
-    let seen = chat
-        .until("the permission request for rm", |e| {
-            e.event == "permission_request"
-        })
-        .await;
-    let request = seen.last().expect("permission_request");
+    let request = chat.permission_request_for("rm doomed.txt").await;
     let request_id = request.data["request_id"].as_str().expect("request id");
     assert!(request.data["tool_call"].is_object());
     let options = request.data["options"].as_array().expect("options");
@@ -141,11 +135,7 @@ async fn rm_asks_permission_and_the_answer_is_recorded() {
 async fn cancel_answers_a_pending_permission_cancelled() {
     let gw = TestGateway::start(args_with_shell_agent).await;
     let mut chat = gw.conversation("phone-0001").await;
-    chat.accept("rm -rf nothing").await;
-    chat.until("the permission request", |e| {
-        e.event == "permission_request"
-    })
-    .await;
+    chat.permission_request_for("rm -rf nothing").await;
     assert_eq!(chat.cancel().await.status(), 202);
     let seen = chat.until_turn_end("the turn after cancel").await;
     let resolved = first_of(&seen, "permission_resolved");
@@ -161,35 +151,24 @@ async fn a_worker_dying_mid_turn_ends_the_turn_with_error_and_the_conversation_s
     chat.start_working("sleep 60").await;
 
     let pid = gw
-        .gateway
-        .engine
-        .sessions
-        .get("phone-0001", &chat.session)
-        .expect("session")
+        .session_of("phone-0001", &chat.session)
         .brain_pid()
         .expect("a ready brain runs the turn");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("kill -9 the agent");
-    assert!(killed.success());
+    kill("9", pid, "the agent");
 
     let seen = chat.until_turn_end("the turn whose worker died").await;
     assert_eq!(first_of(&seen, "error").data["code"], "BRAIN_EXITED");
     assert_eq!(stop_reason(&seen), "error");
 
-    let seen = chat.turn("echo still here").await;
-    assert_eq!(stop_reason(&seen), "end_turn");
+    let seen = chat.turn_ok("echo still here").await;
     assert!(text_of(&seen).contains("still here"));
     gw.stop().await;
 }
 
 #[tokio::test]
 async fn an_idle_brain_is_stopped_and_the_next_message_resumes_it() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.brain_idle = std::time::Duration::from_secs(1);
-        args
+    let gw = TestGateway::start_changed(args_with_shell_agent, |args| {
+        args.brain_idle = std::time::Duration::from_secs(1)
     })
     .await;
     let mut chat = gw.conversation("phone-0001").await;
@@ -239,11 +218,9 @@ async fn agent_output_streams_while_the_command_still_runs() {
 
 #[tokio::test]
 async fn over_the_server_brain_limit_a_message_gets_429_at_once_until_a_slot_frees() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
+    let gw = TestGateway::start_changed(args_with_shell_agent, |args| {
         args.max_brains = 1;
         args.warm_workers = 0;
-        args
     })
     .await;
     let mut first = gw.conversation("phone-0001").await;
@@ -379,12 +356,7 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_stops_the_brain_and_le
 
 #[tokio::test]
 async fn sessions_take_warm_workers_up_to_the_device_brain_limit_and_a_message_over_it_gets_429() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.warm_workers = 2;
-        args
-    })
-    .await;
+    let gw = TestGateway::start_changed(args_with_shell_agent, |args| args.warm_workers = 2).await;
     let token = gw.register("phone-0001").await;
     let mut sessions = Vec::new();
     for i in 0..5 {
@@ -405,7 +377,10 @@ async fn sessions_take_warm_workers_up_to_the_device_brain_limit_and_a_message_o
     assert_eq!(body["code"], "QUOTA_EXCEEDED");
 
     let other = gw.register("phone-0002").await;
-    assert!(gw.gateway.engine.pool.wait_ready(1, WAIT).await, "a warm worker");
+    assert!(
+        gw.gateway.engine.pool.wait_ready(1, WAIT).await,
+        "a warm worker"
+    );
     let theirs = gw.create_session(&other).await;
     assert_eq!(
         gw.session_info(&other, &theirs).await["brain"],

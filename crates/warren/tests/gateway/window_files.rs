@@ -11,18 +11,54 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
-use warren_gateway::hands::local::IsolationMode;
 
-use super::helpers::{Conversation, TestGateway, WAIT, args_with_shell_agent, stop_reason};
+use super::helpers::{Conversation, TestGateway, WAIT, in_bwrap};
 
-async fn in_bwrap(configure: impl FnOnce(&mut warren_gateway::GatewayArgs)) -> TestGateway {
-    TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        configure(&mut args);
-        args
+/// Bwrap hands that pause and are archived half a second after their last use.
+async fn archived_soon() -> TestGateway {
+    in_bwrap(|args| {
+        args.hands_idle_pause = Duration::from_millis(500);
+        args.hands_archive_after = Duration::from_millis(500);
     })
     .await
+}
+
+/// A conversation for `device` after `command` ran in its hands, and its files route.
+async fn chat_after<'a>(
+    gw: &'a TestGateway,
+    device: &str,
+    command: &str,
+) -> (Conversation<'a>, String) {
+    let chat = gw.conversation_after(device, command).await;
+    let base = files(&chat.session);
+    (chat, base)
+}
+
+/// Reads `chat`'s events until its hands are archived; their live workspace is gone then.
+async fn until_archived(chat: &mut Conversation<'_>) {
+    chat.until("the hands archived", |e| {
+        e.event == "hands" && e.data["state"] == "archived"
+    })
+    .await;
+    assert!(!chat.workspace().exists(), "the live workspace is gone");
+}
+
+/// Asserts browsing left `chat`'s hands archived, then that uploading `path` restores them
+/// first and lands (201).
+async fn upload_restores_the_hands(
+    gw: &TestGateway,
+    chat: &Conversation<'_>,
+    path: &str,
+    body: &'static [u8],
+) {
+    assert_eq!(
+        chat.info().await["hands"],
+        "archived",
+        "browsing woke nothing"
+    );
+    let uploaded = upload(gw, &chat.token, &chat.session, path, body).await;
+    assert_eq!(uploaded.status(), 201);
+    assert_eq!(chat.info().await["hands"], "running");
 }
 
 /// `path` percent-encoded for a query value.
@@ -37,12 +73,6 @@ fn q(path: &str) -> String {
         }
     }
     out
-}
-
-/// Runs `command` in the hands through the shell agent and asserts the turn ended well.
-async fn run(chat: &mut Conversation<'_>, command: &str) {
-    let seen = chat.turn(command).await;
-    assert_eq!(stop_reason(&seen), "end_turn", "{command}: {seen:#?}");
 }
 
 async fn error_of(response: reqwest::Response) -> (u16, String) {
@@ -102,6 +132,40 @@ async fn raw_request(gw: &TestGateway, request_line: &str, token: &str) -> (u16,
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// `GET target` with a `Range` header.
+async fn ranged(gw: &TestGateway, token: &str, target: &str, range: &str) -> reqwest::Response {
+    gw.request(Method::GET, token, target)
+        .header("range", range)
+        .send()
+        .await
+        .expect("answers")
+}
+
+/// `PUT target` with `chunks` as a body of no declared length.
+async fn upload_stream(
+    gw: &TestGateway,
+    token: &str,
+    target: &str,
+    chunks: impl Iterator<Item = Vec<u8>> + Send + Sync + 'static,
+) -> reqwest::Response {
+    let body = futures_util::stream::iter(chunks.map(Ok::<_, std::io::Error>));
+    gw.request(Method::PUT, token, target)
+        .body(reqwest::Body::wrap_stream(body))
+        .send()
+        .await
+        .expect("answers")
+}
+
+/// The entry called `name` in a listing.
+fn entry<'a>(listed: &'a Value, name: &str) -> &'a Value {
+    listed["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is listed: {listed}"))
 }
 
 fn paths_of(listed: &Value) -> Vec<String> {
@@ -199,21 +263,16 @@ async fn the_persons_files_are_browsed_uploaded_moved_and_deleted_in_the_hands()
         named.headers()["content-disposition"],
         "attachment; filename=\"r_sum_ v2.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20v2.txt"
     );
-    let ranged = |range: &'static str| {
-        gw.request(Method::GET, &token, &content)
-            .header("range", range)
-            .send()
-    };
-    let part = ranged("bytes=7-11").await.expect("answers");
+    let part = ranged(&gw, &token, &content, "bytes=7-11").await;
     assert_eq!(part.status(), 206);
     assert_eq!(part.headers()["content-range"], "bytes 7-11/12");
     assert_eq!(part.bytes().await.expect("body").as_ref(), b"world");
     for ignored in ["bytes=5-1", "bytes=0-1,4-5"] {
-        let full = ranged(ignored).await.expect("answers");
+        let full = ranged(&gw, &token, &content, ignored).await;
         assert_eq!(full.status(), 200, "{ignored}");
         assert_eq!(full.bytes().await.expect("body").len(), 12, "{ignored}");
     }
-    let beyond = ranged("bytes=999999999-").await.expect("answers");
+    let beyond = ranged(&gw, &token, &content, "bytes=999999999-").await;
     assert_eq!(beyond.headers()["content-range"], "bytes */12");
     assert_eq!(
         error_of(beyond).await,
@@ -379,10 +438,9 @@ async fn the_persons_files_are_browsed_uploaded_moved_and_deleted_in_the_hands()
 #[tokio::test]
 async fn links_and_fifos_the_agent_made_are_refused_at_once_and_changes_are_announced() {
     let gw = in_bwrap(|_| {}).await;
-    let mut chat = gw.conversation("phone-files-03").await;
-    let base = files(&chat.session);
-    run(
-        &mut chat,
+    let (mut chat, base) = chat_after(
+        &gw,
+        "phone-files-03",
         "ln -s /etc etc-link && ln -s /etc/passwd passwd-link && mkfifo pipe && mkdir -p src && ln -s src code && echo inside > src/in.txt",
     )
     .await;
@@ -408,26 +466,13 @@ async fn links_and_fifos_the_agent_made_are_refused_at_once_and_changes_are_anno
         .await;
     assert_eq!(inside.text().await.expect("body"), "inside\n");
     let top = gw.get_json(&chat.token, &base).await;
-    let link = top["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .find(|e| e["name"] == "etc-link")
-        .expect("the link is listed")
-        .clone();
+    let link = entry(&top, "etc-link");
     assert_eq!(link["type"], "symlink");
     assert_eq!(link["target"], "/etc");
-    let pipe = top["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .find(|e| e["name"] == "pipe")
-        .expect("the FIFO is listed")
-        .clone();
-    assert_eq!(pipe["type"], "other");
+    assert_eq!(entry(&top, "pipe")["type"], "other");
 
     // The agent's own write is announced.
-    run(&mut chat, "echo x > f").await;
+    chat.turn_ok("echo x > f").await;
     let changed = chat
         .until("files_changed naming f", |e| {
             e.event == "files_changed"
@@ -440,11 +485,8 @@ async fn links_and_fifos_the_agent_made_are_refused_at_once_and_changes_are_anno
     assert_eq!(event.data["truncated"], false);
 
     // Many changes at once: one event of at most 100 paths, marked truncated.
-    run(
-        &mut chat,
-        "mkdir many && for i in $(seq 1 250); do echo $i > many/$i; done",
-    )
-    .await;
+    chat.turn_ok("mkdir many && for i in $(seq 1 250); do echo $i > many/$i; done")
+        .await;
     let changed = chat
         .until("a truncated files_changed", |e| {
             e.event == "files_changed" && e.data["truncated"] == true
@@ -458,9 +500,12 @@ async fn links_and_fifos_the_agent_made_are_refused_at_once_and_changes_are_anno
 #[tokio::test]
 async fn a_file_swapped_for_a_link_mid_download_never_yields_the_links_target() {
     let gw = in_bwrap(|_| {}).await;
-    let mut chat = gw.conversation("phone-files-04").await;
-    let base = files(&chat.session);
-    run(&mut chat, "head -c 33554432 /dev/zero | tr '\\0' 'a' > big").await;
+    let (mut chat, base) = chat_after(
+        &gw,
+        "phone-files-04",
+        "head -c 33554432 /dev/zero | tr '\\0' 'a' > big",
+    )
+    .await;
     let response = gw
         .get(&chat.token, &format!("{base}/content?path=big"))
         .await;
@@ -468,7 +513,8 @@ async fn a_file_swapped_for_a_link_mid_download_never_yields_the_links_target() 
     let mut body = response.bytes_stream();
     let first = body.next().await.expect("a first chunk").expect("bytes");
     // The file is replaced by a link to the host's passwd while the download runs.
-    run(&mut chat, "mv big big.old && ln -s /etc/passwd big").await;
+    chat.turn_ok("mv big big.old && ln -s /etc/passwd big")
+        .await;
     let mut n_bytes = first.len();
     let mut only_a = first.iter().all(|b| *b == b'a');
     while let Some(chunk) = tokio::time::timeout(WAIT, body.next())
@@ -490,23 +536,14 @@ async fn a_file_swapped_for_a_link_mid_download_never_yields_the_links_target() 
 
 #[tokio::test]
 async fn an_archived_session_is_browsed_from_its_snapshot_without_waking_the_hands() {
-    let gw = in_bwrap(|args| {
-        args.hands_idle_pause = Duration::from_millis(500);
-        args.hands_archive_after = Duration::from_millis(500);
-    })
-    .await;
-    let mut chat = gw.conversation("phone-files-05").await;
-    let base = files(&chat.session);
-    run(
-        &mut chat,
+    let gw = archived_soon().await;
+    let (mut chat, base) = chat_after(
+        &gw,
+        "phone-files-05",
         "mkdir -p src/deep && printf 'fn main() {}\\n' > src/main.rs && echo deep > src/deep/x.txt && ln -s src code && ln -s /etc etc-link",
     )
     .await;
-    chat.until("the hands archived", |e| {
-        e.event == "hands" && e.data["state"] == "archived"
-    })
-    .await;
-    assert!(!chat.workspace().exists(), "the live workspace is gone");
+    until_archived(&mut chat).await;
 
     let deep = gw.get_json(&chat.token, &format!("{base}?depth=3")).await;
     // A snapshot keeps no link that leads out of the workspace (it could never be restored).
@@ -520,12 +557,7 @@ async fn an_archived_session_is_browsed_from_its_snapshot_without_waking_the_han
         (json!("file"), json!(13))
     );
     let content = format!("{base}/content?path=code/main.rs");
-    let part = gw
-        .request(Method::GET, &chat.token, &content)
-        .header("range", "bytes=3-6")
-        .send()
-        .await
-        .expect("answers");
+    let part = ranged(&gw, &chat.token, &content, "bytes=3-6").await;
     assert_eq!(part.status(), 206);
     assert_eq!(part.headers()["content-range"], "bytes 3-6/13");
     assert_eq!(part.headers()["content-length"], "4");
@@ -536,12 +568,7 @@ async fn an_archived_session_is_browsed_from_its_snapshot_without_waking_the_han
         "attachment; filename=\"main.rs\"; filename*=UTF-8''main.rs"
     );
     assert_eq!(whole.text().await.expect("body"), "fn main() {}\n");
-    let beyond = gw
-        .request(Method::GET, &chat.token, &content)
-        .header("range", "bytes=999999999-")
-        .send()
-        .await
-        .expect("answers");
+    let beyond = ranged(&gw, &chat.token, &content, "bytes=999999999-").await;
     assert_eq!(beyond.headers()["content-range"], "bytes */13");
     assert_eq!(
         error_of(beyond).await,
@@ -558,16 +585,9 @@ async fn an_archived_session_is_browsed_from_its_snapshot_without_waking_the_han
             .await;
         assert_eq!(error_of(answer).await, (status, code.into()), "{path}");
     }
-    assert_eq!(
-        chat.info().await["hands"],
-        "archived",
-        "browsing woke nothing"
-    );
 
     // A change restores the hands first, then lands beside the restored files.
-    let uploaded = upload(&gw, &chat.token, &chat.session, "src/new.txt", b"new").await;
-    assert_eq!(uploaded.status(), 201);
-    assert_eq!(chat.info().await["hands"], "running");
+    upload_restores_the_hands(&gw, &chat, "src/new.txt", b"new").await;
     let listed = gw.get_json(&chat.token, &format!("{base}?path=src")).await;
     assert_eq!(
         paths_of(&listed),
@@ -587,9 +607,8 @@ fn workspace_files(chat: &Conversation<'_>) -> Vec<String> {
 #[tokio::test]
 async fn uploads_over_the_limit_or_cut_off_leave_nothing_behind() {
     let gw = in_bwrap(|args| args.upload_max = 1 << 20).await;
-    let mut chat = gw.conversation("phone-files-06").await;
-    run(&mut chat, "echo keep > kept.txt").await;
-    let target = format!("{}/content?path=big.bin", files(&chat.session));
+    let (chat, base) = chat_after(&gw, "phone-files-06", "echo keep > kept.txt").await;
+    let target = format!("{base}/content?path=big.bin");
 
     // Declared too large: refused before a byte is read.
     let declared = gw
@@ -600,15 +619,8 @@ async fn uploads_over_the_limit_or_cut_off_leave_nothing_behind() {
         .expect("answers");
     assert_eq!(error_of(declared).await, (413, "FILE_TOO_LARGE".into()));
     // Streamed without a length: refused once past the limit.
-    let chunks = (0..4).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 512 * 1024]));
-    let streamed = gw
-        .request(Method::PUT, &chat.token, &target)
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .expect("answers");
+    let chunks = (0..4).map(|_| vec![b'y'; 512 * 1024]);
+    let streamed = upload_stream(&gw, &chat.token, &target, chunks).await;
     assert_eq!(error_of(streamed).await, (413, "FILE_TOO_LARGE".into()));
     // Cut off midway: the client says 100000 bytes, sends 1000 and goes away.
     let address = gw.url.trim_start_matches("http://").to_owned();
@@ -655,19 +667,11 @@ async fn sixty_four_mebibytes_go_up_and_down_with_flat_gateway_memory() {
     const N_CHUNKS: usize = 64;
     const CHUNK: usize = 1 << 20;
     let gw = in_bwrap(|_| {}).await;
-    let mut chat = gw.conversation("phone-files-07").await;
-    run(&mut chat, "true").await;
-    let target = format!("{}/content?path=big/file.bin", files(&chat.session));
+    let (chat, base) = chat_after(&gw, "phone-files-07", "true").await;
+    let target = format!("{base}/content?path=big/file.bin");
     let rss_before_kib = memory_kib("VmRSS");
-    let chunks = (0..N_CHUNKS).map(|i| Ok::<_, std::io::Error>(vec![b'a' + (i % 26) as u8; CHUNK]));
-    let uploaded = gw
-        .request(Method::PUT, &chat.token, &target)
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .expect("answers");
+    let chunks = (0..N_CHUNKS).map(|i| vec![b'a' + (i % 26) as u8; CHUNK]);
+    let uploaded = upload_stream(&gw, &chat.token, &target, chunks).await;
     assert_eq!(uploaded.status(), 201);
     assert_eq!(
         uploaded.json::<Value>().await.expect("json")["size"],
@@ -697,15 +701,10 @@ async fn sixty_four_mebibytes_go_up_and_down_with_flat_gateway_memory() {
 /// absent from the snapshot (which never keeps a link it could not restore).
 #[tokio::test]
 async fn an_absolute_link_inside_the_workspace_is_followed_live_and_archived_alike() {
-    let gw = in_bwrap(|args| {
-        args.hands_idle_pause = Duration::from_millis(500);
-        args.hands_archive_after = Duration::from_millis(500);
-    })
-    .await;
-    let mut chat = gw.conversation("phone-files-abs").await;
-    let base = files(&chat.session);
-    run(
-        &mut chat,
+    let gw = archived_soon().await;
+    let (mut chat, base) = chat_after(
+        &gw,
+        "phone-files-abs",
         "echo a > a.txt && mkdir -p d && echo deep > d/x.txt && ln -s /workspace/a.txt link && ln -s /workspace/d dir-link && ln -s /workspace/../etc/passwd climb && ln -s /etc/hostname out && cat link dir-link/x.txt",
     )
     .await;
@@ -728,11 +727,7 @@ async fn an_absolute_link_inside_the_workspace_is_followed_live_and_archived_ali
     ];
     for archived in [false, true] {
         if archived {
-            chat.until("the hands archived", |e| {
-                e.event == "hands" && e.data["state"] == "archived"
-            })
-            .await;
-            assert!(!chat.workspace().exists(), "the live workspace is gone");
+            until_archived(&mut chat).await;
         }
         for (path, live, from_snapshot) in &table {
             let expected = if archived { from_snapshot } else { live };
@@ -761,15 +756,8 @@ async fn an_absolute_link_inside_the_workspace_is_followed_live_and_archived_ali
             "archived: {archived}"
         );
     }
-    assert_eq!(
-        chat.info().await["hands"],
-        "archived",
-        "browsing woke nothing"
-    );
     // The snapshot kept the links as the sandbox made them: restored, they still lead inside.
-    let uploaded = upload(&gw, &chat.token, &chat.session, "b.txt", b"b").await;
-    assert_eq!(uploaded.status(), 201);
-    assert_eq!(chat.info().await["hands"], "running");
+    upload_restores_the_hands(&gw, &chat, "b.txt", b"b").await;
     for path in ["link", "dir-link/x.txt"] {
         let answer = gw
             .get(&chat.token, &format!("{base}/content?path={}", q(path)))
@@ -777,13 +765,7 @@ async fn an_absolute_link_inside_the_workspace_is_followed_live_and_archived_ali
         assert_eq!(answer.status(), 200, "{path} after the restore");
     }
     let top = gw.get_json(&chat.token, &base).await;
-    let link = top["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .find(|e| e["name"] == "link")
-        .expect("the link is listed")
-        .clone();
+    let link = entry(&top, "link");
     assert_eq!(
         (link["type"].clone(), link["target"].clone()),
         (json!("symlink"), json!("/workspace/a.txt"))

@@ -10,11 +10,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use warren_gateway::hands::local::IsolationMode;
 
-use super::helpers::{
-    TestGateway, WAIT, agent_text, args_with_shell_agent, test_agent_bin, text_of,
-};
+use super::helpers::{TestGateway, WAIT, agent_text, in_bwrap, test_agent_bin, text_of};
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -66,12 +63,7 @@ async fn send_line(socket: &mut Socket, line: &str) {
 
 #[tokio::test]
 async fn the_persons_shell_in_the_hands_speaks_the_pty_protocol_through_the_gateway() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        args
-    })
-    .await;
+    let gw = in_bwrap(|_| {}).await;
     let token = gw.register("phone-terminal-1").await;
     let session = gw.create_session(&token).await;
 
@@ -130,12 +122,7 @@ async fn the_persons_shell_in_the_hands_speaks_the_pty_protocol_through_the_gate
 
 #[tokio::test]
 async fn bad_terminal_names_and_other_devices_are_refused() {
-    let gw = TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
-        args
-    })
-    .await;
+    let gw = in_bwrap(|_| {}).await;
     let token = gw.register("phone-terminal-2").await;
     let session = gw.create_session(&token).await;
     for name in ["Default", "a_b", &"x".repeat(33)] {
@@ -175,13 +162,10 @@ enum Agent {
 
 /// A gateway with bwrap hands and `agent`.
 async fn gateway_in_bwrap(agent: Agent) -> TestGateway {
-    TestGateway::start(|data| {
-        let mut args = args_with_shell_agent(data);
-        args.hands_isolation = IsolationMode::Bwrap;
+    in_bwrap(|args| {
         if let Agent::Scripted = agent {
             args.agent = Some(test_agent_bin().display().to_string());
         }
-        args
     })
     .await
 }
