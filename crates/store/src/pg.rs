@@ -25,6 +25,10 @@ use tokio_postgres::error::SqlState;
 /// connection when all are busy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a transaction may wait for its client's next statement before the server ends it.
+/// Warren's transactions send their statements back to back: only a stalled replica waits.
+const STALLED_TRANSACTION: Duration = Duration::from_secs(5);
+
 /// The most connections one replica holds.
 const MAX_CONNECTIONS: usize = 16;
 
@@ -209,6 +213,18 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(2)
         .tcp_user_timeout(Duration::from_secs(20));
+    // A replica stopped in the middle of a transaction (SIGSTOP, a swap storm) would hold its
+    // row and advisory locks for ever, and every other replica's takeover and append would wait
+    // on them: the server ends such a transaction instead.
+    let stalled = format!(
+        "-c idle_in_transaction_session_timeout={}",
+        STALLED_TRANSACTION.as_millis()
+    );
+    let options = match config.get_options() {
+        Some(own) if !own.is_empty() => format!("{own} {stalled}"),
+        _ => stalled,
+    };
+    config.options(&options);
     Ok(config)
 }
 
@@ -325,5 +341,42 @@ mod tests {
         }
         assert!(parse_url("postgres://warren@127.0.0.1:5432/warren").is_ok());
         assert!(parse_url("postgresql://warren:secret@db.internal/warren").is_ok());
+    }
+
+    /// A replica stopped inside a transaction (its client sends nothing more) loses the
+    /// transaction to the server after [`STALLED_TRANSACTION`], and with it the locks another
+    /// replica's takeover waits for.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transaction_whose_client_stalls_is_ended_and_frees_its_locks() {
+        let url = tokio::task::spawn_blocking(|| {
+            warren_test_support::services::Postgres::shared().fresh_database()
+        })
+        .await
+        .expect("a database");
+        let store = Store::connect(&url).await.expect("connects");
+        let stalled = store.client().await.expect("a connection");
+        stalled
+            .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(7)")
+            .await
+            .expect("takes the lock in a transaction");
+        let waiting = store.client().await.expect("another connection");
+        let started = std::time::Instant::now();
+        let taken = tokio::time::timeout(
+            STALLED_TRANSACTION * 4,
+            waiting.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(7); COMMIT"),
+        )
+        .await
+        .expect("the lock is freed once the server ends the stalled transaction");
+        taken.expect("takes the lock");
+        assert!(
+            started.elapsed() >= STALLED_TRANSACTION / 2,
+            "{:?}",
+            started.elapsed()
+        );
+        let after = stalled.batch_execute("COMMIT").await;
+        assert!(
+            after.is_err(),
+            "the stalled transaction was ended: {after:?}"
+        );
     }
 }
