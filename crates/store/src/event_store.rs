@@ -219,12 +219,13 @@ impl EventStore {
             EventStore::File(file) => {
                 let file = file.clone();
                 let mut bytes = Vec::new();
+                let mut line_lens = Vec::with_capacity(batch.len());
                 for event in batch {
                     bytes.extend_from_slice(event.json.as_bytes());
                     bytes.push(b'\n');
+                    line_lens.push(event.json.len() as u64 + 1);
                 }
-                let n_events = batch.len();
-                tokio::task::spawn_blocking(move || file.append(&bytes, n_events))
+                tokio::task::spawn_blocking(move || file.append(&bytes, &line_lens))
                     .await
                     .map_err(|e| AppendFailure::Failed(io::Error::other(e)))?
                     .map_err(AppendFailure::Failed)
@@ -323,8 +324,9 @@ impl EventFile {
         lock(&self.lines)
     }
 
-    /// Writes `bytes` (`n_events` whole lines) at the end; a failed write is cut back off.
-    fn append(&self, bytes: &[u8], n_events: usize) -> io::Result<()> {
+    /// Writes `bytes` (whole lines of `line_lens` bytes each) at the end; a failed write is cut
+    /// back off.
+    fn append(&self, bytes: &[u8], line_lens: &[u64]) -> io::Result<()> {
         // One writer at a time (the log's writer job), so `len` is the file's end.
         let len = self.lock().len;
         // The file is opened for appending: this lands after the last whole line.
@@ -333,12 +335,11 @@ impl EventFile {
             return Err(e);
         }
         let mut lines = self.lock();
-        let mut offset = lines.len;
-        for line in bytes.split_inclusive(|&b| b == b'\n').take(n_events) {
+        for line_len in line_lens {
+            let offset = lines.len;
             lines.offsets.push(offset);
-            offset += line.len() as u64;
+            lines.len += line_len;
         }
-        lines.len = offset;
         Ok(())
     }
 
