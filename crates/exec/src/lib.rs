@@ -18,7 +18,7 @@ pub mod render;
 mod session;
 pub mod watch;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -38,10 +38,11 @@ pub use watch::{Feed, SessionInput, SessionKind, WatchedSession, Watcher};
 
 use session::{CallGuard, Session, SessionMeta, Spawned, WaitOutcome};
 
-/// A place in the registry held for a session being spawned; dropping it unused gives the
-/// place back.
+/// A place in the registry, and the id, held for a session being spawned; dropping it unused
+/// gives both back.
 struct SlotReservation<'a> {
     engine: &'a Engine,
+    id: SessionId,
     armed: bool,
 }
 
@@ -113,9 +114,10 @@ pub struct Engine {
     /// Ids of recently ended sessions, not handed out again soon, so an agent polling an old id
     /// gets "unknown" instead of someone else's session.
     retired_ids: Mutex<VecDeque<SessionId>>,
-    /// Places reserved by `exec_command` calls that are still spawning. Changed only while
-    /// the sessions lock is held, so the registry and the reservations are counted together.
-    n_reserved: std::sync::atomic::AtomicUsize,
+    /// Ids (and places) reserved by `exec_command` calls that are still spawning. Changed only
+    /// while the sessions lock is held, so the registry and the reservations are counted
+    /// together and no id is handed to two sessions.
+    reserved: Mutex<HashSet<SessionId>>,
     shutting_down: std::sync::atomic::AtomicBool,
     next_log: std::sync::atomic::AtomicU64,
     /// Hears of every session and gets its output live.
@@ -140,7 +142,7 @@ impl Engine {
             sessions: Mutex::new(HashMap::new()),
             retained_logs: Mutex::new(VecDeque::new()),
             retired_ids: Mutex::new(VecDeque::new()),
-            n_reserved: std::sync::atomic::AtomicUsize::new(0),
+            reserved: Mutex::new(HashSet::new()),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             next_log: std::sync::atomic::AtomicU64::new(1),
             watcher,
@@ -224,7 +226,7 @@ impl Engine {
             .fold(command, |command, (name, value)| command.env(name, value));
 
         let slot = self.reserve_slot()?;
-        let id = self.allocate_id();
+        let id = slot.id;
         let log_serial = self
             .next_log
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -541,12 +543,17 @@ impl Engine {
         }
     }
 
-    fn allocate_id(&self) -> SessionId {
-        let sessions = self.lock_sessions();
+    /// A fresh id: not listed, not reserved by a call still spawning, not recently retired.
+    /// The caller holds the sessions lock and reserves the id before releasing it.
+    fn allocate_id(
+        &self,
+        sessions: &HashMap<SessionId, Arc<Session>>,
+        reserved: &HashSet<SessionId>,
+    ) -> SessionId {
         let retired = lock(&self.retired_ids);
         loop {
             let id: SessionId = rand::random_range(1000..100_000);
-            if !sessions.contains_key(&id) && !retired.contains(&id) {
+            if !sessions.contains_key(&id) && !reserved.contains(&id) && !retired.contains(&id) {
                 return id;
             }
         }
@@ -564,14 +571,15 @@ impl Engine {
         let reserved = {
             let mut sessions = self.lock_sessions();
             loop {
-                let n_reserved = self.n_reserved.load(std::sync::atomic::Ordering::Relaxed);
-                if sessions.len() + n_reserved < max_sessions {
-                    self.n_reserved
-                        .store(n_reserved + 1, std::sync::atomic::Ordering::Relaxed);
-                    break true;
+                let mut reserved = lock(&self.reserved);
+                if sessions.len() + reserved.len() < max_sessions {
+                    let id = self.allocate_id(&sessions, &reserved);
+                    reserved.insert(id);
+                    break Some(id);
                 }
+                drop(reserved);
                 let Some(victim) = prune_victim(&sessions, self.config.n_protected_recent) else {
-                    break false;
+                    break None;
                 };
                 if let Some(removed) = sessions.remove(&victim) {
                     self.retire_id(victim);
@@ -587,31 +595,31 @@ impl Engine {
                 let _ = std::fs::remove_file(&victim.log_path);
             });
         }
-        if reserved {
-            Ok(SlotReservation {
+        match reserved {
+            Some(id) => Ok(SlotReservation {
                 engine: self,
+                id,
                 armed: true,
-            })
-        } else {
-            Err(ExecError::TooManySessions(max_sessions))
+            }),
+            None => Err(ExecError::TooManySessions(max_sessions)),
         }
     }
 
     /// Adds a session in the place `slot` reserved.
     fn register(&self, session: Arc<Session>, mut slot: SlotReservation<'_>) {
         let mut sessions = self.lock_sessions();
-        sessions.insert(session.id, session);
+        let replaced = sessions.insert(session.id, session);
+        debug_assert!(
+            replaced.is_none(),
+            "a reserved id belongs to no other session"
+        );
         self.release_reservation(&mut slot);
     }
 
     /// Gives a reservation's place back; the caller holds the sessions lock or takes it here.
     fn release_reservation(&self, slot: &mut SlotReservation<'_>) {
         if std::mem::take(&mut slot.armed) {
-            let n_reserved = self.n_reserved.load(std::sync::atomic::Ordering::Relaxed);
-            self.n_reserved.store(
-                n_reserved.saturating_sub(1),
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            lock(&self.reserved).remove(&slot.id);
         }
     }
 
@@ -906,6 +914,24 @@ fn spawn_session(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: ids were drawn before the session was listed, so two calls spawning at once
+    /// could get the same one; the second listing replaced the first session, and the first
+    /// call's end then removed (and stopped the reader of) the second: its output was lost.
+    #[test]
+    fn an_id_reserved_by_a_call_still_spawning_is_never_handed_out_again() {
+        let engine = Engine::new(EngineConfig::default());
+        let mut reserved: HashSet<SessionId> = (1000..100_000).collect();
+        reserved.remove(&4242);
+        let sessions = HashMap::new();
+        assert_eq!(engine.allocate_id(&sessions, &reserved), 4242);
+        let first = engine.reserve_slot().expect("a place");
+        let second = engine.reserve_slot().expect("a place");
+        assert_ne!(first.id, second.id);
+        assert_eq!(lock(&engine.reserved).len(), 2);
+        drop(first);
+        assert_eq!(*lock(&engine.reserved), HashSet::from([second.id]));
+    }
 
     #[test]
     fn yields_default_and_clamp_as_the_spec_says() {

@@ -711,12 +711,19 @@ async fn output_is_cleaned_to_what_a_terminal_shows() {
 async fn tty_sessions_get_the_scrubbed_environment_not_the_daemons() {
     // A variable of this test process that the engine's base environment leaves out stands for
     // a secret: the PTY spawner starts from the daemon's environment, so it must be removed.
+    // Variables a shell sets by itself when they are missing (bash gives `SHELL` the login
+    // shell, `PWD`, `SHLVL`, `HOSTNAME`...) or the engine sets (`TERM`) would say nothing.
+    const SET_BY_THE_SHELL_OR_ENGINE: &[&str] = &[
+        "PATH", "HOME", "SHELL", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "HOSTTYPE", "OSTYPE",
+        "MACHTYPE", "TERM", "COLUMNS", "LINES", "IFS", "PS1", "PS2", "PS4", "OPTIND", "_",
+    ];
     let (dropped, _) = std::env::vars()
         .find(|(name, _)| {
-            !["PATH", "HOME"].contains(&name.as_str())
+            !SET_BY_THE_SHELL_OR_ENGINE.contains(&name.as_str())
+                && !name.starts_with("BASH")
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         })
-        .expect("the test process has some environment variable besides PATH and HOME");
+        .expect("the test process has an environment variable no shell sets by itself");
     let h = harness_with(|config| {
         config.base_env = Some(vec![
             ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
