@@ -42,10 +42,6 @@ use crate::{AgentCommand, BrainError, McpServerSpec};
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `session/close` may take before the worker is killed anyway.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// SIGTERM grace when stopping a worker's process tree.
-const KILL_GRACE: Duration = Duration::from_secs(2);
-/// After the agent exited, how long its stderr may take to reach end of file.
-const STDERR_DRAIN_WAIT: Duration = Duration::from_millis(500);
 /// The last stderr line is kept to this many characters.
 const STDERR_LINE_MAX_CHARS: usize = 300;
 /// After the connection breaks, how long to wait for the process's exit status.
@@ -391,7 +387,11 @@ impl Worker {
             })?
             .into_pipes();
         let pid = spawned.pid();
-        let tree = TreeGuard::new(spawned.tree.clone(), KILL_GRACE, registered);
+        let tree = TreeGuard::new(
+            spawned.tree.clone(),
+            warren_process::stop::KILL_GRACE,
+            registered,
+        );
         let mut child = spawned.child;
         let (Some(stdin), Some(stderr)) = (spawned.stdin, spawned.stderr) else {
             return Err(BrainError::Spawn {
@@ -434,12 +434,15 @@ impl Worker {
         // The agent's last stderr line usually says why it died ("API key not set"): it goes
         // into the exit status the gateway reports.
         let last_stderr_line = Arc::new(Mutex::new(String::new()));
-        let stderr_reader = tokio::spawn({
+        let n_stderr_lines = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut stderr_reader = tokio::spawn({
             let last_stderr_line = last_stderr_line.clone();
+            let n_stderr_lines = Arc::clone(&n_stderr_lines);
             async move {
                 use tokio::io::AsyncBufReadExt;
                 let mut lines = tokio::io::BufReader::new(stderr).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    n_stderr_lines.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     tracing::debug!(target: "warren_brain::agent_stderr", pid, "{line}");
                     if !line.trim().is_empty() {
                         let mut last = last_stderr_line.lock().unwrap_or_else(|p| p.into_inner());
@@ -450,8 +453,16 @@ impl Worker {
         });
         tokio::spawn(async move {
             let mut status = exited.await;
-            // Bounded: a grandchild may keep the agent's stderr open.
-            let _ = tokio::time::timeout(STDERR_DRAIN_WAIT, stderr_reader).await;
+            // Bounded by the shared drain policy: a grandchild may keep the agent's stderr open.
+            let drained = warren_process::stop::drain_after_exit(
+                &mut stderr_reader,
+                || n_stderr_lines.load(std::sync::atomic::Ordering::SeqCst),
+                || 0,
+            )
+            .await;
+            if !drained {
+                stderr_reader.abort();
+            }
             let last = last_stderr_line
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -27,10 +27,9 @@ pub struct EngineConfig {
     /// Logs of finished sessions kept so a named `output_file` stays readable; older ones are
     /// deleted.
     pub n_retained_logs: usize,
-    /// Time between SIGTERM and SIGKILL when a tree is killed (spec: 2 s).
+    /// Time between SIGTERM and SIGKILL when a tree is killed (spec: 2 s, the policy every
+    /// face shares: [`warren_process::stop`]).
     pub kill_grace: Duration,
-    /// How long output is drained after the process exits (spec: 2 s).
-    pub exit_drain: Duration,
     /// Quiet time after which a process blocked reading its input counts as awaiting input.
     pub input_quiet: Duration,
     /// PTY size of `tty: true` sessions.
@@ -50,8 +49,7 @@ impl Default for EngineConfig {
             log_dir: std::env::temp_dir().join(format!("warren-exec-{}", std::process::id())),
             max_log_bytes: 64 * 1024 * 1024,
             n_retained_logs: 32,
-            kill_grace: Duration::from_secs(2),
-            exit_drain: Duration::from_secs(2),
+            kill_grace: warren_process::stop::KILL_GRACE,
             input_quiet: Duration::from_millis(300),
             tty_rows: 24,
             tty_cols: 80,

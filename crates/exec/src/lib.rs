@@ -456,7 +456,7 @@ impl Engine {
         let session = self.get(session_id)?;
         session.kill().await;
         // The tree is dead; the waiter records the exit and drains (bounded) right after.
-        let deadline = Instant::now() + self.config.exit_drain + Duration::from_secs(5);
+        let deadline = Instant::now() + warren_process::stop::DRAIN_MAX + Duration::from_secs(5);
         let outcome = session.wait(deadline, call_start, false).await;
         if outcome != WaitOutcome::Finished {
             tracing::warn!(
@@ -994,7 +994,11 @@ mod tests {
         assert_eq!(config.capture_bytes, 1024 * 1024);
         assert_eq!(config.max_log_bytes, 64 * 1024 * 1024);
         assert_eq!(config.kill_grace, Duration::from_secs(2));
-        assert_eq!(config.exit_drain, Duration::from_secs(2));
+        assert_eq!(
+            warren_process::stop::DRAIN_MAX,
+            Duration::from_secs(2),
+            "output is drained at most 2 s after the exit"
+        );
         assert_eq!(config.input_quiet, Duration::from_millis(300));
         assert_eq!((config.tty_rows, config.tty_cols), (24, 80));
     }

@@ -3,8 +3,9 @@
 //!
 //! Three tasks own the process side: the reader drains output into the bounded capture and the
 //! raw log (it never stops reading, so the command never blocks on a full pipe), the waiter
-//! waits for the exit and then gives the reader at most `exit_drain` to reach end of file (a
-//! grandchild may hold the pipe open forever), and an optional timer kills the tree when
+//! waits for the exit and then drains the output by the policy every face shares
+//! ([`warren_process::stop`]: a grandchild may hold the pipe open forever), and an optional
+//! timer kills the tree when
 //! `timeout_ms` expires. Everything calls need is in [`SessionState`] behind one mutex; changes
 //! are announced on a `watch` channel so a waiting call never misses one. A session of a
 //! watched engine also hands every byte the reader takes, and its exit, to its
@@ -81,6 +82,8 @@ pub(crate) struct SessionState {
     pub timed_out: bool,
     /// Bytes written to the raw log; the log stops at `max_log_bytes`.
     pub log_bytes: u64,
+    /// Bytes the reader took so far (the drain after the exit watches it move).
+    pub bytes_read: u64,
     pub log_capped: bool,
     /// A result named the log file, so it must outlive the session for a while.
     pub log_named: bool,
@@ -288,6 +291,7 @@ impl Session {
                     finished: false,
                     timed_out: false,
                     log_bytes: 0,
+                    bytes_read: 0,
                     log_capped: false,
                     log_named: false,
                     stdin_closed: spawned.stdin.is_none(),
@@ -313,11 +317,7 @@ impl Session {
             config.max_log_bytes,
         ));
         *lock(&session.reader) = Some(reader.abort_handle());
-        tokio::spawn(wait_for_exit(
-            Arc::clone(&session),
-            spawned.wait,
-            config.exit_drain,
-        ));
+        tokio::spawn(wait_for_exit(Arc::clone(&session), spawned.wait));
         if let Some(timeout) = session.timeout {
             let timed = Arc::clone(&session);
             let timer = tokio::spawn(async move {
@@ -583,6 +583,7 @@ async fn read_output(
                 tail.push(data);
             }
             state.last_output = Instant::now();
+            state.bytes_read += n as u64;
             state.log_bytes = log_bytes;
             state.log_capped |= capped;
         }
@@ -600,7 +601,6 @@ async fn wait_for_exit(
     wait: std::pin::Pin<
         Box<dyn std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send>,
     >,
-    exit_drain: Duration,
 ) {
     let exit = match wait.await {
         Ok(status) => ExitInfo::from_status(status),
@@ -614,7 +614,21 @@ async fn wait_for_exit(
     };
     session.state().exit = Some(exit);
     session.announce();
-    drain_after_exit(&session, exit_drain).await;
+    let mut end_of_output = std::pin::pin!(end_of_output(&session));
+    let reached = warren_process::stop::drain_after_exit(
+        &mut end_of_output,
+        || session.state().bytes_read,
+        || (session.pending_output)(),
+    )
+    .await;
+    if !reached {
+        // Something the command started still holds the output open, with nothing queued;
+        // stop reading it so the result is final. That process keeps running (it was put in
+        // the background on purpose).
+        if let Some(reader) = lock(&session.reader).take() {
+            reader.abort();
+        }
+    }
     if let Some(timer) = lock(&session.timer).take() {
         timer.abort();
     }
@@ -625,47 +639,13 @@ async fn wait_for_exit(
     session.announce();
 }
 
-/// Longest the drain after an exit keeps waiting for a reader that is merely behind (bytes
-/// still queued in the pipe), past `exit_drain`.
-const DRAIN_BEHIND_CAP: Duration = Duration::from_secs(30);
-
-/// Waits for the reader to reach end of file after the command exited. A grandchild may hold
-/// the output open forever, so after `exit_drain` the reader is stopped, but only once nothing
-/// is queued in the pipe or terminal: on a loaded machine the reader may not have run at all
-/// yet, and stopping it then would lose output the command wrote before it exited.
-async fn drain_after_exit(session: &Session, exit_drain: Duration) {
+/// Resolves once the reader reached end of file.
+async fn end_of_output(session: &Session) {
     let mut changes = session.changed.subscribe();
-    let started = tokio::time::Instant::now();
-    let give_up_at = started + exit_drain;
-    loop {
-        if session.state().eof {
-            return;
+    while !session.state().eof {
+        if changes.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
-        let now = tokio::time::Instant::now();
-        if now >= give_up_at
-            && ((session.pending_output)() == 0 || now >= started + DRAIN_BEHIND_CAP)
-        {
-            break;
-        }
-        let next_check = if now >= give_up_at {
-            now + Duration::from_millis(20)
-        } else {
-            give_up_at
-        };
-        tokio::select! {
-            changed = changes.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-            }
-            _ = tokio::time::sleep_until(next_check) => {}
-        }
-    }
-    // Something the command started still holds the output open, with nothing queued; stop
-    // reading it so the result is final. That process keeps running (it was put in the
-    // background on purpose).
-    if let Some(reader) = lock(&session.reader).take() {
-        reader.abort();
     }
 }
 

@@ -22,8 +22,6 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 /// Trees listed more recently than this are never swept: their first process may not have
 /// exec'd yet, so /proc does not show its marker.
 const SWEEP_MIN_AGE: Duration = Duration::from_secs(10);
-/// SIGTERM grace for what an earlier daemon left.
-const LEFTOVER_GRACE: Duration = Duration::from_secs(1);
 
 /// A claimed state directory; dropping it releases the lock.
 pub struct StateDir {
@@ -69,7 +67,7 @@ impl StateDir {
             },
         )?;
         let registry = TreeRegistry::open(path.join("trees"))?;
-        let n_left = registry.stop_leftovers(LEFTOVER_GRACE);
+        let n_left = registry.stop_leftovers(warren_process::stop::KILL_GRACE);
         if n_left > 0 {
             tracing::warn!(
                 n_left,

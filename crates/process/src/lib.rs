@@ -20,6 +20,7 @@ pub mod reaper;
 pub mod registry;
 pub mod shell;
 mod spawner;
+pub mod stop;
 pub mod tree;
 
 pub use command::{

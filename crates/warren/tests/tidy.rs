@@ -134,6 +134,40 @@ fn only_the_process_crate_spawns_processes() {
     );
 }
 
+/// Every face that runs commands (PTY sessions, exec sessions, OpenSandbox commands and bash
+/// sessions, E2B processes, agent workers) ends them and drains their output by one policy,
+/// `warren_process::stop`: none keeps a grace or drain time of its own.
+#[test]
+fn the_faces_that_run_commands_share_one_kill_and_drain_policy() {
+    let mut offenders = Vec::new();
+    for (name, files) in crates() {
+        if !["execd", "exec", "brain"].contains(&name.as_str()) {
+            continue;
+        }
+        for file in files {
+            let shown = relative(&file);
+            if shown.contains("/tests/") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("").trim();
+                let own_time = code.contains("const ")
+                    && code.contains(": Duration")
+                    && (code.contains("GRACE") || code.contains("DRAIN"));
+                let own_kill = name == "execd" && code.contains("kill_tree(");
+                if own_time || own_kill {
+                    offenders.push(format!("{shown}:{}: {code}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "use warren_process::stop (end_tree, hang_up, drain_after_exit, Drain): {offenders:#?}"
+    );
+}
+
 #[test]
 fn no_file_cites_a_spec_outside_the_repository() {
     let mut offenders = Vec::new();

@@ -7,7 +7,7 @@
 //! by one task per pipe (or the PTY) and handed to every attached stream with `try_send`, so a
 //! slow client never stalls the process or the other streams; a stream that falls
 //! [`SUBSCRIBER_BUFFER`] chunks behind is dropped and ends with `data_loss`. Every signal ends
-//! the whole tree (SIGTERM, [`KILL_GRACE`], SIGKILL): upstream envd signals only its direct
+//! the whole tree (SIGTERM, [`warren_process::stop::KILL_GRACE`], SIGKILL): upstream envd signals only its direct
 //! child, so a `sleep` behind `bash -c` would outlive it.
 //!
 //! A finished process leaves the registry, but its end is kept for [`FINISHED_RETENTION`] (at
@@ -36,12 +36,8 @@ use super::proto::process::{
     StartRequest, process_event, process_input, process_selector,
 };
 
-/// SIGTERM's head start before SIGKILL when a tree is ended.
-pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Output chunks one attached stream may have pending before it is dropped.
 pub const SUBSCRIBER_BUFFER: usize = 1024;
-/// After the process exits, how long output still held open by its descendants is forwarded.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
 /// Longest one input write may wait for a process that does not read its stdin.
 const INPUT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most bytes one read of a process's output takes.
@@ -340,12 +336,7 @@ impl Processes {
     /// Ends every process's tree (daemon shutdown).
     pub async fn shutdown(&self) {
         let trees: Vec<TreeId> = self.map().values().map(|p| p.tree.clone()).collect();
-        futures_util::future::join_all(
-            trees
-                .iter()
-                .map(|tree| warren_process::kill_tree(tree, KILL_GRACE)),
-        )
-        .await;
+        futures_util::future::join_all(trees.iter().map(warren_process::stop::end_tree)).await;
     }
 }
 
@@ -388,11 +379,12 @@ impl Process {
         }
     }
 
-    /// Ends the whole tree: SIGTERM to every group, [`KILL_GRACE`], then SIGKILL.
+    /// Ends the whole tree: SIGTERM to every group, [`warren_process::stop::KILL_GRACE`], then
+    /// SIGKILL.
     pub async fn kill(&self, signal: Signal) -> Result<(), ConnectError> {
         match signal {
             Signal::Sigterm | Signal::Sigkill => {
-                warren_process::kill_tree(&self.tree, KILL_GRACE).await;
+                warren_process::stop::end_tree(&self.tree).await;
                 Ok(())
             }
             Signal::Unspecified => Err(ConnectError::invalid_argument(
@@ -502,8 +494,10 @@ async fn drive(
     timeout: Option<Duration>,
 ) -> Ended {
     let mut copiers = tokio::task::JoinSet::new();
+    let n_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for (output, mut reader) in readers {
         let process = Arc::clone(process);
+        let n_read = Arc::clone(&n_read);
         copiers.spawn(async move {
             let mut buf = vec![0u8; READ_CHUNK_BYTES];
             loop {
@@ -511,6 +505,7 @@ async fn drive(
                     // EIO on a PTY: every slave side is closed.
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
+                        n_read.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
                         process.publish(&Event::Data(output, Bytes::copy_from_slice(&buf[..n])))
                     }
                 }
@@ -528,16 +523,21 @@ async fn drive(
         status = child.wait() => status,
         () = deadline => {
             timed_out = timeout;
-            warren_process::kill_tree(&process.tree, KILL_GRACE).await;
+            warren_process::stop::end_tree(&process.tree).await;
             child.wait().await
         }
     };
     // Output written just before the exit is forwarded before the end; descendants that keep
-    // a pipe open (`server &`) are cut off after the drain.
-    let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, async {
-        while copiers.join_next().await.is_some() {}
-    })
-    .await;
+    // a pipe open (`server &`) are cut off after the drain, by the policy every face shares.
+    {
+        let mut all_copied = std::pin::pin!(async { while copiers.join_next().await.is_some() {} });
+        warren_process::stop::drain_after_exit(
+            &mut all_copied,
+            || n_read.load(std::sync::atomic::Ordering::SeqCst),
+            || 0,
+        )
+        .await;
+    }
     copiers.abort_all();
     let end = match status {
         Ok(status) => match (status.code(), status.signal()) {

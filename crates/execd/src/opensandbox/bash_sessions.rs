@@ -24,7 +24,7 @@ use warren_process::{OwnedChild, TreeId};
 use warren_protocol::opensandbox::{EventType, RunInSessionRequest};
 
 use super::CompatError;
-use super::commands::{KILL_GRACE, PING_INTERVAL};
+use super::commands::PING_INTERVAL;
 use super::stream::{EventSink, LineSplitter};
 use crate::fs::{PathError, path_error};
 use warren_process::{CommandSpec, TreeMarker};
@@ -216,7 +216,7 @@ impl BashSession {
     /// Kills the shell and everything it started, then reaps it.
     async fn close(&self) {
         if let Some(tree) = self.tree() {
-            warren_process::kill_tree(&tree, KILL_GRACE).await;
+            warren_process::stop::end_tree(&tree).await;
         }
         // A run in progress sees end of file now and releases the lock promptly.
         if let Ok(mut shell) =
@@ -280,7 +280,7 @@ impl BashSession {
             }
             RunEnd::TimedOut => {
                 if let Some(tree) = self.tree() {
-                    warren_process::kill_tree(&tree, KILL_GRACE).await;
+                    warren_process::stop::end_tree(&tree).await;
                 }
                 if let Some(mut shell) = guard.take() {
                     shell.child.wait_code().await;

@@ -4,8 +4,9 @@
 //!
 //! A foreground stream ends the moment the final event is written (no tail sleep) and output is
 //! forwarded as it is read. Records of finished commands expire after the retention period (and
-//! beyond `--command-records-max`), taking their log files with them. Killing uses
-//! `warren_process::kill_tree`; every child is reaped by its own task.
+//! beyond `--command-records-max`), taking their log files with them. Killing and the drain
+//! after an exit follow the policy every face shares (`warren_process::stop`); every child is
+//! reaped by its own task.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,12 +27,8 @@ use warren_process::{CommandSpec, TreeMarker};
 
 /// Most bytes of output kept per background command; later output is counted and dropped.
 pub const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
-/// How long SIGTERM gets before SIGKILL (interrupts and timeouts).
-pub const KILL_GRACE: Duration = Duration::from_secs(3);
 /// How often a `ping` event is sent while a command runs.
 pub const PING_INTERVAL: Duration = Duration::from_secs(3);
-/// After the command exits, how long output still held open by its descendants is forwarded.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// The registry of commands started through `POST /command`.
 pub struct Commands {
@@ -279,7 +276,7 @@ impl Commands {
         if !record.is_running() {
             return Err(CompatError::Runtime(format!("command {id} is not running")));
         }
-        warren_process::kill_tree(&record.tree, KILL_GRACE).await;
+        warren_process::stop::end_tree(&record.tree).await;
         Ok(())
     }
 
@@ -328,12 +325,7 @@ impl Commands {
             .filter(|r| r.is_running())
             .map(|r| r.tree.clone())
             .collect();
-        futures_util::future::join_all(
-            trees
-                .iter()
-                .map(|tree| warren_process::kill_tree(tree, KILL_GRACE)),
-        )
-        .await;
+        futures_util::future::join_all(trees.iter().map(warren_process::stop::end_tree)).await;
     }
 }
 
@@ -402,7 +394,7 @@ async fn wait_with_timeout(
     tokio::select! {
         code = child.wait_code() => (code, (code < 0).then(|| "killed by a signal".to_owned())),
         () = tokio::time::sleep(timeout) => {
-            warren_process::kill_tree(&tree, KILL_GRACE).await;
+            warren_process::stop::end_tree(&tree).await;
             child.wait_code().await;
             (-1, Some(format!("timed out after {} ms", timeout.as_millis())))
         }
@@ -422,12 +414,17 @@ async fn drive_background(
         stdout,
         ..
     } = spawned;
-    let mut copier = tokio::spawn(copy_to_log(stdout, log));
+    let mut copier = tokio::spawn(copy_to_log(stdout, Arc::clone(&log)));
     let (exit_code, error) = wait_with_timeout(&mut child, tree, timeout).await;
     // Output written just before the exit is on disk before the record says finished. The
     // copier itself runs to end of file: descendants that keep the pipe open (`nohup server &`)
     // keep it going, bounded by MAX_LOG_BYTES.
-    let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut copier).await;
+    warren_process::stop::drain_after_exit(
+        &mut copier,
+        || log.n_bytes.load(Ordering::SeqCst),
+        || 0,
+    )
+    .await;
     record.finish(exit_code, error);
 }
 
@@ -509,7 +506,7 @@ async fn drive_foreground(
     let mut ping =
         tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
     let mut exit_code: Option<i32> = None;
-    let mut drain_until: Option<tokio::time::Instant> = None;
+    let mut drain: Option<warren_process::stop::Drain> = None;
     let far_future = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
 
     loop {
@@ -520,6 +517,9 @@ async fn drive_foreground(
             read = read_some(&mut stdout, &mut out_buf) => {
                 match read {
                     Some(n) => {
+                        if let Some(drain) = drain.as_mut() {
+                            drain.output();
+                        }
                         for line in out_lines.push(&out_buf[..n]) {
                             sink.send_text(EventType::Stdout, line).await;
                         }
@@ -530,6 +530,9 @@ async fn drive_foreground(
             read = read_some(&mut stderr, &mut err_buf) => {
                 match read {
                     Some(n) => {
+                        if let Some(drain) = drain.as_mut() {
+                            drain.output();
+                        }
                         for line in err_lines.push(&err_buf[..n]) {
                             sink.send_text(EventType::Stderr, line).await;
                         }
@@ -540,9 +543,13 @@ async fn drive_foreground(
             code = &mut exit_rx, if exit_code.is_none() => {
                 // The waiter never drops the sender without sending; -1 is only a fallback.
                 exit_code = Some(code.unwrap_or(-1));
-                drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+                drain = Some(warren_process::stop::Drain::start());
             }
-            () = tokio::time::sleep_until(drain_until.unwrap_or(far_future)), if drain_until.is_some() => break,
+            () = tokio::time::sleep_until(drain.map_or(far_future, |d| d.deadline())), if drain.is_some() => {
+                if drain.is_some_and(|d| d.is_over(0)) {
+                    break;
+                }
+            }
             _ = ping.tick() => {
                 sink.send_text(EventType::Ping, "pong").await;
             }

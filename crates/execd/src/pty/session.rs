@@ -41,12 +41,6 @@ use super::ring::{RING_CAPACITY, ReplayRing};
 /// Output bytes a holder may have queued before it is disconnected as too slow. Generous, so a
 /// briefly descheduled client survives a burst; memory is only used while it lags.
 pub const HOLDER_MAX_QUEUED_BYTES: usize = 16 * 1024 * 1024;
-/// After the shell exits, output is still read until this long passes without any (a
-/// background job may hold the terminal open; its output is not waited for forever).
-const DRAIN_QUIET: Duration = Duration::from_millis(100);
-/// ... and for at most this long in all: a background job that keeps printing must not keep
-/// the exit from being reported. What the shell printed before exiting is read long before.
-const DRAIN_MAX: Duration = Duration::from_secs(2);
 /// Most bytes in one viewer frame.
 const MAX_VIEWER_PAYLOAD: usize = 128 * 1024;
 /// First read buffer of a pump; it grows to a full frame only while output streams.
@@ -682,16 +676,10 @@ impl Session {
                 child.wait().await
             }
         };
-        // Whatever the shell printed before exiting is already readable; keep reading until
-        // every writer is gone, nothing new arrives for a while, or the drain time is up.
-        let drain_deadline = tokio::time::Instant::now() + DRAIN_MAX;
-        while !pumps_done && tokio::time::Instant::now() < drain_deadline {
-            let before = self.output_offset();
-            match tokio::time::timeout(DRAIN_QUIET, &mut all).await {
-                Ok(_) => pumps_done = true,
-                Err(_) if self.output_offset() == before => break,
-                Err(_) => {}
-            }
+        // Whatever the shell printed before exiting is already readable; a background job may
+        // hold the terminal open, so the drain follows the policy every face shares.
+        if !pumps_done {
+            warren_process::stop::drain_after_exit(&mut all, || self.output_offset(), || 0).await;
         }
         let code = match status {
             Ok(status) => exit_code(status),
@@ -715,7 +703,7 @@ impl Session {
             std::mem::take(&mut state.trees)
         };
         for tree in trees {
-            warren_process::kill_tree(&tree, Duration::from_millis(500)).await;
+            warren_process::stop::hang_up(&tree).await;
         }
     }
 }
