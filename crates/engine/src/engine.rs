@@ -81,11 +81,8 @@ impl Engine {
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
         let provider = hands_provider(&args, &warren_bin, &agent).await?;
         let network = Arc::new(network::Network::new(&args, provider.network()));
-        let network_for_store = network.clone();
         let registry = trees.clone();
         let placement = agent.placement;
-        let admission_for_store = admission.clone();
-        let provider_for_store = provider.clone();
         let storage = Arc::new(StorageHealth::default());
         let pg = match &args.store {
             config::StoreUrl::File => None,
@@ -96,8 +93,7 @@ impl Engine {
             ),
         };
         let file_storage = storage.clone();
-        let file_store = pg.is_none();
-        let loaded = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             // Agents and hands a gateway killed with SIGKILL left running (and whatever they
             // started): stopped before any new one starts.
             let n_left = registry.stop_leftovers(LEFTOVER_STOP_GRACE);
@@ -113,40 +109,13 @@ impl Engine {
                 tracing::error!(error = %e, "the data directory does not take writes");
                 file_storage.report(&e);
             }
-            if !file_store {
-                return Ok::<_, std::io::Error>(None);
-            }
-            Ok(Some(Sessions::load(
-                &data,
-                admission,
-                provider,
-                placement,
-                file_storage,
-                network,
-            )?))
         })
         .await
-        .map_err(|e| EngineError::Internal(e.to_string()))??;
-        let sessions = match (loaded, pg) {
-            (Some(loaded), _) => loaded,
-            (None, Some(pg)) => {
-                Sessions::load_postgres(
-                    &args.data,
-                    pg,
-                    admission_for_store,
-                    provider_for_store,
-                    placement,
-                    storage,
-                    network_for_store,
-                )
-                .await?
-            }
-            (None, None) => {
-                return Err(EngineError::Internal(
-                    "the file store was not loaded".into(),
-                ));
-            }
-        };
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let sessions = Sessions::open(
+            &args.data, pg, admission, provider, placement, storage, network,
+        )
+        .await?;
         // Warm workers are agents on the host that need nothing of a session; the others start
         // per session (in its hands, or with its model token).
         let n_warm = match (agent.placement, agent.needs_session_env()) {
