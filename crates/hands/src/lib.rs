@@ -1062,6 +1062,12 @@ impl Hands {
     }
 
     fn snapshot_failed(&self, why: &str) {
+        if self.status().stopped {
+            // The hands were stopped (the session is being deleted) while the snapshot ran:
+            // it was cut short on purpose, and nobody is left to tell.
+            tracing::debug!(session = %self.session_id, why, "snapshot cut short by a stop");
+            return;
+        }
         self.status().changed = true;
         tracing::warn!(session = %self.session_id, why, "snapshot failed");
         self.emit_error(
