@@ -112,10 +112,14 @@ impl Engine {
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let sessions = Sessions::open(
-            &args.data, pg, admission, provider, placement, storage, network,
-        )
-        .await?;
+        let parts = sessions::Parts {
+            admission,
+            hands_provider: provider,
+            placement,
+            storage,
+            network,
+        };
+        let sessions = Sessions::open(&args.data, pg, parts).await?;
         // Warm workers are agents on the host that need nothing of a session; the others start
         // per session (in its hands, or with its model token).
         let n_warm = match (agent.placement, agent.needs_session_env()) {

@@ -31,6 +31,8 @@ use crate::hands::{Hands, HandsProvider};
 use crate::network::Network;
 mod stored;
 
+pub use stored::Parts;
+
 // Re-exported: a session is reached through the registry, so callers name it from here.
 pub use crate::session::{Session, SessionMeta};
 use warren_store::file;

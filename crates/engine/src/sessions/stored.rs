@@ -5,7 +5,7 @@
 //! failure: [`super::Sessions`] calls these and never asks which store it has.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use warren_store::file;
@@ -22,6 +22,17 @@ use crate::session::{OpenTurns, Session, SessionMeta};
 
 use super::{Sessions, new_meta};
 
+/// What every session of the registry shares, handed to [`Sessions::open`].
+pub struct Parts {
+    pub admission: Arc<Admission>,
+    pub hands_provider: Arc<dyn HandsProvider>,
+    /// Where every session's agent runs (`--brain-placement`).
+    pub placement: BrainPlacement,
+    pub storage: Arc<StorageHealth>,
+    /// The hands' network: each session's egress proxy.
+    pub network: Arc<Network>,
+}
+
 impl Sessions {
     /// Loads every session where sessions are kept: files are read and repaired off the async
     /// workers; a store's rows are read with their events. Turns left open are closed by
@@ -29,40 +40,16 @@ impl Sessions {
     pub async fn open(
         data_dir: &Path,
         store: Option<warren_store::pg::Store>,
-        admission: Arc<Admission>,
-        hands_provider: Arc<dyn HandsProvider>,
-        placement: BrainPlacement,
-        storage: Arc<StorageHealth>,
-        network: Arc<Network>,
+        parts: Parts,
     ) -> Result<Sessions, EngineError> {
         match store {
-            Some(store) => {
-                Self::load_postgres(
-                    data_dir,
-                    store,
-                    admission,
-                    hands_provider,
-                    placement,
-                    storage,
-                    network,
-                )
-                .await
-            }
+            Some(store) => Self::load_postgres(data_dir, store, parts).await,
             None => {
                 let data_dir = data_dir.to_path_buf();
-                tokio::task::spawn_blocking(move || {
-                    Self::load(
-                        &data_dir,
-                        admission,
-                        hands_provider,
-                        placement,
-                        storage,
-                        network,
-                    )
-                })
-                .await
-                .map_err(|e| EngineError::Internal(e.to_string()))?
-                .map_err(EngineError::from)
+                tokio::task::spawn_blocking(move || Self::load(&data_dir, parts))
+                    .await
+                    .map_err(|e| EngineError::Internal(e.to_string()))?
+                    .map_err(EngineError::from)
             }
         }
     }
@@ -101,18 +88,10 @@ impl Sessions {
 
     /// Loads and repairs every session under `data_dir/sessions`. Turns left open are closed by
     /// [`Sessions::close_turns_left_open`], once the gateway runs.
-    fn load(
-        data_dir: &Path,
-        admission: Arc<Admission>,
-        hands_provider: Arc<dyn HandsProvider>,
-        placement: BrainPlacement,
-        storage: Arc<StorageHealth>,
-        network: Arc<Network>,
-    ) -> std::io::Result<Sessions> {
-        let dir = data_dir.join("sessions");
-        std::fs::create_dir_all(&dir)?;
-        let mut by_id = HashMap::new();
-        for entry in std::fs::read_dir(&dir)? {
+    fn load(data_dir: &Path, parts: Parts) -> std::io::Result<Sessions> {
+        let sessions = Sessions::empty(data_dir.join("sessions"), None, parts);
+        std::fs::create_dir_all(&sessions.dir)?;
+        for entry in std::fs::read_dir(&sessions.dir)? {
             let session_dir = entry?.path();
             // A warm sandbox's directory (no `meta.json`: no session took it) is removed;
             // its hands are stopped as strays once the gateway runs.
@@ -123,17 +102,17 @@ impl Sessions {
             }
             let recovered = recover_session(
                 &session_dir,
-                &admission,
-                &hands_provider,
-                placement,
-                &storage,
+                &sessions.admission,
+                &sessions.hands_provider,
+                sessions.placement,
+                &sessions.storage,
             );
             match recovered {
                 Ok(Some(session)) => {
                     let session = Arc::new(session);
                     session.wire_hands();
-                    network.attach(&session);
-                    by_id.insert(session.id.clone(), session);
+                    sessions.network.attach(&session);
+                    sessions.map().insert(session.id.clone(), session);
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -141,16 +120,7 @@ impl Sessions {
                 }
             }
         }
-        Ok(Sessions {
-            dir,
-            hands_provider,
-            placement,
-            admission,
-            storage,
-            store: None,
-            network,
-            by_id: Mutex::new(by_id),
-        })
+        Ok(sessions)
     }
 
     /// Loads every session of a PostgreSQL store with its event log; a session without a
@@ -159,36 +129,36 @@ impl Sessions {
     async fn load_postgres(
         data_dir: &Path,
         store: warren_store::pg::Store,
-        admission: Arc<Admission>,
-        hands_provider: Arc<dyn HandsProvider>,
-        placement: BrainPlacement,
-        storage: Arc<StorageHealth>,
-        network: Arc<Network>,
+        parts: Parts,
     ) -> Result<Sessions, EngineError> {
-        let dir = data_dir.join("sessions");
         let rows = store.load_sessions().await?;
+        let sessions = Sessions::empty(data_dir.join("sessions"), Some(store), parts);
         let known: std::collections::HashSet<String> =
             rows.iter().map(|(id, _, _)| id.clone()).collect();
-        let scan_dir = dir.clone();
+        let scan_dir = sessions.dir.clone();
         tokio::task::spawn_blocking(move || remove_unknown_dirs(&scan_dir, &known))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))??;
-        let sessions = Sessions {
-            dir,
-            hands_provider,
-            placement,
-            admission,
-            storage,
-            store: Some(store),
-            network,
-            by_id: Mutex::new(HashMap::new()),
-        };
         for (id, _, value) in rows {
             if let Err(e) = sessions.open_stored(&id, value).await {
                 tracing::error!(session = %id, error = %e, "session not loaded from the store");
             }
         }
         Ok(sessions)
+    }
+
+    /// A registry with no session yet.
+    fn empty(dir: PathBuf, store: Option<warren_store::pg::Store>, parts: Parts) -> Sessions {
+        Sessions {
+            dir,
+            hands_provider: parts.hands_provider,
+            placement: parts.placement,
+            admission: parts.admission,
+            storage: parts.storage,
+            store,
+            network: parts.network,
+            by_id: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Opens the stored session `id` (its meta as stored) with its event log, and registers it.
@@ -290,6 +260,7 @@ impl Sessions {
         }
         Ok(())
     }
+
     /// Makes a new session where sessions are kept and registers it, with its quota slot and,
     /// when `want_brain` and the limits allow, a brain slot.
     pub(crate) async fn create(
@@ -352,19 +323,35 @@ impl Sessions {
             }
         };
         let hands = warm_hands.unwrap_or_else(|| self.new_hands(&id, &session_dir));
+        let meta_store = MetaStore::File(meta_path);
+        let session = self.list_new(meta, session_dir, meta_store, log, hands, session_slot);
+        Ok((session, brain_slot))
+    }
+
+    /// A new session made of its parts, wired to its hands and network, and listed.
+    fn list_new(
+        &self,
+        meta: SessionMeta,
+        dir: std::path::PathBuf,
+        meta_store: MetaStore,
+        log: EventLog,
+        hands: Arc<Hands>,
+        slot: crate::admission::SessionSlot,
+    ) -> Arc<Session> {
+        let id = meta.id.clone();
         let session = Arc::new(Session::new(
             meta,
-            session_dir,
-            MetaStore::File(meta_path),
+            dir,
+            meta_store,
             log,
             hands,
             OpenTurns::default(),
-            session_slot,
+            slot,
         ));
         session.wire_hands();
         self.network.attach(&session);
         self.map().insert(id, session.clone());
-        Ok((session, brain_slot))
+        session
     }
 
     /// [`Sessions::create`] in a PostgreSQL store: the device's quota is checked and
@@ -433,21 +420,11 @@ impl Sessions {
             false => None,
         };
         let hands = warm_hands.unwrap_or_else(|| self.new_hands(&id, &session_dir));
-        let session = Arc::new(Session::new(
-            meta,
-            session_dir,
-            MetaStore::Postgres {
-                store: store.clone(),
-                id: id.clone(),
-            },
-            log,
-            hands,
-            OpenTurns::default(),
-            session_slot,
-        ));
-        session.wire_hands();
-        self.network.attach(&session);
-        self.map().insert(id, session.clone());
+        let meta_store = MetaStore::Postgres {
+            store: store.clone(),
+            id,
+        };
+        let session = self.list_new(meta, session_dir, meta_store, log, hands, session_slot);
         Ok((session, brain_slot))
     }
 }
