@@ -156,32 +156,9 @@ pub struct GatewayArgs {
     /// these, never the gateway's other variables.
     #[arg(long = "hands-env", env = "WARREN_HANDS_ENV", value_delimiter = ',')]
     pub hands_env: Vec<warren_process::HandsVar>,
-    /// Milliseconds a connection may take to send a complete request head once it could; then
-    /// it is closed (this also ends idle keep-alive connections).
-    #[arg(
-        long,
-        env = "WARREN_HEADER_READ_TIMEOUT_MS",
-        default_value_t = ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub header_read_timeout_ms: u64,
-    /// Milliseconds a request body may send nothing while it is read; then the request fails
-    /// with 408.
-    #[arg(
-        long,
-        env = "WARREN_BODY_IDLE_TIMEOUT_MS",
-        default_value_t = ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub body_idle_timeout_ms: u64,
-    /// Most connections served at once (event streams included); more wait to be accepted.
-    #[arg(
-        long,
-        env = "WARREN_MAX_CONNECTIONS",
-        default_value_t = ServeConfig::DEFAULT_MAX_CONNECTIONS,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-    )]
-    pub max_connections: usize,
+    /// `--header-read-timeout-ms`, `--body-idle-timeout-ms`, `--max-connections`.
+    #[command(flatten)]
+    pub serve: warren_http::ServeFlags,
     /// The `warren` binary used to start hands (`execd`), the MCP server and the built-in
     /// agent (default: this executable).
     #[arg(long, env = "WARREN_BIN", hide = true)]
@@ -332,9 +309,7 @@ impl std::fmt::Debug for GatewayArgs {
             .field("model", &self.model)
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
-            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
-            .field("body_idle_timeout_ms", &self.body_idle_timeout_ms)
-            .field("max_connections", &self.max_connections)
+            .field("serve", &self.serve)
             .finish()
     }
 }
@@ -361,11 +336,7 @@ impl GatewayArgs {
 
     /// The connection limits `warren_http::serve` applies.
     pub fn serve_config(&self) -> ServeConfig {
-        ServeConfig {
-            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
-            body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
-            max_connections: self.max_connections,
-        }
+        self.serve.config()
     }
 }
 
@@ -521,30 +492,13 @@ mod tests {
     }
 
     #[test]
-    fn serve_limits_parse_and_refuse_zero() {
+    fn serve_limits_are_the_shared_flags() {
         use clap::Parser;
-        let flags = [
-            "warren",
-            "--header-read-timeout-ms=300",
-            "--body-idle-timeout-ms=400",
-            "--max-connections=5",
-        ];
-        let args = Cli::try_parse_from(flags).expect("parses the flags").args;
-        assert_eq!(
-            args.serve_config(),
-            ServeConfig {
-                header_read_timeout: Duration::from_millis(300),
-                body_idle_timeout: Duration::from_millis(400),
-                max_connections: 5,
-            }
-        );
-        for zero in [
-            "--header-read-timeout-ms=0",
-            "--body-idle-timeout-ms=0",
-            "--max-connections=0",
-        ] {
-            assert!(Cli::try_parse_from(["warren", zero]).is_err(), "{zero}");
-        }
+        let args = Cli::try_parse_from(["warren", "--max-connections=5"])
+            .expect("parses")
+            .args;
+        assert_eq!(args.serve_config().max_connections, 5);
+        assert!(Cli::try_parse_from(["warren", "--max-connections=0"]).is_err());
     }
 
     #[test]

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
 use warren_http::ServeConfig;
 
@@ -104,31 +103,9 @@ pub struct Config {
     #[arg(long, default_value_t = 1024)]
     pub command_records_max: usize,
 
-    /// A connection that has not sent a complete request head this long after it could, is
-    /// closed, in milliseconds (also how long an idle keep-alive connection is kept).
-    #[arg(
-        long,
-        default_value_t = ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub header_read_timeout_ms: u64,
-
-    /// A request body from which nothing arrives this long while it is read fails with 408,
-    /// in milliseconds.
-    #[arg(
-        long,
-        default_value_t = ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub body_idle_timeout_ms: u64,
-
-    /// Most connections served at once (WebSockets included); more wait to be accepted.
-    #[arg(
-        long,
-        default_value_t = ServeConfig::DEFAULT_MAX_CONNECTIONS,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-    )]
-    pub max_connections: usize,
+    /// `--header-read-timeout-ms`, `--body-idle-timeout-ms`, `--max-connections`.
+    #[command(flatten)]
+    pub serve: warren_http::ServeFlags,
 
     /// PTY WebSocket: interval between server pings, in milliseconds.
     #[arg(long, hide = true, default_value_t = 30_000)]
@@ -173,9 +150,7 @@ impl Default for Config {
             pty_silence_timeout_ms: 60_000,
             pty_write_timeout_ms: 10_000,
             pty_takeover_timeout_ms: 5_000,
-            header_read_timeout_ms: ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
-            body_idle_timeout_ms: ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
-            max_connections: ServeConfig::DEFAULT_MAX_CONNECTIONS,
+            serve: warren_http::ServeFlags::default(),
         }
     }
 }
@@ -275,11 +250,7 @@ impl Config {
 
     /// The connection limits `warren_http::serve` applies.
     pub fn serve_config(&self) -> ServeConfig {
-        ServeConfig {
-            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
-            body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
-            max_connections: self.max_connections,
-        }
+        self.serve.config()
     }
 }
 
@@ -387,32 +358,13 @@ mod tests {
     }
 
     #[test]
-    fn serve_limits_default_from_flags_and_from_config_default_and_refuse_zero() {
+    fn serve_limits_are_the_shared_flags_with_their_defaults() {
         use clap::Parser;
         let parsed = Cli::try_parse_from(["execd"]).expect("parses no flags");
         assert_eq!(parsed.config.serve_config(), ServeConfig::default());
         assert_eq!(Config::default().serve_config(), ServeConfig::default());
-        let flags = [
-            "execd",
-            "--header-read-timeout-ms=300",
-            "--body-idle-timeout-ms=400",
-            "--max-connections=5",
-        ];
-        let parsed = Cli::try_parse_from(flags).expect("parses the flags");
-        assert_eq!(
-            parsed.config.serve_config(),
-            ServeConfig {
-                header_read_timeout: Duration::from_millis(300),
-                body_idle_timeout: Duration::from_millis(400),
-                max_connections: 5,
-            }
-        );
-        for zero in [
-            "--header-read-timeout-ms=0",
-            "--body-idle-timeout-ms=0",
-            "--max-connections=0",
-        ] {
-            assert!(Cli::try_parse_from(["execd", zero]).is_err(), "{zero}");
-        }
+        let parsed = Cli::try_parse_from(["execd", "--max-connections=5"]).expect("parses");
+        assert_eq!(parsed.config.serve_config().max_connections, 5);
+        assert!(Cli::try_parse_from(["execd", "--max-connections=0"]).is_err());
     }
 }

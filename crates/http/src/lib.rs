@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use warren_protocol::error::ErrorBody;
 
 pub use request::{Json, OptionalJson, Path, RequestError, body_read_error, from_json_slice};
-pub use serve::{Listener, ServeConfig, serve};
+pub use serve::{Listener, ServeConfig, ServeFlags, serve};
 
 /// A response with Warren's error body `{"code": "...", "message": "..."}`.
 pub fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

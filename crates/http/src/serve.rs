@@ -70,6 +70,60 @@ impl Default for ServeConfig {
     }
 }
 
+/// The flags of every Warren server that set its [`ServeConfig`] (`warren serve`, `warren
+/// execd`): `--header-read-timeout-ms`, `--body-idle-timeout-ms`, `--max-connections`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ServeFlags {
+    /// Milliseconds a connection may take to send a complete request head once it could; then
+    /// it is closed (this also ends idle keep-alive connections).
+    #[arg(
+        long,
+        env = "WARREN_HEADER_READ_TIMEOUT_MS",
+        default_value_t = ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub header_read_timeout_ms: u64,
+    /// Milliseconds a request body may send nothing while it is read; then the request fails
+    /// with 408.
+    #[arg(
+        long,
+        env = "WARREN_BODY_IDLE_TIMEOUT_MS",
+        default_value_t = ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub body_idle_timeout_ms: u64,
+    /// Most connections served at once (event streams and WebSockets included); more wait to
+    /// be accepted.
+    #[arg(
+        long,
+        env = "WARREN_MAX_CONNECTIONS",
+        default_value_t = ServeConfig::DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    pub max_connections: usize,
+}
+
+impl Default for ServeFlags {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: ServeConfig::DEFAULT_HEADER_READ_TIMEOUT_MS,
+            body_idle_timeout_ms: ServeConfig::DEFAULT_BODY_IDLE_TIMEOUT_MS,
+            max_connections: ServeConfig::DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+impl ServeFlags {
+    /// The limits these flags ask for.
+    pub fn config(&self) -> ServeConfig {
+        ServeConfig {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+}
+
 /// Where [`serve`] accepts connections: a TCP port or a Unix-domain socket.
 #[derive(Debug)]
 pub enum Listener {
@@ -310,5 +364,51 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for SlotStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::{ServeConfig, ServeFlags};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeFlags,
+    }
+
+    #[test]
+    fn serve_flags_default_parse_and_refuse_zero() {
+        let defaults = Cli::try_parse_from(["server"])
+            .expect("parses no flags")
+            .serve;
+        assert_eq!(defaults, ServeFlags::default());
+        assert_eq!(defaults.config(), ServeConfig::default());
+        let flags = [
+            "server",
+            "--header-read-timeout-ms=300",
+            "--body-idle-timeout-ms=400",
+            "--max-connections=5",
+        ];
+        let parsed = Cli::try_parse_from(flags).expect("parses the flags").serve;
+        assert_eq!(
+            parsed.config(),
+            ServeConfig {
+                header_read_timeout: Duration::from_millis(300),
+                body_idle_timeout: Duration::from_millis(400),
+                max_connections: 5,
+            }
+        );
+        for zero in [
+            "--header-read-timeout-ms=0",
+            "--body-idle-timeout-ms=0",
+            "--max-connections=0",
+        ] {
+            assert!(Cli::try_parse_from(["server", zero]).is_err(), "{zero}");
+        }
     }
 }

@@ -16,8 +16,11 @@ use pty_support::{WAIT, start_with};
 /// A daemon with timeouts short enough to watch them fire.
 fn short_timeouts() -> Config {
     Config {
-        header_read_timeout_ms: 300,
-        body_idle_timeout_ms: 300,
+        serve: warren_http::ServeFlags {
+            header_read_timeout_ms: 300,
+            body_idle_timeout_ms: 300,
+            ..warren_http::ServeFlags::default()
+        },
         ..Config::default()
     }
 }

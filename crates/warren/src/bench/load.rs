@@ -969,7 +969,7 @@ fn gateway_args(data: &std::path::Path) -> GatewayArgs {
     args.app_key = Some("bench-app-key".into());
     // No brains: the events are appended here, and only the event streams are measured.
     args.warm_workers = 0;
-    args.max_connections = 4096;
+    args.serve.max_connections = 4096;
     args
 }
 

@@ -19,8 +19,8 @@ use super::helpers::{
 /// Timeouts short enough to watch them fire.
 fn args_with_short_timeouts(data: PathBuf) -> GatewayArgs {
     let mut args = args_without_agent(data);
-    args.header_read_timeout_ms = 300;
-    args.body_idle_timeout_ms = 300;
+    args.serve.header_read_timeout_ms = 300;
+    args.serve.body_idle_timeout_ms = 300;
     args
 }
 
