@@ -265,11 +265,7 @@ impl Admission {
                 self.limits.sessions_per_device
             )));
         }
-        usage.n_sessions += 1;
-        let session = SessionSlot {
-            admission: self.clone(),
-            device_id: device_id.to_string(),
-        };
+        let session = self.count_session(&mut state, device_id);
         let brain = if with_brain {
             self.try_brain(&mut state, device_id, None).ok()
         } else {
@@ -281,7 +277,12 @@ impl Admission {
     /// Counts a session that already exists on disk (loaded at start), or one the store has
     /// just admitted (the store's count is the quota then), even over the local quota.
     pub fn adopt_session(self: &Arc<Self>, device_id: &str) -> SessionSlot {
-        self.lock()
+        self.count_session(&mut self.lock(), device_id)
+    }
+
+    /// Counts one more session of `device_id`; the slot uncounts it when dropped.
+    fn count_session(self: &Arc<Self>, state: &mut State, device_id: &str) -> SessionSlot {
+        state
             .per_device
             .entry(device_id.to_string())
             .or_default()

@@ -492,20 +492,8 @@ mod tests {
 
     #[test]
     fn the_claude_preset_points_at_the_proxy_with_the_session_token() {
-        let agent = Agent {
-            preset: Preset::Claude,
-            command: AgentCommand::parse("claude-agent-acp").expect("parses"),
-            placement: BrainPlacement::Hands,
-            prefix: None,
-            inner_program: "/opt/warren/agent/node_modules/.bin/claude-agent-acp".into(),
-            model: None,
-        };
-        let access = ModelAccess {
-            proxy_origin: "http://127.0.0.1:8080/",
-            token: "wm_t",
-            as_root: false,
-            home: "/home/agent",
-        };
+        let agent = preset(Preset::Claude, "claude-agent-acp");
+        let access = access("http://127.0.0.1:8080/");
         let command = agent.session_command(true, &access);
         assert_eq!(command.program, agent.inner_program);
         assert!(command.args.is_empty());
@@ -524,20 +512,8 @@ mod tests {
 
     #[test]
     fn codex_writes_its_provider_config_in_its_home_before_it_starts() {
-        let agent = Agent {
-            preset: Preset::Codex,
-            command: AgentCommand::parse("codex-acp").expect("parses"),
-            placement: BrainPlacement::Hands,
-            prefix: None,
-            inner_program: "/opt/warren/agent/node_modules/.bin/codex-acp".into(),
-            model: None,
-        };
-        let access = ModelAccess {
-            proxy_origin: "http://127.0.0.1:9",
-            token: "wm_t",
-            as_root: false,
-            home: "/home/agent",
-        };
+        let agent = preset(Preset::Codex, "codex-acp");
+        let access = access("http://127.0.0.1:9");
         let command = agent.session_command(true, &access);
         assert_eq!(command.program, "/bin/sh");
         assert_eq!(command.args[0], "-c");
@@ -559,6 +535,16 @@ mod tests {
         );
     }
 
+    /// A session's access to the model proxy at `proxy_origin`, token `wm_t`, not as root.
+    fn access(proxy_origin: &str) -> ModelAccess<'_> {
+        ModelAccess {
+            proxy_origin,
+            token: "wm_t",
+            as_root: false,
+            home: "/home/agent",
+        }
+    }
+
     fn preset(preset: Preset, program: &str) -> Agent {
         Agent {
             preset,
@@ -574,12 +560,7 @@ mod tests {
     /// `--agent-model` overriding it; Claude and Gemini their own default unless given one.
     #[test]
     fn each_preset_asks_for_its_model_and_agent_model_overrides_it() {
-        let access = ModelAccess {
-            proxy_origin: "http://127.0.0.1:9",
-            token: "wm_t",
-            as_root: false,
-            home: "/home/agent",
-        };
+        let access = access("http://127.0.0.1:9");
         let codex_line = |agent: &Agent| agent.session_command(true, &access).args[1].clone();
         let env_of = |agent: &Agent, name: &str| {
             agent

@@ -261,7 +261,6 @@ impl model_proxy::Ledger for Engine {
 /// Pauses idle hands and archives long-paused ones (hands.md "Lifecycle"), until the gateway
 /// goes away.
 fn spawn_hands_sweeper(gateway: &Arc<Engine>) {
-    let weak = Arc::downgrade(gateway);
     let lifecycle = Lifecycle {
         idle_pause: gateway.args.hands_idle_pause,
         archive_after: gateway.args.hands_archive_after,
@@ -269,24 +268,40 @@ fn spawn_hands_sweeper(gateway: &Arc<Engine>) {
     };
     let period = (lifecycle.idle_pause.min(lifecycle.archive_after) / 4)
         .clamp(Duration::from_millis(50), Duration::from_secs(5));
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(gateway) = weak.upgrade() else {
-                return;
-            };
-            let sessions = gateway.sessions.all();
-            drop(gateway);
-            futures_util::future::join_all(
-                sessions
-                    .iter()
-                    .map(|session| session.hands.sweep(&lifecycle)),
-            )
-            .await;
+    gateway.every(period, move |gateway| {
+        // The sweep may take long (snapshots): it holds the sessions, not the engine.
+        let sessions = gateway.sessions.all();
+        drop(gateway);
+        async move {
+            let sweeps = sessions
+                .iter()
+                .map(|session| session.hands.sweep(&lifecycle));
+            futures_util::future::join_all(sweeps).await;
         }
     });
+}
+
+impl Engine {
+    /// Runs `round` every `period` (a round that overruns delays the next) for as long as the
+    /// engine lives: each round gets the engine, and the task ends once it is gone.
+    pub(crate) fn every<F, R>(self: &Arc<Self>, period: Duration, round: F)
+    where
+        F: Fn(Arc<Engine>) -> R + Send + 'static,
+        R: std::future::Future<Output = ()> + Send,
+    {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(engine) = weak.upgrade() else {
+                    return;
+                };
+                round(engine).await;
+            }
+        });
+    }
 }
 
 /// How long a left-over agent or hands gets between SIGTERM and SIGKILL at start.

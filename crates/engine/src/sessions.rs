@@ -176,10 +176,13 @@ pub async fn create_session(
     let warm_parts = warm
         .as_ref()
         .map(|warm| (warm.id.clone(), warm.hands.clone()));
-    let created = gateway
-        .sessions
-        .create(device_id, title, warm_available, warm_parts)
-        .await;
+    let new = stored::NewSession {
+        device_id,
+        title,
+        want_brain: warm_available,
+        warm: warm_parts,
+    };
+    let created = gateway.sessions.create(new).await;
     let (session, brain_slot) = match created {
         Ok(created) => created,
         Err(e) => {

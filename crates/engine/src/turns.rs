@@ -375,39 +375,30 @@ pub fn answer_permission(
 
 /// Stops brains that had no turn and no pending permission for `--brain-idle`.
 pub fn spawn_idle_sweeper(gateway: &Arc<Engine>) {
-    let weak = Arc::downgrade(gateway);
     let period =
         (gateway.args.brain_idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(gateway) = weak.upgrade() else {
-                return;
-            };
-            for session in gateway.sessions.all() {
-                // An agent inside paused hands is frozen with them and costs no CPU; it stops
-                // when they are archived.
-                if session.hands.brain_placement() == BrainPlacement::Hands
-                    && session.hands.state() == HandsState::Paused
-                {
-                    continue;
-                }
-                let Some(idle_brain) = session.take_idle_brain(gateway.args.brain_idle) else {
-                    continue;
-                };
-                tracing::info!(session = %session.id, "stopping idle brain");
-                session.emit(
-                    None,
-                    EventBody::Status {
-                        brain: Some("idle".into()),
-                        hands: None,
-                        message: None,
-                    },
-                );
-                idle_brain.stop().await;
+    gateway.every(period, |gateway| async move {
+        for session in gateway.sessions.all() {
+            // An agent inside paused hands is frozen with them and costs no CPU; it stops when
+            // they are archived.
+            if session.hands.brain_placement() == BrainPlacement::Hands
+                && session.hands.state() == HandsState::Paused
+            {
+                continue;
             }
+            let Some(idle_brain) = session.take_idle_brain(gateway.args.brain_idle) else {
+                continue;
+            };
+            tracing::info!(session = %session.id, "stopping idle brain");
+            session.emit(
+                None,
+                EventBody::Status {
+                    brain: Some("idle".into()),
+                    hands: None,
+                    message: None,
+                },
+            );
+            idle_brain.stop().await;
         }
     });
 }

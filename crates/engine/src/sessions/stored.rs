@@ -22,6 +22,15 @@ use crate::session::{OpenTurns, Session, SessionMeta};
 
 use super::{Sessions, new_meta};
 
+/// What a new session is made of: its device, title, whether it wants a brain now, and the
+/// warm sandbox (id and hands) it takes, if any.
+pub(crate) struct NewSession<'a> {
+    pub device_id: &'a str,
+    pub title: Option<String>,
+    pub want_brain: bool,
+    pub warm: Option<(String, Arc<Hands>)>,
+}
+
 /// What every session of the registry shares, handed to [`Sessions::open`].
 pub struct Parts {
     pub admission: Arc<Admission>,
@@ -265,20 +274,11 @@ impl Sessions {
     /// when `want_brain` and the limits allow, a brain slot.
     pub(crate) async fn create(
         &self,
-        device_id: &str,
-        title: Option<String>,
-        want_brain: bool,
-        warm: Option<(String, Arc<Hands>)>,
+        new: NewSession<'_>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), EngineError> {
         match &self.store {
-            Some(store) => {
-                self.create_in_store(store, device_id, title, want_brain, warm)
-                    .await
-            }
-            None => {
-                self.create_in_files(device_id, title, want_brain, warm)
-                    .await
-            }
+            Some(store) => self.create_in_store(store, new).await,
+            None => self.create_in_files(new).await,
         }
     }
 
@@ -286,13 +286,12 @@ impl Sessions {
     /// atomic step, then the files are made (and fsynced) off the async workers.
     async fn create_in_files(
         &self,
-        device_id: &str,
-        title: Option<String>,
-        want_brain: bool,
-        warm: Option<(String, Arc<Hands>)>,
+        new: NewSession<'_>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), EngineError> {
-        let (session_slot, brain_slot) = self.admission.reserve_session(device_id, want_brain)?;
-        let (meta, warm_hands) = new_meta(device_id, title, warm);
+        let (session_slot, brain_slot) = self
+            .admission
+            .reserve_session(new.device_id, new.want_brain)?;
+        let (meta, warm_hands) = new_meta(new.device_id, new.title, new.warm);
         let id = meta.id.clone();
         let session_dir = self.dir.join(&id);
         let meta_path = session_dir.join("meta.json");
@@ -360,11 +359,14 @@ impl Sessions {
     async fn create_in_store(
         &self,
         store: &warren_store::pg::Store,
-        device_id: &str,
-        title: Option<String>,
-        want_brain: bool,
-        warm: Option<(String, Arc<Hands>)>,
+        new: NewSession<'_>,
     ) -> Result<(Arc<Session>, Option<BrainSlot>), EngineError> {
+        let NewSession {
+            device_id,
+            title,
+            want_brain,
+            warm,
+        } = new;
         // The store's count is the quota across replicas: this replica's own count may still
         // hold sessions another replica deleted (a 204 there frees the slot everywhere), so it
         // only follows the store here and never refuses on its own.

@@ -545,11 +545,8 @@ async fn drive_foreground(
                 exit_code = Some(code.unwrap_or(-1));
                 drain = Some(warren_process::stop::Drain::start());
             }
-            () = tokio::time::sleep_until(drain.map_or(far_future, |d| d.deadline())), if drain.is_some() => {
-                if drain.is_some_and(|d| d.is_over(0)) {
-                    break;
-                }
-            }
+            // The drain's deadline moves with each output; reaching it ends the drain.
+            () = tokio::time::sleep_until(drain.map_or(far_future, |d| d.deadline())), if drain.is_some() => break,
             _ = ping.tick() => {
                 sink.send_text(EventType::Ping, "pong").await;
             }
