@@ -16,6 +16,9 @@
 //   (the person's own terminal may have made the connection), so the end of a turn leaves it
 //   open. Of the `egress` events only a refused destination is a (quiet) line, once per turn;
 //   allowed ones and byte summaries belong to the Network view (network.js).
+// - A `credential_used` (the egress proxy set a credential on a request) is a quiet line too;
+//   uses of the same credential, host, method, path and status one after the other in the chat
+//   fold into one line with a count (a `git push` makes several requests).
 
 /** A new, empty conversation. */
 export function createConversation() {
@@ -87,6 +90,8 @@ export function applyEvent(conversation, event) {
     }
     case "egress":
       return applyEgress(conversation, event);
+    case "credential_used":
+      return applyCredentialUsed(conversation, event);
     case "permission_resolved": {
       const item = conversation.permissions.get(event.request_id);
       if (!item) return [];
@@ -104,8 +109,7 @@ export function applyEvent(conversation, event) {
     case "gap":
       return note(conversation, event, `Earlier events were compacted: ${event.after + 1}–${event.next_seq - 1} are not shown.`);
     default:
-      // files_changed, usage, credential_used and types added later change nothing in the
-      // conversation.
+      // files_changed, usage and types added later change nothing in the conversation.
       return [];
   }
 }
@@ -141,6 +145,25 @@ function applyEgress(conversation, event) {
   if (conversation.refused.has(key)) return [];
   conversation.refused.add(key);
   return [add(conversation, { kind: "refused", seq: event.seq, host: event.host ?? "", port: event.port ?? null, rule: event.rule ?? null, text: refusedWords(event) })];
+}
+
+/** A request that carried a credential: a new quiet line, or one more use on the line just
+ *  before when it is the same credential, host, method, path and status. */
+function applyCredentialUsed(conversation, event) {
+  const use = {
+    name: String(event.name ?? ""),
+    host: String(event.host ?? ""),
+    method: String(event.method ?? ""),
+    // The gateway sends the path without its query; never show one if it did not.
+    path: String(event.path ?? "").split(/[?#]/)[0],
+    status: typeof event.status === "number" ? event.status : null,
+  };
+  const last = conversation.items.at(-1);
+  if (last?.kind === "credential" && ["name", "host", "method", "path", "status"].every((k) => last[k] === use[k])) {
+    last.count++;
+    return [last];
+  }
+  return [add(conversation, { kind: "credential", seq: event.seq, ...use, count: 1 })];
 }
 
 /** `host:port`, with an IPv6 address in brackets (`[::1]:443`); the host alone without a port. */

@@ -1,13 +1,16 @@
 // The Network view: what the session's hands may reach (network.md). `GET /egress` gives the
-// hands' network mode, the egress policy, the allow and deny rules and the destinations seen
-// lately; every change (the policy, a rule added or removed, "Allow"/"Deny" on a destination)
-// is one `PUT /egress` of the whole policy and rules, built from the last answer, one at a time,
-// so two quick taps never undo each other. The view refreshes when it opens and, while open,
+// hands' network mode, the egress policy, the allow and deny rules, the destinations seen lately
+// and the credentials the proxy may set (`available_credentials`, the names of those on in
+// `credentials`); every change (the policy, a rule added or removed, "Allow"/"Deny" on a
+// destination, a credential's switch) is one `PUT /egress` of the whole policy and rules (and,
+// for a switch, the credentials on), built from the last answer, one at a time, so two quick
+// taps never undo each other. The view refreshes when it opens and, while open,
 // when the stream says the egress changed (at most once a second). Only a `private` network has
 // an egress proxy; in the other modes the view says so and offers nothing to edit.
 //
-// The pure parts (words, byte counts, the rule lists as `vdom` nodes, the next policy body) are
-// exported for the tests; host names and rules reach the page only as text.
+// The pure parts (words, byte counts, the rule and credential lists as `vdom` nodes, the next
+// policy body) are exported for the tests; host names, rules and credential names reach the
+// page only as text. No credential's value ever reaches the console.
 
 import { hostPort } from "./conversation.js";
 import { h, toDom } from "./vdom.js";
@@ -109,6 +112,83 @@ export function withPolicy(egress, policy) {
   return { policy, allow: [...(egress.allow ?? [])], deny: [...(egress.deny ?? [])] };
 }
 
+/** The names of the credentials on for the session: `credentials` (names; `{name}` objects are
+ *  read too), or, from a gateway that does not send it, those `available_credentials` marks
+ *  `enabled`. */
+export function credentialsOn(egress) {
+  if (Array.isArray(egress?.credentials)) {
+    return egress.credentials.map((c) => (typeof c === "string" ? c : c?.name ?? "")).filter(Boolean);
+  }
+  return (egress?.available_credentials ?? []).filter((c) => c.enabled === true).map((c) => c.name);
+}
+
+/** The PUT body with credential `name` turned on or off: the policy and rules as they are, and
+ *  `credentials` the names then on, among those offered, in their order (a name no longer offered
+ *  would only be refused); null when `name` is not offered or already so. */
+export function withCredential(egress, name, on) {
+  const offered = (egress.available_credentials ?? []).map((c) => c.name);
+  if (!offered.includes(name)) return null;
+  const names = new Set(credentialsOn(egress));
+  if (names.has(name) === on) return null;
+  if (on) names.add(name);
+  else names.delete(name);
+  return {
+    policy: egress.policy,
+    allow: [...(egress.allow ?? [])],
+    deny: [...(egress.deny ?? [])],
+    credentials: offered.filter((n) => names.has(n)),
+  };
+}
+
+const ADD_CREDENTIAL = "warren serve --hands-credential NAME=HOST:HEADER:VALUE";
+
+/** The Credentials section's content: what credentials at the edge are, then each credential the
+ *  session's device may use (its name, hosts and header) with an on/off switch where the hands
+ *  have an egress proxy. `saving` maps a name to the state a PUT in flight is giving it (its
+ *  switch is disabled meanwhile); `errors` maps a name to why its last switch failed. */
+export function renderCredentials(egress, saving = new Map(), errors = new Map()) {
+  const offered = egress.available_credentials ?? [];
+  const editable = egress.network === "private";
+  const intro = !editable
+    ? h("p", { class: "meta" }, "Credentials need an egress proxy: the hands must run with ", h("code", {}, "--hands-network private"), ". The proxy sets them on the way out, so their values never enter the sandbox.")
+    : offered.length === 0
+      ? h("p", { class: "meta" }, "No credentials to offer. To add one, start the gateway with ", h("code", {}, ADD_CREDENTIAL), ": the egress proxy then sets the header on HTTPS requests to the host, and the value never enters the sandbox.")
+      : h("p", { class: "meta" }, "The egress proxy sets a credential's header on the HTTPS requests to its hosts: values never enter the sandbox, and the agent sees only the answers.");
+  // A switch refused for a credential no longer offered (its item gone) is still said.
+  const orphans = [...errors].filter(([name]) => !offered.some((c) => c.name === name)).map(([, text]) => h("p", { class: "error", role: "alert" }, text));
+  if (offered.length === 0) return [intro, ...orphans];
+  const on = new Set(credentialsOn(egress));
+  const items = offered.map((credential) => {
+    const name = credential.name;
+    const isOn = on.has(name);
+    const pending = saving.has(name);
+    const state = pending ? (saving.get(name) ? "Turning on…" : "Turning off…") : isOn ? "On" : "Off";
+    const error = errors.get(name);
+    return h(
+      "li",
+      { class: isOn ? "credential-item credential-on" : "credential-item" },
+      h(
+        "div",
+        { class: "credential-head" },
+        h("code", { class: "credential-name" }, name),
+        editable
+          ? h("button", { type: "button", class: isOn ? "small switch switch-on" : "small switch", role: "switch", "aria-checked": isOn ? "true" : "false", "aria-label": `Use ${name}`, "data-credential": name, disabled: pending }, state)
+          : h("span", { class: "meta" }, isOn ? "on" : "off"),
+      ),
+      h(
+        "p",
+        { class: "meta credential-where" },
+        "sets ",
+        h("code", {}, credential.header ?? ""),
+        " on ",
+        (credential.hosts ?? []).map((host, i) => [i ? ", " : "", h("code", {}, host)]),
+      ),
+      error ? h("p", { class: "error", role: "alert" }, error) : null,
+    );
+  });
+  return [intro, h("ul", { class: "credential-list" }, items), ...orphans];
+}
+
 /** The items of an allow or deny list: each rule with its "Remove <rule>" button. */
 export function renderRules(list, rules, editable) {
   if (rules.length === 0) return [h("li", { class: "meta" }, list === "allow" ? "No allow rules." : "No deny rules.")];
@@ -151,10 +231,10 @@ export function renderDestinations(recent, editable, now) {
   });
 }
 
-/** What a failed PUT says to the person: the gateway's own words for a bad rule or a network
- *  without a proxy. */
+/** What a failed PUT says to the person: the gateway's own words for a bad rule, a network
+ *  without a proxy or a credential not offered. */
 export function egressErrorWords(error) {
-  if (error.code === "INVALID_EGRESS_RULE" || error.code === "NO_EGRESS_PROXY") return error.message;
+  if (["INVALID_EGRESS_RULE", "NO_EGRESS_PROXY", "UNKNOWN_CREDENTIAL"].includes(error.code)) return error.message;
   return `not saved (${error.message})`;
 }
 
@@ -162,7 +242,8 @@ const REFRESH_MS = 1000;
 
 export class NetworkView {
   /** `elements`: mode, error, policy (select), policyHelp, allowList, allowForm, allowInput,
-   *  allowError, denyList, denyForm, denyInput, denyError, recent, credentials, refresh;
+   *  allowError, denyList, denyForm, denyInput, denyError, recent, credentials (the Credentials
+   *  section's content), refresh;
    *  `timers` and `now` stand in for the browser's in tests. */
   constructor({ elements, api, timers = globalThis, now = () => Date.now() }) {
     this.el = elements;
@@ -176,6 +257,8 @@ export class NetworkView {
     this.timer = null;
     this.lastRefresh = 0;
     this.queue = Promise.resolve(true); // GETs and PUTs, one at a time
+    this.credentialSaves = new Map(); // credential name → the state a PUT in flight gives it
+    this.credentialErrors = new Map(); // credential name → why its last switch failed
 
     this.el.policy.addEventListener("change", () => {
       const policy = this.el.policy.value;
@@ -201,6 +284,10 @@ export class NetworkView {
     this.el.allowList.addEventListener("click", onAction);
     this.el.denyList.addEventListener("click", onAction);
     this.el.recent.addEventListener("click", onAction);
+    this.el.credentials.addEventListener("click", (event) => {
+      const button = event.target.closest("button[data-credential]");
+      if (button) this.toggleCredential(button.dataset.credential);
+    });
     this.el.refresh.addEventListener("click", () => this.refresh());
   }
 
@@ -215,6 +302,9 @@ export class NetworkView {
       this.showError(this.el[`${list}Error`], "");
     }
     this.showError(this.el.error, "");
+    // New maps, so a switch still saving for the previous session cannot touch this one's.
+    this.credentialSaves = new Map();
+    this.credentialErrors = new Map();
     this.render();
   }
 
@@ -270,6 +360,29 @@ export class NetworkView {
     }
   }
 
+  /** Turns credential `name` on or off, from the state on screen; its switch is disabled until
+   *  the PUT is answered, and a refusal is said under it. A refusal by the gateway (a credential
+   *  no longer offered, a network without a proxy) loads the settings again. */
+  async toggleCredential(name) {
+    const saves = this.credentialSaves;
+    const errors = this.credentialErrors;
+    if (!this.egress || saves.has(name)) return false;
+    const on = !credentialsOn(this.egress).includes(name);
+    saves.set(name, on);
+    errors.delete(name);
+    this.render();
+    let refused = false;
+    const saved = await this.save((egress) => withCredential(egress, name, on), (error) => {
+      refused = error.status === 400 || error.status === 409;
+      errors.set(name, `${on ? "Not turned on" : "Not turned off"}: ${egressErrorWords(error)}`);
+    });
+    saves.delete(name);
+    if (saves !== this.credentialSaves) return saved; // another session is shown now
+    this.render();
+    if (refused) this.refresh();
+    return saved;
+  }
+
   /** Queues one change: `change(egress)` gives the PUT body from the newest answer (null: nothing
    *  to do). Resolves to whether it was saved; `onError(error)` hears a refusal. */
   save(change, onError) {
@@ -320,9 +433,8 @@ export class NetworkView {
     }
     const recent = egress ? renderDestinations(egress.recent ?? [], editable, this.now()) : [];
     this.el.recent.replaceChildren(...recent.map((node) => toDom(node, document)));
-    const credentials = (egress?.credentials ?? []).map((c) => (typeof c === "string" ? c : c?.name ?? "")).filter(Boolean);
-    this.el.credentials.textContent = credentials.length ? `Credentials added at the proxy: ${credentials.join(", ")}` : "";
-    this.el.credentials.hidden = credentials.length === 0;
+    const credentials = egress ? renderCredentials(egress, this.credentialSaves, this.credentialErrors) : [];
+    this.el.credentials.replaceChildren(...credentials.map((node) => toDom(node, document)));
   }
 
   showError(element, text) {

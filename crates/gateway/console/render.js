@@ -36,6 +36,8 @@ export function renderItem(item) {
       return renderEgressRequest(item, attrs);
     case "refused":
       return h("p", attrs("note refused"), item.text);
+    case "credential":
+      return renderCredentialUse(item, attrs);
     case "error":
       return h("p", attrs("error"), h("strong", {}, "Error"), ` ${item.message} (${item.code})`);
     case "note":
@@ -161,6 +163,34 @@ function renderEgressRequest(item, attrs) {
     h("p", { class: "ask" }, "The sandbox wants to reach ", h("strong", {}, hostPort(item.host, item.port))),
     item.resolved ? null : h("p", { class: "meta" }, "The connection waits for your answer; without one it is refused."),
     answer,
+  );
+}
+
+/** A credential use in words: "github · POST api.github.com/repos/o/r/pulls → 201", with "×3"
+ *  after it for three uses in a row. */
+export function credentialWords(item) {
+  const status = item.status === null || item.status === undefined ? "" : ` → ${item.status}`;
+  const count = item.count > 1 ? ` ×${item.count}` : "";
+  return `${item.name} · ${item.method} ${item.host}${item.path}${status}${count}`;
+}
+
+/** A credential use as a quiet one-line note; a refused request (status 400 and up) in the
+ *  failure colour. The request shrinks to an ellipsis on a narrow screen while the name, the
+ *  status and the count stay; the whole line is the title. */
+function renderCredentialUse(item, attrs) {
+  const failed = typeof item.status === "number" && item.status >= 400;
+  return h(
+    "p",
+    { ...attrs(failed ? "note credential failed" : "note credential"), title: credentialWords(item) },
+    h("span", { class: "credential-key", "aria-hidden": "true" }, "🔑"),
+    " ",
+    h("span", { class: "credential-name" }, item.name),
+    " · ",
+    h("span", { class: "credential-method" }, item.method),
+    " ",
+    h("span", { class: "credential-target" }, item.host + item.path),
+    item.status === null || item.status === undefined ? null : [" → ", h("span", { class: "credential-status" }, String(item.status))],
+    item.count > 1 ? [" ", h("span", { class: "credential-count" }, `×${item.count}`)] : null,
   );
 }
 

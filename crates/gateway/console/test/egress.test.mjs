@@ -13,7 +13,6 @@ import {
   destinationWords,
   egressErrorWords,
   formatBytes,
-  NetworkView,
   networkWords,
   policyWords,
   renderDestinations,
@@ -24,7 +23,7 @@ import {
   withRule,
 } from "../network.js";
 import { findAll, textOf, toDom } from "../vdom.js";
-import { fakeDocument, readJson, readJsonl, toHtml } from "./helpers.mjs";
+import { buttonLabels, click, fakeDocument, networkHarness, readJson, readJsonl, toHtml } from "./helpers.mjs";
 
 function fold(events) {
   const conversation = createConversation();
@@ -211,55 +210,8 @@ test("a bad rule's message is the gateway's", () => {
 
 // ---- the Network view against a fake gateway ----
 
-class FakeControl {
-  constructor() {
-    this.listeners = {};
-    this.value = "";
-    this.textContent = "";
-    this.hidden = true;
-    this.disabled = false;
-    this.children = [];
-    this.elements = [];
-  }
-  addEventListener(type, listener) {
-    (this.listeners[type] ??= []).push(listener);
-  }
-  replaceChildren(...children) {
-    this.children = children;
-  }
-  fire(type, extra = {}) {
-    for (const listener of this.listeners[type] ?? []) listener({ preventDefault() {}, ...extra });
-  }
-}
-
-/** A Network view on fake elements and a fake gateway that keeps one session's egress. */
-function harness({ network = "private", refuse = () => null, timers = globalThis, now = () => Date.now() } = {}) {
-  globalThis.document = fakeDocument;
-  const names = ["mode", "error", "policy", "policyHelp", "allowList", "allowForm", "allowInput", "allowError", "denyList", "denyForm", "denyInput", "denyError", "recent", "credentials", "refresh"];
-  const el = Object.fromEntries(names.map((name) => [name, new FakeControl()]));
-  el.allowForm.elements = [el.allowInput];
-  el.denyForm.elements = [el.denyInput];
-  let egress = structuredClone({ ...egressGet, network });
-  const requests = [];
-  const api = {
-    async request(method, path, options = {}) {
-      requests.push({ method, path, body: options.json });
-      await new Promise((resolve) => setImmediate(resolve));
-      if (method === "PUT") {
-        const error = refuse(options.json);
-        if (error) throw error;
-        egress = { ...egress, ...options.json };
-      }
-      return structuredClone(egress);
-    },
-  };
-  const view = new NetworkView({ elements: el, api, timers, now });
-  view.setSession("s1");
-  return { view, el, requests };
-}
-
-const click = (list, dataset) => list.fire("click", { target: { closest: () => ({ dataset }) } });
-const buttonLabels = (list) => list.children.flatMap((li) => li.descendants().filter((e) => e.tagName === "BUTTON").map((b) => b.getAttribute("aria-label")));
+/** A Network view on fake elements and a fake gateway that keeps `egress-get.json`. */
+const harness = (options = {}) => networkHarness({ egress: egressGet, ...options });
 
 test("opening the view loads the egress and shows it", async () => {
   const { view, el, requests } = harness();

@@ -1,8 +1,12 @@
 // Shared test helpers: reading the recorded event streams, a readable HTML serialisation of
 // `vdom` nodes (text escaped, so a test sees exactly what would be an element and what text),
-// and a tiny stand-in for `document` that is enough for `toDom`.
+// a tiny stand-in for `document` that is enough for `toDom`, and the Network view on fake
+// elements against a fake gateway.
 
 import { readFileSync } from "node:fs";
+
+import { ApiError } from "../api.js";
+import { NetworkView } from "../network.js";
 
 const fixtures = new URL("./fixtures/", import.meta.url);
 
@@ -84,3 +88,75 @@ export const fakeDocument = {
   createElement: (tag) => new FakeElement(tag),
   createTextNode: (text) => new FakeText(text),
 };
+
+/** Enough of an element for the views: listeners (`fire` calls them), value, text, children. */
+export class FakeControl {
+  constructor() {
+    this.listeners = {};
+    this.value = "";
+    this.textContent = "";
+    this.hidden = true;
+    this.disabled = false;
+    this.children = [];
+    this.elements = [];
+  }
+  addEventListener(type, listener) {
+    (this.listeners[type] ??= []).push(listener);
+  }
+  replaceChildren(...children) {
+    this.children = children;
+  }
+  fire(type, extra = {}) {
+    for (const listener of this.listeners[type] ?? []) listener({ preventDefault() {}, ...extra });
+  }
+}
+
+/**
+ * A Network view on fake elements and a fake gateway that keeps one session's `egress` (the
+ * `network` given replaces its own). A PUT takes what it names, as the gateway does: the policy
+ * and rules, and `credentials` when present (a name `available_credentials` lacks is refused
+ * with 400 `UNKNOWN_CREDENTIAL`, and `enabled` follows). `refuse(body)` may return an error to
+ * throw instead. Every request is kept in `requests`.
+ */
+export function networkHarness({ egress: start, network = "private", refuse = () => null, timers = globalThis, now = () => Date.now() }) {
+  globalThis.document = fakeDocument;
+  const names = ["mode", "error", "policy", "policyHelp", "allowList", "allowForm", "allowInput", "allowError", "denyList", "denyForm", "denyInput", "denyError", "recent", "credentials", "refresh"];
+  const el = Object.fromEntries(names.map((name) => [name, new FakeControl()]));
+  el.allowForm.elements = [el.allowInput];
+  el.denyForm.elements = [el.denyInput];
+  let egress = structuredClone({ ...start, network });
+  const requests = [];
+  const api = {
+    async request(method, path, options = {}) {
+      requests.push({ method, path, body: options.json });
+      await new Promise((resolve) => setImmediate(resolve));
+      if (method === "PUT") {
+        const error = refuse(options.json);
+        if (error) throw error;
+        const { credentials, ...rules } = options.json;
+        if (credentials !== undefined) {
+          const offered = egress.available_credentials ?? [];
+          const unknown = credentials.find((name) => !offered.some((c) => c.name === name));
+          if (unknown !== undefined) throw new ApiError(400, "UNKNOWN_CREDENTIAL", `no credential named ${unknown} is offered to this session`);
+          egress.credentials = [...credentials];
+          for (const c of offered) c.enabled = credentials.includes(c.name);
+        }
+        egress = { ...egress, ...rules };
+      }
+      return structuredClone(egress);
+    },
+    /** Changes what the gateway keeps, as another device or a restart would. */
+    set(change) {
+      egress = { ...egress, ...change };
+    },
+  };
+  const view = new NetworkView({ elements: el, api, timers, now });
+  view.setSession("s1");
+  return { view, el, requests, api };
+}
+
+/** A click inside a list whose nearest matching button has `dataset`. */
+export const click = (list, dataset) => list.fire("click", { target: { closest: () => ({ dataset }) } });
+
+/** The aria-labels of the buttons rendered into a fake list. */
+export const buttonLabels = (list) => list.children.flatMap((li) => li.descendants().filter((e) => e.tagName === "BUTTON").map((b) => b.getAttribute("aria-label")));
