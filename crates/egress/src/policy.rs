@@ -236,6 +236,11 @@ impl Rule {
         })
     }
 
+    /// The port the rule is for; `None`: every port.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
     /// Whether the rule covers `host` (normalized) on `port`.
     pub fn matches(&self, host: &str, port: u16) -> bool {
         let host_matches = match &self.host {

@@ -20,6 +20,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
+use crate::credential::Credential;
+use crate::inject::{CredentialUse, Edge, Interception};
 use crate::policy::{Policy, Rule, Verdict, normalize_host};
 
 /// How the person answered an `egress_request`.
@@ -46,6 +48,10 @@ pub trait Observer: Send + Sync + 'static {
     fn decided(&self, host: &str, port: u16, allowed: bool, rule: &str);
     /// A connection that was let through closed, with what it carried each way.
     fn closed(&self, host: &str, port: u16, bytes_up: u64, bytes_down: u64);
+    /// A request carried a credential (after its response's head came back).
+    fn credential_used(&self, used: CredentialUse) {
+        let _ = used;
+    }
 }
 
 /// The proxy's bounds.
@@ -69,7 +75,18 @@ impl Default for Limits {
     }
 }
 
-type Body = BoxBody<Bytes, hyper::Error>;
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Headers of one hop, never passed on.
+pub(crate) const HOP_HEADERS: &[&str] = &[
+    "proxy-connection",
+    "proxy-authorization",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+];
 
 /// Each direction's buffer in a tunnel whose client connection hyper keeps wrapped.
 const TUNNEL_BUFFER: usize = 256 * 1024;
@@ -82,6 +99,10 @@ pub struct Egress {
     n_open: AtomicUsize,
     /// How the person can allow a host, said in every refusal.
     how_to_allow: String,
+    /// The gateway's CA and upstream trust, when it has credentials.
+    edge: Option<Arc<Edge>>,
+    /// The credentials this session's requests may carry now.
+    credentials: RwLock<Vec<Arc<Credential>>>,
 }
 
 /// Counts one open connection until dropped.
@@ -101,13 +122,59 @@ impl Egress {
         limits: Limits,
         how_to_allow: String,
     ) -> Arc<Egress> {
+        Egress::with_credentials(policy, observer, limits, how_to_allow, None, Vec::new())
+    }
+
+    /// A proxy that sets `credentials` on requests to their hosts (`edge` answers the
+    /// sandbox's TLS for those hosts and checks the upstreams').
+    pub fn with_credentials(
+        policy: Policy,
+        observer: Arc<dyn Observer>,
+        limits: Limits,
+        how_to_allow: String,
+        edge: Option<Arc<Edge>>,
+        credentials: Vec<Arc<Credential>>,
+    ) -> Arc<Egress> {
         Arc::new(Egress {
             policy: RwLock::new(policy),
             observer,
             limits,
             n_open: AtomicUsize::new(0),
             how_to_allow,
+            edge,
+            credentials: RwLock::new(credentials),
         })
+    }
+
+    /// The credentials the session's requests may carry now.
+    pub fn credentials(&self) -> Vec<Arc<Credential>> {
+        self.credentials
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Replaces the credentials the session's requests may carry (for tunnels opened from now
+    /// on).
+    pub fn set_credentials(&self, credentials: Vec<Arc<Credential>>) {
+        *self
+            .credentials
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = credentials;
+    }
+
+    /// The credentials for `host`, with the edge that injects them; `None` when none is.
+    fn injection_for(&self, host: &str) -> Option<(Arc<Edge>, Vec<Arc<Credential>>)> {
+        let edge = self.edge.clone()?;
+        let credentials: Vec<_> = self
+            .credentials
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .filter(|credential| credential.covers(host))
+            .cloned()
+            .collect();
+        (!credentials.is_empty()).then_some((edge, credentials))
     }
 
     /// The session's policy and rules now.
@@ -319,6 +386,7 @@ impl Egress {
         port: u16,
         slot: Slot,
     ) -> Response<Body> {
+        let injection = self.injection_for(&host);
         tokio::spawn(async move {
             let _slot = slot;
             let upgraded = match hyper::upgrade::on(request).await {
@@ -328,6 +396,20 @@ impl Egress {
                     return;
                 }
             };
+            if let Some((edge, credentials)) = injection {
+                let interception = Interception {
+                    edge,
+                    observer: self.observer.clone(),
+                    host: host.clone(),
+                    port,
+                    credentials,
+                    handshake_timeout: self.limits.connect_timeout,
+                    response_timeout: self.limits.response_timeout,
+                };
+                let (up, down) = interception.run(upgraded, upstream).await;
+                self.observer.closed(&host, port, up, down);
+                return;
+            }
             let (up, down) = match upgraded.downcast::<TokioIo<UnixStream>>() {
                 // The client's own socket back from hyper, with what it sent past the head:
                 // spliced to the upstream's (splice(2) through a pipe, no copy through this
@@ -402,16 +484,8 @@ impl Egress {
             Err(_) => return text(StatusCode::BAD_REQUEST, "warren egress: bad path\n".into()),
         };
         let headers = request.headers_mut();
-        for hop in [
-            "proxy-connection",
-            "proxy-authorization",
-            "connection",
-            "keep-alive",
-            "te",
-            "trailer",
-            "upgrade",
-        ] {
-            headers.remove(hop);
+        for hop in HOP_HEADERS {
+            headers.remove(*hop);
         }
         if !headers.contains_key(header::HOST) {
             let authority = if port == 80 {
@@ -468,14 +542,14 @@ async fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
 }
 
 /// An upstream connection that counts the bytes it carries each way.
-struct Counted {
+pub(crate) struct Counted {
     stream: TcpStream,
-    up: Arc<AtomicU64>,
-    down: Arc<AtomicU64>,
+    pub(crate) up: Arc<AtomicU64>,
+    pub(crate) down: Arc<AtomicU64>,
 }
 
 impl Counted {
-    fn new(stream: TcpStream) -> Counted {
+    pub(crate) fn new(stream: TcpStream) -> Counted {
         Counted {
             stream,
             up: Arc::new(AtomicU64::new(0)),
@@ -532,7 +606,7 @@ fn empty() -> Body {
         .boxed()
 }
 
-fn text(status: StatusCode, body: String) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: String) -> Response<Body> {
     let mut response = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never| match never {})

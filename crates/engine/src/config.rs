@@ -120,6 +120,26 @@ pub struct GatewayArgs {
     /// is refused.
     #[arg(long, env = "WARREN_EGRESS_ASK_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub egress_ask_timeout: Duration,
+    /// A credential the egress proxy sets on HTTPS requests to its hosts, so its token never
+    /// enters a sandbox: `NAME=HOST[,HOST…]:HEADER:VALUE`, VALUE naming a variable of this
+    /// process's environment alone or after a scheme (`Bearer $GITHUB_TOKEN`; `Basic $PAIR` with
+    /// `user:token`, sent base64-encoded). Read at start (repeatable; `;`-separated in the
+    /// environment). Needs `--hands-network private`.
+    #[arg(long = "hands-credential", env = "WARREN_HANDS_CREDENTIALS", value_delimiter = ';', value_parser = clap::value_parser!(warren_egress::Credential))]
+    pub hands_credential: Vec<warren_egress::Credential>,
+    /// The devices whose sessions may use a credential, `NAME=DEVICE_ID[,DEVICE_ID…]`
+    /// (repeatable; `;`-separated in the environment); a credential not named here is offered
+    /// to every device's sessions.
+    #[arg(long = "hands-credential-devices", env = "WARREN_HANDS_CREDENTIAL_DEVICES", value_delimiter = ';', value_parser = parse_credential_devices)]
+    pub hands_credential_devices: Vec<(String, Vec<String>)>,
+    /// A PEM file of CA certificates the egress proxy trusts for upstreams, besides the
+    /// system's (repeatable): for a credentialed host behind a private CA.
+    #[arg(
+        long = "egress-upstream-ca",
+        env = "WARREN_EGRESS_UPSTREAM_CA",
+        value_delimiter = ','
+    )]
+    pub egress_upstream_ca: Vec<PathBuf>,
     /// The unprivileged host uid (and gid) a sandbox runs as when the gateway runs as root.
     #[arg(long, env = "WARREN_HANDS_UID", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub hands_uid: u32,
@@ -276,6 +296,9 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_egress_allow", &self.hands_egress_allow)
             .field("hands_egress_deny", &self.hands_egress_deny)
             .field("egress_ask_timeout", &self.egress_ask_timeout)
+            .field("hands_credential", &self.hands_credential)
+            .field("hands_credential_devices", &self.hands_credential_devices)
+            .field("egress_upstream_ca", &self.egress_upstream_ca)
             .field("hands_uid", &self.hands_uid)
             .field("hands_bwrap", &self.hands_bwrap)
             .field("hands_memory", &self.hands_memory)
@@ -338,6 +361,24 @@ impl GatewayArgs {
     pub fn serve_config(&self) -> ServeConfig {
         self.serve.config()
     }
+}
+
+/// `--hands-credential-devices NAME=DEVICE_ID[,DEVICE_ID…]`.
+fn parse_credential_devices(text: &str) -> Result<(String, Vec<String>), String> {
+    let (name, devices) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=DEVICE_ID[,DEVICE_ID…], not {text:?}"))?;
+    let devices: Vec<String> = devices
+        .split(',')
+        .map(|device| device.trim().to_owned())
+        .filter(|device| !device.is_empty())
+        .collect();
+    if name.trim().is_empty() || devices.is_empty() {
+        return Err(format!(
+            "expected NAME=DEVICE_ID[,DEVICE_ID…], not {text:?}"
+        ));
+    }
+    Ok((name.trim().to_owned(), devices))
 }
 
 /// `2h`, `90m`, `30s`, `500ms`, `1d`, or plain seconds.

@@ -79,8 +79,16 @@ impl Engine {
         let admission = Admission::new(Limits::new(args.max_brains));
         // Every agent and hands process tree is listed here while it runs.
         let trees = TreeRegistry::open(args.data.join("run").join("trees"))?;
-        let provider = hands_provider(&args, &warren_bin, &agent).await?;
-        let network = Arc::new(network::Network::new(&args, provider.network()));
+        let credentials = network::Credentials::open(&args)?;
+        let trust_bundle = credentials
+            .as_ref()
+            .map(|credentials| credentials.bundle().to_path_buf());
+        let provider = hands_provider(&args, &warren_bin, &agent, trust_bundle).await?;
+        let network = Arc::new(network::Network::new(
+            &args,
+            provider.network(),
+            credentials,
+        ));
         let registry = trees.clone();
         let placement = agent.placement;
         let storage = Arc::new(StorageHealth::default());
@@ -344,6 +352,7 @@ async fn hands_provider(
     args: &GatewayArgs,
     warren_bin: &std::path::Path,
     agent: &agents::Agent,
+    trust_bundle: Option<std::path::PathBuf>,
 ) -> Result<Arc<dyn HandsProvider>, EngineError> {
     // `--snapshots`: object storage the client cannot be built for is a startup error naming it.
     let snapshots = args
@@ -371,6 +380,7 @@ async fn hands_provider(
                     BrainPlacement::Host => None,
                 },
                 snapshots,
+                trust_bundle,
             };
             std::fs::create_dir_all(&config.run_dir)?;
             Ok(Arc::new(LocalHands::new(config).await))

@@ -27,6 +27,11 @@ pub enum EngineError {
         "this session's hands have no egress proxy (network {0}): their network is not governed by egress rules"
     )]
     NoEgressProxy(&'static str),
+    /// A credential name the session's device is not offered (network.md "Credentials").
+    #[error(
+        "no credential named {0:?} is offered to this session (GET /v1/sessions/{{id}}/egress lists them in available_credentials)"
+    )]
+    UnknownCredential(String),
     /// A device's quota (sessions, brains) is used up.
     #[error("{0}")]
     QuotaExceeded(String),
@@ -62,6 +67,7 @@ impl EngineError {
             EngineError::PermissionNotFound => "PERMISSION_NOT_FOUND",
             EngineError::InvalidEgressRule(_) => "INVALID_EGRESS_RULE",
             EngineError::NoEgressProxy(_) => "NO_EGRESS_PROXY",
+            EngineError::UnknownCredential(_) => "UNKNOWN_CREDENTIAL",
             EngineError::QuotaExceeded(_) => "QUOTA_EXCEEDED",
             EngineError::ServerBusy(_) => "SERVER_BUSY",
             EngineError::BrainUnavailable(_) => "BRAIN_UNAVAILABLE",

@@ -4,7 +4,9 @@
 //! after a restart, or a warm sandbox taken) until the session goes away; the person's questions
 //! (`egress_request`, answered through the permissions route); the `egress` events; and the
 //! session's policy and rules, changed at run time and kept in `egress.json` beside its
-//! workspace.
+//! workspace; and the credentials the proxy sets at the edge (`--hands-credential`): the
+//! gateway's CA, the trust bundle the sandboxes get, which device's sessions are offered which
+//! credential, which are on per session, and a `credential_used` event per request.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use warren_egress::{Answer, AnswerFuture, Egress, Mode, Policy, Rule};
+use warren_egress::{
+    Answer, AnswerFuture, Authority, Credential, CredentialUse, Edge, Egress, Mode, Policy, Rule,
+};
 use warren_protocol::gateway::EventBody;
 
 use crate::config::GatewayArgs;
@@ -34,6 +38,118 @@ const ANSWER_HOLDS: Duration = Duration::from_secs(5);
 const SUMMARY_PERIOD: Duration = Duration::from_secs(1);
 /// Where a session's policy and rules are kept, in its directory.
 const POLICY_FILE: &str = "egress.json";
+/// The gateway's CA for credentialed hosts, in the data directory.
+const CA_DIR: &str = "egress-ca";
+/// The trust bundle the sandboxes get (the host's and the CA's certificates), in [`CA_DIR`].
+const BUNDLE_FILE: &str = "bundle.pem";
+/// The host's bundle of trusted certificates, which a sandbox sees at the same path.
+pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The gateway's credentials (`--hands-credential`), who may use each, and the edge that sets
+/// them on requests.
+pub struct Credentials {
+    edge: Arc<Edge>,
+    all: Vec<Arc<Credential>>,
+    /// `--hands-credential-devices`: the devices a credential is offered to (absent: every
+    /// device).
+    devices: HashMap<String, Vec<String>>,
+    /// What sandboxes trust: the host's bundle and the CA's certificate.
+    bundle: PathBuf,
+}
+
+impl Credentials {
+    /// The credentials the flags name, with the CA (made on first use, kept in `<data>/egress-ca`)
+    /// and the trust bundle; `None` without any. A start-up error for a credential the hands'
+    /// network cannot carry, a device list for no credential, two credentials of one name, or an
+    /// upstream CA that does not load.
+    pub fn open(args: &GatewayArgs) -> Result<Option<Credentials>, EngineError> {
+        let bad = |why: String| EngineError::InvalidRequest(why);
+        let mut names = HashSet::new();
+        for credential in &args.hands_credential {
+            if !names.insert(credential.name()) {
+                return Err(bad(format!(
+                    "--hands-credential {} is given twice",
+                    credential.name()
+                )));
+            }
+        }
+        let mut devices = HashMap::new();
+        for (name, ids) in &args.hands_credential_devices {
+            if !names.contains(name.as_str()) {
+                return Err(bad(format!(
+                    "--hands-credential-devices names {name}, which no --hands-credential defines"
+                )));
+            }
+            devices
+                .entry(name.clone())
+                .or_insert_with(Vec::new)
+                .extend(ids.iter().cloned());
+        }
+        if args.hands_credential.is_empty() {
+            return Ok(None);
+        }
+        if args.hands_network != crate::hands::local::NetworkMode::Private
+            || args.hands_provider != crate::config::HandsProviderKind::Local
+        {
+            return Err(bad(
+                "--hands-credential needs local hands with --hands-network private: the egress proxy sets credentials"
+                    .into(),
+            ));
+        }
+        let system = std::fs::read_to_string(SYSTEM_BUNDLE).map_err(|e| {
+            bad(format!(
+                "--hands-credential needs the host's {SYSTEM_BUNDLE} (apt install ca-certificates): {e}"
+            ))
+        })?;
+        let dir = args.data.join(CA_DIR);
+        let authority = Authority::open(&dir).map_err(|e| bad(e.to_string()))?;
+        let upstream = warren_egress::upstream_trust(&args.egress_upstream_ca)
+            .map_err(|e| bad(e.to_string()))?;
+        let bundle = dir.join(BUNDLE_FILE);
+        let mut text = system;
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(authority.cert_pem());
+        file::write_atomic(&bundle, text.as_bytes())?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o644))?;
+        }
+        for credential in &args.hands_credential {
+            tracing::info!(credential = %credential, "the egress proxy sets this credential; its value stays in the gateway");
+        }
+        Ok(Some(Credentials {
+            edge: Edge::new(Arc::new(authority), upstream),
+            all: args
+                .hands_credential
+                .iter()
+                .cloned()
+                .map(Arc::new)
+                .collect(),
+            devices,
+            bundle,
+        }))
+    }
+
+    /// The trust bundle the sandboxes get.
+    pub fn bundle(&self) -> &Path {
+        &self.bundle
+    }
+
+    /// The credentials `device`'s sessions are offered.
+    fn offered(&self, device: &str) -> Vec<Arc<Credential>> {
+        self.all
+            .iter()
+            .filter(|credential| {
+                self.devices
+                    .get(credential.name())
+                    .is_none_or(|ids| ids.iter().any(|id| id == device))
+            })
+            .cloned()
+            .collect()
+    }
+}
 
 /// The hands' network of every session here.
 pub struct Network {
@@ -43,6 +159,7 @@ pub struct Network {
     ask_timeout: Duration,
     /// `<data>/run/hands`: each session's run directory is `<id>` in it.
     run_dir: PathBuf,
+    credentials: Option<Credentials>,
     by_session: Mutex<HashMap<String, Arc<SessionNetwork>>>,
 }
 
@@ -57,8 +174,10 @@ pub struct EgressView {
     /// Allow rules, with those the person's answers added ("allow for this session").
     pub allow: Vec<String>,
     pub deny: Vec<String>,
-    /// Names of the credentials the session's requests may carry (never their values).
+    /// Names of the credentials the session's requests carry now (never their values).
     pub credentials: Vec<String>,
+    /// Every credential the session's device may use, on or off.
+    pub available_credentials: Vec<CredentialView>,
     /// How long a question waits for an answer before the connection is refused.
     pub ask_timeout_s: u64,
     /// The destinations used lately, newest first (at most 50).
@@ -75,6 +194,22 @@ pub struct EgressUpdate {
     pub allow: Vec<String>,
     #[serde(default)]
     pub deny: Vec<String>,
+    /// The names of the credentials to have on (each one of `available_credentials`); absent:
+    /// unchanged.
+    #[serde(default)]
+    pub credentials: Option<Vec<String>>,
+}
+
+/// A credential a session may use (never its value).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CredentialView {
+    pub name: String,
+    /// The hosts it is set for (`*.` wildcards kept), on any port, over HTTPS only.
+    pub hosts: Vec<String>,
+    /// The header it sets.
+    pub header: String,
+    /// Whether this session's requests carry it now.
+    pub enabled: bool,
 }
 
 /// What passes without asking (network.md "Policy").
@@ -127,11 +262,18 @@ struct Stored {
     /// Rules added by the person's answers ([`Policy::answered`]).
     #[serde(default)]
     answered: Vec<String>,
+    /// Credentials turned off for the session (so one added later starts on).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    credentials_off: Vec<String>,
 }
 
 impl Network {
     /// `label` is the hands' network as the provider gives it ([`crate::hands::HandsProvider::network`]).
-    pub fn new(args: &GatewayArgs, label: &'static str) -> Network {
+    pub fn new(
+        args: &GatewayArgs,
+        label: &'static str,
+        credentials: Option<Credentials>,
+    ) -> Network {
         Network {
             label,
             defaults: Policy {
@@ -142,6 +284,7 @@ impl Network {
             },
             ask_timeout: args.egress_ask_timeout,
             run_dir: args.data.join("run").join("hands"),
+            credentials,
             by_session: Mutex::new(HashMap::new()),
         }
     }
@@ -164,7 +307,18 @@ impl Network {
             return;
         }
         let policy_file = session.dir.join(POLICY_FILE);
-        let policy = read_policy(&policy_file).unwrap_or_else(|| self.defaults.clone());
+        let (policy, off) =
+            read_policy(&policy_file).unwrap_or_else(|| (self.defaults.clone(), Vec::new()));
+        let offered = self
+            .credentials
+            .as_ref()
+            .map(|credentials| credentials.offered(&session.device_id))
+            .unwrap_or_default();
+        let enabled = offered
+            .iter()
+            .filter(|credential| !off.iter().any(|name| name == credential.name()))
+            .cloned()
+            .collect();
         let watcher = Arc::new_cyclic(|me| Watcher {
             session: Arc::downgrade(session),
             ask_timeout: self.ask_timeout,
@@ -175,6 +329,7 @@ impl Network {
             flush_due: AtomicBool::new(false),
             recent: Mutex::default(),
             policy_file,
+            offered,
             egress: std::sync::OnceLock::new(),
             me: me.clone(),
         });
@@ -183,11 +338,15 @@ impl Network {
              /v1/sessions/{}/egress.",
             session.id
         );
-        let egress = Egress::new(
+        let egress = Egress::with_credentials(
             policy,
             watcher.clone(),
             warren_egress::Limits::default(),
             how_to_allow,
+            self.credentials
+                .as_ref()
+                .map(|credentials| credentials.edge.clone()),
+            enabled,
         );
         let _ = watcher.egress.set(Arc::downgrade(&egress));
         let network = Arc::new(SessionNetwork {
@@ -233,12 +392,20 @@ impl Network {
     pub fn view(&self, session_id: &str) -> EgressView {
         match self.get(session_id) {
             Some(network) => network.view(self.ask_timeout),
-            None => view_of(self.label, &self.defaults, self.ask_timeout, Vec::new()),
+            None => view_of(
+                self.label,
+                &self.defaults,
+                self.ask_timeout,
+                &[],
+                &[],
+                Vec::new(),
+            ),
         }
     }
 
     /// `PUT /v1/sessions/{id}/egress`: 400 `INVALID_EGRESS_RULE` for a rule that does not parse,
-    /// 409 `NO_EGRESS_PROXY` when the session's hands have none.
+    /// 400 `UNKNOWN_CREDENTIAL` for a credential the session is not offered, 409
+    /// `NO_EGRESS_PROXY` when the session's hands have none.
     pub async fn replace(
         &self,
         session_id: &str,
@@ -250,6 +417,24 @@ impl Network {
         let network = self
             .get(session_id)
             .ok_or(EngineError::NoEgressProxy(self.label))?;
+        let credentials = match &update.credentials {
+            Some(names) => {
+                let offered = &network.watcher.offered;
+                for name in names {
+                    if !offered.iter().any(|credential| credential.name() == name) {
+                        return Err(EngineError::UnknownCredential(name.clone()));
+                    }
+                }
+                Some(
+                    offered
+                        .iter()
+                        .filter(|credential| names.iter().any(|name| name == credential.name()))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                )
+            }
+            None => None,
+        };
         // A rule the person's answer added stays one (it opens no refused range) when the new
         // list still holds it.
         let before = network.egress.policy();
@@ -262,6 +447,9 @@ impl Network {
             deny,
             answered,
         });
+        if let Some(credentials) = credentials {
+            network.egress.set_credentials(credentials);
+        }
         network.watcher.keep_policy().await?;
         Ok(network.view(self.ask_timeout))
     }
@@ -286,7 +474,8 @@ fn parse_rules(rules: &[String]) -> Result<Vec<Rule>, EngineError> {
         .collect()
 }
 
-fn read_policy(path: &Path) -> Option<Policy> {
+/// A session's kept policy and the credentials turned off for it.
+fn read_policy(path: &Path) -> Option<(Policy, Vec<String>)> {
     let text = std::fs::read(path).ok()?;
     let stored: Stored = match serde_json::from_slice(&text) {
         Ok(stored) => stored,
@@ -298,20 +487,26 @@ fn read_policy(path: &Path) -> Option<Policy> {
     let parse = |rules: &[String]| -> Vec<Rule> {
         rules.iter().filter_map(|rule| rule.parse().ok()).collect()
     };
-    Some(Policy {
-        mode: stored.policy,
-        allow: parse(&stored.allow),
-        deny: parse(&stored.deny),
-        answered: parse(&stored.answered),
-    })
+    Some((
+        Policy {
+            mode: stored.policy,
+            allow: parse(&stored.allow),
+            deny: parse(&stored.deny),
+            answered: parse(&stored.answered),
+        },
+        stored.credentials_off,
+    ))
 }
 
 fn view_of(
     network: &str,
     policy: &Policy,
     ask_timeout: Duration,
+    offered: &[Arc<Credential>],
+    enabled: &[Arc<Credential>],
     recent: Vec<Destination>,
 ) -> EgressView {
+    let is_on = |credential: &Credential| enabled.iter().any(|on| on.name() == credential.name());
     EgressView {
         network: network.to_owned(),
         policy: policy.mode.to_string(),
@@ -322,7 +517,16 @@ fn view_of(
             .map(Rule::to_string)
             .collect(),
         deny: policy.deny.iter().map(Rule::to_string).collect(),
-        credentials: Vec::new(),
+        credentials: enabled.iter().map(|c| c.name().to_owned()).collect(),
+        available_credentials: offered
+            .iter()
+            .map(|credential| CredentialView {
+                name: credential.name().to_owned(),
+                hosts: credential.hosts(),
+                header: credential.header().to_string(),
+                enabled: is_on(credential),
+            })
+            .collect(),
         ask_timeout_s: ask_timeout.as_secs(),
         recent,
     }
@@ -383,7 +587,14 @@ impl SessionNetwork {
 
     fn view(&self, ask_timeout: Duration) -> EgressView {
         let recent = self.watcher.recent().iter().cloned().collect();
-        view_of("private", &self.egress.policy(), ask_timeout, recent)
+        view_of(
+            "private",
+            &self.egress.policy(),
+            ask_timeout,
+            &self.watcher.offered,
+            &self.egress.credentials(),
+            recent,
+        )
     }
 }
 
@@ -426,6 +637,8 @@ struct Watcher {
     flush_due: AtomicBool,
     recent: Mutex<VecDeque<Destination>>,
     policy_file: PathBuf,
+    /// The credentials the session's device may use.
+    offered: Vec<Arc<Credential>>,
     egress: std::sync::OnceLock<Weak<Egress>>,
     me: Weak<Watcher>,
 }
@@ -461,6 +674,14 @@ impl Watcher {
             allow: policy.allow.iter().map(Rule::to_string).collect(),
             deny: policy.deny.iter().map(Rule::to_string).collect(),
             answered: policy.answered.iter().map(Rule::to_string).collect(),
+            credentials_off: {
+                let on = egress.credentials();
+                self.offered
+                    .iter()
+                    .filter(|credential| !on.iter().any(|c| c.name() == credential.name()))
+                    .map(|credential| credential.name().to_owned())
+                    .collect()
+            },
         };
         let path = self.policy_file.clone();
         tokio::task::spawn_blocking(move || file::write_json_atomic(&path, &stored))
@@ -672,6 +893,16 @@ impl warren_egress::Observer for Watcher {
                 connections: None,
             });
         }
+    }
+
+    fn credential_used(&self, used: CredentialUse) {
+        self.emit(EventBody::CredentialUsed {
+            name: used.name,
+            host: used.host,
+            method: used.method,
+            path: used.path,
+            status: used.status,
+        });
     }
 
     fn closed(&self, host: &str, port: u16, bytes_up: u64, bytes_down: u64) {

@@ -103,9 +103,9 @@ impl GatewayError {
 /// The status of each of the engine's errors (their codes are the engine's).
 fn engine_status(error: &EngineError) -> StatusCode {
     match error {
-        EngineError::InvalidRequest(_) | EngineError::InvalidEgressRule(_) => {
-            StatusCode::BAD_REQUEST
-        }
+        EngineError::InvalidRequest(_)
+        | EngineError::InvalidEgressRule(_)
+        | EngineError::UnknownCredential(_) => StatusCode::BAD_REQUEST,
         EngineError::SessionNotFound | EngineError::PermissionNotFound => StatusCode::NOT_FOUND,
         EngineError::TurnInProgress
         | EngineError::NoTurnRunning
@@ -235,6 +235,7 @@ mod tests {
             (EngineError::PermissionNotFound, 404),
             (EngineError::InvalidEgressRule(rule), 400),
             (EngineError::NoEgressProxy("host"), 409),
+            (EngineError::UnknownCredential("github".into()), 400),
             (EngineError::QuotaExceeded("full".into()), 429),
             (EngineError::ServerBusy("busy".into()), 429),
             (EngineError::BrainUnavailable("gone".into()), 502),

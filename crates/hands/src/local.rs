@@ -42,8 +42,8 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(10);
 /// How often an adopted sandbox's pid and every sandbox's limit counters are checked.
 const WATCH_PERIOD: Duration = Duration::from_millis(250);
-/// The fd execd reads its secrets from (`--secrets-fd`); the sandbox's own fds are 3 to 8.
-const SECRETS_FD: i32 = 9;
+/// The fd execd reads its secrets from (`--secrets-fd`); the sandbox's own fds are 3 to 9.
+const SECRETS_FD: i32 = 10;
 /// Where the `warren` binary is inside a sandbox.
 const INNER_WARREN: &str = "/opt/warren/bin/warren";
 /// The workspace and run directory inside a sandbox.
@@ -121,6 +121,26 @@ fn proxy_env() -> Vec<(String, String)> {
     vars
 }
 
+/// What the hands' tools need to trust the egress proxy's certificates for credentialed hosts
+/// (the host's bundle with the gateway's CA, bound over the host's path): each common tool's
+/// own variable, unless `--hands-env` sets it (docs/network.md lists them).
+fn trust_env() -> Vec<(String, String)> {
+    [
+        "SSL_CERT_FILE",
+        "NODE_EXTRA_CA_CERTS",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "PIP_CERT",
+        "CARGO_HTTP_CAINFO",
+        "npm_config_cafile",
+        "DENO_CERT",
+    ]
+    .into_iter()
+    .map(|name| (name.to_owned(), warren_sandbox::TRUST_BUNDLE.to_owned()))
+    .collect()
+}
+
 /// What the local provider needs.
 #[derive(Debug, Clone)]
 pub struct LocalConfig {
@@ -143,6 +163,9 @@ pub struct LocalConfig {
     pub agent_prefix: Option<PathBuf>,
     /// `--snapshots`: the object storage the sessions' snapshots are kept in.
     pub snapshots: Option<Objects>,
+    /// The certificates sandboxes with a private network trust (the host's and the gateway's
+    /// egress CA), when the gateway has credentials.
+    pub trust_bundle: Option<PathBuf>,
 }
 
 impl LocalConfig {
@@ -161,6 +184,7 @@ impl LocalConfig {
             env: Vec::new(),
             agent_prefix: None,
             snapshots: None,
+            trust_bundle: None,
         }
     }
 }
@@ -492,9 +516,19 @@ impl LocalHands {
                         .map_err(|e| fail("cannot build the seccomp filter", &e))?,
                     cgroup_procs: cgroup.map(HandsCgroup::procs_files).unwrap_or_default(),
                     extra_env: self.config.env.clone(),
-                    env_defaults: match self.config.network {
-                        NetworkMode::Private => proxy_env(),
-                        NetworkMode::None | NetworkMode::Host => Vec::new(),
+                    env_defaults: match (self.config.network, &self.config.trust_bundle) {
+                        (NetworkMode::Private, Some(_)) => {
+                            proxy_env().into_iter().chain(trust_env()).collect()
+                        }
+                        (NetworkMode::Private, None) => proxy_env(),
+                        (NetworkMode::None | NetworkMode::Host, _) => Vec::new(),
+                    },
+                    trust_bundle: match (self.config.network, &self.config.trust_bundle) {
+                        (NetworkMode::Private, Some(bundle)) => Some(
+                            open_path(bundle)
+                                .map_err(|e| fail("cannot open the trust bundle", &e))?,
+                        ),
+                        _ => None,
                     },
                 };
                 let socket = format!("unix:{INNER_RUN}/{SOCKET_NAME}");

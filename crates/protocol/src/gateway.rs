@@ -271,6 +271,16 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         connections: Option<u64>,
     },
+    /// A request from the hands that carried a credential, set by the egress proxy (never its
+    /// value): which credential, where, and the upstream's answer.
+    CredentialUsed {
+        name: String,
+        host: String,
+        method: String,
+        /// The request's path without its query.
+        path: String,
+        status: u16,
+    },
     /// Sent on a stream (never stored) when events after `after` up to `next_seq - 1` are no
     /// longer available.
     Gap {
@@ -296,6 +306,7 @@ impl EventBody {
             EventBody::Error { .. } => "error",
             EventBody::EgressRequest { .. } => "egress_request",
             EventBody::Egress { .. } => "egress",
+            EventBody::CredentialUsed { .. } => "credential_used",
             EventBody::Gap { .. } => "gap",
         }
     }

@@ -58,6 +58,10 @@ const RUN_DIR_FD: i32 = 5;
 const WARREN_BIN_FD: i32 = 6;
 const HOME_FD: i32 = 7;
 const AGENT_PREFIX_FD: i32 = 8;
+const TRUST_BUNDLE_FD: i32 = 9;
+/// Where the sandbox finds its trusted certificates (the host's path, bound over with
+/// [`SandboxSpec::trust_bundle`] when the gateway has credentials).
+pub const TRUST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// The variables the sandbox gets unless `--hands-env` sets them; `TERM` comes from the
 /// daemon (hands allowlist) when it has one.
@@ -108,6 +112,9 @@ pub struct SandboxSpec {
     pub extra_env: Vec<HandsVar>,
     /// Variables the sandbox gets unless `--hands-env` sets them (the egress proxy's).
     pub env_defaults: Vec<(String, String)>,
+    /// The certificates the sandbox trusts, bound read-only over [`TRUST_BUNDLE`] (the host's
+    /// and the gateway's egress CA, network.md "Credentials"); `None` keeps the host's.
+    pub trust_bundle: Option<Arc<OwnedFd>>,
 }
 
 /// The namespace and hardening flags every sandbox (and [`probe`]) uses.
@@ -177,7 +184,7 @@ fn root_args() -> Vec<OsString> {
 impl SandboxSpec {
     /// The command that starts `inner_program inner_args` (execd, at [`WARREN_BIN`]) in this
     /// sandbox, carrying `marker`. No descriptor of this process but the ones given reaches
-    /// it; the caller may add its own with [`CommandSpec::fd`] (above 8), which bwrap passes on.
+    /// it; the caller may add its own with [`CommandSpec::fd`] (above 9), which bwrap passes on.
     /// With a uid or gid the sources are staged ([`CommandSpec::stage_binds`], which needs
     /// root), else passed as descriptors (see the module docs).
     pub fn command(
@@ -283,7 +290,7 @@ impl SandboxSpec {
             dest,
             read_only,
         };
-        let mut sources = Vec::with_capacity(5);
+        let mut sources = Vec::with_capacity(6);
         if let Some(home) = &self.home {
             sources.push(source(home, HOME_FD, "home", StageKind::Dir, HOME, false));
         }
@@ -314,15 +321,25 @@ impl SandboxSpec {
                 WARREN_BIN,
                 true,
             ),
-            source(
-                &self.workspace,
-                WORKSPACE_FD,
-                "workspace",
-                StageKind::Dir,
-                WORKSPACE,
-                false,
-            ),
         ]);
+        if let Some(bundle) = &self.trust_bundle {
+            sources.push(source(
+                bundle,
+                TRUST_BUNDLE_FD,
+                "trust",
+                StageKind::File,
+                TRUST_BUNDLE,
+                true,
+            ));
+        }
+        sources.extend([source(
+            &self.workspace,
+            WORKSPACE_FD,
+            "workspace",
+            StageKind::Dir,
+            WORKSPACE,
+            false,
+        )]);
         sources
     }
 }
@@ -451,6 +468,7 @@ mod tests {
             cgroup_procs: Vec::new(),
             extra_env: Vec::new(),
             env_defaults: Vec::new(),
+            trust_bundle: None,
         }
     }
 

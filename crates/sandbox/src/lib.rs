@@ -13,8 +13,8 @@ pub mod cgroup;
 pub mod seccomp;
 
 pub use bwrap::{
-    AGENT_PREFIX, HOME, Network, SandboxSpec, WARREN_BIN, WORKSPACE, find_bwrap, probe,
-    seccomp_memfd,
+    AGENT_PREFIX, HOME, Network, SandboxSpec, TRUST_BUNDLE, WARREN_BIN, WORKSPACE, find_bwrap,
+    probe, seccomp_memfd,
 };
 pub use cgroup::{CgroupRoots, HandsCgroup, LimitHits, Limits};
 pub use seccomp::{DENIED, SeccompError, filter_bpf};

@@ -5,7 +5,7 @@
 //! ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, behind features, the
 //! client of execd's PTY sessions (`pty`) and MCP clients with the scenarios every transport of
 //! the exec tools passes (`mcp`), and the real PostgreSQL and S3 servers the scale-out tests run
-//! on (`services`).
+//! on (`services`), and a test CA with a real HTTPS server, echoing or serving git (`tls`).
 //!
 //! A dev-dependency only, and it depends on no Warren crate but `warren-process` (whose reaper
 //! its children register with, so a test binary that is a subreaper never takes their exit
@@ -28,6 +28,8 @@ pub mod mcp;
 pub mod pty;
 #[cfg(feature = "services")]
 pub mod services;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use environment::{node_packages, python, repo_root, validate_openapi};
 pub use files::files_under;

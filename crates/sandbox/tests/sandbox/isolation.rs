@@ -70,6 +70,30 @@ async fn the_host_image_is_read_only() {
 }
 
 #[tokio::test]
+async fn a_trust_bundle_replaces_the_hosts_certificates_read_only() {
+    let fixture = Fixture::new();
+    let bundle = fixture.root.path().join("bundle.pem");
+    std::fs::write(&bundle, "the host's roots\nthe egress CA\n").expect("writes the bundle");
+    std::fs::set_permissions(&bundle, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("the bundle is readable");
+    let mut spec = fixture.spec(Network::None);
+    spec.trust_bundle = Some(crate::support::open_path(&bundle));
+    let out = run_ok(
+        &spec,
+        &format!(
+            "cat {path}; (echo x >> {path}) 2>/dev/null && echo writable; true",
+            path = warren_sandbox::TRUST_BUNDLE
+        ),
+    )
+    .await;
+    assert_eq!(out, "the host's roots\nthe egress CA\n");
+    assert_eq!(
+        std::fs::read_to_string(&bundle).expect("reads the bundle"),
+        "the host's roots\nthe egress CA\n"
+    );
+}
+
+#[tokio::test]
 async fn the_rest_of_the_host_is_absent() {
     let fixture = Fixture::new();
     let mut absent = vec![

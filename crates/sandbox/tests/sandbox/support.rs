@@ -30,7 +30,7 @@ pub fn expected_uid() -> u32 {
     }
 }
 
-fn open_path(path: &Path) -> Arc<OwnedFd> {
+pub fn open_path(path: &Path) -> Arc<OwnedFd> {
     let fd = rustix::fs::open(
         path,
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
@@ -98,6 +98,7 @@ impl Fixture {
             cgroup_procs: Vec::new(),
             extra_env: Vec::new(),
             env_defaults: Vec::new(),
+            trust_bundle: None,
         }
     }
 }

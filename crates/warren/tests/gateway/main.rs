@@ -11,6 +11,7 @@ mod cancel;
 mod console;
 mod console_browser;
 mod console_js;
+mod credentials;
 mod engine;
 mod hands;
 mod helpers;
