@@ -583,8 +583,8 @@ async fn get_egress(
     request_body = crate::network::EgressUpdate,
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
-        (status = 200, description = "The policy and rules replaced; for connections made from now on", body = crate::network::EgressView),
-        (status = 400, description = "INVALID_EGRESS_RULE: a rule that does not parse (named in the message); INVALID_REQUEST_BODY: not a JSON object of this shape, or an unknown policy", body = ErrorBody),
+        (status = 200, description = "The policy, rules and (when given) credentials replaced; for connections made from now on", body = crate::network::EgressView),
+        (status = 400, description = "INVALID_EGRESS_RULE: a rule that does not parse (named in the message); UNKNOWN_CREDENTIAL: a credential the session is not offered; INVALID_REQUEST_BODY: not a JSON object of this shape, or an unknown policy", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
         (status = 404, description = "SESSION_NOT_FOUND", body = ErrorBody),
         (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),

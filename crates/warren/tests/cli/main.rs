@@ -8,6 +8,7 @@
 mod execd_leftovers;
 mod execd_listen;
 mod execd_pty;
+mod gateway_credentials;
 mod gateway_secrets;
 mod mcp;
 mod support;
