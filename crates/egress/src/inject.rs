@@ -269,26 +269,27 @@ impl Relay {
                 format!("warren egress: {host}:{port} closed the connection\n"),
             );
         }
-        let response = match tokio::time::timeout(*response_timeout, sender.send_request(request))
-            .await
-        {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) => {
-                return text(
-                    StatusCode::BAD_GATEWAY,
-                    format!("warren egress: {host}:{port}: {error}\n"),
-                );
-            }
-            Err(_) => {
-                return text(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    format!(
-                        "warren egress: {host}:{port} sent no response within {response_timeout:?}\n"
-                    ),
-                );
-            }
-        };
+        let answered = tokio::time::timeout(*response_timeout, sender.send_request(request)).await;
         drop(sender);
+        // The header went out: the use is said whatever came back (the proxy's 502 or 504 when
+        // nothing did).
+        let response = match answered {
+            Ok(Ok(response)) => {
+                let (mut parts, body) = response.into_parts();
+                self.masker.mask_headers(&mut parts.headers);
+                Response::from_parts(parts, Scrubbed::new(body, self.masker.clone()).boxed())
+            }
+            Ok(Err(error)) => text(
+                StatusCode::BAD_GATEWAY,
+                format!("warren egress: {host}:{port}: {error}\n"),
+            ),
+            Err(_) => text(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "warren egress: {host}:{port} sent no response within {response_timeout:?}\n"
+                ),
+            ),
+        };
         for credential in credentials {
             observer.credential_used(CredentialUse {
                 name: credential.name().to_owned(),
@@ -298,9 +299,7 @@ impl Relay {
                 status: response.status().as_u16(),
             });
         }
-        let (mut parts, body) = response.into_parts();
-        self.masker.mask_headers(&mut parts.headers);
-        Response::from_parts(parts, Scrubbed::new(body, self.masker.clone()).boxed())
+        response
     }
 }
 

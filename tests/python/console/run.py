@@ -650,6 +650,41 @@ class Run:
             time.sleep(0.1)
         self.tab("Chat")
 
+    def credential_line_and_switch(self):
+        """A request the egress proxy set a credential on is a quiet line in the chat, folded
+        when repeated; the Network view turns the session's credential off and on (network.md
+        "Credentials at the edge"). The gateway sets `npm` on requests to the npm registry."""
+        api = self.api()
+        self.tab("Chat")
+        url = "https://registry.npmjs.org/is-number"
+        self.send(f"curl -sS -m 60 -o /dev/null -o /dev/null -w 'CRED %{{http_code}}.' {url} {url}; echo")
+        expect(self.agent_text("CRED 200.CRED 200.")).to_have_count(1)
+        self.wait_tool_done("CRED")
+        line = self.page.locator(".note.credential").last
+        expect(line).to_contain_text("npm")
+        expect(line).to_contain_text("GET registry.npmjs.org/is-number")
+        expect(line).to_contain_text("×2")
+        line.scroll_into_view_if_needed()
+        box = line.bounding_box()
+        assert box and box["height"] >= 12, f"the line is seen, not squeezed by the log: {box}"
+        self.no_horizontal_scroll()
+        self.shot("credential-used")
+        self.tab("Network")
+        switch = self.role("switch", "Use npm")
+        expect(switch).to_have_attribute("aria-checked", "true")
+        switch.click()
+        expect(switch).to_have_attribute("aria-checked", "false")
+        status, body = api.call("GET", f"/v1/sessions/{self.session_id}/egress")
+        assert status == 200 and body["credentials"] == [], (status, body)
+        self.no_horizontal_scroll()
+        self.tap_targets()
+        self.shot("network-credentials")
+        switch.click()
+        expect(switch).to_have_attribute("aria-checked", "true")
+        status, body = api.call("GET", f"/v1/sessions/{self.session_id}/egress")
+        assert status == 200 and body["credentials"] == ["npm"], (status, body)
+        self.tab("Chat")
+
     def accessible_names(self):
         """The table of spec/console.md; controls only shown in some states are checked by the flows that reach them."""
         self.tab("Chat")
@@ -745,7 +780,7 @@ class Run:
         "sign_in_register", "create_session", "rename_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
         "cancel_turn", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
         "agent_terminal_watch", "files_upload_download", "preview_http_server", "network_request_and_view",
-        "reconnect_no_duplicate",
+        "credential_line_and_switch", "reconnect_no_duplicate",
         "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "delete_session",
     ]
 

@@ -45,7 +45,18 @@ async fn the_console_works_in_a_real_browser() {
          the front end); this test runs it as its module docs say",
         run_py.display()
     );
-    let gw = in_bwrap(|_| {}).await;
+    // A credential for the npm registry (reached for real through the egress proxy), so the
+    // flows see its `credential_used` lines and switch it (an extra header npm ignores).
+    let gw = in_bwrap(|args| {
+        args.hands_credential = vec![
+            warren_egress::Credential::parse(
+                "npm=registry.npmjs.org:X-Warren-Console-Check:Bearer $CHECK",
+                |_| Some("console-check-value".to_owned()),
+            )
+            .expect("the credential parses"),
+        ];
+    })
+    .await;
     let shots = repo_root().join("target/console-shots");
     // run.py's output goes to a file, not a pipe: what it printed is there even when it has to
     // be stopped, and a process it leaves behind cannot keep this side waiting for an EOF.
