@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, header};
@@ -169,6 +170,16 @@ impl Drop for Proxy {
 
 /// A proxy that allows exactly `upstreams` and sets `credentials` through `edge`.
 fn start(upstreams: &[&Upstream], edge: Arc<Edge>, credentials: Vec<Arc<Credential>>) -> Proxy {
+    start_limited(upstreams, edge, credentials, Limits::default())
+}
+
+/// [`start`] with the proxy's bounds given.
+fn start_limited(
+    upstreams: &[&Upstream],
+    edge: Arc<Edge>,
+    credentials: Vec<Arc<Credential>>,
+    limits: Limits,
+) -> Proxy {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("egress.sock");
     let listener = tokio::net::UnixListener::bind(&socket).expect("binds");
@@ -181,7 +192,7 @@ fn start(upstreams: &[&Upstream], edge: Arc<Edge>, credentials: Vec<Arc<Credenti
     let egress = Egress::with_credentials(
         policy,
         Arc::clone(&seen) as Arc<dyn Observer>,
-        Limits::default(),
+        limits,
         "Allow it in the console's Network view.".to_owned(),
         Some(edge),
         credentials,
@@ -708,4 +719,78 @@ async fn an_upstream_that_speaks_first_gets_an_opaque_tunnel_at_once() {
     .expect("reads the greeting");
     assert_eq!(&greeting, b"220 greeting\r\n");
     assert!(proxy.seen.used.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn a_request_whose_answer_never_comes_is_still_a_use_with_the_proxys_504() {
+    // The header went out to the upstream: the person sees the use, with what the sandbox got.
+    let world = World::new();
+    let (cert, key) = world.ca.server_pem(&[COVERED]);
+    let cert = CertificateDer::from_pem_slice(cert.as_bytes()).expect("the certificate");
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("the key");
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .expect("a server configuration");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind((COVERED, 0))
+        .await
+        .expect("binds a silent server");
+    let target = format!(
+        "{COVERED}:{}",
+        listener.local_addr().expect("its address").port()
+    );
+    let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(mut tls) = acceptor.accept(stream).await else {
+            return;
+        };
+        // Reads the request and never answers.
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = tls.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let _ = got_tx.send(buf[..n].to_vec());
+        }
+    });
+    let limits = Limits {
+        response_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let proxy = start_limited(
+        &[],
+        world.edge(std::slice::from_ref(&world.ca_file)),
+        vec![credential()],
+        limits,
+    );
+    let mut policy = proxy.egress.policy();
+    policy.allow = vec![target.parse().expect("an exact rule")];
+    proxy.egress.set_policy(policy);
+    let stream = tunnel(&proxy, &target).await;
+    let tls = tls(stream, COVERED, world.egress_ca())
+        .await
+        .expect("the proxy answers a covered host's TLS");
+    let mut sender = http(tls).await;
+    let answered = send(&mut sender, Method::GET, &target, "/slow?x=1", &[], "").await;
+    assert_eq!(
+        answered.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        answered.body
+    );
+    let got = within("the request at the silent upstream", got_rx.recv())
+        .await
+        .expect("the upstream got the request");
+    let got = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(
+        got.contains("authorization: bearer"),
+        "the header went out: {got}"
+    );
+    let used = proxy.seen.used.lock().expect("lock").clone();
+    assert_eq!(used.len(), 1, "{used:?}");
+    assert_eq!((used[0].path.as_str(), used[0].status), ("/slow", 504));
 }
