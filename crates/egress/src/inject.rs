@@ -114,11 +114,13 @@ impl Interception {
                 return;
             }
         };
-        let accepted = tokio::time::timeout(
+        // The sandbox's handshake and the upstream's at once: a new tunnel waits for the
+        // slower, not for both in turn.
+        let accept = tokio::time::timeout(
             self.handshake_timeout,
             tokio_rustls::TlsAcceptor::from(server_config).accept(client),
-        )
-        .await;
+        );
+        let (accepted, upstream) = tokio::join!(accept, self.connect_upstream(upstream));
         let client = match accepted {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => {
@@ -127,7 +129,6 @@ impl Interception {
             }
             Err(_) => return,
         };
-        let upstream = self.connect_upstream(upstream).await;
         let (sender, refused, upstream_closed) = match upstream {
             Ok(tls) => match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
                 Ok((sender, connection)) => {

@@ -406,7 +406,8 @@ impl Egress {
                     handshake_timeout: self.limits.connect_timeout,
                     response_timeout: self.limits.response_timeout,
                 };
-                let (up, down) = interception.run(upgraded, upstream).await;
+                // Boxed: an opaque tunnel's task does not carry the injecting path's state.
+                let (up, down) = Box::pin(interception.run(upgraded, upstream)).await;
                 self.observer.closed(&host, port, up, down);
                 return;
             }

@@ -40,7 +40,8 @@ pub enum Bench {
     /// The e2b Python SDK against Warren's envd API (and `--against URL`).
     E2b(e2b::E2bArgs),
     /// The hands' egress proxy: a 64 MiB download, request latency and CONNECT set-up through it
-    /// vs direct, and its memory with 200 open tunnels.
+    /// vs direct, its memory with 200 open tunnels; and small HTTPS requests and new tunnels
+    /// direct, through an opaque tunnel and through one that sets a credential.
     Network,
     /// Under load: 1,000 PTY sessions, 200 concurrent exec calls, 1,000 slow-header
     /// connections, SSE to 1,000 readers; `--soak 30m` prints the servers' RSS over time.
