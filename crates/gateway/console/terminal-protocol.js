@@ -1,7 +1,8 @@
 // The PTY WebSocket protocol (spec/pty-sessions.md) as pure functions: the attach URL, stdin
 // frames, the key bar's bytes, and `OutputCursor`, which tracks the byte offset of what the
 // screen has shown so that a reconnect with `since=<offset>` (or an overlapping replay) writes
-// every byte exactly once. No WebSocket and no xterm here; terminal.js wires them.
+// every byte exactly once, and `ReplayAnswerFilter`, which keeps xterm's answers to replayed
+// queries off the PTY. No WebSocket and no xterm here; terminal.js wires them.
 
 export const CHANNEL = { stdin: 0x00, stdout: 0x01, stderr: 0x02, replay: 0x03 };
 
@@ -55,6 +56,70 @@ export class OutputCursor {
       return { bytes: fresh, missed };
     }
     return { bytes: frame.subarray(0, 0), missed: 0 };
+  }
+}
+
+/**
+ * Keeps xterm's answers to replayed output from reaching the PTY. xterm.js answers the queries
+ * in what it parses (device attributes `ESC[c`, cursor position `ESC[6n`, colours `OSC 10;?`…)
+ * through `onData`, the same event as the keys typed. A replay is old output: its queries were
+ * answered (or not) when they were live, and answering them again types the answers into
+ * whatever runs now (the shell prompt, an open editor). A query that arrives live is answered,
+ * since a running program waits for it.
+ *
+ * Every `term.write(bytes, filter.parsed(replay))` says whether its bytes are a replay;
+ * `term.onData((data) => filter.data(data))`. xterm parses a write synchronously and calls its
+ * callback right after, in the same task, so what `onData` emits in that task before the callback
+ * is that write's answers: dropped for a replay, sent for live output. What is emitted in any
+ * other task (a key, a paste, a mouse report) is sent at the end of its task, in order. With no
+ * write waiting to be parsed, `onData` goes straight to `send`.
+ */
+export class ReplayAnswerFilter {
+  constructor(send) {
+    this.send = send;
+    this.unparsed = 0;
+    this.held = []; // {data, task, verdict: null | "send" | "drop"}, in the order emitted
+    this.task = 0; // which task (macrotask) `onData` ran in; counted up at each one's end
+    this.taskEndQueued = false;
+  }
+
+  /** The callback for `term.write(bytes, callback)`: `replay` for replayed bytes. */
+  parsed(replay) {
+    this.unparsed++;
+    return () => {
+      this.unparsed--;
+      this.settle(this.currentTask(), replay ? "drop" : "send");
+    };
+  }
+
+  /** What xterm emitted through `onData`. */
+  data(data) {
+    if (this.unparsed === 0 && this.held.length === 0) {
+      this.send(data);
+      return;
+    }
+    this.held.push({ data, task: this.currentTask(), verdict: null });
+  }
+
+  /** This task's number; at its end (the first microtask checkpoint) what it emitted is sent. */
+  currentTask() {
+    if (!this.taskEndQueued) {
+      this.taskEndQueued = true;
+      queueMicrotask(() => {
+        const ended = this.task++;
+        this.taskEndQueued = false;
+        this.settle(ended, "send");
+      });
+    }
+    return this.task;
+  }
+
+  settle(task, verdict) {
+    for (const item of this.held) if (item.task === task && item.verdict === null) item.verdict = verdict;
+    while (this.held.length > 0 && this.held[0].verdict !== null) {
+      const item = this.held.shift();
+      if (item.verdict === "send") this.send(item.data);
+    }
   }
 }
 

@@ -7,9 +7,11 @@
 //   connection, but one that was taken over (close 4001) stays a viewer until "Take over".
 // - A holder attach that is refused (another client holds the shell) tries once more, then
 //   watches as a viewer and says "read-only".
+// - Replayed output is drawn but its queries are not answered (ReplayAnswerFilter): xterm's
+//   answers would land in the shell as typed text.
 // xterm.js (345 KB) is loaded on first use, not with the page.
 
-import { OutputCursor, terminalUrl, stdinFrame, keyBytes, withCtrl } from "./terminal-protocol.js";
+import { CHANNEL, OutputCursor, ReplayAnswerFilter, terminalUrl, stdinFrame, keyBytes, withCtrl } from "./terminal-protocol.js";
 import { installXtermCspShim, pruneDetachedStyles } from "./xterm-csp.js";
 
 const RETRY_MS = [300, 1000, 2000, 5000];
@@ -47,6 +49,7 @@ export class TerminalView {
     this.name = "default";
     this.term = null;
     this.fit = null;
+    this.answers = null;
     this.cursor = new OutputCursor();
     this.socket = null;
     this.role = null;
@@ -114,7 +117,8 @@ export class TerminalView {
       this.fit = new FitAddon();
       this.term.loadAddon(this.fit);
       this.term.open(this.el.region);
-      this.term.onData((data) => this.type(data));
+      this.answers = new ReplayAnswerFilter((data) => this.type(data));
+      this.term.onData((data) => this.answers.data(data));
       this.term.onResize(() => this.sendResize());
       this.cursor = new OutputCursor();
     }
@@ -194,7 +198,8 @@ export class TerminalView {
   output(frame) {
     const { bytes, missed } = this.cursor.accept(frame);
     if (missed > 0) this.term.write(`\r\n\x1b[2m[${missed} bytes of output are no longer kept]\x1b[0m\r\n`);
-    if (bytes.length > 0) this.term.write(bytes);
+    // Viewers get every chunk as a replay; they send nothing anyway.
+    if (bytes.length > 0) this.term.write(bytes, this.answers.parsed(frame[0] === CHANNEL.replay));
   }
 
   control(text, attempt) {
@@ -315,6 +320,7 @@ export class TerminalView {
     if (this.term) this.term.dispose();
     this.term = null;
     this.fit = null;
+    this.answers = null;
     this.cursor = new OutputCursor();
     pruneDetachedStyles();
   }
