@@ -4,6 +4,9 @@
 // they come; the items they changed are re-rendered (render.js) once per animation frame, so a
 // history of thousands of events costs one layout, not thousands. The message box's draft is
 // kept in localStorage per session: a reconnect, a reload or a failed send never loses it.
+// An error shown under the box goes when it is no longer true: a send or cancel that got no
+// answer once the connection is back (and a message that did arrive after all leaves the box
+// too), "still working" and a failed cancel once the turn ends.
 
 import { EventStream, withQuery } from "./api.js";
 import { applyEvent, createConversation, hostPort } from "./conversation.js";
@@ -30,6 +33,8 @@ export class ChatView {
     this.frame = null;
     this.historyUntil = 0; // the session's last seq when it was opened
     this.historyShown = false;
+    this.errorEndsOn = []; // what makes the shown error untrue: "connected", "turn_end", "arrived"
+    this.unsent = null; // { text, afterSeq } of a message whose POST got no answer
 
     this.el.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -52,10 +57,12 @@ export class ChatView {
       if (watch) onWatch(watch.dataset.terminalId);
     });
     window.addEventListener("offline", () => this.stream?.drop());
-    window.addEventListener("online", () => this.stream?.reconnectNow());
+    // Back online or back in view: the connection may have died without a word (a network
+    // switch, a sleeping phone), so the stream is opened afresh after its last seq.
+    window.addEventListener("online", () => this.stream?.wake());
     document.addEventListener("visibilitychange", () => {
       if (!document.hidden) {
-        this.stream?.reconnectNow();
+        this.stream?.wake();
         this.scheduleFlush();
       }
     });
@@ -74,12 +81,19 @@ export class ChatView {
     this.historyShown = false;
     this.el.message.value = localStorage.getItem(draftKey(session.id)) ?? "";
     this.showError("");
+    this.unsent = null;
     this.updateControls();
     const token = this.api.token;
     this.stream = new EventStream({
-      url: (after) => withQuery(`/v1/sessions/${encodeURIComponent(session.id)}/events`, { access_token: token, after }),
+      url: (after) => withQuery(`/v1/sessions/${encodeURIComponent(session.id)}/events`, { access_token: token, after, heartbeat: "event" }),
       onEvent: (event) => this.receive(event),
-      onStatus: (status) => this.onStatus(status),
+      onStatus: (status) => {
+        // Back in touch: what failed for want of a network may work now; the box still holds
+        // an unsent message.
+        if (status === "connected") this.errorEnds("connected");
+        this.onStatus(status);
+      },
+      watch: true,
     });
     this.stream.start(0);
     if (this.historyUntil === 0) this.scheduleFlush();
@@ -101,6 +115,10 @@ export class ChatView {
   receive(event) {
     const live = event.seq > this.historyUntil;
     for (const item of applyEvent(this.conversation, event)) this.pending.set(item.id, item);
+    if (event.type === "user_message" && this.unsent && event.seq > this.unsent.afterSeq && event.text === this.unsent.text) {
+      this.arrived(this.unsent.text);
+    }
+    if (event.type === "turn_end") this.errorEnds("turn_end");
     this.scheduleFlush();
     this.onEvent(event, live);
     if (live) notify(event, this.session);
@@ -154,10 +172,24 @@ export class ChatView {
     if (text.trim() === "") return;
     askNotificationPermission();
     const sessionId = this.session.id;
+    const afterSeq = this.conversation.lastSeq;
+    this.unsent = null;
     try {
       await this.api.request("POST", `/v1/sessions/${sessionId}/messages`, { json: { text } });
     } catch (error) {
-      this.showError(error.code === "TURN_IN_PROGRESS" ? "The agent is still working: wait, or Cancel the turn." : `Not sent: ${error.message}`);
+      if (this.session?.id !== sessionId) return;
+      if (error.code === "TURN_IN_PROGRESS") {
+        this.showError("The agent is still working: wait, or Cancel the turn.", ["turn_end"]);
+        return;
+      }
+      if (error.status === 0) {
+        // No answer: the message may still have reached the gateway (its user_message says so).
+        if (this.delivered(text, afterSeq)) return this.arrived(text);
+        this.unsent = { text, afterSeq };
+        this.showError(`Not sent: ${error.message}`, ["connected", "arrived"]);
+        return;
+      }
+      this.showError(`Not sent: ${error.message}`);
       return;
     }
     this.showError("");
@@ -168,12 +200,28 @@ export class ChatView {
     }
   }
 
+  /** Whether a user message `text` came after seq `afterSeq`. */
+  delivered(text, afterSeq) {
+    return this.conversation.items.some((item) => item.kind === "user" && item.seq > afterSeq && item.text === text);
+  }
+
+  /** A message whose POST got no answer did reach the gateway: not an error after all, and the
+   *  box no longer needs to keep it (unless the person changed it since). */
+  arrived(text) {
+    this.unsent = null;
+    this.errorEnds("arrived");
+    if (this.el.message.value === text) {
+      this.el.message.value = "";
+      if (this.session) localStorage.removeItem(draftKey(this.session.id));
+    }
+  }
+
   async cancel() {
     if (!this.session) return;
     try {
       await this.api.request("POST", `/v1/sessions/${this.session.id}/cancel`);
     } catch (error) {
-      if (error.code !== "NO_TURN_RUNNING") this.showError(`Cancel failed: ${error.message}`);
+      if (error.code !== "NO_TURN_RUNNING") this.showError(`Cancel failed: ${error.message}`, error.status === 0 ? ["connected", "turn_end"] : ["turn_end"]);
     }
   }
 
@@ -189,11 +237,18 @@ export class ChatView {
       // Answered elsewhere meanwhile: the permission_resolved event will say so.
       if (error.code === "PERMISSION_NOT_FOUND") return;
       for (const b of buttons) b.disabled = false;
-      this.showError(`Not answered: ${error.message}`);
+      this.showError(`Not answered: ${error.message}`, error.status === 0 ? ["connected"] : []);
     }
   }
 
-  showError(text) {
+  /** `what` happened ("connected", "turn_end", "arrived"): an error it makes untrue goes. */
+  errorEnds(what) {
+    if (this.errorEndsOn.includes(what)) this.showError("");
+  }
+
+  /** Shows `text` under the box ("" hides it) until one of `endsOn` happens (see errorEnds). */
+  showError(text, endsOn = []) {
+    this.errorEndsOn = text === "" ? [] : endsOn;
     this.el.error.textContent = text;
     this.el.error.hidden = text === "";
   }

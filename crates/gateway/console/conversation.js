@@ -11,6 +11,12 @@
 //   command's output stays one message while its tool call completes.
 // - `tool_call_update` merges into the tool call with that id (its `content`, when present,
 //   replaces the old one, as ACP says); a plan replaces the turn's previous plan.
+// - A tool call cannot outlive its turn: one still pending or running at `turn_end` is marked
+//   `stopped` with the stop reason (shown "cancelled", "interrupted" or "ended", never
+//   "running"). ACP has no "cancelled" status, so an agent reports the command it killed on a
+//   cancel as `failed`: in a turn that ends `cancelled`, the tool calls that failed without an
+//   exit code right before the end (nothing else from the agent after them) are the cancelled
+//   ones. A later `completed` update still wins.
 // - An `egress_request` (a command in the hands wants to reach a host no rule covers) is asked
 //   like a permission and closed by the same `permission_resolved`, but it belongs to no turn
 //   (the person's own terminal may have made the connection), so the end of a turn leaves it
@@ -32,6 +38,8 @@ export function createConversation() {
     permissions: new Map(), // request id → permission or egress request item
     refused: new Set(), // "turn|host:port|rule" of the refused destinations already said
     plan: null,
+    turnTools: new Set(), // tool calls seen since the turn started
+    tailFailed: [], // tool calls that failed after the agent's last other word in this turn
     nextId: 1,
   };
 }
@@ -54,12 +62,14 @@ export function applyEvent(conversation, event) {
     if (event.seq <= conversation.lastSeq) return [];
     conversation.lastSeq = event.seq;
   }
+  if (movesOn(event)) conversation.tailFailed = [];
   switch (event.type) {
     case "user_message":
       return [add(conversation, { kind: "user", seq: event.seq, text: event.text ?? "" })];
     case "turn_start":
       conversation.running = true;
       conversation.plan = null;
+      conversation.turnTools = new Set();
       return [];
     case "update":
       return applyUpdate(conversation, event, event.update ?? {});
@@ -114,10 +124,43 @@ export function applyEvent(conversation, event) {
   }
 }
 
+/** Whether `event` is the agent (or the person) moving on, after which a failure is no longer
+ *  the last thing the turn did: anything of the conversation but quiet bookkeeping. */
+function movesOn(event) {
+  if (event.type === "update") return event.update?.sessionUpdate !== "tool_call_update";
+  return ["user_message", "turn_start", "permission_request"].includes(event.type);
+}
+
+const hasExitCode = (tool) => typeof tool.rawOutput?.exit_code === "number";
+
+/** The tool calls a turn's end leaves stopped (see the rules above), marked and returned. */
+function stopTools(conversation, event) {
+  const reason = String(event.stop_reason ?? "ended");
+  const stopped = [];
+  for (const item of conversation.turnTools) {
+    if (item.status === "pending" || item.status === "in_progress") {
+      item.stopped = reason;
+      stopped.push(item);
+    }
+  }
+  if (reason === "cancelled") {
+    for (const item of conversation.tailFailed) {
+      if (item.status === "failed" && !hasExitCode(item) && !item.stopped) {
+        item.stopped = reason;
+        stopped.push(item);
+      }
+    }
+  }
+  conversation.turnTools = new Set();
+  conversation.tailFailed = [];
+  return stopped;
+}
+
 function turnEnd(conversation, event) {
   conversation.running = false;
   conversation.openAgent = null;
   conversation.openThought = null;
+  const stopped = stopTools(conversation, event);
   const words = {
     cancelled: "cancelled",
     interrupted: "interrupted (the gateway restarted or its storage failed)",
@@ -126,7 +169,7 @@ function turnEnd(conversation, event) {
     max_turn_requests: "stopped: the agent reached its request limit",
     refusal: "the agent refused",
   }[event.stop_reason];
-  const changed = words ? note(conversation, event, words) : [];
+  const changed = [...stopped, ...(words ? note(conversation, event, words) : [])];
   // An agent's request left open is moot once the turn is over; a network request is not (its
   // connection may come from the person's terminal, outside any turn).
   for (const item of conversation.permissions.values()) {
@@ -209,9 +252,12 @@ function applyUpdate(conversation, event, update) {
         item = add(conversation, { kind: "tool", seq: event.seq, toolCallId: update.toolCallId, title: "", toolKind: "other", status: "pending", content: [], rawOutput: null });
         conversation.tools.set(update.toolCallId, item);
       }
+      conversation.turnTools.add(item);
       if (update.title !== undefined && update.title !== null) item.title = update.title;
       if (update.kind) item.toolKind = update.kind;
       if (update.status) item.status = update.status;
+      if (update.status === "completed") delete item.stopped;
+      if (update.status === "failed") conversation.tailFailed.push(item);
       if (Array.isArray(update.content)) item.content = update.content;
       if (update.rawOutput !== undefined) item.rawOutput = update.rawOutput;
       return [item];

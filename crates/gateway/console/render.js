@@ -9,6 +9,8 @@ import { unifiedDiff } from "./diff.js";
 import { hostPort } from "./conversation.js";
 
 const TOOL_STATUS = { pending: "pending", in_progress: "running", completed: "done", failed: "failed" };
+// A tool call its turn's end stopped (conversation.js), by stop reason; any other reason is "ended".
+const TOOL_STOPPED = { cancelled: "cancelled", interrupted: "interrupted" };
 const PLAN_MARK = { pending: "○", in_progress: "◐", completed: "●" };
 
 /** The node for one item. */
@@ -47,12 +49,23 @@ export function renderItem(item) {
   }
 }
 
+/** A tool call's state in words and as the class that styles it: its ACP status, or how its
+ *  turn's end stopped it ("cancelled", class `tool-cancelled`; else class `tool-ended`). */
+export function toolState(item) {
+  if (item.stopped) {
+    return { words: TOOL_STOPPED[item.stopped] ?? "ended", cls: item.stopped === "cancelled" ? "tool-cancelled" : "tool-ended" };
+  }
+  return { words: TOOL_STATUS[item.status] ?? item.status, cls: `tool-${item.status}` };
+}
+
 function renderTool(item, attrs) {
-  const status = TOOL_STATUS[item.status] ?? item.status;
+  const state = toolState(item);
+  const status = state.words;
   const exit = item.rawOutput && typeof item.rawOutput.exit_code === "number" && item.rawOutput.exit_code !== 0 ? ` (exit ${item.rawOutput.exit_code})` : "";
+  const running = !item.stopped && (item.status === "in_progress" || item.status === "pending");
   return h(
     "div",
-    attrs(`tool tool-${item.status}`),
+    attrs(`tool ${state.cls}`),
     h(
       "p",
       { class: "tool-head" },
@@ -62,7 +75,7 @@ function renderTool(item, attrs) {
       " ",
       h("span", { class: "tool-status" }, status + exit),
     ),
-    item.content.map((content) => renderToolContent(content, item.status === "in_progress" || item.status === "pending")),
+    item.content.map((content) => renderToolContent(content, running)),
   );
 }
 

@@ -612,10 +612,10 @@ async fn put_egress(
     get,
     path = "/v1/sessions/{id}/events",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session's id"), ("after" = Option<u64>, Query, description = "Resume after this seq (Last-Event-ID wins)"), ("Last-Event-ID" = Option<u64>, Header, nullable = false, description = "Resume after this seq")),
+    params(("id" = String, Path, description = "The session's id"), ("after" = Option<u64>, Query, description = "Resume after this seq (Last-Event-ID wins)"), ("heartbeat" = Option<String>, Query, description = "`event`: heartbeats are events named `heartbeat` (`data: {\"type\":\"heartbeat\",\"interval_ms\":N}`, no id), one at once and one after each silence, which a browser's EventSource fires; otherwise comments"), ("Last-Event-ID" = Option<u64>, Header, nullable = false, description = "Resume after this seq")),
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
-        (status = 200, description = "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event>`, and heartbeat comments; it does not end", content_type = "text/event-stream", body = crate::openapi::SseEvent),
+        (status = 200, description = "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event>`, and heartbeat comments (or `heartbeat` events, see `heartbeat`); it does not end", content_type = "text/event-stream", body = crate::openapi::SseEvent),
         (status = 400, description = "INVALID_REQUEST_BODY: after or Last-Event-ID is not a seq, or past the last event", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
         (status = 404, description = "SESSION_NOT_FOUND: no such session of this device", body = ErrorBody),
@@ -645,7 +645,12 @@ async fn events(
             "cannot resume after seq {after}: the last event is {last_seq}"
         )));
     }
-    Ok(sse::stream(session, after, gateway.args.sse_heartbeat()).into_response())
+    let style = sse::HeartbeatStyle::from_query(
+        query
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str())),
+    );
+    Ok(sse::stream(session, after, gateway.args.sse_heartbeat(), style).into_response())
 }
 
 /// `/healthz`'s 503 body.

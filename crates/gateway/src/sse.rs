@@ -5,9 +5,14 @@
 //! with a larger seq, paging through the file when the position is older than the in-memory
 //! tail, then switches to a live subscription positioned exactly at the last event sent, so there
 //! is no gap and no duplicate. Framing: `id: <seq>`, `event: <type>`, `data: <json>`; after
-//! `--sse-heartbeat-ms` of silence (15 s by default) a heartbeat comment `:`. Heartbeats carry no
-//! id, so a client's `Last-Event-ID` stays on its last event, and they never enter a subscriber's
-//! event queue: axum's keep-alive makes one only while that queue is empty. A subscriber dropped
+//! `--sse-heartbeat-ms` of silence (15 s by default) a heartbeat comment `:`. A browser's
+//! `EventSource` never sees a comment, so a client that watches the connection asks for
+//! `?heartbeat=event` ([`HeartbeatStyle`]): its heartbeats are then events named `heartbeat`,
+//! `data: {"type":"heartbeat","interval_ms":N}`, one at once when the stream opens and one after
+//! every silence, so it learns the interval and can tell a connection that died quietly (no
+//! event nor heartbeat for two intervals). Heartbeats of either kind carry no id and no seq, so a
+//! client's `Last-Event-ID` stays on its last event, and they never enter a subscriber's event
+//! queue: axum's keep-alive makes one only while that queue is empty. A subscriber dropped
 //! for being too slow sees its stream end and resumes from its last id. When the requested
 //! position was compacted away a `gap` event comes first.
 
@@ -19,7 +24,7 @@ use std::time::Duration;
 
 use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use warren_protocol::gateway::{Event, EventBody};
 
 use crate::error::GatewayError;
@@ -61,6 +66,38 @@ pub fn resume_after(
     }
 }
 
+/// How a stream's heartbeats are framed: a comment `:` (the default, which SSE parsers hide), or
+/// an event named `heartbeat` a browser's `EventSource` fires (asked with `?heartbeat=event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeartbeatStyle {
+    Comment,
+    Event,
+}
+
+impl HeartbeatStyle {
+    /// The style a request's query asks for: `heartbeat=event` gives events; anything else,
+    /// or nothing, comments.
+    pub fn from_query<'a>(mut query: impl Iterator<Item = (&'a str, &'a str)>) -> HeartbeatStyle {
+        if query.any(|(name, value)| name == "heartbeat" && value == "event") {
+            HeartbeatStyle::Event
+        } else {
+            HeartbeatStyle::Comment
+        }
+    }
+}
+
+/// The heartbeat event of [`HeartbeatStyle::Event`]: named `heartbeat`, no id, and the interval
+/// in its data so the client's timeout follows `--sse-heartbeat-ms`.
+pub fn heartbeat_event(interval: Duration) -> SseEvent {
+    let data = serde_json::json!({
+        "type": "heartbeat",
+        "interval_ms": u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
+    });
+    SseEvent::default()
+        .event("heartbeat")
+        .data(data.to_string())
+}
+
 fn to_sse(event: &StoredEvent) -> SseEvent {
     SseEvent::default()
         .id(event.seq.to_string())
@@ -68,12 +105,14 @@ fn to_sse(event: &StoredEvent) -> SseEvent {
         .data(&*event.json)
 }
 
-/// The SSE response for `session`, starting after seq `after`, with a heartbeat comment after
-/// every `heartbeat` of silence.
+/// The SSE response for `session`, starting after seq `after`, with a heartbeat after every
+/// `heartbeat` of silence (a comment, or for [`HeartbeatStyle::Event`] an event, the first one
+/// sent at once).
 pub fn stream(
     session: Arc<Session>,
     after: u64,
     heartbeat: Duration,
+    style: HeartbeatStyle,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let first = session.log.first_seq();
     let gap = (after.saturating_add(1) < first).then_some((after, first));
@@ -88,7 +127,16 @@ pub fn stream(
         let event = next_event(&mut state).await?;
         Some((Ok(event), state))
     });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(heartbeat))
+    let keep_alive = KeepAlive::new().interval(heartbeat);
+    let (first, keep_alive) = match style {
+        HeartbeatStyle::Comment => (None, keep_alive),
+        HeartbeatStyle::Event => (
+            Some(Ok(heartbeat_event(heartbeat))),
+            keep_alive.event(heartbeat_event(heartbeat)),
+        ),
+    };
+    let events = futures_util::stream::iter(first).chain(events);
+    Sse::new(events).keep_alive(keep_alive)
 }
 
 async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
@@ -157,6 +205,45 @@ async fn next_event(state: &mut StreamState) -> Option<SseEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use axum::response::IntoResponse;
+
+    #[test]
+    fn heartbeat_events_are_asked_for_by_the_query() {
+        let style = |query: &[(&'static str, &'static str)]| {
+            HeartbeatStyle::from_query(query.iter().copied())
+        };
+        assert_eq!(style(&[]), HeartbeatStyle::Comment);
+        assert_eq!(style(&[("after", "3")]), HeartbeatStyle::Comment);
+        assert_eq!(style(&[("heartbeat", "comment")]), HeartbeatStyle::Comment);
+        assert_eq!(
+            style(&[("after", "3"), ("heartbeat", "event")]),
+            HeartbeatStyle::Event
+        );
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_event_is_named_has_no_id_and_carries_the_interval() {
+        let events = futures_util::stream::iter([Ok::<_, Infallible>(heartbeat_event(
+            Duration::from_millis(1500),
+        ))]);
+        let body = Sse::new(events).into_response().into_body();
+        let bytes = axum::body::to_bytes(body, 1 << 16).await.expect("body");
+        let text = std::str::from_utf8(&bytes).expect("UTF-8");
+        let lines: Vec<&str> = text
+            .strip_suffix("\n\n")
+            .expect("one block")
+            .lines()
+            .collect();
+        assert_eq!(lines.len(), 2, "{text:?}");
+        assert_eq!(lines[0], "event: heartbeat");
+        let data: serde_json::Value =
+            serde_json::from_str(lines[1].strip_prefix("data: ").expect("data")).expect("JSON");
+        assert_eq!(
+            data,
+            serde_json::json!({"type": "heartbeat", "interval_ms": 1500})
+        );
+    }
 
     #[test]
     fn last_event_id_wins_and_either_must_be_a_seq() {

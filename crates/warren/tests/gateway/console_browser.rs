@@ -48,6 +48,9 @@ async fn the_console_works_in_a_real_browser() {
     // A credential for the npm registry (reached for real through the egress proxy), so the
     // flows see its `credential_used` lines and switch it (an extra header npm ignores).
     let gw = in_bwrap(|args| {
+        // A short heartbeat, so the flow that freezes the console's connection sees it noticed
+        // (two intervals of silence) within seconds; the console learns it from the heartbeats.
+        args.sse_heartbeat_ms = 1500;
         args.hands_credential = vec![
             warren_egress::Credential::parse(
                 "npm=registry.npmjs.org:X-Warren-Console-Check:Bearer $CHECK",
