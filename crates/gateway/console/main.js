@@ -12,6 +12,7 @@ import { NetworkView } from "./network.js";
 import { PreviewView } from "./preview.js";
 import { TerminalView } from "./terminal.js";
 import { handsWords, stateWords } from "./render.js";
+import "./install.js"; // the service worker (offline use, installing the app) and the offline state
 
 const TOKEN_KEY = "warren.token";
 const $ = (id) => document.getElementById(id);

@@ -4,7 +4,9 @@
 //! Routes: `GET /` answers `index.html`; every other file is `GET /console/{path}`, its path
 //! below `crates/gateway/console/` (`/console/main.js`, `/console/app.css`,
 //! `/console/vendor/xterm/xterm.mjs`, ...; `index.html` refers to them by these absolute paths,
-//! since relative ones would resolve against `/`). The files are embedded in the binary at
+//! since relative ones would resolve against `/`). Two files are also at the root, where a
+//! browser wants them (phone.md "Installable"): `GET /manifest.webmanifest` (the web app
+//! manifest) and `GET /sw.js` (the service worker, whose scope can only be `/` from there). The files are embedded in the binary at
 //! compile time (`build.rs`: every file of `crates/gateway/console/` but `test/`, dot files and
 //! `node_modules/`), so a clean clone builds with `cargo build` alone.
 //!
@@ -24,8 +26,16 @@
 //! `Accept-Encoding` takes gzip (an ETag of its own, `Vary: Accept-Encoding`). A path that names
 //! no file is 404 in the API's JSON shape.
 //!
-//! Deliberately absent: templating, rewriting of the files, directory listings, and any route
-//! that needs a device token.
+//! The app shell: the files a browser keeps to open the console without a network ([`Shell`]:
+//! the page, styles, modules, icons, the manifest, the vendored xterm.js; not the license texts,
+//! READMEs or `sw.js` itself), and its version, a hash of their paths and contents (and of
+//! `sw.js`). `sw.js` is served with one line put before it, `const WARREN_SHELL = {"version":
+//! …, "files": [URL, …]};`, which it caches under that version: a console whose files changed
+//! is a new worker with a new cache. The page's answers carry the version as `X-Warren-Shell`,
+//! so an outdated worker sees that the gateway has a newer console than its cache.
+//!
+//! Deliberately absent: templating, any other rewriting of the files, directory listings, and
+//! any route that needs a device token.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -45,28 +55,61 @@ use crate::error::{GatewayError, Path};
 /// The files `build.rs` embedded: `(path below console/, content)`, sorted by path.
 static EMBEDDED_FILES: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/console_files.rs"));
 
-/// The embedded files ready to serve, hashed and compressed once per process.
+/// The embedded app shell, computed once per process.
+static EMBEDDED_SHELL: LazyLock<Arc<Shell>> = LazyLock::new(|| {
+    Arc::new(Shell::of(
+        EMBEDDED_FILES
+            .iter()
+            .map(|(path, content)| (*path, *content)),
+    ))
+});
+
+/// The embedded files ready to serve, hashed and compressed once per process (`sw.js` with its
+/// shell line).
 static EMBEDDED: LazyLock<HashMap<&'static str, Arc<Asset>>> = LazyLock::new(|| {
     EMBEDDED_FILES
         .iter()
         .map(|(path, content)| {
-            (
-                *path,
-                Arc::new(Asset::new(path, Bytes::from_static(content))),
-            )
+            let content = if *path == SERVICE_WORKER {
+                Bytes::from(EMBEDDED_SHELL.service_worker(content))
+            } else {
+                Bytes::from_static(content)
+            };
+            (*path, Arc::new(Asset::new(path, content)))
         })
         .collect()
 });
 
-/// The routes: `/` and `/console/{path}`. Neither takes a credential.
+/// The service worker's file below `console/`.
+const SERVICE_WORKER: &str = "sw.js";
+/// The page's file below `console/`.
+const PAGE: &str = "index.html";
+/// The header naming the shell version on the page's answers.
+const SHELL_VERSION_HEADER: HeaderName = HeaderName::from_static("x-warren-shell");
+
+/// The routes: `/`, `/manifest.webmanifest`, `/sw.js` and `/console/{path}`. None takes a
+/// credential.
 pub fn routes() -> axum::Router<Arc<Gateway>> {
     axum::Router::new()
         .route("/", get(index))
+        .route("/manifest.webmanifest", get(manifest))
+        .route("/sw.js", get(service_worker))
         .route("/console/{*path}", get(file))
 }
 
 async fn index(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    gateway.console.answer("index.html", &headers).await
+    gateway.console.answer(PAGE, &headers).await
+}
+
+async fn manifest(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    gateway
+        .console
+        .answer("manifest.webmanifest", &headers)
+        .await
+}
+
+async fn service_worker(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    gateway.console.answer(SERVICE_WORKER, &headers).await
 }
 
 async fn file(
@@ -119,9 +162,12 @@ impl Console {
                 )));
             }
             None => {
-                tokio::task::spawn_blocking(|| LazyLock::force(&EMBEDDED).len())
-                    .await
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
+                tokio::task::spawn_blocking(|| {
+                    LazyLock::force(&EMBEDDED_SHELL);
+                    LazyLock::force(&EMBEDDED).len()
+                })
+                .await
+                .map_err(|e| GatewayError::Internal(e.to_string()))?;
                 Source::Embedded
             }
         };
@@ -138,6 +184,16 @@ impl Console {
             Ok(asset) => asset.answer(request),
             Err(error) => error.into_response(),
         };
+        if path == PAGE && response.status() != StatusCode::NOT_FOUND {
+            match self.shell().await {
+                Ok(shell) => {
+                    if let Ok(version) = HeaderValue::from_str(&shell.version) {
+                        response.headers_mut().insert(SHELL_VERSION_HEADER, version);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "no shell version for the page"),
+            }
+        }
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_SECURITY_POLICY,
@@ -171,11 +227,129 @@ impl Console {
                         return Err(not_found());
                     }
                 };
+                let content = if path == SERVICE_WORKER {
+                    self.shell().await?.service_worker(&content)
+                } else {
+                    content
+                };
                 let path = path.to_owned();
                 tokio::task::spawn_blocking(move || Arc::new(Asset::new(&path, content.into())))
                     .await
                     .map_err(|e| GatewayError::Internal(e.to_string()))
             }
+        }
+    }
+
+    /// The app shell as it is now: the embedded one, or the console directory's, read again.
+    async fn shell(&self) -> Result<Arc<Shell>, GatewayError> {
+        match &self.source {
+            Source::Embedded => Ok(EMBEDDED_SHELL.clone()),
+            Source::Dir(dir) => {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut files = Vec::new();
+                    read_console_dir(&dir, "", &mut files);
+                    Arc::new(Shell::of(
+                        files
+                            .iter()
+                            .map(|(path, content)| (path.as_str(), content.as_slice())),
+                    ))
+                })
+                .await
+                .map_err(|e| GatewayError::Internal(e.to_string()))
+            }
+        }
+    }
+}
+
+/// The app shell (see the module docs): the URLs the service worker caches and their version.
+#[derive(Debug, PartialEq)]
+struct Shell {
+    /// A hash of the shell's URLs and contents, and of `sw.js`: 16 hex digits.
+    version: String,
+    /// Absolute URLs, sorted: `/` for the page, `/manifest.webmanifest`, `/console/{path}`.
+    files: Vec<String>,
+}
+
+impl Shell {
+    /// The shell of a console made of `files` (`(path below console/, content)`).
+    fn of<'a>(files: impl Iterator<Item = (&'a str, &'a [u8])>) -> Shell {
+        let mut shell: Vec<(String, &[u8])> = Vec::new();
+        let mut worker: &[u8] = b"";
+        for (path, content) in files {
+            if path == SERVICE_WORKER {
+                worker = content;
+            } else if let Some(url) = shell_url(path) {
+                shell.push((url, content));
+            }
+        }
+        shell.sort();
+        let mut hash = Sha256::new();
+        for (url, content) in shell
+            .iter()
+            .map(|(url, content)| (url.as_str(), *content))
+            .chain(std::iter::once((SERVICE_WORKER, worker)))
+        {
+            hash.update(url.as_bytes());
+            hash.update([0]);
+            hash.update((content.len() as u64).to_le_bytes());
+            hash.update(content);
+        }
+        Shell {
+            version: hex::encode(&hash.finalize()[..8]),
+            files: shell.into_iter().map(|(url, _)| url).collect(),
+        }
+    }
+
+    /// `sw.js` as served: the shell's line, then the file.
+    fn service_worker(&self, template: &[u8]) -> Vec<u8> {
+        let shell = serde_json::json!({ "version": self.version, "files": self.files });
+        let mut content = format!(
+            "// Filled in by the gateway: the app shell's version and files.\n\
+             const WARREN_SHELL = {shell};\n"
+        )
+        .into_bytes();
+        content.extend_from_slice(template);
+        content
+    }
+}
+
+/// The URL a browser loads the console file `path` (below `console/`) by, when the file is
+/// part of the app shell: what the page loads (markup, styles, scripts, images, fonts, the
+/// manifest), not the license texts, READMEs or the service worker itself.
+fn shell_url(path: &str) -> Option<String> {
+    let (content_type, _) = content_type(path);
+    let loaded = !(content_type.starts_with("text/plain")
+        || content_type == "application/json"
+        || content_type == "application/octet-stream");
+    match path {
+        PAGE => Some("/".to_owned()),
+        SERVICE_WORKER => None,
+        "manifest.webmanifest" => Some("/manifest.webmanifest".to_owned()),
+        _ if content_type.starts_with("text/html") => None,
+        _ => loaded.then(|| format!("/console/{path}")),
+    }
+}
+
+/// Every file below `dir` as `(its path below the console with `/` separators, its content)`,
+/// leaving out what `build.rs` leaves out of the embedded console (`test/`, dot files,
+/// `node_modules/`) and what cannot be read.
+fn read_console_dir(dir: &std::path::Path, prefix: &str, files: &mut Vec<(String, Vec<u8>)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = format!("{prefix}{name}");
+        if name.starts_with('.') || name == "node_modules" || path == "test" {
+            continue;
+        }
+        let file = entry.path();
+        if file.is_dir() {
+            read_console_dir(&file, &format!("{path}/"), files);
+        } else if let Ok(content) = std::fs::read(&file) {
+            files.push((path, content));
         }
     }
 }
@@ -188,12 +362,14 @@ fn is_plain_relative(path: &str) -> bool {
         .all(|name| !name.is_empty() && name != "." && name != ".." && !name.contains(['\\', '\0']))
 }
 
-/// console.md's policy, with `frame_source` (the preview origins) as `frame-src`.
+/// console.md's policy, with `frame_source` (the preview origins) as `frame-src`, and
+/// `manifest-src 'self'` (phone.md: the browser loads the web app manifest under the page's
+/// policy, which `default-src 'none'` would refuse).
 pub fn content_security_policy(frame_source: &str) -> String {
     format!(
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-         connect-src 'self'; font-src 'self'; frame-src {frame_source}; base-uri 'none'; \
-         form-action 'self'; frame-ancestors 'none'"
+         connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-src {frame_source}; \
+         base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
     )
 }
 
@@ -415,6 +591,72 @@ mod tests {
     }
 
     #[test]
+    fn shell_urls_table() {
+        let cases = [
+            ("index.html", Some("/")),
+            ("manifest.webmanifest", Some("/manifest.webmanifest")),
+            ("main.js", Some("/console/main.js")),
+            ("app.css", Some("/console/app.css")),
+            ("icons/icon-192.png", Some("/console/icons/icon-192.png")),
+            ("icons/icon.svg", Some("/console/icons/icon.svg")),
+            (
+                "vendor/xterm/xterm.mjs",
+                Some("/console/vendor/xterm/xterm.mjs"),
+            ),
+            (
+                "vendor/xterm/xterm.css",
+                Some("/console/vendor/xterm/xterm.css"),
+            ),
+            ("sw.js", None),
+            ("README.md", None),
+            ("vendor/xterm/LICENSE", None),
+            ("other.html", None),
+            ("data.json", None),
+            ("blob.bin", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(shell_url(path).as_deref(), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_shell_version_follows_the_shell_and_the_worker_only() {
+        let console = |main: &'static [u8], worker: &'static [u8], readme: &'static [u8]| {
+            Shell::of(
+                [
+                    ("index.html", &b"<!doctype html>"[..]),
+                    ("main.js", main),
+                    ("sw.js", worker),
+                    ("README.md", readme),
+                ]
+                .into_iter(),
+            )
+        };
+        let shell = console(b"one", b"worker", b"notes");
+        assert_eq!(shell.files, ["/", "/console/main.js"]);
+        assert_eq!(shell.version.len(), 16);
+        assert_eq!(shell, console(b"one", b"worker", b"other notes"));
+        assert_ne!(shell.version, console(b"two", b"worker", b"notes").version);
+        assert_ne!(
+            shell.version,
+            console(b"one", b"worker 2", b"notes").version
+        );
+
+        let served = String::from_utf8(shell.service_worker(b"self.x = 1;\n")).expect("UTF-8");
+        let (head, rest) = served
+            .split_once("const WARREN_SHELL = ")
+            .expect("the shell line");
+        assert!(head.starts_with("//"), "{served}");
+        let (json, template) = rest.split_once(";\n").expect("the end of the shell line");
+        let json: serde_json::Value = serde_json::from_str(json).expect("JSON");
+        assert_eq!(
+            json,
+            serde_json::json!({"version": shell.version, "files": ["/", "/console/main.js"]})
+        );
+        assert_eq!(template, "self.x = 1;\n");
+    }
+
+    #[test]
     fn content_types_table() {
         let cases = [
             ("index.html", "text/html; charset=utf-8", true),
@@ -424,6 +666,7 @@ mod tests {
             ("icon.svg", "image/svg+xml", true),
             ("icon.png", "image/png", false),
             ("manifest.json", "application/json", true),
+            ("manifest.webmanifest", "application/manifest+json", true),
             ("vendor/font.woff2", "font/woff2", false),
             ("vendor/xterm/LICENSE", "text/plain; charset=utf-8", true),
             ("blob.bin", "application/octet-stream", false),

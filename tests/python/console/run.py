@@ -458,6 +458,83 @@ class Run:
         finally:
             second.close()
 
+    def terminal_replay_is_not_answered(self):
+        """A program's terminal queries (vim asks for the device attributes, the cursor position,
+        the colours) are answered live, but not again when a reattach replays them: the answers
+        would land in the shell as typed text ("2RR0;276;0c10;rgb:…: command not found")."""
+        page = self.page
+        sockets, sent, connected = [], [], []
+
+        def on_socket(socket):
+            if "/terminals/" in socket.url:
+                sockets.append(socket)
+                socket.on("framesent", lambda f: sent.append(f))
+                socket.on("framereceived", lambda f: isinstance(f, str) and '"connected"' in f and connected.append(f))
+
+        def attached():
+            """Waits for this flow's attach to be `connected` as the holder."""
+            deadline = time.monotonic() + TIMEOUT_MS / 1000
+            while not connected and time.monotonic() < deadline:
+                page.wait_for_timeout(100)
+            assert connected, "the terminal did not attach"
+            assert json.loads(connected[-1])["role"] == "holder", connected[-1]
+            expect(self.terminal_status()).to_contain_text("your shell")
+
+        def typed():
+            """What the page sent the shell as input (stdin frames) since `sent` was emptied."""
+            return b"".join(f[1:] for f in sent if isinstance(f, bytes) and f[:1] == b"\x00")
+
+        def let_go():
+            """Closes the Terminal view and waits until its sockets are closed."""
+            self.tab("Chat")
+            deadline = time.monotonic() + 10
+            while any(not s.is_closed() for s in sockets) and time.monotonic() < deadline:
+                page.wait_for_timeout(100)
+            assert all(s.is_closed() for s in sockets), "the terminal stayed attached with its view closed"
+
+        page.on("websocket", on_socket)
+        try:
+            # Attach afresh, so that this flow sees the socket it lets go of later.
+            let_go()
+            page.wait_for_timeout(1000)  # the previous flow's socket, not seen here, is closing
+            self.tab("Terminal")
+            attached()
+            page.get_by_role("region", name="Terminal", exact=True).click()
+            # As vim does: ask, then read the answers (noncanonical, until 2 s of quiet).
+            queries = r"printf '\033[c\033[>c\033[6n\033]10;?\007\033]11;?\007'"
+            page.keyboard.type(f'clear; stty -echo -icanon min 0 time 20; {queries}; a=$(cat -v); stty sane; echo "answers-1:$a:"; echo done-$((3*4))-queries')
+            page.keyboard.press("Enter")
+            expect(self.terminal_rows()).to_contain_text("done-12-queries")
+            text = self.terminal_rows().text_content()
+            for answer in [r"\^\[\[\?1;2c", r"\^\[\[>0;276;0c", r"\^\[\[\d+;\d+R", r"\^\[\]10;rgb:", r"\^\[\]11;rgb:"]:
+                assert re.search(answer, text), f"the live queries were not all answered ({answer!r} missing): {text!r}"
+            # Reload and attach again: the whole output, queries included, is replayed.
+            let_go()
+            page.reload()
+            expect(self.role("tab", "Chat")).to_have_attribute("aria-selected", "true")
+            sockets.clear()
+            sent.clear()
+            connected.clear()
+            self.tab("Terminal")
+            attached()
+            expect(self.terminal_rows()).to_contain_text("done-12-queries")
+            page.wait_for_timeout(1500)  # time for answers to go out, were any given
+            assert typed() == b"", f"the replay was answered: the shell got {typed()!r}"
+            page.get_by_role("region", name="Terminal", exact=True).click()
+            page.keyboard.type("echo after-$((6*7))-reattach")
+            page.keyboard.press("Enter")
+            expect(self.terminal_rows()).to_contain_text("after-42-reattach")
+            assert typed() == b"echo after-$((6*7))-reattach\r", f"the shell got {typed()!r}"
+            # A query that arrives live after the replay is answered.
+            page.keyboard.type(r'stty -echo -icanon min 0 time 20; printf "\033[6n"; a=$(cat -v); stty sane; echo "answers-$((1+1)):$a:"')
+            page.keyboard.press("Enter")
+            expect(self.terminal_rows()).to_contain_text(re.compile(r"answers-2:\^\[\[\d+;\d+R:"))
+            assert "command not found" not in self.terminal_rows().text_content()
+        finally:
+            page.remove_listener("websocket", on_socket)
+        self.no_horizontal_scroll()
+        self.shot("terminal-replay")
+
     def agent_terminal_watch(self):
         self.tab("Chat")
         self.send("for i in $(seq 1 60); do echo tick$i; sleep 0.5; done")
@@ -589,6 +666,287 @@ class Run:
         status, session = self.api().call("GET", f"/v1/sessions/{self.session_id}")
         assert int(self.page.locator("[data-seq]").last.get_attribute("data-seq")) <= session["last_seq"]
         box.fill("")
+
+    def cancelled_command_says_cancelled(self):
+        """The command a Cancel killed says "cancelled", not "failed" (ACP has no cancelled
+        status: the agent reports it failed), and nothing is left saying "running"."""
+        self.tab("Chat")
+        cancel = self.role("button", "Cancel")
+        self.send("sleep 31")
+        tool = self.tool("sleep 31").last
+        expect(tool).to_have_class(re.compile(r"\btool-in_progress\b"))
+        expect(tool.locator(".tool-status")).to_have_text("running")
+        cancel.click()
+        expect(cancel).to_be_disabled()
+        expect(tool).to_have_class(re.compile(r"\btool-cancelled\b"))
+        expect(tool.locator(".tool-status")).to_have_text("cancelled")
+        expect(tool.get_by_role("button", name="Watch")).to_have_count(0)
+        expect(self.log.locator(".tool-status", has_text="running")).to_have_count(0)
+        expect(self.page.locator("#chat-error")).to_be_hidden()
+        self.no_horizontal_scroll()
+        self.shot("cancelled")
+
+    def frozen_connection_reconnects(self):
+        """A connection that dies quietly (a frozen TCP stream, as after a phone moves from
+        Wi-Fi to mobile data) is noticed: the console reaches the gateway through a relay on
+        loopback that this flow freezes (it stops forwarding both ways and closes nothing).
+        Within two heartbeat intervals the dot says reconnecting. (A) Everything frozen, new
+        connections too: a message sent meanwhile runs once the relay thaws, and it and its
+        output are shown once. (B) Only the event stream's connection frozen: the console
+        reconnects by itself and shows what ran meanwhile, once; so does a return to the tab,
+        at once. (C) A send that got no answer while offline: "Not sent" goes once the
+        connection is back, the text stays in the box."""
+        import select
+
+        gateway = urlparse(self.origin)
+        token = self.page.evaluate("localStorage.getItem('warren.token')")
+        api = Gateway(self.origin, token)
+        session_id = self.session_id
+
+        # The interval the gateway's heartbeats have, as the console learns it.
+        status, session = api.call("GET", f"/v1/sessions/{session_id}")
+        assert status == 200, session
+        request = urllib.request.Request(
+            f"{self.origin}/v1/sessions/{session_id}/events?after={session['last_seq']}&heartbeat=event",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            block = []
+            while not block or block[-1] != "":
+                line = response.readline().decode()
+                assert line, "the event stream ended before its first heartbeat"
+                block.append(line.rstrip("\n"))
+        assert "event: heartbeat" in block, block
+        beat = json.loads(next(line[len("data:"):] for line in block if line.startswith("data:")))
+        assert not any(line.startswith("id:") for line in block), f"a heartbeat has no id: {block}"
+        interval_s = beat["interval_ms"] / 1000
+        assert beat["type"] == "heartbeat" and 0 < interval_s <= 5, beat
+
+        class Link:
+            def __init__(self, frozen):
+                self.frozen = frozen
+                self.requests = []  # the request lines the browser sent on it
+                self.sockets = []
+
+        links, lock, stop = [], threading.Lock(), threading.Event()
+        freeze_new = [False]
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(0.2)
+
+        def pump(link, source, target, upstream):
+            try:
+                while not stop.is_set():
+                    if link.frozen:
+                        time.sleep(0.02)
+                        continue
+                    ready, _, _ = select.select([source], [], [], 0.1)
+                    if not ready:
+                        continue
+                    data = source.recv(65536)
+                    if not data:
+                        target.shutdown(socket.SHUT_WR)
+                        return
+                    if upstream and re.match(rb"[A-Z]+ /", data):
+                        link.requests.append(data.split(b"\r\n", 1)[0].decode(errors="replace"))
+                    target.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in link.sockets:
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+
+        def accept():
+            while not stop.is_set():
+                try:
+                    client, _ = listener.accept()
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                client.settimeout(None)
+                try:
+                    server = socket.create_connection((gateway.hostname, gateway.port), timeout=5)
+                    server.settimeout(None)
+                except OSError:
+                    client.close()
+                    continue
+                with lock:
+                    link = Link(freeze_new[0])
+                    link.sockets = [client, server]
+                    links.append(link)
+                for args in [(link, client, server, True), (link, server, client, False)]:
+                    threading.Thread(target=pump, args=args, daemon=True).start()
+
+        def freeze(which=lambda link: True, new_too=False):
+            with lock:
+                freeze_new[0] = new_too
+                frozen = [link for link in links if which(link)]
+                for link in frozen:
+                    link.frozen = True
+            assert frozen, "nothing to freeze"
+
+        def thaw():
+            with lock:
+                freeze_new[0] = False
+                for link in links:
+                    link.frozen = False
+
+        def n_stream_requests():
+            with lock:
+                return sum(1 for link in links for line in link.requests if "/events?" in line)
+
+        threading.Thread(target=accept, daemon=True).start()
+        relay = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        context = self.browser.new_context(**SIZES[self.size])
+        context.set_default_timeout(TIMEOUT_MS)
+        context.add_init_script(f"localStorage.setItem('warren.token', {json.dumps(token)})")
+        problems = []
+        page = context.new_page()
+        page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+
+        def on_console(message):
+            # Closing a frozen connection, or the offline part, makes the browser log failures.
+            if message.type == "error" and not re.search(EXPECTED_NETWORK_ERRORS.pattern + r"|ERR_EMPTY_RESPONSE|ERR_CONNECTION_RESET", message.text):
+                problems.append(f"console error: {message.text}")
+
+        page.on("console", on_console)
+        role = lambda r, name: page.get_by_role(r, name=name, exact=True)  # noqa: E731
+        log = role("log", "Conversation")
+        connection = role("status", "Connection")
+        box = role("textbox", "Message")
+        error = page.locator("#chat-error")
+
+        def agent(text):
+            return log.locator(".msg.agent").filter(has_text=re.compile("^" + re.escape(text) + "$"))
+
+        def no_duplicates(what):
+            seqs = log.locator("[data-seq]").evaluate_all("nodes => nodes.map(n => n.dataset.seq)")
+            assert len(seqs) == len(set(seqs)), f"{what}: an event is shown twice: {sorted(seqs)}"
+
+        def watch_dot():
+            # The dot's words as they change, with the page's clock: a reconnect through a
+            # fresh connection says "reconnecting" for a moment only.
+            started = page.evaluate(
+                """() => {
+                    const dot = document.getElementById('connection');
+                    window.__dot = [];
+                    window.__dotObserver?.disconnect();
+                    window.__dotObserver = new MutationObserver(() => window.__dot.push([performance.now(), dot.textContent]));
+                    window.__dotObserver.observe(dot, { childList: true, characterData: true, subtree: true });
+                    return performance.now();
+                }"""
+            )
+            return started
+
+        def reconnecting_seen(what, started):
+            page.wait_for_function(
+                "() => window.__dot.some(([, text]) => text === 'reconnecting')", timeout=int((2 * interval_s + 5) * 1000)
+            )
+            took = (page.evaluate("window.__dot.find(([, text]) => text === 'reconnecting')[0]") - started) / 1000
+            # Two intervals, and a little for the page's timer.
+            assert took <= 2 * interval_s + 0.75, f"{what}: reconnecting after {took:.1f} s; heartbeat {interval_s} s"
+            return took
+
+        try:
+            page.goto(f"{relay}/#session={session_id}&view=chat")
+            expect(connection).to_have_text("connected")
+            expect(log).not_to_have_attribute("aria-busy", "true")
+            n_user = log.locator(".msg.user").count()
+            assert n_user > 0, "the session's history is shown through the relay"
+
+            # (A) Everything frozen, new connections too.
+            started = watch_dot()
+            freeze(new_too=True)
+            took_a = reconnecting_seen("frozen", started)
+            box.fill("echo frozen-$((6*7))")
+            box.press("Enter")
+            page.wait_for_timeout(int(interval_s * 1000))
+            expect(connection).to_have_text("reconnecting")
+            if self.size == "phone":
+                page.screenshot(path=str(self.shots / f"{self.size}-frozen.png"))
+            thaw()
+            expect(agent("frozen-42")).to_have_count(1)
+            expect(connection).to_have_text("connected")
+            expect(log.locator(".msg.user")).to_have_count(n_user + 1)
+            expect(log.locator(".msg.user").last).to_have_text("echo frozen-$((6*7))")
+            expect(box).to_have_value("")
+            expect(error).to_be_hidden()
+            api.wait_idle(session_id)
+            frozen_tool = log.locator(".tool").filter(has=page.locator("code.tool-title", has_text="echo frozen"))
+            expect(frozen_tool).to_have_count(1)
+            expect(frozen_tool).to_have_class(re.compile(r"\btool-completed\b"))
+            no_duplicates("after the thaw")
+            n_user += 1
+
+            # (B) Only the event stream's connection freezes; the console reconnects by itself
+            # through a fresh connection and shows what ran meanwhile.
+            started = watch_dot()
+            freeze(lambda link: any("/events?" in r for r in link.requests[-1:]))
+            api.message(session_id, "echo behind-$((2*3))")
+            self.n_user_messages += 1
+            reconnecting_seen("the stream frozen", started)
+            expect(connection).to_have_text("connected")
+            expect(agent("behind-6")).to_have_count(1)
+            expect(log.locator(".msg.user")).to_have_count(n_user + 1)
+            api.wait_idle(session_id)
+            no_duplicates("after reconnecting by itself")
+            n_user += 1
+            self.n_user_messages += 1  # the frozen one, sent from the relay's page
+
+            # A return to the tab opens a fresh stream at once, before the silence is noticed.
+            expect(connection).to_have_text("connected")
+            page.wait_for_timeout(300)
+            freeze(lambda link: any("/events?" in r for r in link.requests[-1:]))
+            before = n_stream_requests()
+            assert page.evaluate("document.hidden") is False
+            page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+            # Sooner than the frozen stream's silence could be noticed (at least one interval
+            # away: it heard a heartbeat at most one interval ago).
+            deadline = time.monotonic() + interval_s * 0.6
+            while n_stream_requests() == before and time.monotonic() < deadline:
+                page.wait_for_timeout(50)
+            assert n_stream_requests() > before, "no new stream when the tab came back"
+            api.message(session_id, "echo woken-$((3*3))")
+            self.n_user_messages += 1
+            expect(agent("woken-9")).to_have_count(1)
+            expect(connection).to_have_text("connected")
+            api.wait_idle(session_id)
+            no_duplicates("after the tab came back")
+            n_user += 1
+
+            # (C) Offline: a send gets no answer; "Not sent" goes when the connection is back.
+            context.set_offline(True)
+            try:
+                expect(connection).to_have_text("reconnecting")
+                box.fill("echo not-yet")
+                box.press("Enter")
+                expect(error).to_contain_text("Not sent")
+                width = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+                assert width[0] <= width[1], f"the page scrolls sideways: {width}"
+            finally:
+                context.set_offline(False)
+            expect(connection).to_have_text("connected")
+            expect(error).to_be_hidden()
+            expect(box).to_have_value("echo not-yet")
+            expect(log.locator(".msg.user")).to_have_count(n_user)
+            box.fill("")
+            assert not problems, "; ".join(problems)
+            print(f"note    {self.size:7} frozen connection noticed after {took_a:.1f} s (heartbeat {interval_s} s)", flush=True)
+        finally:
+            thaw()
+            context.close()
+            stop.set()
+            listener.close()
+            with lock:
+                for link in links:
+                    for s in link.sockets:
+                        try:
+                            s.close()
+                        except OSError:
+                            pass
 
     def sign_in_token_and_sign_out(self):
         token = self.page.evaluate("localStorage.getItem('warren.token')")
@@ -768,6 +1126,88 @@ class Run:
         assert status == 200 and body["title"] == renamed, (status, body)
         self.title = renamed
 
+    def installable_and_offline(self):
+        """phone.md "Installable": the manifest is linked and valid, the service worker controls
+        the page after a reload and caches the shell, and Chromium finds nothing missing to
+        install the console; offline, a reload opens the console from the worker's cache and it
+        says it is offline; back online it reconnects, in the session it was showing."""
+        import tempfile
+
+        page = self.page
+        self.tab("Chat")
+        connection = self.role("status", "Connection")
+        expect(connection).to_have_text("connected")
+        href = page.evaluate("document.querySelector('link[rel=manifest]').href")
+        assert href == self.origin + "/manifest.webmanifest", href
+        manifest = page.evaluate("async (url) => (await fetch(url)).json()", href)
+        for field, value in [("name", "Warren"), ("short_name", "Warren"), ("start_url", "/"), ("scope", "/"), ("display", "standalone")]:
+            assert manifest.get(field) == value, f"manifest {field}: {manifest}"
+        purposes = {(icon["sizes"], icon.get("purpose", "any")) for icon in manifest["icons"]}
+        assert {("192x192", "any"), ("512x512", "any"), ("512x512", "maskable")} <= purposes, manifest["icons"]
+        assert page.locator('meta[name="theme-color"][media*="dark"]').count() == 1
+
+        # Registered as the page loaded; it controls the page from the next load on.
+        worker = page.evaluate("navigator.serviceWorker.ready.then((r) => [r.scope, r.active.scriptURL])")
+        assert worker == [self.origin + "/", self.origin + "/sw.js"], worker
+        page.reload()
+        page.wait_for_function("navigator.serviceWorker.controller !== null")
+        expect(connection).to_have_text("connected")
+        cached = page.evaluate(
+            """async () => {
+                const names = (await caches.keys()).filter((name) => name.startsWith('warren-shell-'));
+                const cache = await caches.open(names[0]);
+                return [names, (await cache.keys()).map((request) => new URL(request.url).pathname)];
+            }"""
+        )
+        names, paths = cached
+        assert len(names) == 1, names
+        for path in ["/", "/console/main.js", "/console/app.css", "/console/vendor/xterm/xterm.mjs", "/console/icons/icon-192.png"]:
+            assert path in paths, f"{path} not cached: {paths}"
+        assert not any(p.startswith("/v1/") for p in paths), paths
+        # Chromium's own verdict, in a profile on disk: every context of `self.browser` is off the
+        # record, which alone makes Chromium answer "in-incognito" (no app installs from there).
+        with tempfile.TemporaryDirectory() as profile:
+            context = self.browser.browser_type.launch_persistent_context(
+                profile, executable_path="/usr/bin/chromium", headless=True, **SIZES[self.size]
+            )
+            try:
+                context.set_default_timeout(TIMEOUT_MS)
+                fresh = self.watch(context.new_page())
+                fresh.goto(self.origin + "/")
+                fresh.evaluate("navigator.serviceWorker.ready.then(() => true)")
+                fresh.reload()
+                fresh.wait_for_function("navigator.serviceWorker.controller !== null")
+                cdp = context.new_cdp_session(fresh)
+                errors = cdp.send("Page.getInstallabilityErrors")["installabilityErrors"]
+                assert errors == [], f"installability errors: {errors}"
+                app_manifest = cdp.send("Page.getAppManifest")
+                assert app_manifest.get("url") == href and not app_manifest.get("errors"), app_manifest
+            finally:
+                context.close()
+
+        offline_note = self.role("status", "Offline")
+        expect(offline_note).to_be_hidden()
+        n_problems = len(self.problems)
+        self.context.set_offline(True)
+        try:
+            response = page.reload()
+            assert response and response.from_service_worker, "the page came from the worker's cache"
+            expect(offline_note).to_be_visible()
+            expect(offline_note).to_contain_text("Offline")
+            expect(connection).to_have_text("offline")
+            expect(self.role("button", "Sign out")).to_be_visible()
+            assert page.evaluate("fetch('/v1/sessions').then(() => 'answered', () => 'failed')") == "failed", "the API is not cached"
+            self.no_horizontal_scroll()
+            self.shot("offline")
+        finally:
+            self.context.set_offline(False)
+            # What the browser logs for the requests the network refused while it was away.
+            self.problems[n_problems:] = [p for p in self.problems[n_problems:] if not EXPECTED_NETWORK_ERRORS.search(p)]
+        expect(offline_note).to_be_hidden()
+        expect(connection).to_have_text("connected")
+        expect(self.page.get_by_role("heading", name=self.title, exact=True)).to_be_visible()
+        expect(self.log.locator(".msg.user")).to_have_count(self.n_user_messages)
+
     def delete_session(self):
         self.answer_next_dialog("confirm")
         self.role("button", "Delete session").click()
@@ -778,10 +1218,10 @@ class Run:
 
     FLOWS = [
         "sign_in_register", "create_session", "rename_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
-        "cancel_turn", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
-        "agent_terminal_watch", "files_upload_download", "preview_http_server", "network_request_and_view",
-        "credential_line_and_switch", "reconnect_no_duplicate",
-        "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "delete_session",
+        "cancel_turn", "cancelled_command_says_cancelled", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
+        "terminal_replay_is_not_answered", "agent_terminal_watch", "files_upload_download", "preview_http_server", "network_request_and_view",
+        "credential_line_and_switch", "reconnect_no_duplicate", "frozen_connection_reconnects",
+        "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "installable_and_offline", "delete_session",
     ]
 
     def run(self):

@@ -15,12 +15,13 @@ use warren_test_support::repo_root;
 
 use super::helpers::{TestGateway, args_without_agent, files_under};
 
-/// console.md's policy, spelled out, with `frame_src` the preview origins.
+/// console.md's policy, spelled out, with `frame_src` the preview origins (and phone.md's
+/// `manifest-src 'self'`: the web app manifest loads under the page's policy).
 fn policy(frame_src: &str) -> String {
     format!(
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-         connect-src 'self'; font-src 'self'; frame-src {frame_src}; base-uri 'none'; \
-         form-action 'self'; frame-ancestors 'none'"
+         connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-src {frame_src}; \
+         base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
     )
 }
 
@@ -445,4 +446,198 @@ async fn every_file_the_console_loads_is_served_and_a_reload_is_all_304() {
         n_wire_bytes < FIRST_LOAD_MAX_BYTES,
         "the first load is {n_wire_bytes} bytes: {loaded:?}"
     );
+}
+
+/// The width and height of a PNG, from its signature and `IHDR` chunk; `None` if it is not one.
+fn png_size(bytes: &[u8]) -> Option<(u32, u32)> {
+    let signature = b"\x89PNG\r\n\x1a\n";
+    if bytes.len() < 24 || &bytes[..8] != signature || &bytes[12..16] != b"IHDR" {
+        return None;
+    }
+    let number = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    Some((number(16), number(20)))
+}
+
+/// The shell line the gateway puts before `sw.js`: `(version, files)`.
+fn service_worker_shell(script: &str) -> (String, Vec<String>) {
+    let start = "const WARREN_SHELL = ";
+    let at = script
+        .find(start)
+        .unwrap_or_else(|| panic!("sw.js starts with its shell line: {script}"));
+    let rest = &script[at + start.len()..];
+    let end = rest.find(";\n").expect("the shell line ends with ;");
+    let shell: Value = serde_json::from_str(&rest[..end]).expect("the shell line is JSON");
+    let version = shell["version"].as_str().expect("a version").to_owned();
+    let files = shell["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|file| file.as_str().expect("a URL").to_owned())
+        .collect();
+    (version, files)
+}
+
+#[tokio::test]
+async fn the_manifest_makes_the_console_installable_with_png_icons_of_their_size() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let index = String::from_utf8(body(get(&gw, "/", &[]).await).await).expect("UTF-8");
+    for link in [
+        r#"<link rel="manifest" href="/manifest.webmanifest">"#,
+        r#"<link rel="apple-touch-icon" href="/console/icons/icon-192.png">"#,
+        r##"<meta name="theme-color" content="#ffffff" media="(prefers-color-scheme: light)">"##,
+        r##"<meta name="theme-color" content="#0d1117" media="(prefers-color-scheme: dark)">"##,
+    ] {
+        assert!(index.contains(link), "index.html has {link}");
+    }
+
+    let response = get(&gw, "/manifest.webmanifest", &[]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, CONTENT_TYPE), "application/manifest+json");
+    assert_eq!(header(&response, CACHE_CONTROL), "no-cache");
+    assert_console_headers(&response, &default_frame_src(&gw));
+    let manifest: Value = serde_json::from_slice(&body(response).await).expect("JSON");
+    assert_eq!(manifest["name"], "Warren");
+    assert_eq!(manifest["short_name"], "Warren");
+    assert_eq!(manifest["start_url"], "/");
+    assert_eq!(manifest["scope"], "/");
+    assert_eq!(manifest["display"], "standalone");
+    for color in ["theme_color", "background_color"] {
+        let value = manifest[color].as_str().unwrap_or_default();
+        assert!(
+            value.len() == 7 && value.starts_with('#'),
+            "{color}: {manifest}"
+        );
+    }
+
+    let icons = manifest["icons"].as_array().expect("icons");
+    let mut seen = Vec::new();
+    for icon in icons {
+        let src = icon["src"].as_str().expect("an icon's src");
+        let sizes = icon["sizes"].as_str().expect("an icon's sizes");
+        let purpose = icon["purpose"].as_str().unwrap_or("any");
+        assert_eq!(icon["type"], "image/png", "{icon}");
+        let response = get(&gw, src, &[]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{src}");
+        assert_eq!(header(&response, CONTENT_TYPE), "image/png", "{src}");
+        let (width, height) =
+            png_size(&body(response).await).unwrap_or_else(|| panic!("{src} is a PNG"));
+        assert_eq!(format!("{width}x{height}"), sizes, "{src}");
+        seen.push((width, purpose.to_owned()));
+    }
+    for want in [(192, "any"), (512, "any"), (512, "maskable")] {
+        assert!(
+            seen.iter()
+                .any(|(size, purpose)| *size == want.0 && purpose == want.1),
+            "an icon of {} px for {}: {manifest}",
+            want.0,
+            want.1
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_service_worker_is_at_the_root_and_caches_every_file_the_console_loads() {
+    let gw = TestGateway::start(args_without_agent).await;
+    let response = get(&gw, "/sw.js", &[]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, CONTENT_TYPE),
+        "text/javascript; charset=utf-8"
+    );
+    assert_eq!(header(&response, CACHE_CONTROL), "no-cache");
+    assert_console_headers(&response, &default_frame_src(&gw));
+    let script = String::from_utf8(body(response).await).expect("UTF-8");
+    let (version, files) = service_worker_shell(&script);
+    assert!(
+        version.len() >= 8 && version.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{version}"
+    );
+    assert!(script.contains("addEventListener(\"fetch\""), "{script}");
+
+    // The page names the same version, so a worker can tell it is outdated.
+    let page = get(&gw, "/", &[]).await;
+    assert_eq!(header(&page, "x-warren-shell"), version);
+
+    // Everything the console loads (the page, what it refers to, what that refers to: xterm.js
+    // included) is in the shell; nothing of the API is.
+    let mut to_load = vec!["/".to_owned()];
+    let mut loaded = Vec::new();
+    while let Some(path) = to_load.pop() {
+        if loaded.contains(&path) {
+            continue;
+        }
+        let response = get(&gw, &path, &[]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let text = String::from_utf8_lossy(&body(response).await).into_owned();
+        to_load.extend(references(&path, &text));
+        loaded.push(path);
+    }
+    for path in &loaded {
+        assert!(files.contains(path), "{path} is in the shell: {files:?}");
+    }
+    for want in [
+        "/manifest.webmanifest",
+        "/console/install.js",
+        "/console/vendor/xterm/xterm.mjs",
+        "/console/vendor/xterm/xterm.css",
+        "/console/vendor/addon-fit/addon-fit.mjs",
+        "/console/icons/icon-512.png",
+        "/console/icons/maskable-512.png",
+    ] {
+        assert!(files.iter().any(|file| file == want), "{want}: {files:?}");
+    }
+    for file in &files {
+        assert!(
+            file == "/" || file == "/manifest.webmanifest" || file.starts_with("/console/"),
+            "{file}"
+        );
+        assert!(
+            !file.ends_with("LICENSE") && !file.ends_with(".md") && !file.ends_with("sw.js"),
+            "{file} is not something the page loads"
+        );
+        let response = get(&gw, file, &[]).await;
+        assert_eq!(response.status(), StatusCode::OK, "{file} of the shell");
+    }
+}
+
+#[tokio::test]
+async fn the_shell_version_changes_when_a_file_of_the_shell_changes() {
+    let console_dir = tempfile::tempdir().expect("temp console dir");
+    let write = |path: &str, content: &str| {
+        std::fs::write(console_dir.path().join(path), content)
+            .unwrap_or_else(|e| panic!("writes {path}: {e}"));
+    };
+    write("index.html", "<!doctype html><p>first</p>");
+    write("main.js", "export const n = 1;\n");
+    write("README.md", "notes\n");
+    write("sw.js", "self.addEventListener(\"fetch\", () => {});\n");
+    let dir = console_dir.path().to_path_buf();
+    let gw = TestGateway::start(move |data| {
+        let mut args = args_without_agent(data);
+        args.console_dir = Some(dir);
+        args
+    })
+    .await;
+    let shell = || async {
+        let script = String::from_utf8(body(get(&gw, "/sw.js", &[]).await).await).expect("UTF-8");
+        let page = header(&get(&gw, "/", &[]).await, "x-warren-shell").to_owned();
+        let shell = service_worker_shell(&script);
+        assert_eq!(page, shell.0, "the page's version is the worker's");
+        assert!(
+            script.ends_with("self.addEventListener(\"fetch\", () => {});\n"),
+            "{script}"
+        );
+        shell
+    };
+
+    let (first, files) = shell().await;
+    assert_eq!(files, ["/", "/console/main.js"]);
+    write("README.md", "other notes\n");
+    assert_eq!(shell().await.0, first, "a README is not part of the shell");
+    write("main.js", "export const n = 2;\n");
+    let (second, _) = shell().await;
+    assert_ne!(second, first, "a changed module is a new shell");
+    write("index.html", "<!doctype html><p>second</p>");
+    let (third, _) = shell().await;
+    assert_ne!(third, second, "a changed page is a new shell");
 }
