@@ -179,6 +179,13 @@ pub struct GatewayArgs {
     /// `--header-read-timeout-ms`, `--body-idle-timeout-ms`, `--max-connections`.
     #[command(flatten)]
     pub serve: warren_http::ServeFlags,
+    /// Serve HTTPS with this certificate chain (PEM, the server's certificate first); needs
+    /// `--tls-key`.
+    #[arg(long, env = "WARREN_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`; needs `--tls-cert`.
+    #[arg(long, env = "WARREN_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// The `warren` binary used to start hands (`execd`), the MCP server and the built-in
     /// agent (default: this executable).
     #[arg(long, env = "WARREN_BIN", hide = true)]
@@ -333,6 +340,8 @@ impl std::fmt::Debug for GatewayArgs {
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
             .field("serve", &self.serve)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }

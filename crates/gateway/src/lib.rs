@@ -122,20 +122,47 @@ impl Gateway {
     }
 }
 
-/// Serves `gateway` on `listener` (with its header and body timeouts and connection limit) until
-/// `shutdown` resolves, then shuts it down.
+/// The HTTPS configuration of `--tls-cert` and `--tls-key` (`None` without them); an
+/// unreadable or mismatched file is an error naming it.
+pub fn tls_config(
+    args: &GatewayArgs,
+) -> Result<Option<Arc<warren_http::tls::ServerConfig>>, warren_http::tls::TlsError> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => warren_http::tls::server_config(cert, key).map(Some),
+        // clap makes each require the other; a hand-built `GatewayArgs` with one serves HTTP.
+        _ => Ok(None),
+    }
+}
+
+/// Serves `gateway` on `listener` (with its header and body timeouts and connection limit, and
+/// over HTTPS with `--tls-cert`/`--tls-key`) until `shutdown` resolves, then shuts it down.
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let tls = tls_config(&gateway.args)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    serve_with(gateway, listener, tls, shutdown).await
+}
+
+async fn serve_with(
+    gateway: Arc<Gateway>,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<warren_http::tls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let app = gateway.router();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = warren_http::serve(listener, app, gateway.args.serve_config(), async move {
+    let stopped = async move {
         let mut stop_rx = stop_rx;
         let _ = stop_rx.wait_for(|stop| *stop).await;
-    });
-    let server = tokio::spawn(server);
+    };
+    let config = gateway.args.serve_config();
+    let server = match tls {
+        Some(tls) => tokio::spawn(warren_http::serve_tls(listener, app, config, tls, stopped)),
+        None => tokio::spawn(warren_http::serve(listener, app, config, stopped)),
+    };
     shutdown.await;
     // SSE streams never end on their own; shut the sessions down first so their streams close,
     // then let the server finish the remaining requests.
@@ -151,36 +178,52 @@ pub async fn serve(
     }
 }
 
-/// The banner's line that names the console's URL. An unspecified address (`0.0.0.0`) is
-/// reached at loopback on this machine and at its network address elsewhere.
-fn open_console_line(local_addr: std::net::SocketAddr) -> String {
-    let port = local_addr.port();
-    match local_addr.ip() {
-        ip if ip.is_unspecified() => format!(
-            "open http://127.0.0.1:{port}/ on your phone or browser \
-             (from another device, this machine's address at port {port})"
-        ),
-        _ => format!("open http://{local_addr}/ on your phone or browser"),
+/// The banner's lines that say where the console is: `open URL on your phone or browser` (the
+/// first LAN address when listening on an unspecified address, else the listen address), then,
+/// when there are more, every URL it is reached at. `urls` is [`warren_http::reach::urls`]:
+/// loopback first.
+fn console_lines(urls: &[String]) -> (String, Vec<String>) {
+    let console = urls.get(1).or(urls.first()).cloned().unwrap_or_default();
+    let mut lines = vec![format!("open {console} on your phone or browser")];
+    if urls.len() > 1 {
+        lines.push("reached at:".to_owned());
+        lines.extend(urls.iter().map(|url| format!("  {url}")));
     }
+    (console, lines)
 }
 
-/// `warren gateway` / `warren serve`: prints where to connect (the console's URL) and how to
+/// `warren gateway` / `warren serve`: prints where to connect (the console's URL, every address
+/// it listens on, and a QR code of the console's URL when stdout is a terminal) and how to
 /// register a device, then serves until `shutdown`.
 pub async fn run(
     args: GatewayArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Before anything is bound: a bad certificate or key refuses the start, naming the file.
+    let tls = tls_config(&args)?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let local_addr = listener.local_addr()?;
     // The real port (`--listen` may say 0): agents reach the model proxy there.
     let mut args = args;
     args.listen = local_addr;
     let gateway = Gateway::open(args).await?;
-    let url = format!("http://{local_addr}");
+    let url = format!("{scheme}://{local_addr}");
     tracing::info!(%url, data = %gateway.args.data.display(), "warren gateway listening");
-    // The first line is what tools parse; the second is what a person needs.
+    // The first line is what tools parse; the next ones are what a person needs.
     println!("warren gateway listening on {url}");
-    println!("{}", open_console_line(local_addr));
+    let urls = warren_http::reach::urls(local_addr, scheme);
+    let (console, lines) = console_lines(&urls);
+    for line in lines {
+        println!("{line}");
+    }
+    if std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && let Some(code) = warren_http::reach::qr_code(&console)
+    {
+        println!("scan to open {console}:");
+        print!("{code}");
+        println!();
+    }
     println!("data directory: {}", gateway.args.data.display());
     println!("app key: {}", gateway.app_key);
     println!("register a device:");
@@ -188,6 +231,39 @@ pub async fn run(
         "  curl -s -X POST {url}/v1/devices -H 'X-App-Key: {}' -H 'Content-Type: application/json' -d '{{\"device_id\":\"my-phone-01\"}}'",
         gateway.app_key
     );
-    serve(gateway, listener, shutdown).await?;
+    serve_with(gateway, listener, tls, shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod banner_tests {
+    use super::console_lines;
+
+    #[test]
+    fn the_console_line_names_the_first_lan_url_and_lists_every_url() {
+        let one = ["http://127.0.0.1:8080/".to_owned()];
+        let (console, lines) = console_lines(&one);
+        assert_eq!(console, "http://127.0.0.1:8080/");
+        assert_eq!(
+            lines,
+            ["open http://127.0.0.1:8080/ on your phone or browser"]
+        );
+        let lan = [
+            "https://127.0.0.1:8443/".to_owned(),
+            "https://192.168.1.5:8443/".to_owned(),
+            "https://10.0.0.7:8443/".to_owned(),
+        ];
+        let (console, lines) = console_lines(&lan);
+        assert_eq!(console, "https://192.168.1.5:8443/");
+        assert_eq!(
+            lines,
+            [
+                "open https://192.168.1.5:8443/ on your phone or browser",
+                "reached at:",
+                "  https://127.0.0.1:8443/",
+                "  https://192.168.1.5:8443/",
+                "  https://10.0.0.7:8443/",
+            ]
+        );
+    }
 }

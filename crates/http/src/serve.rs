@@ -19,6 +19,14 @@
 //!
 //! The same limits hold on a TCP and a Unix-domain socket ([`Listener`]).
 //!
+//! [`serve_tls`] serves HTTPS on TCP (rustls, [`crate::tls`]): the handshake must finish
+//! within the header read timeout, and a client that speaks plain HTTP to the port is
+//! answered `400 TLS_REQUIRED` in Warren's error shape, then disconnected (as nginx answers
+//! "the plain HTTP request was sent to HTTPS port") — unless it connects from 127.0.0.1 or ::1:
+//! the gateway's own clients on its machine (an agent on the host reaching the model proxy)
+//! stay plain. Everything above the TLS layer, SSE
+//! streams and upgraded WebSockets included, is the same as over plain TCP.
+//!
 //! Both timeouts are on reading requests only: responses (SSE, long polls) and upgraded
 //! WebSockets are never cut short by them. Graceful shutdown is axum's: stop accepting, let each
 //! connection finish its request in flight, wait for them (not for upgraded WebSockets, which
@@ -195,9 +203,38 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    serve_with(listener.into(), router, config, None, shutdown).await
+}
+
+/// [`serve`] over HTTPS: every TCP connection is a TLS connection of `tls` (see
+/// [`crate::tls::server_config`]).
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    serve_with(
+        Listener::Tcp(listener),
+        router,
+        config,
+        Some(acceptor),
+        shutdown,
+    )
+    .await
+}
+
+async fn serve_with(
+    listener: Listener,
+    router: Router,
+    config: ServeConfig,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     // Zero would make hyper's timer and the semaphore refuse everything; the config parsers
     // refuse zero, and this keeps a hand-built config from doing it either.
-    let listener = listener.into();
     let header_read_timeout = config.header_read_timeout.max(Duration::from_millis(1));
     let body_idle_timeout = config.body_idle_timeout.max(Duration::from_millis(1));
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
@@ -240,6 +277,17 @@ pub async fn serve(
                 if let Err(error) = stream.set_nodelay(true) {
                     tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
                 }
+                if let Some(acceptor) = &tls {
+                    connections.spawn(serve_tls_connection(
+                        stream,
+                        acceptor.clone(),
+                        slot,
+                        service.clone(),
+                        header_read_timeout,
+                        stopping.clone(),
+                    ));
+                    continue;
+                }
                 connections.spawn(serve_connection(
                     stream,
                     slot,
@@ -280,6 +328,126 @@ type Service = tower_http::catch_panic::CatchPanic<
     tower_http::timeout::RequestBodyTimeout<Router>,
     PanicAnswer,
 >;
+
+/// The first byte of every TLS connection: a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// The most of a plain-HTTP request head read before answering it `TLS_REQUIRED`.
+const PLAIN_HEAD_MAX: usize = 16 * 1024;
+
+/// One HTTPS connection: the TLS handshake (within `header_read_timeout`, and not past a
+/// shutdown), then [`serve_connection`] over it. A client speaking plain HTTP gets
+/// [`answer_plain_http`].
+async fn serve_tls_connection(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    slot: OwnedSemaphorePermit,
+    service: Service,
+    header_read_timeout: Duration,
+    stopping: CancellationToken,
+) {
+    let handshake = async {
+        let mut first = [0u8; 1];
+        let read = stream.peek(&mut first).await?;
+        if read == 0 {
+            return Ok(Https::Nothing);
+        }
+        if first[0] != TLS_HANDSHAKE_RECORD {
+            // The gateway's own clients on this machine (an agent on the host reaching the
+            // model proxy, a replica's loopback URL) speak plain HTTP: loopback never leaves it.
+            if stream
+                .peer_addr()
+                .is_ok_and(|peer| plain_allowed(peer.ip()))
+            {
+                return Ok(Https::Plain(stream));
+            }
+            answer_plain_http(stream).await;
+            return Ok(Https::Nothing);
+        }
+        acceptor
+            .accept(stream)
+            .await
+            .map(|tls| Https::Tls(Box::new(tls)))
+    };
+    let accepted = tokio::select! {
+        () = stopping.cancelled() => return,
+        accepted = tokio::time::timeout(header_read_timeout, handshake) => accepted,
+    };
+    match accepted {
+        Ok(Ok(Https::Tls(stream))) => {
+            serve_connection(*stream, slot, service, header_read_timeout, stopping).await;
+        }
+        Ok(Ok(Https::Plain(stream))) => {
+            serve_connection(stream, slot, service, header_read_timeout, stopping).await;
+        }
+        Ok(Ok(Https::Nothing)) => {}
+        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake timed out"),
+    }
+}
+
+/// Whether plain HTTP from `peer` is served on the HTTPS port: from this machine's own loopback
+/// address (127.0.0.1 or ::1, as the gateway's own clients connect), never from elsewhere.
+fn plain_allowed(peer: std::net::IpAddr) -> bool {
+    match peer.to_canonical() {
+        std::net::IpAddr::V4(v4) => v4 == std::net::Ipv4Addr::LOCALHOST,
+        std::net::IpAddr::V6(v6) => v6 == std::net::Ipv6Addr::LOCALHOST,
+    }
+}
+
+/// What a connection to the HTTPS port turned out to be.
+enum Https {
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// Plain HTTP from loopback.
+    Plain(TcpStream),
+    /// Nothing to serve (closed, or answered `TLS_REQUIRED`).
+    Nothing,
+}
+
+/// Answers a plain-HTTP request sent to an HTTPS port: reads its head (so closing does not
+/// reset the connection under the answer), says `400 TLS_REQUIRED` with the `https://` URL of
+/// its `Host`, and closes. Bounded by the caller's handshake timeout.
+async fn answer_plain_http(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut head = Vec::new();
+    let mut buf = [0u8; 2048];
+    while head.len() < PLAIN_HEAD_MAX && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => head.extend_from_slice(&buf[..read]),
+        }
+    }
+    let host = String::from_utf8_lossy(&head)
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("host")
+                .then(|| value.trim().to_owned())
+        })
+        .filter(|host| {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
+        });
+    let message = match host {
+        Some(host) => format!("this port serves HTTPS: use https://{host}/"),
+        None => "this port serves HTTPS: use https://".to_owned(),
+    };
+    let body = serde_json::to_string(&warren_protocol::error::ErrorBody::new(
+        "TLS_REQUIRED",
+        message,
+    ))
+    .unwrap_or_default();
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(answer.as_bytes()).await.is_ok() {
+        let _ = stream.shutdown().await;
+    }
+}
 
 async fn serve_connection<S>(
     stream: S,

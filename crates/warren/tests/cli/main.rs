@@ -11,4 +11,5 @@ mod execd_pty;
 mod gateway_credentials;
 mod gateway_secrets;
 mod mcp;
+mod serve_reachable;
 mod support;
