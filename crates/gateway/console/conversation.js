@@ -9,6 +9,11 @@
 // - Agent text chunks join the open agent message; any new item (a tool call, a user message,
 //   the end of the turn) closes it. Updates to earlier items (a tool call's status) do not, so a
 //   command's output stays one message while its tool call completes.
+// - Agent text that comes while a tool call of the turn runs in a terminal (status pending or
+//   in_progress, a `terminal` in its content) is that command's output, not prose: the built-in
+//   shell agent streams what `terminal/output` gives as agent message chunks. Such a message has
+//   `outputOf` (the tool call's id; null for prose) and is shown as terminal text (render.js);
+//   prose and output never share a message.
 // - `tool_call_update` merges into the tool call with that id (its `content`, when present,
 //   replaces the old one, as ACP says); a plan replaces the turn's previous plan.
 // - A tool call cannot outlive its turn: one still pending or running at `turn_end` is marked
@@ -227,11 +232,12 @@ function applyUpdate(conversation, event, update) {
     case "user_message_chunk": {
       const text = contentText(update.content);
       const kind = update.sessionUpdate === "agent_message_chunk" ? "agent" : "user";
-      if (kind === "agent" && conversation.openAgent) {
+      const outputOf = kind === "agent" ? (runningTerminalTool(conversation)?.toolCallId ?? null) : null;
+      if (kind === "agent" && conversation.openAgent?.outputOf === outputOf) {
         conversation.openAgent.text += text;
         return [conversation.openAgent];
       }
-      const item = add(conversation, { kind, seq: event.seq, text });
+      const item = add(conversation, kind === "agent" ? { kind, seq: event.seq, text, outputOf } : { kind, seq: event.seq, text });
       if (kind === "agent") conversation.openAgent = item;
       return [item];
     }
@@ -275,6 +281,16 @@ function applyUpdate(conversation, event, update) {
       // available_commands_update, current_mode_update and the like are not conversation.
       return [];
   }
+}
+
+/** The turn's latest tool call still running in a terminal (its output is streamed as agent
+ *  text), or undefined. */
+function runningTerminalTool(conversation) {
+  let found;
+  for (const item of conversation.turnTools) {
+    if ((item.status === "in_progress" || item.status === "pending") && !item.stopped && item.content.some((c) => c?.type === "terminal")) found = item;
+  }
+  return found;
 }
 
 /** The text of an ACP content block; other kinds become a short placeholder. */

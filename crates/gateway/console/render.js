@@ -1,12 +1,15 @@
 // How one conversation item (conversation.js) looks: `renderItem(item)` is a pure function to
 // `vdom` nodes. Agent text goes through the safe Markdown reader; everything else the agent or a
 // command wrote (user text, tool titles, output, file paths, error messages) is only ever text.
-// Buttons carry `data-*` attributes; chat.js listens for their clicks.
+// Command output (the shell agent's streamed output, a tool call's text content) is terminal
+// text (output.js: monospace, ANSI colours, folded when long, a Copy button), never Markdown.
+// Buttons carry `data-*` attributes; chat.js listens for their clicks (output.js for its own).
 
 import { h } from "./vdom.js";
 import { markdown } from "./markdown.js";
 import { unifiedDiff } from "./diff.js";
 import { hostPort } from "./conversation.js";
+import { outputBlock, outputKey } from "./output.js";
 
 const TOOL_STATUS = { pending: "pending", in_progress: "running", completed: "done", failed: "failed" };
 // A tool call its turn's end stopped (conversation.js), by stop reason; any other reason is "ended".
@@ -20,6 +23,8 @@ export function renderItem(item) {
     case "user":
       return h("div", attrs("msg user"), h("p", { class: "plain" }, item.text));
     case "agent":
+      // A command's output streamed as agent text (conversation.js, `outputOf`) is terminal text.
+      if (item.outputOf) return outputBlock(item.text, { key: outputKey(item.id, item.seq, 0), attrs: attrs("command-output"), preClass: "msg agent" });
       return h("div", attrs("msg agent"), markdown(item.text));
     case "thought":
       return h("details", attrs("thought"), h("summary", {}, "Thought"), h("p", { class: "plain" }, item.text));
@@ -75,12 +80,29 @@ function renderTool(item, attrs) {
       " ",
       h("span", { class: "tool-status" }, status + exit),
     ),
-    item.content.map((content) => renderToolContent(content, running)),
+    renderToolContents(item, running),
   );
 }
 
-/** The node for one entry of a tool call's `content`; a terminal is offered only while it runs. */
-export function renderToolContent(content, running = false) {
+/** The nodes of a tool call's `content`, its text outputs numbered for their fold (output.js). */
+function renderToolContents(item, running) {
+  let outputs = 0;
+  return item.content.map((content) => {
+    const key = content?.type === "content" && content.content?.type === "text" ? outputKey(item.id, item.seq, outputs++) : undefined;
+    return renderToolContent(content, running, key);
+  });
+}
+
+/** A tool's text output as terminal text: an output that is one fenced code block (an agent
+ *  wrapping a command's output in ```` ```console ````) shows what is inside the fence. */
+export function toolOutputText(text) {
+  const fenced = /^\s*(`{3,}|~{3,})[^\n`]*\n([\s\S]*?)\n?\1\s*$/.exec(text);
+  return fenced && !fenced[2].includes(fenced[1]) ? fenced[2] : text;
+}
+
+/** The node for one entry of a tool call's `content`; a terminal is offered only while it runs.
+ *  `key` remembers a text output's fold (output.js). */
+export function renderToolContent(content, running = false, key = undefined) {
   switch (content?.type) {
     case "diff":
       return h(
@@ -100,7 +122,7 @@ export function renderToolContent(content, running = false) {
       );
     case "content":
       return content.content?.type === "text"
-        ? h("pre", { class: "output" }, content.content.text ?? "")
+        ? outputBlock(toolOutputText(content.content.text ?? ""), { key, preClass: "output" })
         : h("p", { class: "note" }, `[${content.content?.type ?? "content"}]`);
     default:
       return h("p", { class: "note" }, `[${content?.type ?? "content"}]`);

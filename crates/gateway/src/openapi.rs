@@ -6,7 +6,8 @@
 //! `RUNTIME_ERROR` any handler answers when it panics.
 //!
 //! Deliberately left out, on plain axum routes and named in [`UNDOCUMENTED`]: the model proxy,
-//! which mirrors the providers' own APIs, and the web console's files.
+//! which mirrors the providers' own APIs, and the web console's files (its manifest and service
+//! worker included).
 
 use std::sync::LazyLock;
 
@@ -55,6 +56,16 @@ pub const UNDOCUMENTED: &[Undocumented] = &[
         method: "GET",
         path: "/console/{*path}",
         why: "the web console's files, as they are",
+    },
+    Undocumented {
+        method: "GET",
+        path: "/manifest.webmanifest",
+        why: "the web console's web app manifest (phone.md), at the root for the browser",
+    },
+    Undocumented {
+        method: "GET",
+        path: "/sw.js",
+        why: "the web console's service worker (phone.md), at the root so its scope is the console",
     },
 ];
 

@@ -365,16 +365,97 @@ class Run:
         self.send("printf '<img src=x onerror=alert(1)>'")
         expect(self.agent_text("<img src=x onerror=alert(1)>")).to_have_count(1)
         self.send("printf '[ok](https://example.com/) [bad](javascript:alert(2)) <b>bold</b>'")
-        message = self.agent_text("ok [bad](javascript:alert(2)) <b>bold</b>")
+        # Command output is terminal text: shown as typed, no link made (links in the agent's
+        # prose are Markdown, made safe: the node tests of markdown.js).
+        message = self.agent_text("[ok](https://example.com/) [bad](javascript:alert(2)) <b>bold</b>")
         expect(message).to_have_count(1)
-        link = message.get_by_role("link", name="ok", exact=True)
-        expect(link).to_have_attribute("href", "https://example.com/")
-        expect(link).to_have_attribute("rel", re.compile(r"\bnoopener\b"))
-        expect(message.get_by_role("link")).to_have_count(1)
+        expect(message.get_by_role("link")).to_have_count(0)
         assert self.log.locator("img, b, script, iframe").count() == 0, "agent text made an element"
         self.wait_tool_done("printf '[ok]")
         self.no_horizontal_scroll()
         self.shot("chat")
+
+    def shell_output_is_terminal_text(self):
+        """A command's output is terminal text, never Markdown: monospace, as typed (`a*b*c`,
+        `# x`), ANSI colours as classes (no inline style); a long one is folded to its last lines
+        with "Show all N lines" (and back), and every output has a Copy button."""
+        page = self.page
+        self.tab("Chat")
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=self.origin)
+        log_height = lambda: self.log.evaluate("log => log.scrollHeight")  # noqa: E731
+        before = log_height()
+        self.send("printf 'a*b*c\\n# x\\n\\033[31mred\\033[0m plain\\n'; seq 1 5000")
+        self.wait_tool_done("printf 'a*b*c")
+        block = self.log.locator(".command-output").filter(has=page.locator("pre.term-text", has_text="a*b*c")).last
+        pre = block.locator("pre.term-text")
+        expect(pre).to_contain_text("5000")
+        # What the pre shows, folded lines included: its text with a newline per <br>.
+        lines = pre.evaluate(
+            """pre => { let t = ''; const walk = (n) => { for (const c of n.childNodes) {
+                   if (c.nodeType === 3) t += c.data; else if (c.tagName === 'BR') t += '\\n'; else walk(c); } };
+                 walk(pre); return t.split('\\n'); }"""
+        )
+        assert lines[:4] == ["a*b*c", "# x", "red plain", "1"] and lines[-1] == "5000" and len(lines) == 5003, lines[:5]
+        style = pre.evaluate("pre => [getComputedStyle(pre).fontFamily, getComputedStyle(pre).whiteSpace]")
+        assert "monospace" in style[0] and style[1] == "pre", style
+        assert block.locator("h3, h4, em, strong, a, ul, [style]").count() == 0, "command output went through Markdown"
+        red = pre.locator("span.ansi-red")
+        expect(red).to_have_text("red")
+        colours = red.evaluate("span => [getComputedStyle(span).color, getComputedStyle(span.parentElement).color]")
+        assert colours[0] != colours[1], f"red is not a colour of its own: {colours}"
+        # Folded: the last 20 lines on screen, the rest behind "Show all".
+        expect(block).to_have_class(re.compile(r"\boutput-folded\b"))
+        show_all = block.get_by_role("button", name="Show all 5,003 lines", exact=True).first
+        expect(show_all).to_be_visible()
+        expect(pre.locator(".term-text-head")).to_be_hidden()
+        shown = pre.evaluate("pre => pre.innerText")
+        assert shown.rstrip().endswith("4999\n5000") and "4981\n4982" in shown and "4980" not in shown and "a*b*c" not in shown, shown[:200]
+        grown = log_height() - before
+        height = page.evaluate("document.scrollingElement.scrollHeight")
+        assert grown < 1500 and height < 5000, f"the output made the log {grown} px taller, the page {height} px tall"
+        self.no_horizontal_scroll()
+        self.tap_targets()
+        # The command's card, the bar (Show all, Copy) and the tail, from the top of the log.
+        block.evaluate("b => (b.previousElementSibling || b).scrollIntoView({block: 'start'})")
+        self.shot("terminal-output")
+        # Show all, then fold again.
+        show_all.click()
+        expect(block).to_have_class(re.compile(r"\boutput-open\b"))
+        expect(pre.locator(".term-text-head")).to_be_visible()
+        assert "a*b*c" in pre.evaluate("pre => pre.innerText")
+        assert log_height() - before > 5000 * 10, "Show all did not show the 5,003 lines"
+        fold = block.get_by_role("button", name="Show last 20 lines", exact=True)
+        expect(fold).to_have_count(2)
+        fold.last.click()
+        expect(block).to_have_class(re.compile(r"\boutput-folded\b"))
+        expect(pre.locator(".term-text-head")).to_be_hidden()
+        assert log_height() - before < 1500
+        # Copy: the plain text, folded lines included, on the clipboard; the button says so.
+        copy = block.get_by_role("button", name="Copy", exact=True)
+        copy.click()
+        expect(block.get_by_role("button", name="Copied", exact=True)).to_be_visible()
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert copied == "\n".join(lines), f"copied {len(copied)} characters: {copied[:80]!r}"
+        expect(copy).to_have_text("Copy", timeout=5000)
+        # A short output has Copy too, and no fold; styles and colours (256 and true colour as
+        # the nearest of the 16), columns kept.
+        self.send(
+            "printf '\\033[1;32mPASS\\033[0m src/a*b*c.rs\\n\\033[1;31mFAIL\\033[0m \\033[4mtests/x.rs\\033[0m\\n"
+            "\\033[2mdim\\033[0m \\033[3mitalic\\033[0m \\033[7minverse\\033[0m \\033[38;5;208m256\\033[0m \\033[38;2;80;160;255mrgb\\033[0m\\n'; "
+            "printf '%-8s%-8s%s\\n' name size kind a.txt 12 file"
+        )
+        self.wait_tool_done("printf '\\033[1;32mPASS")
+        short = self.log.locator(".command-output").last
+        expect(short.locator("span.ansi-bold.ansi-green")).to_have_text("PASS")
+        expect(short.locator("span.ansi-underline")).to_have_text("tests/x.rs")
+        expect(short.locator("span.ansi-fg-inverse.ansi-bg-inverse")).to_have_text("inverse")
+        expect(short.locator("span.ansi-bright-yellow, span.ansi-yellow, span.ansi-red, span.ansi-bright-red").last).to_have_text("256")
+        assert short.locator("pre").evaluate("pre => pre.innerText").endswith("name    size    kind\na.txt   12      file")
+        expect(short.get_by_role("button", name="Copy", exact=True)).to_be_visible()
+        expect(short.locator("button.output-toggle")).to_have_count(0)
+        self.no_horizontal_scroll()
+        short.evaluate("b => b.scrollIntoView({block: 'start'})")
+        self.shot("terminal-output-colours")
 
     def terminal_echo(self):
         sockets = []
@@ -1218,7 +1299,7 @@ class Run:
 
     FLOWS = [
         "sign_in_register", "create_session", "rename_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
-        "cancel_turn", "cancelled_command_says_cancelled", "agent_html_is_text", "terminal_echo", "terminal_reload", "terminal_takeover",
+        "cancel_turn", "cancelled_command_says_cancelled", "agent_html_is_text", "shell_output_is_terminal_text", "terminal_echo", "terminal_reload", "terminal_takeover",
         "terminal_replay_is_not_answered", "agent_terminal_watch", "files_upload_download", "preview_http_server", "network_request_and_view",
         "credential_line_and_switch", "reconnect_no_duplicate", "frozen_connection_reconnects",
         "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "installable_and_offline", "delete_session",

@@ -48,10 +48,12 @@ test("the img tag an agent printed is text and creates no element", () => {
   const conversation = fold(shell);
   const item = conversation.items.find((i) => i.kind === "agent" && i.text.includes("<img"));
   const node = renderItem(item);
-  assert.equal(toHtml(node), '<div class="msg agent"><p>&lt;img src=x onerror=alert(1)&gt;</p></div>');
+  // A command's output: terminal text (output.js), the tag in it as text.
+  const pre = findAll(node, (n) => n.tag === "pre")[0];
+  assert.equal(toHtml(pre), '<pre class="term-text msg agent">&lt;img src=x onerror=alert(1)&gt;</pre>');
   const element = toDom(node, fakeDocument);
-  assert.deepEqual(element.descendants().map((e) => e.tagName), ["P"]);
-  assert.equal(element.textContent, "<img src=x onerror=alert(1)>");
+  assert.deepEqual(element.descendants().map((e) => e.tagName), ["DIV", "BUTTON", "PRE"]);
+  assert.equal(element.descendants().at(-1).textContent, "<img src=x onerror=alert(1)>");
 });
 
 test("a permission request shows one button per option, named by the option's name", () => {

@@ -542,7 +542,7 @@ async fn the_sessions_rules_are_read_and_replaced_at_run_time() {
     assert_eq!(
         view,
         json!({"network": "private", "policy": "registries", "allow": [], "deny": ["*.example.com"],
-               "credentials": [], "ask_timeout_s": 60, "recent": []})
+               "credentials": [], "available_credentials": [], "ask_timeout_s": 60, "recent": []})
     );
     let (status, body) = put_egress(
         &gw,
