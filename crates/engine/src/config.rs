@@ -125,7 +125,7 @@ pub struct GatewayArgs {
     /// process's environment alone or after a scheme (`Bearer $GITHUB_TOKEN`; `Basic $PAIR` with
     /// `user:token`, sent base64-encoded). Read at start (repeatable; `;`-separated in the
     /// environment). Needs `--hands-network private`.
-    #[arg(long = "hands-credential", env = "WARREN_HANDS_CREDENTIALS", value_delimiter = ';', value_parser = clap::value_parser!(warren_egress::Credential))]
+    #[arg(long = "hands-credential", env = "WARREN_HANDS_CREDENTIAL", value_delimiter = ';', value_parser = clap::value_parser!(warren_egress::Credential))]
     pub hands_credential: Vec<warren_egress::Credential>,
     /// The devices whose sessions may use a credential, `NAME=DEVICE_ID[,DEVICE_ID…]`
     /// (repeatable; `;`-separated in the environment); a credential not named here is offered
