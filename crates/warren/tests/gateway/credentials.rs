@@ -17,9 +17,8 @@ use serde_json::{Value, json};
 use warren_gateway::config::GatewayArgs;
 use warren_test_support::tls::{HttpsUpstream, TestCa};
 
-use super::helpers::{
-    Conversation, LogBuffer, Received, TestGateway, agent_text, files_under, in_bwrap,
-};
+use super::helpers::{Conversation, LogBuffer, Received, TestGateway, files_under, in_bwrap};
+use super::network::{self, of_type, put_egress};
 
 /// The API token: it must never be seen anywhere the sandbox, the person or a file can see.
 const CANARY: &str = "wrn-canary-7c41e09d2f5b";
@@ -213,18 +212,9 @@ thread_local! {
     static SEEN: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
-/// The exit code the agent reported for the turn's command.
-fn exit_code(events: &[Received]) -> Option<i64> {
-    events
-        .iter()
-        .filter(|e| e.event == "update")
-        .filter(|e| e.data["update"]["sessionUpdate"] == "tool_call_update")
-        .find_map(|e| e.data["update"]["rawOutput"]["exit_code"].as_i64())
-}
-
-/// Runs `command` through the shell agent: its output, asserting it exited 0.
+/// [`network::run_ok`], keeping what the turn returned for the test's search of the events.
 async fn run_ok(chat: &mut Conversation<'_>, what: &str, command: &str) -> (String, Vec<Received>) {
-    let events = chat.turn(command).await;
+    let (output, events) = network::run_ok(chat, what, command).await;
     SEEN.with(|seen| {
         let mut seen = seen.borrow_mut();
         for event in &events {
@@ -232,21 +222,7 @@ async fn run_ok(chat: &mut Conversation<'_>, what: &str, command: &str) -> (Stri
             seen.push('\n');
         }
     });
-    let output = agent_text(&events);
-    assert_eq!(
-        exit_code(&events),
-        Some(0),
-        "{what}: `{command}` exits 0; it printed {output:?}"
-    );
     (output, events)
-}
-
-fn of_type<'a>(events: &'a [Received], kind: &str) -> Vec<&'a Value> {
-    events
-        .iter()
-        .filter(|e| e.event == kind)
-        .map(|e| &e.data)
-        .collect()
 }
 
 async fn egress(gw: &TestGateway, token: &str, session: &str) -> Value {
@@ -261,21 +237,6 @@ async fn egress(gw: &TestGateway, token: &str, session: &str) -> Value {
         .expect("GET egress");
     assert_eq!(response.status(), 200);
     response.json().await.expect("JSON")
-}
-
-async fn put_egress(gw: &TestGateway, token: &str, session: &str, body: Value) -> (u16, Value) {
-    let response = gw
-        .request(
-            reqwest::Method::PUT,
-            token,
-            &format!("/sessions/{session}/egress"),
-        )
-        .json(&body)
-        .send()
-        .await
-        .expect("PUT egress");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// The text of `path`, zstd-compressed files (snapshots) decompressed.

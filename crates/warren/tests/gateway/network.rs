@@ -51,7 +51,7 @@ async fn upstream(dir: &Path) -> Upstream {
 }
 
 /// The exit code the agent reported for the turn's command.
-fn exit_code(events: &[Received]) -> Option<i64> {
+pub(super) fn exit_code(events: &[Received]) -> Option<i64> {
     events
         .iter()
         .filter(|e| e.event == "update")
@@ -60,7 +60,11 @@ fn exit_code(events: &[Received]) -> Option<i64> {
 }
 
 /// Runs `command` through the shell agent and returns its output, asserting it exited 0.
-async fn run_ok(chat: &mut Conversation<'_>, what: &str, command: &str) -> (String, Vec<Received>) {
+pub(super) async fn run_ok(
+    chat: &mut Conversation<'_>,
+    what: &str,
+    command: &str,
+) -> (String, Vec<Received>) {
     let events = chat.turn(command).await;
     let output = agent_text(&events);
     assert_eq!(
@@ -72,7 +76,12 @@ async fn run_ok(chat: &mut Conversation<'_>, what: &str, command: &str) -> (Stri
 }
 
 /// `PUT /v1/sessions/{session}/egress` with `body`: the status and the JSON answer.
-async fn put_egress(gw: &TestGateway, token: &str, session: &str, body: Value) -> (u16, Value) {
+pub(super) async fn put_egress(
+    gw: &TestGateway,
+    token: &str,
+    session: &str,
+    body: Value,
+) -> (u16, Value) {
     let response = gw
         .request(
             reqwest::Method::PUT,
@@ -87,7 +96,8 @@ async fn put_egress(gw: &TestGateway, token: &str, session: &str, body: Value) -
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-fn of_type<'a>(events: &'a [Received], kind: &str) -> Vec<&'a Value> {
+/// The data of `events` of type `kind`.
+pub(super) fn of_type<'a>(events: &'a [Received], kind: &str) -> Vec<&'a Value> {
     events
         .iter()
         .filter(|e| e.event == kind)
