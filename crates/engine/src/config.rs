@@ -201,8 +201,10 @@ pub struct GatewayArgs {
     )]
     pub sse_heartbeat_ms: u64,
     /// Where previews are served: a URL with `{token}` in its host (e.g.
-    /// `https://{token}.preview.example.com`, with wildcard DNS). Default:
-    /// `http://p-{token}.localhost:<listen port>` (browsers resolve `*.localhost` to loopback).
+    /// `https://{token}.preview.example.com`, with wildcard DNS). Default: on the host the
+    /// console was opened on: `http://p-{token}.localhost:<listen port>` from this machine
+    /// (browsers resolve `*.localhost` to loopback), `p-{token}.<name>` for a DNS name, a port
+    /// of its own for an IP address (docs/gateway.md "Previews").
     #[arg(long, env = "WARREN_PREVIEW_BASE_URL")]
     pub preview_base_url: Option<String>,
     /// How long a preview URL works.
@@ -212,6 +214,19 @@ pub struct GatewayArgs {
     /// with 413 and nothing of it is kept.
     #[arg(long, env = "WARREN_UPLOAD_MAX", default_value = "200MiB", value_parser = parse_size)]
     pub upload_max: u64,
+    /// Where Web Push messages may go: a URL prefix a subscription's endpoint must be under,
+    /// compared by origin and then path (repeatable; comma-separated in the environment).
+    /// Default: any `https://` URL of a public host.
+    #[arg(long = "push-allow-endpoint", env = "WARREN_PUSH_ALLOW_ENDPOINT", value_delimiter = ',', value_parser = parse_url_prefix)]
+    pub push_allow_endpoint: Vec<String>,
+    /// A finished turn is pushed to the person's subscribed browsers when it ran longer than
+    /// this (questions and lost sandboxes are pushed at once).
+    #[arg(long, env = "WARREN_PUSH_AFTER", default_value = "30s", value_parser = parse_duration)]
+    pub push_after: Duration,
+    /// The contact in every push's VAPID token (its `sub`): a `mailto:` or `https:` URL a push
+    /// service can reach the operator at. Apple's refuses a host that does not resolve.
+    #[arg(long, env = "WARREN_PUSH_CONTACT", default_value = "mailto:warren@example.com", value_parser = parse_push_contact)]
+    pub push_contact: String,
     /// Serve the web console's files from this directory, read at every request, instead of
     /// the ones embedded in the binary. Hidden: for editing the console without rebuilding.
     #[arg(long, env = "WARREN_CONSOLE_DIR", hide = true)]
@@ -336,6 +351,9 @@ impl std::fmt::Debug for GatewayArgs {
             .field("preview_ttl", &self.preview_ttl)
             .field("upload_max", &self.upload_max)
             .field("console_dir", &self.console_dir)
+            .field("push_allow_endpoint", &self.push_allow_endpoint)
+            .field("push_after", &self.push_after)
+            .field("push_contact", &self.push_contact)
             .field("model", &self.model)
             .field("warren_bin", &self.warren_bin)
             .field("sse_heartbeat_ms", &self.sse_heartbeat_ms)
@@ -388,6 +406,29 @@ fn parse_credential_devices(text: &str) -> Result<(String, Vec<String>), String>
         ));
     }
     Ok((name.trim().to_owned(), devices))
+}
+
+/// `--push-allow-endpoint`: an `http://` or `https://` URL (the push crate checks the rest).
+fn parse_url_prefix(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.starts_with("https://") || text.starts_with("http://") {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not an http:// or https:// URL"))
+    }
+}
+
+/// `--push-contact`: a `mailto:` or `https:` URL (RFC 8292 section 2.1).
+fn parse_push_contact(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let rest = text
+        .strip_prefix("mailto:")
+        .or_else(|| text.strip_prefix("https://"))
+        .filter(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace));
+    match rest {
+        Some(_) => Ok(text.to_owned()),
+        None => Err(format!("{text:?} is not a mailto: or https:// URL")),
+    }
 }
 
 /// `2h`, `90m`, `30s`, `500ms`, `1d`, or plain seconds.
@@ -570,6 +611,43 @@ mod tests {
             n_flags += 1;
         }
         assert!(n_flags >= 11, "the spec's flags are all there: {n_flags}");
+    }
+
+    #[test]
+    fn push_flags_parse_and_refuse_what_is_not_a_url() {
+        use clap::Parser;
+        let args = Cli::try_parse_from(["warren"]).expect("defaults").args;
+        assert!(args.push_allow_endpoint.is_empty());
+        assert_eq!(args.push_after, Duration::from_secs(30));
+        let args = Cli::try_parse_from([
+            "warren",
+            "--push-allow-endpoint",
+            "http://127.0.0.1:4000/push/",
+            "--push-allow-endpoint=https://fcm.googleapis.com/",
+            "--push-after",
+            "2m",
+            "--push-contact",
+            "https://ops.example.com/warren",
+        ])
+        .expect("parses")
+        .args;
+        assert_eq!(
+            args.push_allow_endpoint,
+            ["http://127.0.0.1:4000/push/", "https://fcm.googleapis.com/"]
+        );
+        assert_eq!(args.push_after, Duration::from_secs(120));
+        assert_eq!(args.push_contact, "https://ops.example.com/warren");
+        for bad in [
+            ["--push-allow-endpoint", "fcm.googleapis.com"],
+            ["--push-contact", "ops@example.com"],
+            ["--push-contact", "mailto:"],
+            ["--push-after", "soon"],
+        ] {
+            assert!(
+                Cli::try_parse_from(["warren", bad[0], bad[1]]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -20,6 +20,10 @@
 //! [`EventLog::resume`] (once storage is back) appends the held events first, so the stream
 //! never has a hole and no seq is reused.
 //!
+//! A [`Tap`] ([`EventLog::tap`]) is told of each event this log's writer stored, after it is
+//! stored and published, outside the log's lock, and must not block (the gateway's pushes queue
+//! what they need and return). Events a follower reads are not tapped: their owner's log was.
+//!
 //! A replica that does not own a session keeps the same log as a follower: [`EventLog::follow`]
 //! reads what the owner committed and publishes it to this replica's subscribers, so an SSE
 //! client may stream from any replica; an owner that lost its lease is superseded (its queued
@@ -29,13 +33,16 @@ use std::collections::VecDeque;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 use warren_protocol::gateway::{Event, EventBody};
 use warren_store::event_store::{AppendFailure, EventStore};
 pub use warren_store::event_store::{Repair, StoredEvent};
 use warren_store::health::StorageHealth;
+
+/// Told of every event a log's writer stored (see the module docs); it must not block.
+pub type Tap = Box<dyn Fn(&Arc<StoredEvent>) + Send + Sync>;
 
 /// A subscriber whose queue holds this many undelivered events is disconnected.
 pub const SUBSCRIBER_QUEUE_MAX: usize = 512;
@@ -154,6 +161,8 @@ struct Shared {
     inner: Mutex<Inner>,
     runtime: tokio::runtime::Handle,
     health: Arc<StorageHealth>,
+    /// Told of every event the writer stored; set once.
+    tap: OnceLock<Tap>,
 }
 
 pub struct EventLog {
@@ -258,6 +267,12 @@ impl EventLog {
             published.push(event);
         }
         published
+    }
+
+    /// Tells `tap` of every event this log's writer stores from now on (see the module docs).
+    /// A log has at most one tap: a second is ignored.
+    pub fn tap(&self, tap: Tap) {
+        let _ = self.shared.tap.set(tap);
     }
 
     /// Fences every later append of a PostgreSQL log by `lease`, the session's lease this
@@ -485,7 +500,13 @@ impl Shared {
                 let appended = self.store.append(&batch).await;
                 let mut inner = self.lock();
                 match appended {
-                    Ok(()) => self.stored(&mut inner, batch),
+                    Ok(()) => {
+                        self.stored(&mut inner, &batch);
+                        drop(inner);
+                        if let Some(tap) = self.tap.get() {
+                            batch.iter().for_each(tap);
+                        }
+                    }
                     Err(AppendFailure::Superseded(why)) => {
                         self.superseded(inner, &why);
                         return;
@@ -517,10 +538,10 @@ impl Shared {
     }
 
     /// Records a written batch (the front of the queue) and publishes it.
-    fn stored(&self, inner: &mut Inner, batch: Vec<Arc<StoredEvent>>) {
+    fn stored(&self, inner: &mut Inner, batch: &[Arc<StoredEvent>]) {
         for stored in batch {
             inner.queue.pop_front();
-            publish(inner, stored);
+            publish(inner, stored.clone());
         }
     }
 }
@@ -625,6 +646,7 @@ impl Opened {
                 inner: Mutex::new(Inner::opened(first_seq, next_seq, self.tail)),
                 runtime,
                 health,
+                tap: OnceLock::new(),
             }),
         }
     }
@@ -668,6 +690,35 @@ mod tests {
         assert_eq!(
             seqs(&log.read_after(3, 100).await.expect("read")),
             vec![4, 5, 6]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tap_is_told_of_each_event_once_stored_in_seq_order() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("events.jsonl");
+        let (log, _) = open(&path, |_| {});
+        log.append(None, message("before the tap")).expect("append");
+        log.sync().await.expect("sync");
+        let tapped = Arc::new(Mutex::new(Vec::new()));
+        let seen = tapped.clone();
+        let file = path.clone();
+        log.tap(Box::new(move |event| {
+            let on_disk = std::fs::read_to_string(&file).expect("the log reads");
+            assert!(
+                on_disk.contains(&*event.json),
+                "stored before the tap is told"
+            );
+            seen.lock().expect("not poisoned").push(event.seq);
+        }));
+        for i in 0..50 {
+            log.append(Some(1), message(&i.to_string()))
+                .expect("append");
+        }
+        log.sync().await.expect("sync");
+        assert_eq!(
+            *tapped.lock().expect("not poisoned"),
+            (2..=51).collect::<Vec<u64>>()
         );
     }
 

@@ -20,13 +20,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use crate::admission::Admission;
 use crate::config::BrainPlacement;
 use crate::engine::Engine;
 use crate::engine_error::EngineError;
+use crate::event_log::StoredEvent;
 use crate::hands::{Hands, HandsProvider};
 use crate::network::Network;
 mod stored;
@@ -49,6 +50,10 @@ const RESTART_MESSAGE: &str = "the gateway restarted; the running turn was inter
 const STORAGE_MESSAGE: &str =
     "the event log could not be written (storage failing); the running turn was interrupted";
 
+/// Told of a session's id and each event its log's writer stored here (see
+/// [`crate::event_log::Tap`]); it must not block.
+pub type EventHook = Box<dyn Fn(&str, &Arc<StoredEvent>) + Send + Sync>;
+
 pub struct Sessions {
     dir: PathBuf,
     hands_provider: Arc<dyn HandsProvider>,
@@ -61,6 +66,8 @@ pub struct Sessions {
     /// The hands' network: each session's egress proxy.
     network: Arc<Network>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
+    /// What [`Sessions::on_event_stored`] registered; every session's log taps them.
+    event_hooks: Arc<RwLock<Vec<EventHook>>>,
 }
 
 impl Sessions {
@@ -82,6 +89,30 @@ impl Sessions {
 
     pub fn storage(&self) -> &Arc<StorageHealth> {
         &self.storage
+    }
+
+    /// Calls `hook` with the session's id and every event a session's log stores here from
+    /// now on, the sessions made or loaded later included. Events this replica only follows
+    /// (another owns the session) are not told.
+    pub fn on_event_stored(&self, hook: impl Fn(&str, &Arc<StoredEvent>) + Send + Sync + 'static) {
+        self.event_hooks
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Box::new(hook));
+    }
+
+    /// Taps `session`'s log for the [`Sessions::on_event_stored`] hooks (once, as it is listed).
+    fn tap_events(&self, session: &Session) {
+        let (hooks, id) = (self.event_hooks.clone(), session.id.clone());
+        session.log.tap(Box::new(move |event| {
+            // Written only to register a hook: a poisoned lock still holds every hook.
+            let hooks = hooks
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for hook in hooks.iter() {
+                hook(&id, event);
+            }
+        }));
     }
 
     /// The hands' network of every session.

@@ -45,6 +45,8 @@ pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(metrics))
         .routes(routes!(crate::openapi::openapi_json))
         .merge(crate::files::routes())
+        .merge(crate::pairing::routes())
+        .merge(crate::push::routes())
 }
 
 /// The gateway's router: the documented [`routes`], and the routes the document leaves out
@@ -217,13 +219,13 @@ async fn delete_preview(
     path = "/v1/devices",
     tag = "devices",
     request_body = RegisterDevice,
-    security(("app_key" = []), ("app_key" = [], "device_token" = [])),
+    security(("app_key" = []), ("app_key" = [], "device_token" = []), ()),
     responses(
         (status = 201, description = "Registered: the device token, shown this once", body = DeviceRegistered),
         (status = 400, description = "INVALID_REQUEST_BODY, or INVALID_DEVICE_ID: not 8 to 128 characters of [A-Za-z0-9_-]", body = ErrorBody),
-        (status = 401, description = "INVALID_APP_KEY: a missing or wrong X-App-Key", body = ErrorBody),
+        (status = 401, description = "INVALID_APP_KEY: no pair_code, and a missing or wrong X-App-Key; INVALID_PAIR_CODE: a pair_code (which stands in for the app key, whatever X-App-Key says) that is wrong, expired or used", body = ErrorBody),
         (status = 408, description = "REQUEST_TIMEOUT: the body did not arrive in time", body = ErrorBody),
-        (status = 409, description = "DEVICE_ALREADY_BOUND: the id holds a live token, and the request does not present it", body = ErrorBody),
+        (status = 409, description = "DEVICE_ALREADY_BOUND: the id holds a live token, and the request does not present it (with a pair_code: the id is in use); DEVICE_REVOKED: the id was revoked, register with a new one", body = ErrorBody),
         (status = 413, description = "BODY_TOO_LARGE", body = ErrorBody),
         (status = 507, description = "STORAGE_FULL: the gateway's disk is full", body = ErrorBody),
     ),
@@ -233,20 +235,29 @@ async fn register_device(
     headers: HeaderMap,
     Json(body): Json<RegisterDevice>,
 ) -> Result<Response, GatewayError> {
-    let app_key = headers
-        .get("x-app-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !secret_matches(app_key, &gateway.app_key) {
-        return Err(GatewayError::BadAppKey);
-    }
-    gateway.engine.sessions.storage().check()?;
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .map(str::to_string);
-    let token = gateway.devices.register(&body.device_id, presented).await?;
+    let app_key = headers.get("x-app-key").and_then(|v| v.to_str().ok());
+    let token = match &body.pair_code {
+        // A pairing code stands in for the app key: the device joins the code's owner.
+        Some(code) => {
+            gateway.engine.sessions.storage().check()?;
+            gateway
+                .devices
+                .register_paired(&body.device_id, code)
+                .await?
+        }
+        None => {
+            if !secret_matches(app_key.unwrap_or(""), &gateway.app_key) {
+                return Err(GatewayError::BadAppKey);
+            }
+            gateway.engine.sessions.storage().check()?;
+            let presented = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(bearer_token)
+                .map(str::to_string);
+            gateway.devices.register(&body.device_id, presented).await?
+        }
+    };
     tracing::info!(device_id = %body.device_id, "device registered");
     let registered = DeviceRegistered {
         device_id: body.device_id,

@@ -32,7 +32,7 @@ pub const TOKEN_EXPIRY_DAYS: i64 = 30;
 /// `last_used_at` is persisted at most this often per device (it only feeds expiry).
 const LAST_USED_PERSIST_MINUTES: i64 = 60;
 
-fn sha256(secret: &str) -> [u8; 32] {
+pub(crate) fn sha256(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
 
@@ -51,12 +51,25 @@ pub fn valid_device_id(id: &str) -> bool {
 
 /// A device's record (`devices/<id>.json`, or its row).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct DeviceRecord {
-    device_id: String,
-    created_at: DateTime<Utc>,
+pub(crate) struct DeviceRecord {
+    pub(crate) device_id: String,
+    pub(crate) created_at: DateTime<Utc>,
     /// Hex SHA-256 of the current token; `None` after an admin reset.
-    token_sha256: Option<String>,
-    last_used_at: Option<DateTime<Utc>>,
+    pub(crate) token_sha256: Option<String>,
+    pub(crate) last_used_at: Option<DateTime<Utc>>,
+    /// The device whose sessions this one shares (it was paired by one of that owner's
+    /// devices); `None`: the device is its own owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) owner: Option<String>,
+    /// When a device of its owner revoked it: its token is gone and its id cannot register again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) revoked_at: Option<DateTime<Utc>>,
+    /// The pairing code this device minted last, while it may be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pairing: Option<crate::pairing::PairingCode>,
+    /// Where pushes for this device go (phone.md "Push").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) push_subscriptions: Vec<crate::pairing::StoredPushSubscription>,
 }
 
 impl DeviceRecord {
@@ -73,11 +86,21 @@ impl DeviceRecord {
             created_at: existing.map_or(now, |r| r.created_at),
             token_sha256: Some(hex::encode(sha256(&token))),
             last_used_at: Some(now),
+            // A new token keeps what the device is: its owner and where its pushes go.
+            owner: existing.and_then(|r| r.owner.clone()),
+            revoked_at: None,
+            pairing: None,
+            push_subscriptions: existing.map_or_else(Vec::new, |r| r.push_subscriptions.clone()),
         };
         (token, record)
     }
 
-    fn token_live(&self, now: DateTime<Utc>) -> bool {
+    /// The owner whose sessions this device drives.
+    pub(crate) fn owner(&self) -> &str {
+        self.owner.as_deref().unwrap_or(&self.device_id)
+    }
+
+    pub(crate) fn token_live(&self, now: DateTime<Utc>) -> bool {
         let fresh = self
             .last_used_at
             .is_none_or(|used| now - used < Duration::days(TOKEN_EXPIRY_DAYS));
@@ -88,7 +111,7 @@ impl DeviceRecord {
 /// Every device, in the data directory or in PostgreSQL (see [`DeviceStore`]): one logic for
 /// both, each check reading the stored record and each write conditional on it.
 pub struct Devices {
-    store: DeviceStore,
+    pub(crate) store: DeviceStore,
 }
 
 impl Devices {
@@ -122,6 +145,9 @@ impl Devices {
             let now = Utc::now();
             let stored = self.store.get(device_id).await?;
             let existing = stored.as_ref().map(from_value).transpose()?;
+            if existing.as_ref().is_some_and(|r| r.revoked_at.is_some()) {
+                return Err(GatewayError::DeviceRevoked);
+            }
             if existing
                 .as_ref()
                 .is_some_and(|record| record.token_live(now))
@@ -147,9 +173,17 @@ impl Devices {
         Err(GatewayError::DeviceAlreadyBound)
     }
 
-    /// The device id a presented token belongs to, if the token is live. Refreshes its
-    /// last use.
+    /// The owner of the device a presented token belongs to, if the token is live (a device
+    /// drives its owner's sessions). Refreshes its last use.
     pub async fn authenticate(&self, token: &str) -> Result<String, GatewayError> {
+        self.authenticate_device(token)
+            .await
+            .map(|signed_in| signed_in.owner)
+    }
+
+    /// The device a presented token belongs to and its owner, if the token is live.
+    /// Refreshes its last use.
+    pub async fn authenticate_device(&self, token: &str) -> Result<SignedIn, GatewayError> {
         let now = Utc::now();
         let (record, stored) = self
             .find(token, now)
@@ -169,7 +203,10 @@ impl Devices {
                 tracing::warn!(device_id = %record.device_id, error = %e, "cannot persist last use");
             }
         }
-        Ok(record.device_id)
+        Ok(SignedIn {
+            owner: record.owner().to_owned(),
+            device_id: record.device_id,
+        })
     }
 
     /// Revokes every token of `device_id` (admin reset). Its sessions and files stay.
@@ -207,7 +244,7 @@ impl Devices {
     }
 
     /// The device whose live token is `token`, and its stored record as read.
-    async fn find(
+    pub(crate) async fn find(
         &self,
         token: &str,
         now: DateTime<Utc>,
@@ -235,11 +272,11 @@ fn decode_hash(hex_hash: &str) -> Option<[u8; 32]> {
 /// How often a registration re-reads a record another registration changed meanwhile.
 const REGISTER_ATTEMPTS: usize = 3;
 
-fn to_value(record: &DeviceRecord) -> Result<serde_json::Value, GatewayError> {
+pub(crate) fn to_value(record: &DeviceRecord) -> Result<serde_json::Value, GatewayError> {
     serde_json::to_value(record).map_err(|e| GatewayError::Internal(e.to_string()))
 }
 
-fn from_value(stored: &serde_json::Value) -> Result<DeviceRecord, GatewayError> {
+pub(crate) fn from_value(stored: &serde_json::Value) -> Result<DeviceRecord, GatewayError> {
     serde_json::from_value(stored.clone())
         .map_err(|e| GatewayError::Internal(format!("a stored device record does not parse: {e}")))
 }
@@ -281,8 +318,29 @@ fn bearer(parts: &Parts) -> Option<String> {
         .find_map(|pair| pair.strip_prefix("access_token=").map(str::to_string))
 }
 
-/// An authenticated device (its id).
+/// An authenticated device's owner: the id its sessions belong to (its own id, unless another
+/// device of the owner paired it).
 pub struct Device(pub String);
+
+/// An authenticated device and its owner, for the routes about the device itself (pairing,
+/// revoking, push subscriptions).
+#[derive(Debug, Clone)]
+pub struct SignedIn {
+    pub device_id: String,
+    pub owner: String,
+}
+
+impl FromRequestParts<Arc<Gateway>> for SignedIn {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
+        gateway.devices.authenticate_device(&token).await
+    }
+}
 
 impl FromRequestParts<Arc<Gateway>> for Device {
     type Rejection = GatewayError;

@@ -17,7 +17,8 @@
 //! is the developer's own checkout, not untrusted input).
 //!
 //! Every answer (200, 304 and 404 alike) carries console.md's headers:
-//! `Content-Security-Policy` ([`content_security_policy`], `frame-src` the preview origins),
+//! `Content-Security-Policy` ([`content_security_policy`], `frame-src` the origins of the
+//! preview URLs the same request's host gets, [`crate::previews::frame_source_of`]),
 //! `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer`. Caching: the URLs carry
 //! no version, so every file is `Cache-Control: no-cache` with a strong `ETag` (SHA-256 of the
 //! content, computed once per file) and `If-None-Match` answers 304; a reload costs one small
@@ -98,18 +99,15 @@ pub fn routes() -> axum::Router<Arc<Gateway>> {
 }
 
 async fn index(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    gateway.console.answer(PAGE, &headers).await
+    answer(&gateway, PAGE, &headers).await
 }
 
 async fn manifest(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    gateway
-        .console
-        .answer("manifest.webmanifest", &headers)
-        .await
+    answer(&gateway, "manifest.webmanifest", &headers).await
 }
 
 async fn service_worker(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    gateway.console.answer(SERVICE_WORKER, &headers).await
+    answer(&gateway, SERVICE_WORKER, &headers).await
 }
 
 async fn file(
@@ -117,13 +115,23 @@ async fn file(
     Path(path): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    gateway.console.answer(&path, &headers).await
+    answer(&gateway, &path, &headers).await
+}
+
+/// [`Console::answer`] with the `frame-src` of the preview URLs this request's host gets
+/// ([`crate::previews::frame_source_of`]).
+async fn answer(gateway: &Gateway, path: &str, headers: &HeaderMap) -> Response {
+    let frame_source = crate::previews::frame_source_of(gateway, headers);
+    gateway.console.answer(path, headers, &frame_source).await
 }
 
 /// Where the console's files come from, and the headers every answer carries.
 pub struct Console {
     source: Source,
+    /// The policy with the `frame-src` of a console opened on this machine (or at
+    /// `--preview-base-url`), and that `frame-src`.
     content_security_policy: HeaderValue,
+    frame_source: String,
 }
 
 enum Source {
@@ -174,12 +182,13 @@ impl Console {
         Ok(Console {
             source,
             content_security_policy,
+            frame_source: preview_frame_source.to_owned(),
         })
     }
 
     /// The answer to a `GET` of the console file `path` (below `console/`), with the
-    /// console's headers whatever it is.
-    async fn answer(&self, path: &str, request: &HeaderMap) -> Response {
+    /// console's headers whatever it is, `frame_source` the preview origins in its policy.
+    async fn answer(&self, path: &str, request: &HeaderMap, frame_source: &str) -> Response {
         let mut response = match self.asset(path).await {
             Ok(asset) => asset.answer(request),
             Err(error) => error.into_response(),
@@ -194,11 +203,15 @@ impl Console {
                 Err(error) => tracing::warn!(%error, "no shell version for the page"),
             }
         }
+        let policy = if frame_source == self.frame_source {
+            self.content_security_policy.clone()
+        } else {
+            // A source from a checked `Host` (only host characters) always fits a header.
+            HeaderValue::from_str(&content_security_policy(frame_source))
+                .unwrap_or_else(|_| self.content_security_policy.clone())
+        };
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_SECURITY_POLICY,
-            self.content_security_policy.clone(),
-        );
+        headers.insert(header::CONTENT_SECURITY_POLICY, policy);
         headers.insert(
             header::X_CONTENT_TYPE_OPTIONS,
             HeaderValue::from_static("nosniff"),

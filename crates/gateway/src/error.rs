@@ -41,8 +41,19 @@ pub enum GatewayError {
     UpgradeRequired,
     #[error("device not found")]
     DeviceNotFound,
+    #[error("this device id was revoked; register with a new device id")]
+    DeviceRevoked,
+    #[error("the pairing code is wrong, expired or used; mint a new one on a signed-in device")]
+    InvalidPairCode,
     #[error("the session has no preview of this port")]
     PreviewNotFound,
+    /// A push subscription the gateway does not take (phone.md "Push"): why.
+    #[error("not a push subscription the gateway takes: {0}")]
+    InvalidPushSubscription(String),
+    #[error("this device has no push subscription by that id")]
+    PushSubscriptionNotFound,
+    #[error("this device has 16 push subscriptions; delete one first")]
+    TooManyPushSubscriptions,
     /// An agent terminal's name (`term-…`, `exec-…`) the running hands do not know.
     #[error("the agent runs no terminal {0} in this session's hands (or it was released)")]
     TerminalNotFound(String),
@@ -86,7 +97,18 @@ impl GatewayError {
             }
             GatewayError::UpgradeRequired => (StatusCode::UPGRADE_REQUIRED, "UPGRADE_REQUIRED"),
             GatewayError::DeviceNotFound => (StatusCode::NOT_FOUND, "DEVICE_NOT_FOUND"),
+            GatewayError::DeviceRevoked => (StatusCode::CONFLICT, "DEVICE_REVOKED"),
+            GatewayError::InvalidPairCode => (StatusCode::UNAUTHORIZED, "INVALID_PAIR_CODE"),
             GatewayError::PreviewNotFound => (StatusCode::NOT_FOUND, "PREVIEW_NOT_FOUND"),
+            GatewayError::InvalidPushSubscription(_) => {
+                (StatusCode::BAD_REQUEST, "INVALID_PUSH_SUBSCRIPTION")
+            }
+            GatewayError::PushSubscriptionNotFound => {
+                (StatusCode::NOT_FOUND, "PUSH_SUBSCRIPTION_NOT_FOUND")
+            }
+            GatewayError::TooManyPushSubscriptions => {
+                (StatusCode::CONFLICT, "TOO_MANY_PUSH_SUBSCRIPTIONS")
+            }
             GatewayError::TerminalNotFound(_) => (StatusCode::NOT_FOUND, "TERMINAL_NOT_FOUND"),
             GatewayError::Engine(error) => (engine_status(error), error.code()),
             GatewayError::Files(error) => error.kind.status_and_code(),

@@ -7,7 +7,7 @@
 //! [`Gateway`] is the engine and what only routes keep. [`api`] routes and credential
 //! extractors; `auth` devices, tokens and the credential extractors; [`sse`] the event stream
 //! over HTTP; `files` (its refusals in `files_error`), `terminals` and [`previews`] the window
-//! into the hands; `owner` forwarding to a session's owner replica; `tunnel` one request to an execd; `console` the web console's files;
+//! into the hands; `pairing` an owner's devices, pairing codes and push subscriptions; `owner` forwarding to a session's owner replica; `tunnel` one request to an execd; `console` the web console's files;
 //! [`openapi`] the document of the routes; [`error`] the one mapping of errors to statuses.
 //! Modules are crate-private unless another crate names them.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
@@ -26,7 +26,9 @@ pub use warren_engine::{
 };
 pub mod openapi;
 pub(crate) mod owner;
+pub(crate) mod pairing;
 pub mod previews;
+pub(crate) mod push;
 pub mod sse;
 pub(crate) mod terminals;
 pub(crate) mod tunnel;
@@ -56,6 +58,8 @@ pub struct Gateway {
     pub previews: Arc<previews::Previews>,
     /// The web console's files (`/`, `/console/...`).
     pub console: console::Console,
+    /// Web Push: the VAPID key and the sender of the sessions' pushes.
+    pub(crate) push: push::Push,
     pub started: Instant,
 }
 
@@ -86,7 +90,9 @@ impl Gateway {
                     .map_err(|e| GatewayError::Internal(e.to_string()))??
             }
         };
+        let push = push::Push::open(&args)?;
         let gateway = Arc::new(Gateway {
+            push,
             engine: engine.clone(),
             args,
             app_key,
@@ -108,6 +114,7 @@ impl Gateway {
             terminals.forget(id);
             files.forget(id);
         });
+        push::start(&gateway);
         engine.start().await;
         Ok(gateway)
     }

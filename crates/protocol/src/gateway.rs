@@ -14,6 +14,46 @@ pub struct RegisterDevice {
     /// 8 to 128 characters of `[A-Za-z0-9_-]`, chosen by the device.
     #[schema(pattern = "^[A-Za-z0-9_-]{8,128}$", example = "my-phone-01")]
     pub device_id: String,
+    /// A pairing code another device of the owner minted (`POST /v1/devices/pair`), instead of
+    /// the app key: the device joins that owner and drives the same sessions. Case, blanks and
+    /// the dash do not matter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "ABCD-EFGH")]
+    pub pair_code: Option<String>,
+}
+
+/// `201` answer to `POST /v1/devices/pair`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PairCode {
+    /// 8 characters of `ABCDEFGHJKMNPQRSTWXYZ23456789`, shown `ABCD-EFGH`.
+    #[schema(example = "ABCD-EFGH")]
+    pub code: String,
+    /// The console's pairing link on the host this request was made to (`…/#/pair/ABCD-EFGH`).
+    pub url: String,
+    /// RFC 3339; the code is good once, until then.
+    pub expires_at: String,
+    /// `url` as a QR code, an SVG document.
+    pub qr_svg: String,
+}
+
+/// One device of the caller's owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OwnedDevice {
+    pub device_id: String,
+    /// Whether this is the device asking.
+    pub current: bool,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    /// Whether its token works (not expired, not reset by an admin).
+    pub signed_in: bool,
+    /// How many push subscriptions it has.
+    pub push_subscriptions: usize,
+}
+
+/// `GET /v1/devices`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OwnedDevices {
+    pub devices: Vec<OwnedDevice>,
 }
 
 /// `201` answer to [`RegisterDevice`]: the device token is shown exactly once.

@@ -5,7 +5,8 @@
 //! ([`repo_root`], [`python`]), peak-memory checks ([`peak_memory`]) and, behind features, the
 //! client of execd's PTY sessions (`pty`) and MCP clients with the scenarios every transport of
 //! the exec tools passes (`mcp`), and the real PostgreSQL and S3 servers the scale-out tests run
-//! on (`services`), and a test CA with a real HTTPS server, echoing or serving git (`tls`).
+//! on (`services`), a test CA with a real HTTPS server, echoing or serving git (`tls`), and a
+//! local Web Push service that checks VAPID and decrypts what it takes (`push`).
 //!
 //! A dev-dependency only, and it depends on no Warren crate but `warren-process` (whose reaper
 //! its children register with, so a test binary that is a subreaper never takes their exit
@@ -26,6 +27,8 @@ mod wait;
 pub mod mcp;
 #[cfg(feature = "pty")]
 pub mod pty;
+#[cfg(feature = "push")]
+pub mod push_service;
 #[cfg(feature = "services")]
 pub mod services;
 #[cfg(feature = "tls")]

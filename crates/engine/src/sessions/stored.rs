@@ -121,6 +121,7 @@ impl Sessions {
                     let session = Arc::new(session);
                     session.wire_hands();
                     sessions.network.attach(&session);
+                    sessions.tap_events(&session);
                     sessions.map().insert(session.id.clone(), session);
                 }
                 Ok(None) => {}
@@ -167,6 +168,7 @@ impl Sessions {
             store,
             network: parts.network,
             by_id: Mutex::new(HashMap::new()),
+            event_hooks: Arc::default(),
         }
     }
 
@@ -222,6 +224,7 @@ impl Sessions {
         ));
         session.wire_hands();
         self.network.attach(&session);
+        self.tap_events(&session);
         // Two requests may load one session at once: the first registered stays.
         let registered = self
             .map()
@@ -349,6 +352,7 @@ impl Sessions {
         ));
         session.wire_hands();
         self.network.attach(&session);
+        self.tap_events(&session);
         self.map().insert(id, session.clone());
         session
     }

@@ -10,7 +10,9 @@ mod gateway;
 mod hands;
 mod load;
 mod network;
+mod phone;
 mod pty;
+mod push;
 mod support;
 mod window;
 
@@ -46,6 +48,12 @@ pub enum Bench {
     /// Under load: 1,000 PTY sessions, 200 concurrent exec calls, 1,000 slow-header
     /// connections, SSE to 1,000 readers; `--soak 30m` prints the servers' RSS over time.
     Load(load::LoadArgs),
+    /// Web Push: latency from an event to its push received and decrypted by a strict local
+    /// push service (p50, p95), and throughput with 16 subscriptions.
+    Push,
+    /// The console's first load on a phone's slow link (400 ms, 400 kbit/s): bytes, first
+    /// paint and time to interactive, cold and with the service worker.
+    Phone(phone::PhoneArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -60,5 +68,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::E2b(args) => e2b::run(args).await,
         Bench::Load(args) => load::run(args).await,
         Bench::Network => network::run().await,
+        Bench::Push => push::run().await,
+        Bench::Phone(args) => phone::run(args).await,
     }
 }

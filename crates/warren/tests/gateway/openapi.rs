@@ -357,6 +357,13 @@ include-path = "/v1/sessions/{{id}}/egress"
 include-method = "PUT"
 checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409]
 
+# A push subscription is checked beyond its schema: the endpoint against where pushes may go,
+# the keys as a P-256 point and a 16-byte secret: a valid string may get 400
+# INVALID_PUSH_SUBSCRIPTION.
+[[operations]]
+include-path = "/v1/push/subscriptions"
+checks.positive_data_acceptance.expected-statuses = ["2xx", 400, 401, 403, 404, 409]
+
 # The event stream does not end: read what comes within a second. A header the operation does
 # not name is no invalid input (HTTP takes any), so the check that sends one is off here, the
 # only operation with a header parameter whose other inputs are all checked.
