@@ -745,6 +745,11 @@ async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
             event_log::SLOW_SUBSCRIBERS_DROPPED.load(Ordering::Relaxed),
         ),
         (
+            "warren_gateway_pushes_dropped_total",
+            "counter",
+            gateway.push.n_dropped(),
+        ),
+        (
             "warren_gateway_uptime_seconds",
             "gauge",
             gateway.started.elapsed().as_secs(),

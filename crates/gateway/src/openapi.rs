@@ -79,7 +79,8 @@ pub const UNDOCUMENTED: &[Undocumented] = &[
     ),
     components(schemas(ErrorBody, Event)),
     tags(
-        (name = "devices", description = "Registration and the admin's device routes"),
+        (name = "devices", description = "Registration, pairing, an owner's devices and the admin's device routes"),
+        (name = "push", description = "Web Push: the gateway's VAPID key and a device's subscriptions"),
         (name = "sessions", description = "Sessions, messages, permissions and the event stream"),
         (name = "files", description = "The session's workspace"),
         (name = "terminals", description = "The person's shells and the agent's commands"),

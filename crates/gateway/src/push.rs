@@ -82,6 +82,14 @@ impl Push {
     }
 }
 
+impl Push {
+    /// Pushes never sent because a queue was full: events the push task never saw, and pushes
+    /// the sender's queue refused.
+    pub fn n_dropped(&self) -> u64 {
+        self.n_events_dropped.load(Ordering::Relaxed) + self.pusher.n_dropped()
+    }
+}
+
 /// What reaches the push task.
 enum Job {
     /// An event a session's log stored.

@@ -5,7 +5,7 @@
 //! subscription, checked against the [`AllowedEndpoints`]; [`Payload`] the JSON a service worker
 //! receives, and [`payload_for`] which events make one; [`Pusher`] the bounded queue and the one
 //! task that sends, telling an [`Observer`] what came of each send (a push service that answers
-//! 404 or 410 has dropped the subscription). The encryption and the JWT are `web-push-native`'s.
+//! 404 or 410 has dropped the subscription). The encryption is `web-push-native`'s, the JWT's ES256 signature `p256`'s.
 //!
 //! Deliberately absent: HTTP routes, devices and where subscriptions are stored (the gateway's),
 //! and any retry: a push is best effort, and a lost one is not sent again.
@@ -18,4 +18,4 @@ mod vapid;
 pub use payload::{Action, Payload, TurnStarts, payload_for};
 pub use pusher::{Observer, Outcome, Push, Pusher, PusherConfig};
 pub use subscription::{AllowedEndpoints, Endpoint, Subscription, SubscriptionError};
-pub use vapid::{Vapid, VapidError};
+pub use vapid::{Vapid, VapidError, verify_token};

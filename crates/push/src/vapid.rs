@@ -2,7 +2,8 @@
 //! `<data>/push/vapid.key` (the directory 0700, the file 0600 from its first byte, in place only
 //! once whole), reused at every later start, so the browsers' subscriptions, which are bound to
 //! the public key, outlive a restart. And the `Authorization: vapid t=…, k=…` header of one push:
-//! a JWT (ES256, signed by `jwt-simple`) whose `aud` is the push service's origin.
+//! a JWT (ES256: ECDSA P-256 with SHA-256 by `p256`, the signature as `r‖s`, RFC 7518 §3.4)
+//! whose `aud` is the push service's origin.
 //!
 //! A key file that exists but does not hold a key is an error naming it, never replaced: a new
 //! key would silently orphan every subscription.
@@ -13,10 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
-use web_push_native::jwt_simple::prelude::{
-    Claims, Duration as JwtDuration, ECDSAP256KeyPairLike as _, ECDSAP256PublicKeyLike as _,
-    ES256KeyPair,
-};
+use p256::ecdsa::signature::Signer as _;
+use p256::ecdsa::{Signature, SigningKey};
 
 use crate::subscription::{Endpoint, URL_SAFE_ANY_PADDING};
 
@@ -41,7 +40,7 @@ pub enum VapidError {
 
 /// The gateway's VAPID key pair.
 pub struct Vapid {
-    key_pair: ES256KeyPair,
+    key: SigningKey,
     /// The public key as browsers take it (`applicationServerKey`): the uncompressed point,
     /// base64url without padding.
     public_key_b64url: String,
@@ -76,11 +75,11 @@ impl Vapid {
         match std::fs::read_to_string(&path) {
             Ok(text) => Vapid::from_text(&text).ok_or(VapidError::BadKey(path)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key_pair = ES256KeyPair::generate();
-                let text = format!("{}\n", b64url(&key_pair.to_bytes()));
+                let key = new_key();
+                let text = format!("{}\n", b64url(&key.to_bytes()));
                 write_private(&dir, &path, text.as_bytes()).map_err(io(&path))?;
                 tracing::info!(path = %path.display(), "made the gateway's VAPID key");
-                Ok(Vapid::from_key_pair(key_pair))
+                Ok(Vapid::from_key(key))
             }
             Err(e) => Err(io(&path)(e)),
         }
@@ -88,25 +87,23 @@ impl Vapid {
 
     /// A fresh key kept nowhere (tests, benchmarks).
     pub fn generate() -> Vapid {
-        Vapid::from_key_pair(ES256KeyPair::generate())
+        Vapid::from_key(new_key())
     }
 
     fn from_text(text: &str) -> Option<Vapid> {
         let bytes = URL_SAFE_ANY_PADDING.decode(text.trim()).ok()?;
-        // `from_bytes` panics on another length.
         if bytes.len() != PRIVATE_KEY_BYTES {
             return None;
         }
-        ES256KeyPair::from_bytes(&bytes)
-            .ok()
-            .map(Vapid::from_key_pair)
+        // Refuses zero and scalars past the curve's order.
+        SigningKey::from_slice(&bytes).ok().map(Vapid::from_key)
     }
 
-    fn from_key_pair(key_pair: ES256KeyPair) -> Vapid {
-        let public_key_b64url = b64url(&key_pair.public_key().public_key().to_bytes_uncompressed());
+    fn from_key(key: SigningKey) -> Vapid {
+        let point = key.verifying_key().to_encoded_point(false);
         Vapid {
-            key_pair,
-            public_key_b64url,
+            public_key_b64url: b64url(point.as_bytes()),
+            key,
         }
     }
 
@@ -124,14 +121,51 @@ impl Vapid {
         contact: &str,
         valid_for: Duration,
     ) -> Result<String, VapidError> {
-        let claims = Claims::create(JwtDuration::from_secs(valid_for.as_secs()))
-            .with_audience(endpoint.origin())
-            .with_subject(contact);
-        let token = self
-            .key_pair
-            .sign(claims)
-            .map_err(|e| VapidError::Sign(e.to_string()))?;
+        let now = chrono::Utc::now().timestamp();
+        let header = serde_json::json!({"typ": "JWT", "alg": "ES256"});
+        let claims = serde_json::json!({
+            "aud": endpoint.origin(),
+            "sub": contact,
+            "iat": now,
+            "exp": now + i64::try_from(valid_for.as_secs()).map_err(|e| VapidError::Sign(e.to_string()))?,
+        });
+        let signing_input = format!(
+            "{}.{}",
+            b64url(header.to_string().as_bytes()),
+            b64url(claims.to_string().as_bytes())
+        );
+        let signature: Signature = self.key.sign(signing_input.as_bytes());
+        let token = format!("{signing_input}.{}", b64url(&signature.to_bytes()));
         Ok(format!("vapid t={token}, k={}", self.public_key_b64url))
+    }
+}
+
+/// The claims of a VAPID token (`t=` of the header) that `public_key_b64url` (`k=`) signed,
+/// with ES256 in its header; `None` when anything does not hold. For a receiver of pushes (the
+/// benchmark's); the gateway only signs.
+pub fn verify_token(public_key_b64url: &str, token: &str) -> Option<serde_json::Value> {
+    use p256::ecdsa::VerifyingKey;
+    use p256::ecdsa::signature::Verifier as _;
+    let decode = |text: &str| URL_SAFE_ANY_PADDING.decode(text).ok();
+    let public = VerifyingKey::from_sec1_bytes(&decode(public_key_b64url)?).ok()?;
+    let (signed, signature) = token.rsplit_once('.')?;
+    let (header, claims) = signed.split_once('.')?;
+    let header: serde_json::Value = serde_json::from_slice(&decode(header)?).ok()?;
+    let signature = Signature::from_slice(&decode(signature)?).ok()?;
+    (header["alg"] == "ES256" && public.verify(signed.as_bytes(), &signature).is_ok())
+        .then(|| serde_json::from_slice(&decode(claims)?).ok())
+        .flatten()
+}
+
+/// A fresh P-256 private key from the operating system's random source.
+fn new_key() -> SigningKey {
+    loop {
+        let mut bytes = [0u8; PRIVATE_KEY_BYTES];
+        rand::fill(&mut bytes);
+        // Out of range (zero, or past the order) about once in 2^32 tries.
+        if let Ok(key) = SigningKey::from_slice(&bytes) {
+            return key;
+        }
     }
 }
 
@@ -225,9 +259,8 @@ mod tests {
 
     #[test]
     fn the_authorization_is_a_jwt_for_the_endpoints_origin_signed_by_the_key() {
-        use web_push_native::jwt_simple::prelude::{
-            ECDSAP256PublicKeyLike as _, ES256PublicKey, NoCustomClaims, VerificationOptions,
-        };
+        use p256::ecdsa::VerifyingKey;
+        use p256::ecdsa::signature::Verifier as _;
         let vapid = Vapid::generate();
         let allowed = AllowedEndpoints::new(&["http://127.0.0.1:8443/".to_owned()]).expect("ok");
         let endpoint = allowed
@@ -245,19 +278,30 @@ mod tests {
             .and_then(|rest| rest.split_once(", k="))
             .expect("vapid t=…, k=…");
         assert_eq!(key, vapid.public_key_b64url());
-        let public = ES256PublicKey::from_bytes(&URL_SAFE_ANY_PADDING.decode(key).expect("b64"))
+        let public = VerifyingKey::from_sec1_bytes(&URL_SAFE_ANY_PADDING.decode(key).expect("b64"))
             .expect("a P-256 point");
-        let claims = public
-            .verify_token::<NoCustomClaims>(token, Some(VerificationOptions::default()))
+        let (signed, signature) = token.rsplit_once('.').expect("three parts");
+        let signature =
+            Signature::from_slice(&URL_SAFE_ANY_PADDING.decode(signature).expect("b64"))
+                .expect("r‖s, 64 bytes");
+        public
+            .verify(signed.as_bytes(), &signature)
             .expect("the signature verifies");
-        let audiences = claims.audiences.expect("aud").into_string().expect("one");
+        let part = |i: usize| -> serde_json::Value {
+            let text = signed.split('.').nth(i).expect("a part");
+            serde_json::from_slice(&URL_SAFE_ANY_PADDING.decode(text).expect("b64")).expect("JSON")
+        };
+        assert_eq!(part(0)["alg"], "ES256");
+        let claims = part(1);
         assert_eq!(
-            audiences, "http://127.0.0.1:8443",
+            claims["aud"], "http://127.0.0.1:8443",
             "the origin, port included"
         );
-        assert_eq!(claims.subject.as_deref(), Some("mailto:ops@example.com"));
-        let expires = claims.expires_at.expect("exp").as_secs();
-        let issued = claims.issued_at.expect("iat").as_secs();
-        assert_eq!(expires - issued, 3600);
+        assert_eq!(claims["sub"], "mailto:ops@example.com");
+        let (exp, iat) = (
+            claims["exp"].as_i64().expect("exp"),
+            claims["iat"].as_i64().expect("iat"),
+        );
+        assert_eq!(exp - iat, 3600);
     }
 }

@@ -20,12 +20,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
+use p256::SecretKey;
+use p256::ecdsa::signature::Verifier as _;
+use p256::ecdsa::{Signature, VerifyingKey};
+use p256::elliptic_curve::sec1::ToEncodedPoint as _;
 use serde_json::Value;
-use web_push_native::jwt_simple::prelude::{
-    ECDSAP256PublicKeyLike as _, ES256KeyPair, ES256PublicKey, NoCustomClaims, VerificationOptions,
-};
-use web_push_native::p256::SecretKey;
-use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint as _;
 
 /// The largest body a push service takes (RFC 8291 section 4: 4096 octets).
 pub const BODY_MAX_BYTES: usize = 4096;
@@ -162,10 +161,16 @@ impl PushService {
     /// A new subscription for a server whose VAPID public key is `server_key`, as a browser's
     /// `PushSubscription.toJSON()`: `{endpoint, expirationTime, keys: {p256dh, auth}}`.
     pub fn subscribe(&self, server_key: &str) -> Value {
-        let secret =
-            SecretKey::from_slice(&ES256KeyPair::generate().to_bytes()).expect("a P-256 scalar");
+        let secret = loop {
+            let mut scalar = [0u8; 32];
+            rand::fill(&mut scalar);
+            // Out of range (zero, or past the order) about once in 2^32 tries.
+            if let Ok(secret) = SecretKey::from_slice(&scalar) {
+                break secret;
+            }
+        };
         let mut auth = [0u8; 16];
-        auth.copy_from_slice(&ES256KeyPair::generate().to_bytes()[..16]);
+        rand::fill(&mut auth);
         let p256dh = b64url(secret.public_key().to_encoded_point(false).as_bytes());
         let mut state = self.lock();
         state.n_subscriptions += 1;
@@ -385,28 +390,28 @@ impl Service {
             return Err("k is not the applicationServerKey of the subscription".into());
         }
         let public = b64url_decode(key)
-            .and_then(|bytes| ES256PublicKey::from_bytes(&bytes).ok())
+            .and_then(|bytes| VerifyingKey::from_sec1_bytes(&bytes).ok())
             .ok_or("k is not a P-256 public key")?;
-        let options = VerificationOptions {
-            allowed_audiences: Some(HashSet::from([self.origin.clone()])),
-            time_tolerance: Some(web_push_native::jwt_simple::prelude::Duration::from_secs(5)),
-            ..VerificationOptions::default()
-        };
-        let claims = public
-            .verify_token::<NoCustomClaims>(token, Some(options))
-            .map_err(|e| format!("the VAPID JWT does not verify: {e}"))?;
+        let claims = verify_es256(&public, token)?;
+        let aud = claims["aud"].as_str().ok_or("the VAPID JWT has no aud")?;
+        if aud != self.origin {
+            return Err(format!(
+                "aud {aud:?} is not this push service's origin {:?}",
+                self.origin
+            ));
+        }
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .expect("after 1970")
             .as_secs();
-        let exp = claims
-            .expires_at
-            .ok_or("the VAPID JWT has no exp")?
-            .as_secs();
+        let exp = claims["exp"].as_u64().ok_or("the VAPID JWT has no exp")?;
         if exp <= now || exp > now + EXP_MAX_AHEAD.as_secs() {
             return Err(format!("exp {exp} is not within 24 h of now ({now})"));
         }
-        let sub = claims.subject.clone().ok_or("the VAPID JWT has no sub")?;
+        let sub = claims["sub"]
+            .as_str()
+            .ok_or("the VAPID JWT has no sub")?
+            .to_owned();
         if !(sub.starts_with("mailto:") || sub.starts_with("https://")) {
             return Err(format!("sub {sub:?} is not a mailto: or https: URL"));
         }
@@ -417,4 +422,29 @@ impl Service {
         });
         Ok((claims, key.to_owned()))
     }
+}
+
+/// The claims of a JWT whose header says ES256 and whose signature (`r‖s`, RFC 7518 §3.4) over
+/// `header.claims` verifies with `public`, or why not.
+fn verify_es256(public: &VerifyingKey, token: &str) -> Result<Value, String> {
+    let parts: Vec<&str> = token.split('.').collect();
+    let [header, claims, signature] = parts[..] else {
+        return Err("the VAPID JWT is not three parts".into());
+    };
+    let json = |part: &str, what: &str| -> Result<Value, String> {
+        b64url_decode(part)
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or(format!("the VAPID JWT's {what} is not base64url JSON"))
+    };
+    let alg = json(header, "header")?;
+    if alg["alg"] != "ES256" {
+        return Err(format!("the VAPID JWT's alg is {}, not ES256", alg["alg"]));
+    }
+    let signature = b64url_decode(signature)
+        .and_then(|bytes| Signature::from_slice(&bytes).ok())
+        .ok_or("the VAPID JWT's signature is not 64 bytes of r‖s")?;
+    public
+        .verify(format!("{header}.{claims}").as_bytes(), &signature)
+        .map_err(|_| "the VAPID JWT's signature does not verify with k".to_owned())?;
+    json(claims, "claims")
 }

@@ -210,6 +210,7 @@ fn what_the_gateway_stands_on_knows_neither_the_gateway_nor_axum() {
         ("store", true),
         ("hands", true),
         ("egress", true),
+        ("push", true),
         ("model-proxy", false),
     ];
     let mut offenders = Vec::new();

@@ -7,7 +7,7 @@
 //! [`N_LATENCY`] pushes, one at a time, one subscription); and throughput with
 //! [`N_SUBSCRIPTIONS`] subscriptions of one device, [`N_BURST_EVENTS`] events appended at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,9 +22,6 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use warren_gateway::GatewayArgs;
 use warren_protocol::gateway::EventBody;
-use web_push_native::jwt_simple::prelude::{
-    ECDSAP256PublicKeyLike as _, ES256KeyPair, ES256PublicKey, NoCustomClaims, VerificationOptions,
-};
 use web_push_native::p256::SecretKey;
 use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint as _;
 
@@ -186,7 +183,8 @@ struct Subscriber {
 #[derive(Default)]
 struct State {
     subscribers: HashMap<String, Subscriber>,
-    server_key: Option<ES256PublicKey>,
+    /// The gateway's VAPID public key, base64url.
+    server_key: Option<String>,
     n_refused: u64,
     received: Option<mpsc::UnboundedSender<Taken>>,
 }
@@ -242,18 +240,20 @@ impl Receiver {
 
     /// Pushes are taken only when signed by this key (the gateway's).
     fn expect_key(&self, key: &str) {
-        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(key)
-            .ok();
-        self.lock().server_key = bytes.and_then(|bytes| ES256PublicKey::from_bytes(&bytes).ok());
+        self.lock().server_key = Some(key.to_owned());
     }
 
     /// A new subscription, as a browser's `PushSubscription.toJSON()`.
     fn subscribe(&self) -> Value {
-        let secret =
-            SecretKey::from_slice(&ES256KeyPair::generate().to_bytes()).expect("a P-256 scalar");
-        let auth =
-            web_push_native::Auth::clone_from_slice(&ES256KeyPair::generate().to_bytes()[..16]);
+        let secret = loop {
+            let mut scalar = [0u8; 32];
+            rand::fill(&mut scalar);
+            if let Ok(secret) = SecretKey::from_slice(&scalar) {
+                break secret;
+            }
+        };
+        let mut auth = web_push_native::Auth::default();
+        rand::fill(auth.as_mut_slice());
         let p256dh = b64url(secret.public_key().to_encoded_point(false).as_bytes());
         let auth_b64 = b64url(&auth);
         let mut state = self.lock();
@@ -322,14 +322,8 @@ async fn take(
         .map(|(token, _)| token.to_owned())
         .ok_or(StatusCode::UNAUTHORIZED)?;
     let server_key = lock().server_key.clone().ok_or(StatusCode::UNAUTHORIZED)?;
-    let options = VerificationOptions {
-        allowed_audiences: Some(HashSet::from([origin.to_owned()])),
-        ..VerificationOptions::default()
-    };
-    let claims = server_key
-        .verify_token::<NoCustomClaims>(&token, Some(options))
-        .map_err(|_| StatusCode::UNAUTHORIZED)?;
-    if claims.subject.is_none() || claims.expires_at.is_none() {
+    let claims = warren_push::verify_token(&server_key, &token).ok_or(StatusCode::UNAUTHORIZED)?;
+    if claims["aud"] != origin || !claims["sub"].is_string() || !claims["exp"].is_u64() {
         return Err(StatusCode::UNAUTHORIZED);
     }
     let body = Limited::new(request.into_body(), 4096)

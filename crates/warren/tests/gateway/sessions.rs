@@ -232,6 +232,7 @@ async fn health_and_metrics_answer() {
     for family in [
         "# TYPE warren_gateway_sessions gauge",
         "warren_gateway_events_appended_total",
+        "# TYPE warren_gateway_pushes_dropped_total counter",
     ] {
         assert!(metrics.contains(family), "{metrics}");
     }
