@@ -7,9 +7,20 @@
 // An error shown under the box goes when it is no longer true: a send or cancel that got no
 // answer once the connection is back (and a message that did arrive after all leaves the box
 // too), "still working" and a failed cancel once the turn ends.
+//
+// A command of the agent's that waits for input (prompt.js: still running, an unfinished last
+// line and nothing new for a second, or a `read -p` prompt) shows its question above the
+// message box with an answer box; the answer goes to the command's stdin (command-input.js)
+// and the question goes once the command prints more or ends. A message typed in the message
+// box while a command runs cannot go to the agent (its turn is not over): it is not sent, and
+// the view offers "Send to the command" instead, one tap, so that nothing typed there reaches a
+// command without the person saying so. `reveal(requestId)` scrolls to a permission or network
+// request and marks it (a notification's link).
 
 import { EventStream, withQuery } from "./api.js";
-import { applyEvent, createConversation, hostPort } from "./conversation.js";
+import { applyEvent, createConversation } from "./conversation.js";
+import { QUIET_MS, isSecretPrompt, promptOf, runningCommand } from "./prompt.js";
+import { askNotificationPermission as askPermission, notifyInTab } from "./push.js";
 import { renderItem } from "./render.js";
 import { toDom } from "./vdom.js";
 
@@ -17,8 +28,10 @@ const draftKey = (sessionId) => `warren.draft.${sessionId}`;
 
 export class ChatView {
   /**
-   * `elements`: log, form, message, cancel, error; `api`; `onEvent(event, live)` for the other
-   * views; `onStatus(status)` for the connection; `onWatch(terminalName)` for a tool's terminal.
+   * `elements`: log, form, message, cancel, error, prompt (the question's form), promptText,
+   * promptAnswer, promptError, offer (the "Send to the command" box), offerText, offerSend;
+   * `api`; `onEvent(event, live)` for the other views; `onStatus(status)` for the connection;
+   * `onWatch(terminalName)` for a tool's terminal.
    */
   constructor({ elements, api, onEvent, onStatus, onWatch }) {
     this.el = elements;
@@ -35,6 +48,22 @@ export class ChatView {
     this.historyShown = false;
     this.errorEndsOn = []; // what makes the shown error untrue: "connected", "turn_end", "arrived"
     this.unsent = null; // { text, afterSeq } of a message whose POST got no answer
+    this.command = null; // the agent's command running in a terminal now (prompt.js)
+    this.commandSeen = { key: null, at: 0 }; // that command's output as last seen, and since when
+    this.commandSince = { toolCallId: null, at: 0 }; // that command, and since when it is seen running
+    this.answeredKey = null; // the output a question was answered at: not asked again until it changes
+    this.answeredTools = new Set(); // commands answered once: their `read -p` was that answer's
+    this.promptTimer = null;
+    this.revealing = null; // { requestId, until }: a request to scroll to once it is shown
+    this.revealedId = null; // the request marked as the one a link pointed at
+
+    // The question's form and the offer (a view made without them answers no command).
+    this.asks = Boolean(elements.prompt && elements.offer);
+    this.el.prompt?.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.answerPrompt();
+    });
+    this.el.offerSend?.addEventListener("click", () => this.sendToCommand());
 
     this.el.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -82,6 +111,16 @@ export class ChatView {
     this.el.message.value = localStorage.getItem(draftKey(session.id)) ?? "";
     this.showError("");
     this.unsent = null;
+    this.command = null;
+    this.commandSeen = { key: null, at: 0 };
+    this.commandSince = { toolCallId: null, at: 0 };
+    this.answeredKey = null;
+    this.answeredTools = new Set();
+    this.revealing = null;
+    this.revealedId = null;
+    if (this.asks) this.el.promptAnswer.value = "";
+    this.showPrompt(null);
+    this.showOffer(false);
     this.updateControls();
     const token = this.api.token;
     this.stream = new EventStream({
@@ -110,6 +149,14 @@ export class ChatView {
     this.stream?.stop();
     this.stream = null;
     this.session = null;
+    clearTimeout(this.promptTimer);
+    this.promptTimer = null;
+  }
+
+  /** Scrolls to the permission or network request `requestId` once it is shown, and marks it. */
+  reveal(requestId) {
+    this.revealing = { requestId, until: Date.now() + 20000 };
+    this.scheduleFlush();
   }
 
   receive(event) {
@@ -141,6 +188,7 @@ export class ChatView {
     for (const item of this.pending.values()) {
       const node = toDom(renderItem(item), document);
       const old = this.nodes.get(item.id);
+      if (item.requestId !== undefined && item.requestId === this.revealedId) node.classList.add("revealed");
       if (old) {
         // A thought the person unfolded stays unfolded while it streams.
         if (old.tagName === "DETAILS" && old.open) node.open = true;
@@ -160,6 +208,149 @@ export class ChatView {
       // The time from navigation to the whole history on screen (read by the browser tests).
       performance.mark("warren:conversation-rendered");
     }
+    if (this.revealing && this.historyShown) this.revealRequest();
+    this.checkCommand();
+  }
+
+  /** The request `reveal` asked for, scrolled to and marked when it is in the log; given up on
+   *  after a while (it was in another session, or compacted away). */
+  revealRequest() {
+    const { requestId, until } = this.revealing;
+    const node = [...this.el.log.querySelectorAll(".permission[data-request-id]")].find((n) => n.dataset.requestId === requestId);
+    if (!node) {
+      if (Date.now() > until) this.revealing = null;
+      return;
+    }
+    this.revealing = null;
+    this.revealedId = requestId;
+    for (const other of this.el.log.querySelectorAll(".revealed")) other.classList.remove("revealed");
+    node.classList.add("revealed");
+    node.scrollIntoView({ block: "center" });
+  }
+
+  // ---- a command that waits for input ----
+
+  /** Follows the running command's output: its question shows once it has been quiet for
+   *  QUIET_MS (a timer looks again then), and goes when it prints more or ends. */
+  checkCommand() {
+    clearTimeout(this.promptTimer);
+    this.promptTimer = null;
+    const command = runningCommand(this.conversation);
+    this.command = command;
+    const key = command ? `${command.toolCallId}\u0000${command.output}` : null;
+    const now = Date.now();
+    if (key !== this.commandSeen.key) this.commandSeen = { key, at: now };
+    if ((command?.toolCallId ?? null) !== this.commandSince.toolCallId) this.commandSince = { toolCallId: command?.toolCallId ?? null, at: now };
+    if (!command) {
+      this.showPrompt(null);
+      if (this.asks && !this.el.offer.hidden) {
+        // The offer is moot: what the box holds can go to the agent now.
+        this.showOffer(false);
+        if (this.el.message.value.trim() !== "") this.showError("The command has ended: Send sends your message to the agent.");
+      }
+      return;
+    }
+    const commandLine = this.answeredTools.has(command.toolCallId) ? "" : command.title;
+    const question = key === this.answeredKey ? null : promptOf(command.output, commandLine);
+    const quietFor = now - this.commandSeen.at;
+    if (question && quietFor >= QUIET_MS) {
+      this.showPrompt(question);
+    } else {
+      this.showPrompt(null);
+      if (question) this.promptTimer = setTimeout(() => this.checkCommand(), QUIET_MS - quietFor);
+    }
+    if (this.asks && !this.el.offer.hidden) this.showOffer(true);
+  }
+
+  /** Shows the command's `question` with the answer box (null hides them; what was typed in the
+   *  box stays for when it shows again). */
+  showPrompt(question) {
+    if (!this.asks) return;
+    const log = this.el.log;
+    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+    if (question === null) {
+      this.el.prompt.hidden = true;
+      this.el.promptError.hidden = true;
+    } else if (this.el.prompt.hidden || this.el.promptText.textContent !== question) {
+      this.el.promptText.textContent = question;
+      this.el.promptAnswer.type = isSecretPrompt(question) ? "password" : "text";
+      this.el.promptError.hidden = true;
+      this.el.prompt.hidden = false;
+    }
+    // The box takes room from the log: its newest lines stay in view.
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+
+  /** The offer to send the message box's text to the running command instead (`on`), or none. */
+  showOffer(on) {
+    if (!this.asks) return;
+    if (!on || !this.command) {
+      this.el.offer.hidden = true;
+      return;
+    }
+    const question = this.el.prompt.hidden ? null : this.el.promptText.textContent;
+    const title = this.command.title.length > 60 ? `${this.command.title.slice(0, 59)}…` : this.command.title;
+    this.el.offerText.textContent = question
+      ? `Not sent: the agent is busy with a command, which asks “${question}”.`
+      : `Not sent: the agent is busy running “${title}” and takes messages when it ends.`;
+    this.el.offer.hidden = false;
+  }
+
+  /** The answer box's text, and Enter, to the command. */
+  async answerPrompt() {
+    const button = this.el.prompt.querySelector('button[type="submit"]');
+    button.disabled = true;
+    try {
+      if (await this.writeToCommand(this.el.promptAnswer.value, (error) => this.showPromptError(error))) this.el.promptAnswer.value = "";
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  showPromptError(error) {
+    this.el.promptError.textContent = `Not sent: ${error.message}`;
+    this.el.promptError.hidden = false;
+  }
+
+  /** The message box's text, and Enter, to the command ("Send to the command"). */
+  async sendToCommand() {
+    const sessionId = this.session?.id;
+    const text = this.el.message.value;
+    this.el.offerSend.disabled = true;
+    try {
+      if (!(await this.writeToCommand(text, (error) => this.showError(`Not sent to the command: ${error.message}`)))) return;
+    } finally {
+      this.el.offerSend.disabled = false;
+    }
+    this.showOffer(false);
+    this.showError("");
+    if (this.session?.id === sessionId && this.el.message.value === text) {
+      this.el.message.value = "";
+      localStorage.removeItem(draftKey(sessionId));
+    }
+  }
+
+  /** Writes `text` and Enter to the running command; whether it went (`onError` says why not).
+   *  The question it answered is not asked again until the output changes. */
+  async writeToCommand(text, onError) {
+    const command = this.command;
+    if (!command || !this.session) {
+      onError(new Error("the command has ended"));
+      return false;
+    }
+    const key = this.commandSeen.key;
+    try {
+      // Loaded with the first answer: most sessions never need it.
+      const { commandUrl, sendLine } = await import("./command-input.js");
+      await sendLine(commandUrl(location.origin, this.session.id, command.terminalId, this.api.token), text);
+    } catch (error) {
+      onError(error);
+      return false;
+    }
+    this.answeredKey = key;
+    this.answeredTools.add(command.toolCallId);
+    this.checkCommand();
+    return true;
   }
 
   updateControls() {
@@ -171,6 +362,12 @@ export class ChatView {
     const text = this.el.message.value;
     if (text.trim() === "") return;
     askNotificationPermission();
+    // The agent takes no message while its turn runs a command; the command may take it. (A
+    // command that started a moment ago may be over at the gateway already: that one is asked.)
+    if (this.asks && this.command && Date.now() - this.commandSince.at >= QUIET_MS) {
+      this.showOffer(true);
+      return;
+    }
     const sessionId = this.session.id;
     const afterSeq = this.conversation.lastSeq;
     this.unsent = null;
@@ -179,6 +376,8 @@ export class ChatView {
     } catch (error) {
       if (this.session?.id !== sessionId) return;
       if (error.code === "TURN_IN_PROGRESS") {
+        // The agent takes no message while its turn runs a command; the command may take it.
+        if (this.asks && this.command) return this.showOffer(true);
         this.showError("The agent is still working: wait, or Cancel the turn.", ["turn_end"]);
         return;
       }
@@ -254,22 +453,15 @@ export class ChatView {
   }
 }
 
+/** Asks for the permission to notify as the person first sends a message (push.js). */
 function askNotificationPermission() {
-  if ("Notification" in window && Notification.permission === "default") {
-    Notification.requestPermission().catch(() => {});
-  }
+  askPermission();
 }
 
-/** A system notification for a finished turn or a question (the agent's or the network's), while
- *  the tab is hidden. */
+/** A live event of the open session, for its notification (a finished turn, a question of the
+ *  agent's or the network's, lost hands) while the tab is hidden and this browser gets no
+ *  pushes, and to close the notification of a question answered meanwhile (push.js; shown by
+ *  the service worker, never `new Notification()`). */
 function notify(event, session) {
-  if (!document.hidden || !("Notification" in window) || Notification.permission !== "granted") return;
-  const title = session?.title || "Warren";
-  if (event.type === "turn_end") {
-    new Notification(title, { body: event.stop_reason === "cancelled" ? "The turn was cancelled." : "The agent finished.", tag: `warren-${session.id}` });
-  } else if (event.type === "permission_request") {
-    new Notification(title, { body: `The agent asks to run: ${event.tool_call?.title ?? "a tool"}`, tag: `warren-${session.id}-perm` });
-  } else if (event.type === "egress_request") {
-    new Notification(title, { body: `The sandbox wants to reach ${hostPort(event.host, event.port)}`, tag: `warren-${session.id}-egress` });
-  }
+  notifyInTab(event, session);
 }

@@ -2,8 +2,12 @@
 // download links (always `download`, so a browser never renders a file of the workspace as a
 // page of this origin), upload by picker or drag-and-drop with progress (XMLHttpRequest, the
 // one browser API that reports upload progress), new folder, rename (`POST /files/move`) and
-// delete. A `files_changed` event refreshes the folder while the view is open; file names reach
-// the page only as text.
+// delete. Tapping a file's name opens it in the read-only viewer (file-viewer.js, loaded then),
+// which takes the view's place until it is closed. The folder and the open file are places of
+// the location (main.js keeps the history): opening either goes through `onNavigate`, and
+// `goTo` shows what the location says. A `files_changed` event refreshes the folder while the
+// view is open, and the open file when it is among the changed paths; file names reach the
+// page only as text.
 
 import { withQuery } from "./api.js";
 
@@ -11,12 +15,18 @@ const joinPath = (dir, name) => (dir ? `${dir}/${name}` : name);
 
 export class FilesView {
   /** `elements`: panel, list, path, up, upload, input, newFolder, progress (its box),
-   *  progressBar, progressText, error. */
-  constructor({ elements, api }) {
+   *  progressBar, progressText, error, and the viewer's: viewer, viewerName, viewerNote,
+   *  viewerBody, viewerWrap, viewerDownload, viewerClose. `onNavigate({dir, file})` is asked to
+   *  go to a folder or a file (and then calls `goTo`); `onClose()` to close the file. */
+  constructor({ elements, api, onNavigate = (place) => this.goTo(place), onClose = () => this.goTo({ dir: this.dir, file: null }) }) {
     this.el = elements;
     this.api = api;
+    this.onNavigate = onNavigate;
     this.sessionId = null;
     this.dir = "";
+    this.file = null;
+    this.viewer = null; // a FileViewer, once a file was opened
+    this.sizes = new Map(); // path → size of the files the folder's listing showed
     this.visible = false;
     this.stale = true;
     this.refreshTimer = null;
@@ -28,12 +38,14 @@ export class FilesView {
       this.uploadAll(files);
     });
     this.el.newFolder.addEventListener("click", () => this.newFolder());
-    this.el.up.addEventListener("click", () => this.open(this.dir.split("/").slice(0, -1).join("/")));
+    this.el.up.addEventListener("click", () => this.onNavigate({ dir: this.dir.split("/").slice(0, -1).join("/"), file: null }));
+    this.el.viewerClose.addEventListener("click", () => onClose());
     this.el.list.addEventListener("click", (event) => {
       const button = event.target.closest("button[data-action]");
       if (!button) return;
       const path = button.dataset.path;
-      if (button.dataset.action === "open") this.open(path);
+      if (button.dataset.action === "open") this.onNavigate({ dir: path, file: null });
+      else if (button.dataset.action === "view") this.onNavigate({ dir: this.dir, file: path });
       else if (button.dataset.action === "rename") this.rename(path);
       else if (button.dataset.action === "delete") this.remove(path, button.dataset.type === "dir");
     });
@@ -57,8 +69,59 @@ export class FilesView {
     this.sessionId = sessionId;
     this.dir = "";
     this.stale = true;
+    this.closeFile();
     this.el.list.replaceChildren();
     this.showError("");
+  }
+
+  /** Where the view is: its folder and the file open in the viewer (null for none). */
+  place() {
+    return { dir: this.dir, file: this.file };
+  }
+
+  /** Shows folder `dir` and, when `file` is a path, that file in the viewer. */
+  goTo({ dir = "", file = null }) {
+    if (dir !== this.dir) {
+      this.dir = dir;
+      this.stale = true;
+    }
+    if (this.stale && this.sessionId) this.refresh();
+    if (file) this.openFile(file);
+    else this.closeFile();
+  }
+
+  async openFile(path, { again = false } = {}) {
+    if (path === this.file && !again) return;
+    this.file = path;
+    this.el.panel.classList.add("viewing");
+    if (!this.viewer) {
+      const { FileViewer } = await import("./file-viewer.js");
+      this.viewer ??= new FileViewer({
+        elements: {
+          viewer: this.el.viewer,
+          name: this.el.viewerName,
+          note: this.el.viewerNote,
+          body: this.el.viewerBody,
+          wrap: this.el.viewerWrap,
+          download: this.el.viewerDownload,
+        },
+        api: this.api,
+      });
+    }
+    // Closed, or another file opened, while the viewer loaded.
+    if (this.file !== path) return;
+    this.viewer.open({ sessionId: this.sessionId, path, downloadUrl: this.downloadUrl(path), size: this.sizes.get(path) ?? null, keepScroll: again });
+  }
+
+  closeFile() {
+    this.file = null;
+    this.el.panel.classList.remove("viewing");
+    this.viewer?.close();
+    this.el.viewer.hidden = true;
+  }
+
+  downloadUrl(path) {
+    return this.url("/files/content", { path, access_token: this.api.token });
   }
 
   show() {
@@ -70,9 +133,11 @@ export class FilesView {
     this.visible = false;
   }
 
-  /** A `files_changed` event: refresh soon if the view is open, else when it opens. */
-  filesChanged() {
+  /** A `files_changed` event (its `paths`, `truncated`): refresh soon if the view is open, else
+   *  when it opens; the open file again when it changed. */
+  filesChanged(paths = [], truncated = true) {
     this.stale = true;
+    if (this.visible && this.file && (truncated || paths.includes(this.file))) this.openFile(this.file, { again: true });
     if (!this.visible || this.refreshTimer !== null) return;
     this.refreshTimer = setTimeout(() => {
       this.refreshTimer = null;
@@ -112,6 +177,7 @@ export class FilesView {
     this.el.up.disabled = this.dir === "";
     // Folders first, then by name.
     const sorted = [...entries].sort((a, b) => (b.type === "dir") - (a.type === "dir") || a.name.localeCompare(b.name));
+    this.sizes = new Map(entries.filter((e) => e.type === "file").map((e) => [e.path ?? joinPath(this.dir, e.name), e.size]));
     const items = sorted.map((entry) => this.entryNode(entry));
     if (items.length === 0) {
       const empty = document.createElement("li");
@@ -127,13 +193,15 @@ export class FilesView {
     const item = document.createElement("li");
     item.className = `entry entry-${entry.type}`;
     item.setAttribute("aria-label", entry.name);
-    const name = document.createElement(entry.type === "dir" ? "button" : "span");
+    const opens = entry.type === "dir" || entry.type === "file";
+    const name = document.createElement(opens ? "button" : "span");
     name.className = "name";
     name.textContent = entry.type === "dir" ? `${entry.name}/` : entry.name;
-    if (entry.type === "dir") {
+    if (opens) {
       name.type = "button";
-      name.dataset.action = "open";
+      name.dataset.action = entry.type === "dir" ? "open" : "view";
       name.dataset.path = path;
+      if (entry.type === "file") name.setAttribute("aria-label", `View ${entry.name}`);
     }
     const meta = document.createElement("span");
     meta.className = "meta";
@@ -142,7 +210,7 @@ export class FilesView {
     actions.className = "actions";
     if (entry.type === "file") {
       const download = document.createElement("a");
-      download.href = this.url("/files/content", { path, access_token: this.api.token });
+      download.href = this.downloadUrl(path);
       download.download = entry.name;
       download.textContent = "Download";
       download.className = "button";

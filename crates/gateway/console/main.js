@@ -1,36 +1,65 @@
-// The console's entry point: sign-in (register this browser as a device with the app key, or
-// paste a device token; the token is kept in localStorage), the session list, the open
+// The console's entry point: sign-in (register this browser as a device with the app key, join
+// with a pairing code, or paste a device token; the token is kept in localStorage; sign-out is
+// asked first and revokes the device: devices.js), the session list, the open
 // session's header (with a warning when its hands run unconfined or share the host's network)
-// and its five views (Chat, Terminal, Files, Preview, Network), and the location hash
-// (`#session=<id>&view=<name>`) so that a reload comes back to the same place. The "Session
-// title" box names a new session; "Rename session" renames the open one (`PATCH`).
+// and its five views (Chat, Terminal, Files, Preview, Network), and the location (route.js):
+// every move into a session, a view, a folder or a file is a history entry, so that Back goes
+// back through them and from a session to the list, never out of the console, and a reload
+// comes back to the same place; `#/s/<id>/r/<request_id>` (a notification's link) opens the
+// session's chat at that request. The "Session title" box names a new session; "Rename
+// session" renames the open one (`PATCH`).
 
 import { ApiError, createApi } from "./api.js";
 import { ChatView } from "./chat.js";
+import { AccountPanel, JoinForm, pairCodeFromHash, pairLinkWhileSignedIn } from "./devices.js";
+import { dropBrowserSubscription, forgetWorkerToken, saveWorkerToken } from "./push.js";
 import { FilesView } from "./files.js";
 import { NetworkView } from "./network.js";
 import { PreviewView } from "./preview.js";
 import { TerminalView } from "./terminal.js";
 import { handsWords, stateWords } from "./render.js";
+import { VIEWS, parseRoute, routeHash, sameRoute } from "./route.js";
+import { watchViewport } from "./viewport.js";
 import "./install.js"; // the service worker (offline use, installing the app) and the offline state
 
 const TOKEN_KEY = "warren.token";
 const $ = (id) => document.getElementById(id);
 
+// What the sign-in screen says when the token stopped working.
+const SIGNED_OUT_ELSEWHERE =
+  "This browser was signed out: its token no longer works (another of your devices revoked it, or it expired). Pair it again from a signed-in device, or register it with the app key.";
+
 // One API object whose token changes at sign-in and sign-out; the views keep a reference to it.
+// A 401 means the token stopped working (revoked by another device, expired): signed out.
 const api = {
   token: localStorage.getItem(TOKEN_KEY),
   request(method, path, options) {
-    return createApi({ token: api.token }).request(method, path, options);
+    const token = api.token;
+    return createApi({ token }).request(method, path, options).catch((error) => {
+      if (error.status === 401 && token && api.token === token) signOut(SIGNED_OUT_ELSEWHERE);
+      throw error;
+    });
   },
 };
 
-const state = { sessions: [], session: null, view: "chat" };
-const VIEWS = ["chat", "terminal", "files", "preview", "network"];
+const state = { sessions: [], session: null, view: "chat", sessionsLoaded: false };
 
 const connection = $("connection");
 const chat = new ChatView({
-  elements: { log: $("log"), form: $("composer"), message: $("message"), cancel: $("cancel"), error: $("chat-error") },
+  elements: {
+    log: $("log"),
+    form: $("composer"),
+    message: $("message"),
+    cancel: $("cancel"),
+    error: $("chat-error"),
+    prompt: $("prompt"),
+    promptText: $("prompt-text"),
+    promptAnswer: $("prompt-answer"),
+    promptError: $("prompt-error"),
+    offer: $("chat-offer"),
+    offerText: $("chat-offer-text"),
+    offerSend: $("chat-offer-send"),
+  },
   api,
   onEvent: sessionEvent,
   onStatus: (status) => {
@@ -38,7 +67,7 @@ const chat = new ChatView({
     connection.dataset.status = status;
   },
   onWatch: (name) => {
-    selectView("terminal");
+    if (state.session) go(sessionRoute(state.session.id, "terminal"));
     terminal.watch(name);
   },
 });
@@ -67,8 +96,17 @@ const files = new FilesView({
     progressBar: $("upload-bar"),
     progressText: $("upload-text"),
     error: $("files-error"),
+    viewer: $("file-viewer"),
+    viewerName: $("viewer-name"),
+    viewerNote: $("viewer-note"),
+    viewerBody: $("viewer-body"),
+    viewerWrap: $("viewer-wrap"),
+    viewerDownload: $("viewer-download"),
+    viewerClose: $("viewer-close"),
   },
   api,
+  onNavigate: (place) => state.session && go(sessionRoute(state.session.id, "files", place)),
+  onClose: () => closeFile(),
 });
 const preview = new PreviewView({
   elements: { form: $("preview-form"), port: $("preview-port"), frame: $("preview-frame"), open: $("preview-open"), live: $("previews"), error: $("preview-error") },
@@ -109,10 +147,35 @@ function showSignIn(message = "") {
   $("signin").hidden = false;
   $("app").hidden = true;
   $("sign-out").hidden = true;
+  $("account-open").hidden = true;
+  account.reset();
   connection.textContent = "";
   $("device-name").value = suggestDeviceName();
-  showError($("signin-error"), message);
+  // Why this browser is signed out, at the top; the forms' own errors go.
+  showError($("signin-note"), message);
+  showError($("signin-error"), "");
+  showError($("join-error"), "");
+  $("signin").scrollTop = 0;
+  join.fill(pairCodeFromHash(location.hash));
 }
+
+// The Account panel (devices, pairing, notifications) and the sign-in screen's pairing code.
+const account = new AccountPanel({ api });
+const join = new JoinForm({ onJoined: (token) => signIn(token), showError: (text) => showError($("join-error"), text) });
+
+/** A `#/pair/<code>` link: the sign-in screen with the code filled in, or (signed in already)
+ *  a word that this browser does not need it. */
+function openPairLink(code) {
+  if (!api.token) return showSignIn();
+  history.replaceState(null, "", location.pathname);
+  showApp();
+  pairLinkWhileSignedIn(code);
+}
+
+window.addEventListener("hashchange", () => {
+  const code = pairCodeFromHash(location.hash);
+  if (code !== "") openPairLink(code);
+});
 
 $("register-form").addEventListener("submit", async (event) => {
   event.preventDefault();
@@ -133,8 +196,9 @@ $("register-form").addEventListener("submit", async (event) => {
       DEVICE_ALREADY_BOUND: "That device name is taken. Another one is suggested; press Register again.",
       UNAUTHORIZED: "The app key is not right.",
       INVALID_DEVICE_ID: "A device name is 8 to 128 letters, digits, - or _.",
+      DEVICE_REVOKED: "That device name was signed out for good. Another one is suggested; press Register again.",
     }[error.code];
-    if (error.code === "DEVICE_ALREADY_BOUND") $("device-name").value = suggestDeviceName();
+    if (error.code === "DEVICE_ALREADY_BOUND" || error.code === "DEVICE_REVOKED") $("device-name").value = suggestDeviceName();
     showError($("signin-error"), why ?? `Registration failed: ${error.message}`);
   }
 });
@@ -155,15 +219,21 @@ $("token-form").addEventListener("submit", async (event) => {
 function signIn(token) {
   api.token = token;
   localStorage.setItem(TOKEN_KEY, token);
+  saveWorkerToken(token); // for the service worker's answers from a notification
   showApp();
 }
 
-$("sign-out").addEventListener("click", () => signOut());
+// Asked first: the confirmation says what it costs, and revokes this device on the gateway.
+$("sign-out").addEventListener("click", async () => {
+  if (await account.confirmSignOut()) signOut();
+});
 
 function signOut(message = "") {
   closeSession();
   api.token = null;
   localStorage.removeItem(TOKEN_KEY);
+  forgetWorkerToken();
+  dropBrowserSubscription();
   history.replaceState(null, "", location.pathname);
   showSignIn(message);
 }
@@ -174,20 +244,19 @@ async function showApp() {
   $("signin").hidden = true;
   $("app").hidden = false;
   $("sign-out").hidden = false;
+  $("account-open").hidden = false;
   await loadSessions();
-  const route = new URLSearchParams(location.hash.slice(1));
-  const wanted = state.sessions.find((s) => s.id === route.get("session"));
-  if (wanted) openSession(wanted, VIEWS.includes(route.get("view")) ? route.get("view") : "chat");
-  else showList();
+  startRoute();
 }
 
 async function loadSessions() {
   try {
     const answer = await api.request("GET", "/v1/sessions");
     state.sessions = answer.sessions ?? [];
+    state.sessionsLoaded = true;
     showError($("sessions-error"), "");
   } catch (error) {
-    if (error.status === 401) return signOut("This browser's token no longer works: register it again.");
+    if (error.status === 401) return; // signed out (api.request)
     showError($("sessions-error"), `Could not load the sessions: ${error.message}`);
     return;
   }
@@ -231,7 +300,7 @@ function renderSessions() {
 $("sessions").addEventListener("click", (event) => {
   const button = event.target.closest("button[data-session]");
   const session = button && state.sessions.find((s) => s.id === button.dataset.session);
-  if (session) openSession(session, "chat");
+  if (session) go(sessionRoute(session.id, "chat"));
 });
 
 $("new-session-form").addEventListener("submit", async (event) => {
@@ -248,7 +317,7 @@ $("new-session-form").addEventListener("submit", async (event) => {
   box.value = "";
   state.sessions.unshift(session);
   renderSessions();
-  openSession(session, "chat");
+  go(sessionRoute(session.id, "chat"));
 });
 
 $("delete-session").addEventListener("click", async () => {
@@ -265,7 +334,7 @@ $("delete-session").addEventListener("click", async () => {
   closeSession();
   state.sessions = state.sessions.filter((s) => s.id !== session.id);
   renderSessions();
-  showList();
+  backToList();
 });
 
 $("rename-session").addEventListener("click", () => {
@@ -295,7 +364,7 @@ $("rename-form").addEventListener("submit", async (event) => {
   renderSessions();
 });
 
-$("back").addEventListener("click", () => showList());
+$("back").addEventListener("click", () => backToList());
 
 function showList() {
   // On a phone the list replaces the session; the views let go of the terminal either way.
@@ -304,12 +373,12 @@ function showList() {
   if (!state.session) {
     $("session").hidden = true;
     $("no-session").hidden = false;
-    history.replaceState(null, "", location.pathname);
   }
   loadSessions();
 }
 
-function openSession(session, view) {
+/** Opens `session` at `view`; `filesPlace` (`{dir, file}`) is the Files view's folder and file. */
+function openSession(session, view, filesPlace = null) {
   if (state.session?.id !== session.id) {
     closeSession();
     state.session = session;
@@ -324,6 +393,7 @@ function openSession(session, view) {
   $("app").dataset.view = "session";
   renderSessionHead();
   renderSessions();
+  if (filesPlace) files.goTo(filesPlace);
   selectView(view);
 }
 
@@ -367,7 +437,7 @@ function sessionEvent(event, live) {
       if (event.isolation) session.isolation = event.isolation;
       break;
     case "files_changed":
-      files.filesChanged();
+      files.filesChanged(event.paths ?? [], event.truncated ?? false);
       return;
     case "egress":
     case "egress_request":
@@ -388,14 +458,19 @@ function sessionEvent(event, live) {
 
 const tabs = VIEWS.map((name) => $(`tab-${name}`));
 for (const tab of tabs) {
-  tab.addEventListener("click", () => selectView(tab.id.slice(4)));
+  tab.addEventListener("click", () => goToView(tab.id.slice(4)));
   tab.addEventListener("keydown", (event) => {
     const step = { ArrowRight: 1, ArrowLeft: -1 }[event.key];
     if (!step) return;
     const next = tabs[(tabs.indexOf(tab) + step + tabs.length) % tabs.length];
     next.focus();
-    selectView(next.id.slice(4));
+    goToView(next.id.slice(4));
   });
+}
+
+/** A tab: the open session's view `name` (the Files view at its folder and file). */
+function goToView(name) {
+  if (state.session) go(sessionRoute(state.session.id, name, name === "files" ? files.place() : {}));
 }
 
 function selectView(name) {
@@ -410,7 +485,106 @@ function selectView(name) {
   }
   if (previous !== name) viewObjects[previous].hide();
   viewObjects[name].show();
-  history.replaceState(null, "", `#session=${encodeURIComponent(state.session.id)}&view=${name}`);
+}
+
+// ---- the location: history entries (route.js) ----
+// Each entry the console pushes carries `{warren: depth}`, its distance from the list's entry
+// below it, and `from`, the hash it was pushed from; the list's own entry has depth 0. So
+// "Sessions" goes back `depth` entries to the list, and closing a file goes back to the folder
+// it was opened from, instead of piling up entries.
+
+let depth = 0;
+
+const pageUrl = (hash) => location.pathname + location.search + hash;
+const isPhone = () => matchMedia("(max-width: 799px)").matches;
+
+function sessionRoute(id, view, { dir = "", file = null } = {}) {
+  return { kind: "session", id, view, dir, file, requestId: null };
+}
+
+/** Goes to `route`: a new history entry (unless it is where the console is), then shown. */
+function go(route) {
+  const from = location.hash;
+  if (!sameRoute(route, parseRoute(from))) {
+    depth += 1;
+    history.pushState({ warren: depth, from }, "", pageUrl(routeHash(route)));
+  }
+  showRoute(route);
+}
+
+/** Back to the session list: back through the entries above it, or (none) the list in place. */
+function backToList() {
+  if (depth > 0) {
+    history.go(-depth); // `popstate` shows the list
+    return;
+  }
+  history.replaceState({ warren: 0 }, "", pageUrl(""));
+  showRoute({ kind: "list" });
+}
+
+/** Closes the open file: back to the folder it was opened from, or to the folder anew. */
+function closeFile() {
+  const route = parseRoute(location.hash);
+  if (route.kind !== "session") return files.goTo({ dir: files.dir, file: null });
+  const folder = { ...route, file: null };
+  if (route.file && history.state?.from === routeHash(folder)) history.back();
+  else go(folder);
+}
+
+/** The page's first route (after sign-in, or as it loads signed in). */
+function startRoute() {
+  const route = parseRoute(location.hash);
+  if (typeof history.state?.warren === "number") depth = history.state.warren; // a reload
+  else adoptEntry(route);
+  showRoute(route);
+}
+
+/** An entry the console did not make (the page opened at a link, or a link or a typed address
+ *  followed in it) becomes one of its own: a session's goes on top of a list entry made of it,
+ *  so that Back leads to the list and not out of the console. */
+function adoptEntry(route) {
+  depth = 0;
+  if (route.kind === "session") {
+    const hash = location.hash;
+    history.replaceState({ warren: 0 }, "", pageUrl(""));
+    history.pushState({ warren: 1, from: "" }, "", pageUrl(hash));
+    depth = 1;
+  } else if (route.kind === "list") {
+    history.replaceState({ warren: 0 }, "", pageUrl(""));
+  }
+}
+
+window.addEventListener("popstate", (event) => {
+  if (!api.token || $("app").hidden) return;
+  const route = parseRoute(location.hash);
+  if (typeof event.state?.warren === "number") depth = event.state.warren;
+  else adoptEntry(route);
+  showRoute(route);
+});
+
+/** Shows `route` (no history entry). A hash of someone else's (`#/pair/…`) is left as it is. */
+function showRoute(route) {
+  if (route.kind !== "session") {
+    // The list: on a wide screen, beside no session.
+    if (state.session && !isPhone()) closeSession();
+    showList();
+    return;
+  }
+  const session = state.sessions.find((s) => s.id === route.id);
+  if (!session) {
+    if (state.sessionsLoaded) {
+      showError($("sessions-error"), "That session does not exist any more.");
+      history.replaceState({ warren: 0 }, "", pageUrl(""));
+      depth = 0;
+    }
+    showList();
+    return;
+  }
+  openSession(session, route.view, route.view === "files" ? { dir: route.dir, file: route.file } : null);
+  if (route.requestId) chat.reveal(route.requestId);
+  // Said the console's way (`#/s/…` links become `#session=…`), in the same entry.
+  const hash = routeHash(route);
+  if (location.hash !== hash) history.replaceState(history.state, "", pageUrl(hash));
 }
 
 // ---- words ----
@@ -432,5 +606,9 @@ function showError(element, text) {
 
 // ---- start ----
 
-if (api.token) showApp();
+watchViewport(); // the on-screen keyboard: the page fits what it leaves (app.css)
+
+if (api.token) saveWorkerToken(api.token); // a browser signed in before the worker kept it
+if (pairCodeFromHash(location.hash) !== "") openPairLink(pairCodeFromHash(location.hash));
+else if (api.token) showApp();
 else showSignIn();

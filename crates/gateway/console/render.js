@@ -156,7 +156,7 @@ function renderPermission(item, attrs) {
   }
   return h(
     "div",
-    { ...attrs(item.resolved ? "permission resolved" : "permission"), role: "group", "aria-label": "Permission request" },
+    { ...attrs(item.resolved ? "permission resolved" : "permission"), role: "group", "aria-label": "Permission request", "data-request-id": item.requestId },
     h("p", { class: "label" }, "The agent asks to run"),
     h("pre", { class: "output" }, title),
     answer,
@@ -193,7 +193,7 @@ function renderEgressRequest(item, attrs) {
   }
   return h(
     "div",
-    { ...attrs(item.resolved ? "permission egress resolved" : "permission egress"), role: "group", "aria-label": "Network permission request" },
+    { ...attrs(item.resolved ? "permission egress resolved" : "permission egress"), role: "group", "aria-label": "Network permission request", "data-request-id": item.requestId },
     h("p", { class: "label" }, "Network"),
     h("p", { class: "ask" }, "The sandbox wants to reach ", h("strong", {}, hostPort(item.host, item.port))),
     item.resolved ? null : h("p", { class: "meta" }, "The connection waits for your answer; without one it is refused."),

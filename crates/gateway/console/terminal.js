@@ -102,6 +102,8 @@ export class TerminalView {
   async show() {
     if (this.visible && this.socket) return;
     this.visible = true;
+    // Not the last attach's words: nothing typed goes anywhere until this one is connected.
+    this.status("attaching…");
     const ticket = ++this.showTicket;
     const [{ Terminal, FitAddon }, terminals] = await Promise.all([loadXterm(), this.fetchTerminals()]);
     // Only the latest `show` attaches (the view may have been closed or reopened meanwhile).

@@ -36,6 +36,10 @@ from urllib.parse import urlparse
 
 from playwright.sync_api import expect, sync_playwright
 
+sys.path.insert(0, str(Path(__file__).parent))
+from flows_devices import DeviceFlows  # noqa: E402
+from flows_phone_layout import LayoutFlows  # noqa: E402
+
 SIZES = {
     "phone": {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True},
     "desktop": {"viewport": {"width": 1280, "height": 800}},
@@ -131,7 +135,7 @@ class Gateway:
         raise AssertionError(f"session {session_id} still running after {timeout_s} s")
 
 
-class Run:
+class Run(LayoutFlows, DeviceFlows):
     """One size's page, what it saw, and the flows' results."""
 
     def __init__(self, args, browser, size):
@@ -830,7 +834,8 @@ class Run:
                     if upstream and re.match(rb"[A-Z]+ /", data):
                         link.requests.append(data.split(b"\r\n", 1)[0].decode(errors="replace"))
                     target.sendall(data)
-            except OSError:
+            except (OSError, ValueError):
+                # The other direction closed the sockets (select on a closed one: ValueError).
                 pass
             finally:
                 for s in link.sockets:
@@ -1030,7 +1035,15 @@ class Run:
                             pass
 
     def sign_in_token_and_sign_out(self):
-        token = self.page.evaluate("localStorage.getItem('warren.token')")
+        """Another browser signs in with a device token of the same owner (paired through the
+        API: signing out revokes the device, so it cannot be the main page's own token), sees
+        the session, and signs out once it confirmed."""
+        status, pair = self.api().call("POST", "/v1/devices/pair")
+        assert status == 201, (status, pair)
+        device_id = f"token-{self.size}-{int(time.time() * 1000) % 10**9}"
+        status, registered = Gateway(self.origin).call("POST", "/v1/devices", {"device_id": device_id, "pair_code": pair["code"]})
+        assert status == 201, (status, registered)
+        token = registered["token"]
         context = self.browser.new_context(**SIZES[self.size])
         context.set_default_timeout(TIMEOUT_MS)
         page = self.watch(context.new_page())
@@ -1040,11 +1053,17 @@ class Run:
             page.get_by_role("button", name="Sign in", exact=True).click()
             sessions = page.get_by_role("list", name="Sessions", exact=True)
             expect(sessions.get_by_role("button", name=self.title, exact=True)).to_be_visible()
+            n_problems = len(self.problems)
             page.get_by_role("button", name="Sign out", exact=True).click()
+            page.get_by_role("dialog", name="Sign out of this browser?", exact=True).get_by_role("button", name="Sign out and revoke", exact=True).click()
             expect(page.get_by_role("textbox", name="App key", exact=True)).to_be_visible()
             assert page.evaluate("localStorage.getItem('warren.token')") is None
+            assert Gateway(self.origin, token).call("GET", "/v1/sessions")[0] == 401
+            # What the browser logs for a request the revoked token made on its way out.
+            self.problems[n_problems:] = [p for p in self.problems[n_problems:] if "status of 401" not in p]
         finally:
             context.close()
+            self.api().call("DELETE", f"/v1/devices/{device_id}")
 
     def network_request_and_view(self):
         """A destination no rule covers is asked in the chat and answered there; the Network
@@ -1298,15 +1317,19 @@ class Run:
         assert status == 404, status
 
     FLOWS = [
-        "sign_in_register", "create_session", "rename_session", "echo_hi", "shift_enter_is_a_newline", "permission_rm",
-        "cancel_turn", "cancelled_command_says_cancelled", "agent_html_is_text", "shell_output_is_terminal_text", "terminal_echo", "terminal_reload", "terminal_takeover",
-        "terminal_replay_is_not_answered", "agent_terminal_watch", "files_upload_download", "preview_http_server", "network_request_and_view",
+        "sign_in_register", "create_session", "rename_session", "echo_hi", "compact_layout_and_keyboard", "shift_enter_is_a_newline", "permission_rm",
+        "back_navigation", "cancel_turn", "cancelled_command_says_cancelled", "prompt_answer_box", "agent_html_is_text", "shell_output_is_terminal_text", "terminal_echo", "terminal_reload", "terminal_takeover",
+        "terminal_replay_is_not_answered", "agent_terminal_watch", "files_upload_download", "file_viewer", "preview_http_server", "network_request_and_view",
         "credential_line_and_switch", "reconnect_no_duplicate", "frozen_connection_reconnects",
-        "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "installable_and_offline", "delete_session",
+        "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "installable_and_offline",
+        "pair_second_device", "devices_list_and_revoke", "sign_out_asks_first", "push_notification_shows_and_answers", "delete_session",
     ]
 
     def run(self):
+        only = set(filter(None, (self.args.flows or "").split(",")))
         for name in self.FLOWS:
+            if only and name not in only and name not in ("sign_in_register", "create_session"):
+                continue
             self.flow = name
             WATCHDOG.arm(f"{self.size} {name}")
             self.dialog_answers.clear()  # what a failed flow queued is not the next one's
@@ -1451,6 +1474,7 @@ def main():
     parser.add_argument("--sizes", default="phone,desktop", help="comma-separated; empty for none")
     parser.add_argument("--measure", action="store_true", help="also measure load size, history render and keystroke echo")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--flows", default="", help="comma-separated flows to run (after signing in and creating a session); empty for all")
     args = parser.parse_args()
     Path(args.shots).mkdir(parents=True, exist_ok=True)
     origin = args.url.rstrip("/")

@@ -64,6 +64,7 @@ async fn the_console_works_in_a_real_browser() {
     // run.py's output goes to a file, not a pipe: what it printed is there even when it has to
     // be stopped, and a process it leaves behind cannot keep this side waiting for an EOF.
     let log_file = tempfile::NamedTempFile::new().expect("a file for run.py's output");
+    let log = log_file.reopen().expect("reopens the log");
     let mut command = tokio::process::Command::new(python());
     command
         .arg(&run_py)
@@ -73,10 +74,16 @@ async fn the_console_works_in_a_real_browser() {
         .arg(&gw.app_key)
         .arg("--shots")
         .arg(&shots)
+        // While working on a few flows: `WARREN_CONSOLE_FLOWS=a,b` runs only those (after signing
+        // in and creating a session).
+        .arg("--flows")
+        .arg(std::env::var("WARREN_CONSOLE_FLOWS").unwrap_or_default())
         .current_dir(repo_root())
         .stdin(Stdio::null())
-        .stdout(log_file.reopen().expect("reopens the log"))
-        .stderr(log_file.reopen().expect("reopens the log"))
+        // One open file for both, so they share its offset: two opens would write over each
+        // other from the start.
+        .stdout(log.try_clone().expect("the log's handle again"))
+        .stderr(log)
         .process_group(0)
         .kill_on_drop(true);
     let mut child = command
