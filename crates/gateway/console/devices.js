@@ -94,7 +94,7 @@ export function signOutWords(others) {
   if (others.length === 0) {
     return [
       first,
-      "This is the only device with your sessions. Nothing is deleted, but no device can open them after this: registering with the app key makes a new device with sessions of its own. To keep them, pair another device first (Account, Pair another device).",
+      "This is the only device with your sessions. Nothing is deleted, but after this only the gateway's admin can bring them back (an admin reset of this device, then registering it again with the app key): registering another device with the app key makes a new device with sessions of its own. To keep them at hand, pair another device first (Account, Pair another device).",
     ];
   }
   const names = others.length <= 3 ? others.join(", ") : `${others.slice(0, 3).join(", ")} and ${others.length - 3} more`;

@@ -209,7 +209,9 @@ impl Devices {
         })
     }
 
-    /// Revokes every token of `device_id` (admin reset). Its sessions and files stay.
+    /// Revokes every token of `device_id` (admin reset). Its sessions and files stay, and a
+    /// revoked id may register again with the app key: the way back to an owner's sessions
+    /// after every device of the owner signed out.
     pub async fn reset(&self, device_id: &str) -> Result<(), GatewayError> {
         loop {
             let stored = self
@@ -219,6 +221,7 @@ impl Devices {
                 .ok_or(GatewayError::DeviceNotFound)?;
             let updated = DeviceRecord {
                 token_sha256: None,
+                revoked_at: None,
                 ..from_value(&stored)?
             };
             if self

@@ -229,6 +229,20 @@ async fn a_revoked_device_loses_its_token_at_once_and_its_id_for_good() {
         gw.send(Method::GET, &phone, "/sessions").await.status(),
         401
     );
+    // Every device of the owner is gone: an admin's reset lets the owner's id register again
+    // with the app key, and its sessions are there.
+    let refused = gw.registration("phone-0001").send().await.expect("sent");
+    assert_error(refused, 409, "DEVICE_REVOKED", "before the reset").await;
+    let reset = gw
+        .http
+        .post(format!("{}/v1/admin/devices/phone-0001/reset", gw.url))
+        .bearer_auth("test-admin-token")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(reset.status(), 204);
+    let phone = gw.register("phone-0001").await;
+    assert_eq!(session_ids(&gw, &phone).await, vec![session]);
     gw.stop().await;
 }
 
