@@ -114,12 +114,33 @@ pub fn routes(server: &Server, fixtures: &Fixtures) -> Vec<Route> {
         Route::new("POST", "/v1/devices", addr)
             .json(json!({"device_id": "matrix-fresh"}))
             .fine(&[200, 201])
-            .wrong(&["GET", "DELETE"])
+            .wrong(&["PUT", "DELETE"])
             .credential(Credential {
                 header: "X-App-Key",
                 good: APP_KEY.into(),
                 other: None,
             }),
+        // Another device's token is good here too: its own owner's devices, its own code.
+        own("GET", "/v1/devices").wrong(&["PUT"]),
+        own("POST", "/v1/devices/pair")
+            .fine(&[201])
+            .wrong(&["GET"]),
+        own("DELETE", "/v1/devices/nobody-0001")
+            .fine(&[404])
+            .wrong(&["POST"]),
+        Route::new("GET", "/v1/push/key", addr).wrong(&["POST"]),
+        own("POST", "/v1/push/subscriptions")
+            .json(json!({
+                "endpoint": "https://push.example.com/send/matrix",
+                "keys": {"p256dh": "BAAA", "auth": "AAAA"},
+            }))
+            // The keys are not a P-256 point: refused with its code.
+            .fine(&[201, 400])
+            .wrong(&["PUT"]),
+        own("GET", "/v1/push/subscriptions").wrong(&["PUT"]),
+        own("DELETE", "/v1/push/subscriptions/nope")
+            .fine(&[404])
+            .wrong(&["POST"]),
         admin("GET", "/v1/admin/devices").wrong(&["POST"]),
         admin("POST", "/v1/admin/devices/nobody/reset")
             .fine(&[200, 204, 404])
