@@ -2,6 +2,7 @@
 //! here, never in timed unit tests. Each benchmark is its own module.
 
 mod agents;
+mod checkpoints;
 mod compat;
 mod e2b;
 mod event_store;
@@ -51,6 +52,10 @@ pub enum Bench {
     /// Web Push: latency from an event to its push received and decrypted by a strict local
     /// push service (p50, p95), and throughput with 16 subscriptions.
     Push,
+    /// The checkpoint store on a 1 GiB, 20,000-file workspace: first checkpoint, 100 turns of
+    /// 1 MiB (time, bytes stored, total against one copy), restore, rewind and collection;
+    /// `--s3 s3://…` adds a bucket's figures.
+    Checkpoints(checkpoints::CheckpointsArgs),
     /// The console's first load on a phone's slow link (400 ms, 400 kbit/s): bytes, first
     /// paint and time to interactive, cold and with the service worker.
     Phone(phone::PhoneArgs),
@@ -70,5 +75,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Network => network::run().await,
         Bench::Push => push::run().await,
         Bench::Phone(args) => phone::run(args).await,
+        Bench::Checkpoints(args) => checkpoints::run(args).await,
     }
 }

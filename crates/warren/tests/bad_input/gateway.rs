@@ -122,9 +122,7 @@ pub fn routes(server: &Server, fixtures: &Fixtures) -> Vec<Route> {
             }),
         // Another device's token is good here too: its own owner's devices, its own code.
         own("GET", "/v1/devices").wrong(&["PUT"]),
-        own("POST", "/v1/devices/pair")
-            .fine(&[201])
-            .wrong(&["GET"]),
+        own("POST", "/v1/devices/pair").fine(&[201]).wrong(&["GET"]),
         own("DELETE", "/v1/devices/nobody-0001")
             .fine(&[404])
             .wrong(&["POST"]),

@@ -1,0 +1,375 @@
+//! Taking and restoring: the tree comes back as it was, content is stored once, the quick
+//! check skips unchanged files, and a file written during the take is stored as one read saw
+//! it and reported.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use warren_checkpoint::Content;
+
+use super::{Node, age, chunk_files, local_store, names, noise, tree, write};
+
+/// Files of several sizes (one of several chunks), an empty file, nested and empty
+/// directories, modes, relative, absolute and dangling links, a link to a directory outside
+/// holding a secret, and a FIFO.
+fn varied_tree(root: &Path, outside: &Path) {
+    write(root, "README.md", b"# hello\n");
+    write(root, "src/main.rs", b"fn main() {}\n");
+    write(root, "src/deep/er/still.txt", b"deep\n");
+    write(root, "data/blob.bin", &noise(1, 600 * 1024));
+    write(root, "empty", b"");
+    std::fs::create_dir_all(root.join("empty-dir")).expect("mkdir");
+    write(root, "bin/run.sh", b"#!/bin/sh\necho hi\n");
+    std::fs::set_permissions(
+        root.join("bin/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    std::fs::set_permissions(
+        root.join("README.md"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("chmod");
+    std::fs::set_permissions(
+        root.join("src/deep"),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .expect("chmod");
+    std::os::unix::fs::symlink("src/main.rs", root.join("main-link")).expect("symlink");
+    std::os::unix::fs::symlink("/usr/bin/python3", root.join("python")).expect("symlink");
+    std::os::unix::fs::symlink("nowhere/at/all", root.join("dangling")).expect("symlink");
+    write(outside, "secret.txt", b"not for the checkpoint");
+    std::os::unix::fs::symlink(outside, root.join("escape")).expect("symlink");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        root.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .expect("mkfifo");
+}
+
+#[test]
+fn a_tree_comes_back_with_its_files_dirs_links_modes_and_mtimes_and_a_fifo_is_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, outside, target) = (
+        dir.path().join("ws"),
+        dir.path().join("outside"),
+        dir.path().join("restored"),
+    );
+    varied_tree(&root, &outside);
+    let (store, _) = local_store(&dir.path().join("store"));
+
+    let (manifest, stats) = store.take(&root, None).expect("takes");
+    assert_eq!(stats.skipped, 1, "the FIFO is skipped and counted");
+    assert_eq!(stats.files, 6);
+    assert!(stats.changed_under.is_empty());
+    assert_eq!(
+        manifest.entry("escape").map(|e| &e.content),
+        Some(&Content::Symlink(outside.to_string_lossy().into_owned())),
+        "a link is stored as a link"
+    );
+    assert!(
+        manifest.entry("escape/secret.txt").is_none(),
+        "the walk never follows a link"
+    );
+    assert_eq!(store.load(&manifest.id).expect("loads"), manifest);
+
+    store.restore(&manifest, &target, None).expect("restores");
+    let mut expected = tree(&root);
+    expected.remove("pipe");
+    assert_eq!(tree(&target), expected);
+    assert!(!expected.values().any(|node| *node == Node::Other));
+    assert_eq!(
+        names(dir.path()),
+        ["outside", "restored", "store", "ws"],
+        "no staging left"
+    );
+}
+
+#[test]
+fn a_second_take_of_the_same_tree_stores_no_new_chunk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    write(&root, "a.bin", &noise(2, 300 * 1024));
+    write(&root, "b.txt", &b"some text\n".repeat(1000));
+    let store_dir = dir.path().join("store");
+    let (store, _) = local_store(&store_dir);
+    let (first, stats) = store.take(&root, None).expect("takes");
+    assert!(
+        stats.bytes_new > 300 * 1024,
+        "the first take stores the content"
+    );
+    let n_chunks = chunk_files(&store_dir).len();
+
+    let (second, stats) = store.take(&root, Some(&first)).expect("takes again");
+    assert_eq!(chunk_files(&store_dir).len(), n_chunks, "no new chunk");
+    assert!(
+        stats.bytes_new < 1024,
+        "only the manifest's root is new: {}",
+        stats.bytes_new
+    );
+    assert_eq!(stats.files_changed, 0);
+    assert_eq!(second.entries, first.entries);
+}
+
+#[test]
+fn a_megabyte_changed_in_the_middle_of_20_mib_stores_about_a_megabyte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    let mut content = noise(3, 20 * 1024 * 1024);
+    write(&root, "big.bin", &content);
+    let (store, _) = local_store(&dir.path().join("store"));
+    let (first, _) = store.take(&root, None).expect("takes");
+
+    content[10 * 1024 * 1024..11 * 1024 * 1024].copy_from_slice(&noise(4, 1024 * 1024));
+    write(&root, "big.bin", &content);
+    let (second, stats) = store.take(&root, Some(&first)).expect("takes again");
+    assert_eq!(stats.files_changed, 1);
+    assert!(
+        (1024 * 1024..2 * 1024 * 1024).contains(&stats.bytes_new),
+        "stored {} bytes for a 1 MiB change",
+        stats.bytes_new
+    );
+    let mut read = Vec::new();
+    store
+        .read_file(&second, "big.bin", 0..content.len() as u64, &mut read)
+        .expect("reads");
+    assert!(read == content, "the new checkpoint holds the new content");
+}
+
+#[test]
+fn the_quick_check_skips_reading_files_whose_stat_is_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    for i in 0..20 {
+        write(
+            &root,
+            &format!("f{i}.txt"),
+            format!("file {i}\n").repeat(100).as_bytes(),
+        );
+    }
+    age(&root);
+    let (store, _) = local_store(&dir.path().join("store"));
+    let (first, stats) = store.take(&root, None).expect("takes");
+    assert_eq!(stats.bytes_read, stats.bytes);
+
+    let (second, stats) = store.take(&root, Some(&first)).expect("takes again");
+    assert_eq!(stats.bytes_read, 0, "nothing read when nothing changed");
+    assert_eq!(second.entries, first.entries);
+
+    write(&root, "f3.txt", &b"changed!\n".repeat(100));
+    let (third, stats) = store.take(&root, Some(&second)).expect("takes a third");
+    assert_eq!(stats.bytes_read, 900, "only the changed file is read");
+    assert_eq!(stats.files_changed, 1);
+    let mut read = Vec::new();
+    store
+        .read_file(&third, "f3.txt", 0..900, &mut read)
+        .expect("reads");
+    assert_eq!(read, b"changed!\n".repeat(100));
+}
+
+#[test]
+fn a_file_written_just_before_a_take_is_read_again_next_time_even_when_its_stat_matches() {
+    // Within the file system's timestamp granularity a second write keeps the mtime, so a
+    // fresh mtime proves nothing.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    write(&root, "fresh.txt", b"just written\n");
+    let (store, _) = local_store(&dir.path().join("store"));
+    let (first, _) = store.take(&root, None).expect("takes");
+    let (_, stats) = store.take(&root, Some(&first)).expect("takes again");
+    assert_eq!(stats.bytes_read, 13);
+}
+
+#[test]
+fn a_file_growing_while_it_is_read_is_stored_as_one_read_saw_it_and_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    write(&root, "log.bin", &noise(5, 16 * 1024 * 1024));
+    write(&root, "calm.txt", b"calm\n");
+    let (store, _) = local_store(&dir.path().join("store"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, path) = (stop.clone(), root.join("log.bin"));
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .expect("opens");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                file.write_all(b"x").expect("appends");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let taken = store.take(&root, None);
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("the writer ends");
+    let (manifest, stats) = taken.expect("takes");
+    assert_eq!(stats.changed_under, ["log.bin"]);
+    assert_eq!(manifest.changed_under, ["log.bin"]);
+
+    let entry = manifest.entry("log.bin").expect("stored anyway");
+    let now = std::fs::read(root.join("log.bin")).expect("reads");
+    let mut stored = Vec::new();
+    store
+        .read_file(&manifest, "log.bin", 0..entry.size, &mut stored)
+        .expect("reads");
+    assert!(entry.size >= 16 * 1024 * 1024 && entry.size < now.len() as u64);
+    assert!(
+        stored[..] == now[..stored.len()],
+        "exactly the bytes one read saw"
+    );
+
+    // Its recorded stat no longer matches, so the next take reads it again.
+    let (_, stats) = store.take(&root, Some(&manifest)).expect("takes again");
+    assert!(stats.bytes_read >= now.len() as u64);
+}
+
+#[test]
+fn a_rewind_leaves_unchanged_files_in_place_and_the_next_take_reads_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    for i in 0..10 {
+        write(
+            &root,
+            &format!("src/f{i}.txt"),
+            format!("version one {i}\n").as_bytes(),
+        );
+    }
+    write(&root, "gone-later.txt", b"will be removed\n");
+    age(&root);
+    let (store, _) = local_store(&dir.path().join("store"));
+    let (old, _) = store.take(&root, None).expect("takes");
+    let before = tree(&root);
+
+    write(&root, "src/f1.txt", b"version two\n");
+    write(&root, "new/file.txt", b"added\n");
+    std::fs::remove_file(root.join("gone-later.txt")).expect("removes");
+    age(&root);
+    let (current, _) = store
+        .take(&root, Some(&old))
+        .expect("takes the current state");
+    let unchanged_ino = std::fs::metadata(root.join("src/f5.txt"))
+        .expect("stats")
+        .ino_of();
+
+    let restored = store.restore(&old, &root, Some(&current)).expect("rewinds");
+    assert_eq!(tree(&root), before);
+    let ino = std::fs::metadata(root.join("src/f5.txt"))
+        .expect("stats")
+        .ino_of();
+    assert_eq!(
+        ino, unchanged_ino,
+        "an unchanged file stays, never written again"
+    );
+    assert_eq!(names(dir.path()), ["store", "ws"], "no staging left");
+
+    let (_, stats) = store
+        .take(&root, Some(&restored))
+        .expect("takes after the rewind");
+    assert_eq!(
+        stats.bytes_read, 0,
+        "the restored manifest carries the new inodes"
+    );
+    assert_eq!(stats.files_changed, 0);
+}
+
+trait Ino {
+    fn ino_of(&self) -> u64;
+}
+
+impl Ino for std::fs::Metadata {
+    fn ino_of(&self) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(self)
+    }
+}
+
+#[test]
+fn a_rewind_over_kinds_swapped_links_retargeted_and_files_changed_after_the_last_checkpoint_ends_exactly_at_the_checkpoint()
+ {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    write(&root, "was-file", b"a file\n");
+    write(&root, "was-dir/inner.txt", b"inside\n");
+    write(&root, "mode.sh", b"#!/bin/sh\n");
+    write(&root, "touched-later.txt", b"original\n");
+    std::os::unix::fs::symlink("was-file", root.join("link")).expect("symlink");
+    age(&root);
+    let (store, _) = local_store(&dir.path().join("store"));
+    let (old, _) = store.take(&root, None).expect("takes");
+    let before = tree(&root);
+
+    std::fs::remove_file(root.join("was-file")).expect("removes");
+    write(&root, "was-file/now-a-dir.txt", b"dir now\n");
+    std::fs::remove_dir_all(root.join("was-dir")).expect("removes");
+    write(&root, "was-dir", b"file now\n");
+    std::fs::set_permissions(root.join("mode.sh"), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    std::fs::remove_file(root.join("link")).expect("removes");
+    std::os::unix::fs::symlink("elsewhere", root.join("link")).expect("symlink");
+    age(&root);
+    let (current, _) = store
+        .take(&root, Some(&old))
+        .expect("takes the current state");
+    // After the checkpoint of now: a new file, a FIFO, and a file changed in place.
+    write(&root, "after/new.txt", b"new\n");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        root.join("after/pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .expect("mkfifo");
+    write(&root, "touched-later.txt", b"changed!\n");
+
+    let restored = store.restore(&old, &root, Some(&current)).expect("rewinds");
+    assert_eq!(tree(&root), before);
+    assert_eq!(names(dir.path()), ["store", "ws"], "no staging left");
+    let (_, stats) = store
+        .take(&root, Some(&restored))
+        .expect("takes after the rewind");
+    assert_eq!(stats.files_changed, 0);
+}
+
+#[test]
+fn a_rewind_that_needs_a_broken_chunk_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, store_dir) = (dir.path().join("ws"), dir.path().join("store"));
+    write(&root, "a.txt", b"will rot\n");
+    write(&root, "b.txt", b"stays\n");
+    age(&root);
+    let (store, _) = local_store(&store_dir);
+    let (old, _) = store.take(&root, None).expect("takes");
+    write(&root, "a.txt", b"changed\n");
+    write(&root, "c.txt", b"new\n");
+    age(&root);
+    let (current, _) = store
+        .take(&root, Some(&old))
+        .expect("takes the current state");
+    let now = tree(&root);
+    let Some(Content::File(chunks)) = old.entry("a.txt").map(|e| &e.content) else {
+        panic!("a file");
+    };
+    let hex = chunks[0].id.to_hex();
+    std::fs::write(
+        store_dir.join("chunks").join(&hex[..2]).join(&hex[2..]),
+        b"rot",
+    )
+    .expect("corrupts");
+    let rewound = store.restore(&old, &root, Some(&current));
+    assert!(
+        matches!(rewound, Err(warren_checkpoint::Error::Broken { ref path, .. }) if path == "a.txt"),
+        "{rewound:?}"
+    );
+    assert_eq!(tree(&root), now, "the workspace is as it was");
+    assert_eq!(names(dir.path()), ["store", "ws"], "no staging left");
+}
