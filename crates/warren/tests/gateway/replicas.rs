@@ -611,6 +611,11 @@ async fn a_replica_that_stalls_past_its_lease_writes_nothing_after_the_new_owner
             503 => {
                 assert_error(answer, 503, "OWNER_UNAVAILABLE", "a message to B").await;
             }
+            // B has taken the session and is still ending A's `sleep 30` turn as interrupted:
+            // a moment of "a turn is running", as a client sees when it sends during one.
+            409 => {
+                assert_error(answer, 409, "TURN_IN_PROGRESS", "a message to B").await;
+            }
             other => panic!("a message while A is stalled answered {other}"),
         }
         assert!(
