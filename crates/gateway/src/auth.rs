@@ -352,8 +352,8 @@ impl FromRequestParts<Arc<Gateway>> for Device {
         parts: &mut Parts,
         gateway: &Arc<Gateway>,
     ) -> Result<Self, Self::Rejection> {
-        let token = bearer(parts).ok_or(GatewayError::Unauthorized)?;
-        gateway.devices.authenticate(&token).await.map(Device)
+        let signed_in = SignedIn::from_request_parts(parts, gateway).await?;
+        Ok(Device(signed_in.owner))
     }
 }
 
