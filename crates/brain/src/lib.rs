@@ -45,7 +45,10 @@ pub use host::{
     TurnSink, select_lines,
 };
 pub use pool::WorkerPool;
-pub use session::{BrainSession, HANDS_RESET_NOTICE, NOTICE_META_KEY, Resumed};
+pub use session::{
+    BrainSession, CHECKPOINT_META_KEY, HANDS_RESET_NOTICE, NOTICE_META_KEY, Notice, REWOUND_NOTICE,
+    Resumed,
+};
 pub use worker::{AgentIo, RemoteStop, Worker};
 
 /// The agent command line (`--agent "<cmd>"`), already split into a program and its arguments.

@@ -18,6 +18,20 @@ const STOP_CANCELLED: &str = "cancelled";
 pub const NOTICE_META_KEY: &str = "warren/notice";
 /// Its value for "the hands were reset" (hands.md "Restore").
 pub const HANDS_RESET_NOTICE: &str = "hands_reset";
+/// The notice after a rewind: the workspace became a checkpoint's.
+pub const REWOUND_NOTICE: &str = "rewound";
+/// Beside a `rewound` notice: the checkpoint's id.
+pub const CHECKPOINT_META_KEY: &str = "warren/checkpoint";
+
+/// Something Warren tells the agent before the person's text, in a block of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// `_meta["warren/notice"]`: [`HANDS_RESET_NOTICE`] or [`REWOUND_NOTICE`].
+    pub kind: &'static str,
+    pub text: String,
+    /// `_meta["warren/checkpoint"]`, for a rewind.
+    pub checkpoint: Option<String>,
+}
 
 /// How [`crate::Worker::resume_session`] continued the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +93,7 @@ impl BrainSession {
     /// `cancelled`, `max_tokens`, `refusal`, ...). Every `session/update` of the turn has reached
     /// the sink when this returns. One turn at a time ([`BrainError::TurnInProgress`]).
     pub async fn prompt(&self, text: String) -> Result<String, BrainError> {
-        self.prompt_cancellable(text, None, &CancellationToken::new())
+        self.prompt_cancellable(text, Vec::new(), &CancellationToken::new())
             .await
     }
 
@@ -88,12 +102,13 @@ impl BrainSession {
     /// answered `cancelled`, `session/cancel` follows the prompt, and the agent's own stop reason
     /// comes back. The token is a latch, so a cancel is never lost between the check and the send.
     ///
-    /// A `notice` (the hands were reset) goes first, as its own text block marked
-    /// `_meta: {"warren/notice": "hands_reset"}`, so an agent can tell it from the person's text.
+    /// `notices` (the hands were reset, the workspace rewound) go first, each as its own text
+    /// block marked `_meta: {"warren/notice": kind}` (and `"warren/checkpoint"` after a
+    /// rewind), so an agent can tell them from the person's text.
     pub async fn prompt_cancellable(
         &self,
         text: String,
-        notice: Option<String>,
+        notices: Vec<Notice>,
         cancel: &CancellationToken,
     ) -> Result<String, BrainError> {
         if cancel.is_cancelled() {
@@ -104,11 +119,14 @@ impl BrainSession {
             .try_lock()
             .map_err(|_| BrainError::TurnInProgress)?;
         self.conn.shared.start_turn();
-        let mut prompt = Vec::with_capacity(2);
-        if let Some(notice) = notice {
+        let mut prompt = Vec::with_capacity(notices.len() + 1);
+        for notice in notices {
             let mut meta = serde_json::Map::new();
-            meta.insert(NOTICE_META_KEY.into(), HANDS_RESET_NOTICE.into());
-            prompt.push(ContentBlock::Text(TextContent::new(notice).meta(meta)));
+            meta.insert(NOTICE_META_KEY.into(), notice.kind.into());
+            if let Some(checkpoint) = notice.checkpoint {
+                meta.insert(CHECKPOINT_META_KEY.into(), checkpoint.into());
+            }
+            prompt.push(ContentBlock::Text(TextContent::new(notice.text).meta(meta)));
         }
         prompt.push(ContentBlock::Text(TextContent::new(text)));
         let request = PromptRequest::new(self.session_id.clone(), prompt);

@@ -80,6 +80,44 @@ impl Chunks {
         Ok(stored.len() as u64)
     }
 
+    /// Copies chunk `id` from `from` (another store) into `batch` unless this store has it,
+    /// verified on the way; returns the stored bytes written. `path` names who needed it.
+    pub(crate) fn copy_from(
+        &self,
+        batch: &dyn ChunkBatch,
+        seen: &Seen,
+        from: &Chunks,
+        id: &ChunkId,
+        path: &str,
+    ) -> Result<u64, Error> {
+        if !seen.first(id) {
+            return Ok(0);
+        }
+        let _shared = self
+            .gate
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let written = self.backend.chunk_written_at(id)?;
+        if written.is_some_and(|written| self.fresh(written)) {
+            return Ok(0);
+        }
+        let stored = from.backend.get_chunk(id)?.ok_or_else(|| Error::Missing {
+            path: path.to_owned(),
+            chunk: id.to_hex(),
+        })?;
+        if unpack(id, &stored).is_none() {
+            return Err(Error::Broken {
+                path: path.to_owned(),
+                chunk: id.to_hex(),
+            });
+        }
+        if written.is_some() && self.backend.refresh_chunk(id, &stored)? {
+            return Ok(0);
+        }
+        batch.put(id, &stored)?;
+        Ok(stored.len() as u64)
+    }
+
     /// True when a chunk written at `written` needs no refresh yet.
     fn fresh(&self, written: SystemTime) -> bool {
         written

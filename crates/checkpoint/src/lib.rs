@@ -39,7 +39,7 @@ pub use chunk::{ChunkId, ChunkRef};
 pub use gc::{CollectStats, keep};
 pub use listing::{Listed, Page};
 pub use local::LocalDisk;
-pub use manifest::{Content, Entry, Manifest};
+pub use manifest::{Content, Entry, Manifest, Summary};
 pub use read::{Diff, Modified};
 pub use store::{CheckpointStore, Config};
 pub use take::TakeStats;

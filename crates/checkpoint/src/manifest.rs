@@ -45,10 +45,26 @@ pub struct Manifest {
     /// Paths that changed while they were read (stored as one read saw them) or vanished
     /// between the listing and the read (not stored).
     pub changed_under: Vec<String>,
+    /// What the caller said of the checkpoint when it was taken (why, for which turn): kept
+    /// in the root, opaque to this crate; `null` when nothing was said.
+    pub label: serde_json::Value,
+    /// Counted when taken: kept in the root, so a listing needs no entries.
+    pub summary: Summary,
     /// When the walk began, in nanoseconds since the epoch ([`QUICK_CHECK_MARGIN_NS`]).
     pub(crate) started_ns: i64,
     /// Where the entries are stored: the chunks of their JSON lines.
     pub(crate) stream: Vec<ChunkRef>,
+}
+
+/// A checkpoint's counts, kept in its root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Regular files.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Files and links added, removed or changed since the checkpoint taken before it.
+    pub files_changed: u64,
 }
 
 /// One path of a checkpoint.
@@ -289,6 +305,10 @@ struct Root {
     started_ns: i64,
     skipped: u64,
     changed_under: Vec<String>,
+    #[serde(default)]
+    label: serde_json::Value,
+    #[serde(default)]
+    summary: Summary,
     /// The entry stream's chunks: hex id and length.
     stream: Vec<(String, u32)>,
 }
@@ -302,6 +322,8 @@ pub(crate) fn encode_root(manifest: &Manifest) -> Result<Vec<u8>, Error> {
         started_ns: manifest.started_ns,
         skipped: manifest.skipped,
         changed_under: manifest.changed_under.clone(),
+        label: manifest.label.clone(),
+        summary: manifest.summary,
         stream: manifest
             .stream
             .iter()
@@ -354,6 +376,8 @@ pub(crate) fn decode_root(id: &str, stored: &[u8]) -> Result<Manifest, Error> {
         entries: Vec::new(),
         skipped: root.skipped,
         changed_under: root.changed_under,
+        label: root.label,
+        summary: root.summary,
         started_ns: root.started_ns,
         stream,
     })
@@ -482,6 +506,12 @@ mod tests {
             entries: Vec::new(),
             skipped: 2,
             changed_under: vec!["x".to_owned()],
+            label: serde_json::json!({"turn": 3}),
+            summary: Summary {
+                files: 1,
+                bytes: 2,
+                files_changed: 1,
+            },
             started_ns: 9,
             stream: vec![ChunkRef {
                 id: ChunkId::of(b"s"),
@@ -508,6 +538,8 @@ mod tests {
             entries: Vec::new(),
             skipped: 0,
             changed_under: Vec::new(),
+            label: serde_json::Value::Null,
+            summary: Summary::default(),
             started_ns: 10_000_000_000,
             stream: Vec::new(),
         };

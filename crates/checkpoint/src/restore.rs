@@ -88,6 +88,8 @@ pub(crate) fn restore(
         entries: restored?,
         skipped: manifest.skipped,
         changed_under: manifest.changed_under.clone(),
+        label: manifest.label.clone(),
+        summary: manifest.summary,
         started_ns,
         stream: manifest.stream.clone(),
     })
@@ -351,6 +353,8 @@ mod tests {
                 entries,
                 skipped: 0,
                 changed_under: Vec::new(),
+                label: serde_json::Value::Null,
+                summary: Default::default(),
                 started_ns: 0,
                 stream: Vec::new(),
             };

@@ -10,10 +10,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::Error;
 use crate::backend::ChunkStore;
-use crate::chunks::Chunks;
+use crate::chunks::{Chunks, Seen};
 use crate::gc::{self, CollectStats};
 use crate::listing::{self, Page};
-use crate::manifest::{self, Entry, Manifest};
+use crate::manifest::{self, Content, Entry, Manifest};
 use crate::read::{self, Diff};
 use crate::restore;
 use crate::take::{self, TakeStats};
@@ -67,6 +67,17 @@ impl CheckpointStore {
         root: &Path,
         previous: Option<&Manifest>,
     ) -> Result<(Manifest, TakeStats), Error> {
+        self.take_labelled(root, previous, serde_json::Value::Null)
+    }
+
+    /// [`Self::take`], keeping `label` (what the caller wants to know of it later, such as
+    /// why and for which turn it was taken) in the checkpoint's root.
+    pub fn take_labelled(
+        &self,
+        root: &Path,
+        previous: Option<&Manifest>,
+        label: serde_json::Value,
+    ) -> Result<(Manifest, TakeStats), Error> {
         let now_ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -79,7 +90,57 @@ impl CheckpointStore {
             self.n_threads,
             id,
             created_at_ms,
+            label,
         )
+    }
+
+    /// Checkpoint `id`'s root only (its label and summary; `entries` empty): what a listing
+    /// shows, without reading the entries.
+    pub fn head(&self, id: &str) -> Result<Manifest, Error> {
+        let id = listing::checked(id)?;
+        let stored = self
+            .chunks
+            .backend
+            .get_manifest(id)?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        manifest::decode_root(id, &stored)
+    }
+
+    /// Stores `manifest`, a checkpoint of `from`, in this store under the same id: every chunk
+    /// it needs is copied (verified on the way; those this store has are not) before its root.
+    /// A fork's first checkpoint. Returns the stored bytes copied.
+    pub fn import(&self, from: &CheckpointStore, manifest: &Manifest) -> Result<u64, Error> {
+        let id = listing::checked(&manifest.id)?;
+        let root = from
+            .chunks
+            .backend
+            .get_manifest(id)?
+            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        let batch = self.chunks.backend.batch()?;
+        let seen = Seen::default();
+        let mut copied = 0u64;
+        let what = format!("the manifest of {id}");
+        for chunk in &manifest.stream {
+            copied += self
+                .chunks
+                .copy_from(&*batch, &seen, &from.chunks, &chunk.id, &what)?;
+        }
+        for entry in &manifest.entries {
+            if let Content::File(chunks) = &entry.content {
+                for chunk in chunks {
+                    copied += self.chunks.copy_from(
+                        &*batch,
+                        &seen,
+                        &from.chunks,
+                        &chunk.id,
+                        &entry.path,
+                    )?;
+                }
+            }
+        }
+        batch.commit()?;
+        self.chunks.backend.put_manifest(id, &root)?;
+        Ok(copied + root.len() as u64)
     }
 
     /// The stored checkpoint `id`, every chunk of its entry list verified.

@@ -35,7 +35,7 @@ use crate::Error;
 use crate::backend::ChunkBatch;
 use crate::chunk::{ChunkId, ChunkRef, CutError, Packer, cut_stream};
 use crate::chunks::{Chunks, Seen};
-use crate::manifest::{Content, Entry, Manifest, encode_entries, encode_root};
+use crate::manifest::{Content, Entry, Manifest, Summary, encode_entries, encode_root};
 use crate::path;
 
 /// What a take read, wrote and found.
@@ -169,6 +169,7 @@ pub(crate) fn take(
     n_threads: usize,
     id: String,
     created_at_ms: u64,
+    label: serde_json::Value,
 ) -> Result<(Manifest, TakeStats), Error> {
     let started = Instant::now();
     let started_ns = now_ns();
@@ -260,22 +261,29 @@ pub(crate) fn take(
     })?;
     batch.commit()?;
 
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         id,
         created_at_ms,
         entries,
         skipped: walked.skipped,
         changed_under: walked.changed_under,
+        label,
+        summary: Summary::default(),
         started_ns,
         stream: stream_chunks,
+    };
+    manifest.summary = Summary {
+        files: manifest.n_files(),
+        bytes: manifest.n_bytes(),
+        files_changed: n_changed(previous, &manifest.entries),
     };
     let root_bytes = encode_root(&manifest)?;
     chunks.backend.put_manifest(&manifest.id, &root_bytes)?;
     stats.manifest_bytes_new += root_bytes.len() as u64;
     stats.bytes_new += stats.manifest_bytes_new;
-    stats.files = manifest.n_files();
-    stats.bytes = manifest.n_bytes();
-    stats.files_changed = n_changed(previous, &manifest.entries);
+    stats.files = manifest.summary.files;
+    stats.bytes = manifest.summary.bytes;
+    stats.files_changed = manifest.summary.files_changed;
     stats.skipped = manifest.skipped;
     stats.changed_under = manifest.changed_under.clone();
     stats.elapsed = started.elapsed();

@@ -83,6 +83,13 @@ pub struct GatewayArgs {
     /// reached with the standard `AWS_*` settings), or, when absent, the data directory.
     #[arg(long, env = "WARREN_SNAPSHOTS")]
     pub snapshots: Option<warren_store::objects::ObjectUrl>,
+    /// Checkpoints kept per session (checkpoints.md); older ones go, and the chunks no kept
+    /// checkpoint uses with them. The newest is always kept.
+    #[arg(long, env = "WARREN_CHECKPOINTS_KEEP", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub checkpoints_keep: u32,
+    /// Checkpoints older than this go (the newest is always kept).
+    #[arg(long, env = "WARREN_CHECKPOINTS_MAX_AGE", default_value = "30d", value_parser = parse_duration)]
+    pub checkpoints_max_age: Duration,
     /// How hands are confined: `auto` (bwrap when it works, else unconfined with a warning),
     /// `bwrap` (refuse to start hands without it) or `none`.
     #[arg(
@@ -312,6 +319,8 @@ impl std::fmt::Debug for GatewayArgs {
             .field("hands_archive_after", &self.hands_archive_after)
             .field("snapshot_max", &self.snapshot_max)
             .field("snapshots", &self.snapshots)
+            .field("checkpoints_keep", &self.checkpoints_keep)
+            .field("checkpoints_max_age", &self.checkpoints_max_age)
             .field("hands_isolation", &self.hands_isolation)
             .field("hands_network", &self.hands_network)
             .field("hands_egress", &self.hands_egress)

@@ -20,7 +20,7 @@ use crate::hands::local::{LocalConfig, LocalHands};
 use crate::hands::remote::RemoteHands;
 use crate::hands::{HandsProvider, Lifecycle};
 use crate::sessions::{self, Sessions};
-use crate::{agents, model_proxy, network, replicas, turns, warm};
+use crate::{agents, checkpoints, model_proxy, network, replicas, turns, warm};
 
 /// Called with the id of every session that goes away.
 type GoneHook = Box<dyn Fn(&str) + Send + Sync>;
@@ -42,6 +42,8 @@ pub struct Engine {
     pub replicas: Option<Arc<replicas::Replicas>>,
     /// The `warren` binary that runs hands, the MCP server and the built-in agent.
     pub warren_bin: PathBuf,
+    /// Each session's checkpoints.
+    pub checkpoints: Arc<checkpoints::Checkpoints>,
     gone: Mutex<Vec<GoneHook>>,
     /// Held for the engine's lifetime: one gateway per data directory.
     _data_lock: std::fs::File,
@@ -168,7 +170,12 @@ impl Engine {
             (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
             _ => 0,
         };
+        let checkpoints = Arc::new(checkpoints::Checkpoints::new(
+            args.checkpoints_keep,
+            args.checkpoints_max_age,
+        ));
         Ok(Arc::new(Engine {
+            checkpoints,
             args,
             sessions,
             pool,

@@ -49,6 +49,12 @@ pub enum EngineError {
     StoreUnavailable(String),
     #[error(transparent)]
     Hands(#[from] HandsError),
+    /// A rewind or fork asked for while a turn runs (checkpoints.md).
+    #[error("a turn is running: wait for it to end or cancel it, then rewind")]
+    TurnRunning,
+    /// A checkpoint that cannot be found, read, taken or restored.
+    #[error(transparent)]
+    Checkpoint(#[from] warren_checkpoint::Error),
     #[error("storage error: {0}")]
     Io(std::io::Error),
     #[error("internal error: {0}")]
@@ -79,6 +85,23 @@ impl EngineError {
                 HandsError::Stopped => "SESSION_NOT_FOUND",
                 HandsError::Failed(_) => "HANDS_FAILED",
             },
+            EngineError::TurnRunning => "TURN_RUNNING",
+            EngineError::Checkpoint(error) => {
+                use warren_checkpoint::Error as E;
+                match error {
+                    E::NotFound(_) => "CHECKPOINT_NOT_FOUND",
+                    E::Broken { .. } | E::Missing { .. } | E::Unsafe { .. } | E::Corrupt(_) => {
+                        "CHECKPOINT_BROKEN"
+                    }
+                    E::NoEntry(_) => "FILE_NOT_FOUND",
+                    E::WrongKind { expected, .. } if *expected == "directory" => "NOT_A_DIRECTORY",
+                    E::WrongKind { .. } => "NOT_REGULAR_FILE",
+                    E::Invalid(_) => "INVALID_QUERY",
+                    E::StorageFull(_) => "STORAGE_FULL",
+                    E::Unavailable(_) => "CHECKPOINTS_UNAVAILABLE",
+                    E::Io { .. } => "RUNTIME_ERROR",
+                }
+            }
             EngineError::Io(_) | EngineError::Internal(_) => "RUNTIME_ERROR",
         }
     }

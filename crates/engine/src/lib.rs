@@ -10,6 +10,7 @@
 
 pub mod admission;
 pub mod agents;
+pub mod checkpoints;
 pub mod config;
 pub mod engine;
 pub mod engine_error;

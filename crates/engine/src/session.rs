@@ -76,6 +76,8 @@ pub struct SessionState {
     open_turns: OpenTurns,
     /// Model tokens used through the model proxy, all turns together.
     usage: UsageTotals,
+    /// The notice of a rewind since the agent's last prompt (checkpoints.md).
+    rewound: Option<warren_brain::Notice>,
 }
 
 /// The turn in progress.
@@ -339,6 +341,7 @@ impl Session {
                 deleted: false,
                 session_slot: Some(session_slot),
                 usage: open_turns.usage(),
+                rewound: None,
                 open_turns,
             }),
         }
@@ -372,6 +375,13 @@ impl Session {
     /// Renames the session and stores the new title with its meta.
     pub async fn rename(&self, title: String) -> Result<(), EngineError> {
         self.lock().title = title;
+        self.save_meta().await
+    }
+
+    /// A fork's: the agent's ACP session of the source, whose home it was forked with, so the
+    /// first message resumes the conversation there.
+    pub async fn continue_acp_session(&self, acp_session_id: String) -> Result<(), EngineError> {
+        self.lock().acp_session_id = Some(acp_session_id);
         self.save_meta().await
     }
 
@@ -491,6 +501,31 @@ impl Session {
         if let Err(e) = self.log.append(turn, EventBody::Usage(usage)) {
             tracing::debug!(session = %self.id, error = %e, "usage event not stored");
         }
+    }
+
+    /// The number of the last turn begun (0 before the first message).
+    pub fn last_turn(&self) -> u64 {
+        self.lock().turn
+    }
+
+    /// Tells the agent's next prompt the workspace was rewound to `checkpoint`.
+    pub fn set_rewound_notice(&self, checkpoint: &crate::checkpoints::CheckpointInfo) {
+        let text = format!(
+            "Note: the person rewound this session's workspace to checkpoint {} (taken after \
+             turn {}, {}). Files are as they were then; what changed since is kept in a \
+             checkpoint of its own.",
+            checkpoint.id, checkpoint.turn, checkpoint.created_at
+        );
+        self.lock().rewound = Some(warren_brain::Notice {
+            kind: warren_brain::REWOUND_NOTICE,
+            text,
+            checkpoint: Some(checkpoint.id.clone()),
+        });
+    }
+
+    /// The rewind notice for the next prompt, once.
+    pub fn take_rewound_notice(&self) -> Option<warren_brain::Notice> {
+        self.lock().rewound.take()
     }
 
     /// The turn in progress, if any.

@@ -273,6 +273,7 @@ pub async fn delete_session(
     gateway.model_sockets.stop(&session.id);
     gateway.sessions.network.detach(&session.id);
     gateway.session_gone(&session.id);
+    gateway.checkpoints.forget(&session.id);
     session.hands.wake_for_brain_stop().await;
     session.retire_for_delete().stop().await;
     session.hands.stop().await;

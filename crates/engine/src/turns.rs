@@ -72,8 +72,11 @@ async fn run_turn(
     let hold = session.hands.hold();
     run_turn_held(&gateway, &session, turn, text, cancel).await;
     drop(hold);
-    // The snapshot must not keep the gateway alive (a shutdown waits for nothing here).
+    // The checkpoint and the snapshot must not keep the gateway alive (a shutdown waits for
+    // nothing here). A turn that used the hands leaves a checkpoint.
+    let checkpoints = gateway.checkpoints.clone();
     drop(gateway);
+    checkpoints.after_turn(&session, turn).await;
     session.hands.snapshot_if_changed().await;
 }
 
@@ -127,8 +130,18 @@ async fn run_turn_held(
     }
     // The reset notice (hands rebuilt or restored since the agent's last prompt) goes before
     // the person's text, once.
-    let notice = session.hands.take_notice();
-    let result = brain.prompt_cancellable(text, notice, &cancel).await;
+    let mut notices: Vec<warren_brain::Notice> = session
+        .hands
+        .take_notice()
+        .map(|text| warren_brain::Notice {
+            kind: warren_brain::HANDS_RESET_NOTICE,
+            text,
+            checkpoint: None,
+        })
+        .into_iter()
+        .collect();
+    notices.extend(session.take_rewound_notice());
+    let result = brain.prompt_cancellable(text, notices, &cancel).await;
     match result {
         Ok(stop_reason) => end_turn(session, turn, &stop_reason).await,
         Err(e) => {

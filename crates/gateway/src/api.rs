@@ -45,6 +45,7 @@ pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(metrics))
         .routes(routes!(crate::openapi::openapi_json))
         .merge(crate::files::routes())
+        .merge(crate::checkpoints::routes())
         .merge(crate::pairing::routes())
         .merge(crate::push::routes())
 }

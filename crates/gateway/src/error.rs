@@ -142,6 +142,22 @@ fn engine_status(error: &EngineError) -> StatusCode {
             HandsError::Stopped => StatusCode::NOT_FOUND,
             HandsError::Failed(_) => StatusCode::BAD_GATEWAY,
         },
+        EngineError::TurnRunning => StatusCode::CONFLICT,
+        EngineError::Checkpoint(error) => {
+            use warren_checkpoint::Error as E;
+            match error {
+                E::NotFound(_) | E::NoEntry(_) => StatusCode::NOT_FOUND,
+                E::Broken { .. } | E::Missing { .. } | E::Unsafe { .. } | E::Corrupt(_) => {
+                    StatusCode::CONFLICT
+                }
+                E::WrongKind { expected, .. } if *expected == "directory" => StatusCode::CONFLICT,
+                E::WrongKind { .. } => StatusCode::FORBIDDEN,
+                E::Invalid(_) => StatusCode::BAD_REQUEST,
+                E::StorageFull(_) => StatusCode::INSUFFICIENT_STORAGE,
+                E::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                E::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            }
+        }
         EngineError::Io(_) | EngineError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -102,14 +102,14 @@ pub fn workspace_path(raw: &str) -> Result<String, FilesError> {
 /// The query parameters of the files routes, percent-decoded (`+` is a space, as browsers'
 /// `URLSearchParams` write it).
 #[derive(Debug, Default)]
-struct FileQuery {
+pub(crate) struct FileQuery {
     path: Option<String>,
     depth: Option<String>,
     recursive: Option<String>,
 }
 
 impl FileQuery {
-    fn parse(query: Option<&str>) -> Result<Self, FilesError> {
+    pub(crate) fn parse(query: Option<&str>) -> Result<Self, FilesError> {
         let mut parsed = FileQuery::default();
         for pair in query
             .unwrap_or("")
@@ -137,12 +137,12 @@ impl FileQuery {
     }
 
     /// The normalized `path` (absent: the root).
-    fn path(&self) -> Result<String, FilesError> {
+    pub(crate) fn path(&self) -> Result<String, FilesError> {
         workspace_path(self.path.as_deref().unwrap_or(""))
     }
 
     /// The normalized `path`, which must name something below the root.
-    fn file_path(&self) -> Result<String, FilesError> {
+    pub(crate) fn file_path(&self) -> Result<String, FilesError> {
         let path = self.path()?;
         if path.is_empty() {
             return Err(FilesError::new(
@@ -153,7 +153,7 @@ impl FileQuery {
         Ok(path)
     }
 
-    fn depth(&self) -> Result<u32, FilesError> {
+    pub(crate) fn depth(&self) -> Result<u32, FilesError> {
         match self.depth.as_deref() {
             None => Ok(1),
             Some(text) => text
@@ -584,7 +584,7 @@ fn attachment(path: &str) -> HeaderValue {
 }
 
 /// The headers every download answer carries.
-fn download_headers(path: &str) -> HeaderMap {
+pub(crate) fn download_headers(path: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,
@@ -600,7 +600,7 @@ fn download_headers(path: &str) -> HeaderMap {
 }
 
 /// 416 with `Content-Range: bytes */size`.
-fn unsatisfiable(content_range: Option<String>) -> Response {
+pub(crate) fn unsatisfiable(content_range: Option<String>) -> Response {
     let mut response = warren_http::error_response(
         StatusCode::RANGE_NOT_SATISFIABLE,
         "RANGE_NOT_SATISFIABLE",
@@ -711,14 +711,14 @@ fn snapshot_body(store: SnapshotStore, path: String, range: std::ops::Range<u64>
     Body::from_stream(tokio_stream_of(receiver))
 }
 
-fn tokio_stream_of<T: Send + 'static>(
+pub(crate) fn tokio_stream_of<T: Send + 'static>(
     mut receiver: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures_util::Stream<Item = T> + Send + 'static {
     futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }
 
 /// A blocking writer into a body channel (a download that went away ends the read).
-struct ChannelWriter(tokio::sync::mpsc::Sender<std::io::Result<Bytes>>);
+pub(crate) struct ChannelWriter(pub(crate) tokio::sync::mpsc::Sender<std::io::Result<Bytes>>);
 
 impl Write for ChannelWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -7,7 +7,7 @@
 //! [`Gateway`] is the engine and what only routes keep. [`api`] routes and credential
 //! extractors; `auth` devices, tokens and the credential extractors; [`sse`] the event stream
 //! over HTTP; `files` (its refusals in `files_error`), `terminals` and [`previews`] the window
-//! into the hands; `pairing` an owner's devices, pairing codes and push subscriptions; `push` what of the sessions' events is pushed, and the push routes; `owner` forwarding to a session's owner replica; `tunnel` one request to an execd; `console` the web console's files;
+//! into the hands; `checkpoints` a session's checkpoints (list, files, diff, rewind, fork); `pairing` an owner's devices, pairing codes and push subscriptions; `push` what of the sessions' events is pushed, and the push routes; `owner` forwarding to a session's owner replica; `tunnel` one request to an execd; `console` the web console's files;
 //! [`openapi`] the document of the routes; [`error`] the one mapping of errors to statuses.
 //! Modules are crate-private unless another crate names them.
 //! Deliberately absent here: ACP itself (brain crate), the tar format (snapshot crate), the
@@ -16,6 +16,7 @@
 
 pub mod api;
 pub(crate) mod auth;
+pub(crate) mod checkpoints;
 pub(crate) mod console;
 pub mod error;
 pub(crate) mod files;

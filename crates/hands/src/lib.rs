@@ -262,6 +262,8 @@ struct Status {
     changed: bool,
     /// The reset notice for the agent's next prompt.
     notice: Option<String>,
+    /// Used since the last checkpoint was taken: the next turn's end takes one.
+    checkpoint_due: bool,
     stopped: bool,
     /// The workspace's path as the last sandbox's execd saw it.
     root: Option<String>,
@@ -388,6 +390,7 @@ impl Hands {
                 n_holds: 0,
                 changed: false,
                 notice: None,
+                checkpoint_due: false,
                 stopped: false,
                 root: None,
             }),
@@ -485,6 +488,34 @@ impl Hands {
 
     pub fn snapshots(&self) -> &SnapshotStore {
         &self.snapshots
+    }
+
+    /// The agent's home on the gateway's disk, when the agent runs in these hands.
+    pub fn agent_home(&self) -> Option<&Path> {
+        self.agent_home.as_deref()
+    }
+
+    /// True (once) when the hands were used since this was last asked: a checkpoint is due.
+    pub fn take_checkpoint_due(&self) -> bool {
+        std::mem::take(&mut self.status().checkpoint_due)
+    }
+
+    /// The files changed other than through the hands (a rewind): the next snapshot is due.
+    pub fn mark_changed(&self) {
+        self.status().changed = true;
+    }
+
+    /// Stops the sandbox's processes, keeping its files: the next use starts new hands on
+    /// them (a rewind with `restart`).
+    pub async fn restart(&self) {
+        self.terminals_clear();
+        let mut live = self.live.lock().await;
+        if let Some(instance) = live.instance.take() {
+            live.generation += 1;
+            instance.stop().await;
+            self.set_state(HandsState::None);
+            self.emit_transition("stopped", Transition::default());
+        }
     }
 
     /// Where the session's agent runs.
@@ -692,6 +723,7 @@ impl Hands {
             }
             status.last_use = Instant::now();
             status.changed = true;
+            status.checkpoint_due = true;
         }
         if let Some(instance) = live.instance.as_ref() {
             if instance.exited().borrow().is_none() {

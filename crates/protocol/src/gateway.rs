@@ -281,6 +281,28 @@ pub enum EventBody {
         code: String,
         message: String,
     },
+    /// A checkpoint of the workspace (and the agent's home) was stored (checkpoints.md):
+    /// after a turn that used the hands (`reason` `turn`), before a rewind (`rewind`), or a
+    /// fork's first (`fork`); the event's `turn` is the turn it follows.
+    Checkpoint {
+        id: String,
+        reason: String,
+        files_changed: u64,
+        bytes_new: u64,
+        elapsed_ms: u64,
+    },
+    /// The first event of a session forked from another's checkpoint.
+    Forked {
+        source_session: String,
+        checkpoint: String,
+    },
+    /// The workspace was rewound to a checkpoint; `saved` is the checkpoint of what it held
+    /// just before.
+    Rewound {
+        checkpoint: String,
+        saved: String,
+        restart: bool,
+    },
     /// A command in the hands wants to reach a host no egress rule covers (network.md
     /// "Asking"); the connection waits for the answer (`POST .../permissions/{request_id}`
     /// with one of `options`), closed by `permission_resolved` (`selected`, or `timed_out`:
@@ -344,6 +366,9 @@ impl EventBody {
             EventBody::FilesChanged { .. } => "files_changed",
             EventBody::Hands { .. } => "hands",
             EventBody::Error { .. } => "error",
+            EventBody::Checkpoint { .. } => "checkpoint",
+            EventBody::Forked { .. } => "forked",
+            EventBody::Rewound { .. } => "rewound",
             EventBody::EgressRequest { .. } => "egress_request",
             EventBody::Egress { .. } => "egress",
             EventBody::CredentialUsed { .. } => "credential_used",

@@ -8,6 +8,7 @@
 mod auth;
 mod brain_in_hands;
 mod cancel;
+mod checkpoints;
 mod console;
 mod console_browser;
 mod console_js;

@@ -1,0 +1,634 @@
+//! Each session's checkpoints (checkpoints.md): its workspace (and the agent's home, when the
+//! agent runs in the hands) after every turn that used the hands, before a rewind, and at a
+//! fork, kept deduplicated by `warren-checkpoint` in `sessions/<id>/checkpoints/` (`workspace/`
+//! and `home/`, one store each).
+//!
+//! A checkpoint's id is its workspace checkpoint's; the label in its root says why it was taken
+//! (`reason`), after which turn, and the id of the home checkpoint taken with it. A turn that
+//! changed nothing since the last checkpoint stores none (the quick check makes finding that
+//! cheap). The walk, the restore and the rewind work on the session's directories on the
+//! gateway's disk, every step beneath a directory reached without following a link
+//! (`warren-checkpoint`), so what the sandbox does to its tree meanwhile can make a step fail
+//! but never reach outside it. Hands reached by URL have no tree here: they take none.
+//!
+//! One lock per session ([`SessionCheckpoints::last`]) orders takes, rewinds and forks, and
+//! keeps the last checkpoint of each tree, the next take's quick check. After a take, the
+//! retention rule (`--checkpoints-keep`, `--checkpoints-max-age`; the newest always stays)
+//! deletes old checkpoints once there are a tenth more than kept, and their chunks go with them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::json;
+use warren_checkpoint::{CheckpointStore, Config, Error, LocalDisk, Manifest};
+use warren_protocol::gateway::EventBody;
+
+use crate::engine_error::EngineError;
+use crate::hands::Isolation;
+use crate::session::Session;
+
+/// The most checkpoints one listing answers.
+pub const MAX_PAGE: usize = 200;
+
+/// Every session's checkpoints, opened on first use.
+pub struct Checkpoints {
+    keep: usize,
+    max_age: Duration,
+    open: Mutex<HashMap<String, Arc<SessionCheckpoints>>>,
+}
+
+/// One stored checkpoint, as `GET …/checkpoints` lists it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CheckpointInfo {
+    pub id: String,
+    /// The turn it follows (0: before the first).
+    pub turn: u64,
+    /// RFC 3339.
+    pub created_at: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub files_changed: u64,
+    /// `turn`, `rewind` (the state a rewind replaced), `fork` (a fork's first).
+    pub reason: String,
+}
+
+/// A page of checkpoints, newest first; `next` continues it (`before=`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CheckpointPage {
+    pub checkpoints: Vec<CheckpointInfo>,
+    pub next: Option<String>,
+}
+
+/// A checkpoint's trees, loaded.
+pub struct Loaded {
+    pub workspace: Manifest,
+    pub home: Option<Manifest>,
+}
+
+/// The last checkpoint of each tree: the next take's quick check.
+#[derive(Default)]
+struct Last {
+    loaded: bool,
+    workspace: Option<Manifest>,
+    home: Option<Manifest>,
+}
+
+/// One session's checkpoint stores.
+pub struct SessionCheckpoints {
+    pub workspace: Arc<CheckpointStore>,
+    pub home: Arc<CheckpointStore>,
+    last: tokio::sync::Mutex<Last>,
+}
+
+impl Checkpoints {
+    pub fn new(keep: u32, max_age: Duration) -> Checkpoints {
+        Checkpoints {
+            keep: keep.max(1) as usize,
+            max_age,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SessionCheckpoints>>> {
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The session's stores (made on first use).
+    pub fn of(&self, session: &Session) -> Result<Arc<SessionCheckpoints>, EngineError> {
+        if let Some(open) = self.open().get(&session.id) {
+            return Ok(open.clone());
+        }
+        let opened = Arc::new(SessionCheckpoints::open(&session.dir.join("checkpoints"))?);
+        Ok(self
+            .open()
+            .entry(session.id.clone())
+            .or_insert(opened)
+            .clone())
+    }
+
+    /// Forgets a deleted session's stores.
+    pub fn forget(&self, session_id: &str) {
+        self.open().remove(session_id);
+    }
+
+    /// After a turn: a checkpoint when the turn used the hands and something changed.
+    pub async fn after_turn(&self, session: &Session, turn: u64) {
+        if !session.hands.take_checkpoint_due() {
+            return;
+        }
+        if let Err(e) = self.take(session, turn, "turn").await {
+            session.emit(
+                Some(turn),
+                EventBody::Error {
+                    code: "CHECKPOINT_FAILED".into(),
+                    message: format!(
+                        "the checkpoint after turn {turn} could not be taken ({e}); the earlier ones are kept"
+                    ),
+                },
+            );
+        }
+    }
+
+    /// Takes a checkpoint of the session's trees, emits its `checkpoint` event and applies the
+    /// retention rule. `None` when nothing changed since the last one (after a turn) or the
+    /// session has no tree here.
+    pub async fn take(
+        &self,
+        session: &Session,
+        turn: u64,
+        reason: &'static str,
+    ) -> Result<Option<CheckpointInfo>, EngineError> {
+        let Some(trees) = Trees::of(session) else {
+            return Ok(None);
+        };
+        let stores = self.of(session)?;
+        let mut last = stores.last.lock().await;
+        stores.load_last(&mut last).await?;
+        let taken = stores
+            .take_locked(&mut last, &trees, turn, reason, reason == "turn")
+            .await?;
+        drop(last);
+        let Some((info, bytes_new, elapsed)) = taken else {
+            return Ok(None);
+        };
+        session.emit(
+            (turn > 0).then_some(turn),
+            EventBody::Checkpoint {
+                id: info.id.clone(),
+                reason: reason.into(),
+                files_changed: info.files_changed,
+                bytes_new,
+                elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            },
+        );
+        self.retain(&stores).await;
+        Ok(Some(info))
+    }
+
+    /// Deletes what the retention rule drops, once there are a tenth more than kept, and the
+    /// chunks only they used. A failure is logged: it costs space, never a checkpoint.
+    async fn retain(&self, stores: &Arc<SessionCheckpoints>) {
+        let (keep, max_age) = (self.keep, self.max_age);
+        let stores = stores.clone();
+        let swept = tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            let listed = stores.workspace.page(None, usize::MAX)?.checkpoints;
+            let slack = (keep / 10).max(1);
+            let too_old = listed.iter().skip(1).any(|c| {
+                SystemTime::UNIX_EPOCH + Duration::from_millis(c.created_at_ms) + max_age
+                    < SystemTime::now()
+            });
+            if listed.len() <= keep + slack && !too_old {
+                return Ok(());
+            }
+            let kept = warren_checkpoint::keep(&listed, keep, max_age, SystemTime::now());
+            let mut kept_ws = Vec::new();
+            let mut kept_home = Vec::new();
+            for id in &kept {
+                let manifest = stores.workspace.load(id)?;
+                if let Some(home) = home_of(&manifest) {
+                    kept_home.push(stores.home.load(&home)?);
+                }
+                kept_ws.push(manifest);
+            }
+            let home_ids: Vec<&str> = kept_home.iter().map(|m| m.id.as_str()).collect();
+            for listed in &listed {
+                if !kept.contains(&listed.id) {
+                    stores.workspace.delete(&listed.id)?;
+                }
+            }
+            for listed in stores.home.page(None, usize::MAX)?.checkpoints {
+                if !home_ids.contains(&listed.id.as_str()) {
+                    stores.home.delete(&listed.id)?;
+                }
+            }
+            stores
+                .workspace
+                .collect(&kept_ws.iter().collect::<Vec<_>>())?;
+            stores.home.collect(&kept_home.iter().collect::<Vec<_>>())?;
+            Ok(())
+        })
+        .await;
+        match swept {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint retention failed"),
+            Err(e) => tracing::warn!(error = %e, "checkpoint retention panicked"),
+        }
+    }
+
+    /// `GET …/checkpoints`: at most `limit` checkpoints older than `before`, newest first.
+    pub async fn page(
+        &self,
+        session: &Session,
+        before: Option<String>,
+        limit: usize,
+    ) -> Result<CheckpointPage, EngineError> {
+        let stores = self.of(session)?;
+        blocking(move || {
+            if let Some(before) = &before {
+                // An id that names nothing is 404, not an empty page.
+                stores.workspace.head(before)?;
+            }
+            let page = stores.workspace.page(before.as_deref(), limit)?;
+            let mut checkpoints = Vec::with_capacity(page.checkpoints.len());
+            for listed in &page.checkpoints {
+                checkpoints.push(info_of(&stores.workspace.head(&listed.id)?));
+            }
+            Ok(CheckpointPage {
+                checkpoints,
+                next: page.next,
+            })
+        })
+        .await
+    }
+
+    /// Checkpoint `id` of the session, its entries loaded (the home's when asked).
+    pub async fn load(
+        &self,
+        session: &Session,
+        id: &str,
+        with_home: bool,
+    ) -> Result<(Arc<SessionCheckpoints>, Loaded), EngineError> {
+        let stores = self.of(session)?;
+        let id = id.to_owned();
+        let loaded = {
+            let stores = stores.clone();
+            blocking(move || {
+                let workspace = stores.workspace.load(&id)?;
+                let home = match home_of(&workspace) {
+                    Some(home) if with_home => Some(stores.home.load(&home)?),
+                    _ => None,
+                };
+                Ok(Loaded { workspace, home })
+            })
+            .await?
+        };
+        Ok((stores, loaded))
+    }
+
+    /// The checkpoint taken just before `id` (the diff's default other side).
+    pub async fn previous_of(
+        &self,
+        session: &Session,
+        id: &str,
+    ) -> Result<Option<String>, EngineError> {
+        let stores = self.of(session)?;
+        let id = id.to_owned();
+        blocking(move || {
+            let page = stores.workspace.page(Some(&id), 1)?;
+            Ok(page.checkpoints.first().map(|c| c.id.clone()))
+        })
+        .await
+    }
+
+    /// `POST …/checkpoints/{id}/rewind`: the session's trees become checkpoint `id`'s, a
+    /// checkpoint of what they held taken first. Refused while a turn runs.
+    pub async fn rewind(
+        &self,
+        session: &Arc<Session>,
+        id: &str,
+        restart: bool,
+    ) -> Result<CheckpointInfo, EngineError> {
+        if session.running_turn().is_some() {
+            return Err(EngineError::TurnRunning);
+        }
+        let (stores, target) = self.load(session, id, true).await?;
+        // The trees are there and stay awake while they change (an archived session's come
+        // back first).
+        session.hands.endpoint().await?;
+        let _hold = session.hands.hold();
+        let Some(trees) = Trees::of(session) else {
+            return Err(EngineError::InvalidRequest(
+                "this session's hands are reached by URL: their files are not kept as checkpoints"
+                    .into(),
+            ));
+        };
+        let turn = session.last_turn();
+        let mut last = stores.last.lock().await;
+        stores.load_last(&mut last).await?;
+        if session.running_turn().is_some() {
+            return Err(EngineError::TurnRunning);
+        }
+        let saved = match stores
+            .take_locked(&mut last, &trees, turn, "rewind", true)
+            .await?
+        {
+            Some((info, bytes_new, elapsed)) => {
+                session.emit(
+                    (turn > 0).then_some(turn),
+                    EventBody::Checkpoint {
+                        id: info.id.clone(),
+                        reason: "rewind".into(),
+                        files_changed: info.files_changed,
+                        bytes_new,
+                        elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+                    },
+                );
+                info.id
+            }
+            // Nothing changed since the last checkpoint: it is the saved state.
+            None => last
+                .workspace
+                .as_ref()
+                .map(|m| m.id.clone())
+                .unwrap_or_default(),
+        };
+        let restored = {
+            let stores = stores.clone();
+            let current_ws = last.workspace.clone();
+            let current_home = last.home.clone();
+            blocking(move || {
+                let workspace = stores.workspace.restore(
+                    &target.workspace,
+                    &trees.workspace,
+                    current_ws.as_ref(),
+                )?;
+                let home = match (&target.home, &trees.home) {
+                    (Some(manifest), Some(dir)) => {
+                        Some(stores.home.restore(manifest, dir, current_home.as_ref())?)
+                    }
+                    _ => current_home,
+                };
+                Ok((workspace, home, target.workspace))
+            })
+            .await?
+        };
+        let (workspace, home, target) = restored;
+        last.workspace = Some(workspace);
+        last.home = home;
+        drop(last);
+        session.hands.mark_changed();
+        if restart {
+            session.hands.restart().await;
+        }
+        let info = info_of(&target);
+        session.set_rewound_notice(&info);
+        session.emit(
+            None,
+            EventBody::Rewound {
+                checkpoint: info.id.clone(),
+                saved,
+                restart,
+            },
+        );
+        Ok(info)
+    }
+
+    /// `POST …/checkpoints/{id}/fork`: a new session of `device_id` whose workspace and agent
+    /// home are checkpoint `id`'s and whose first event names where it came from. When the
+    /// checkpoint holds the agent's home, the new session resumes the source's ACP session
+    /// from it. A fork that fails leaves no session behind.
+    pub async fn fork(
+        &self,
+        engine: &Arc<crate::Engine>,
+        source: &Arc<Session>,
+        id: &str,
+        device_id: &str,
+        title: Option<String>,
+    ) -> Result<Arc<Session>, EngineError> {
+        let (from, loaded) = self.load(source, id, true).await?;
+        let checkpoint = loaded.workspace.id.clone();
+        let with_home = loaded.home.is_some();
+        let title = title.unwrap_or_else(|| format!("{} (fork)", source.title()));
+        let forked = crate::sessions::create_session(engine, device_id, Some(title)).await?;
+        let seeded = async {
+            self.seed(&from, loaded, &forked).await?;
+            if with_home && let Some(acp) = source.meta().acp_session_id {
+                forked.continue_acp_session(acp).await?;
+            }
+            Ok::<(), EngineError>(())
+        }
+        .await;
+        if let Err(e) = seeded {
+            if let Err(deleted) = crate::sessions::delete_session(engine, &forked).await {
+                tracing::warn!(session = %forked.id, error = %deleted, "cannot remove a failed fork");
+            }
+            return Err(e);
+        }
+        forked.emit(
+            None,
+            EventBody::Forked {
+                source_session: source.id.clone(),
+                checkpoint,
+            },
+        );
+        Ok(forked)
+    }
+
+    /// A fork's trees: checkpoint `loaded` (of `from`) restored into `to`'s (which no hands
+    /// use yet) and stored as `to`'s first checkpoint.
+    async fn seed(
+        &self,
+        from: &Arc<SessionCheckpoints>,
+        loaded: Loaded,
+        to: &Session,
+    ) -> Result<(), EngineError> {
+        let stores = self.of(to)?;
+        let workspace_dir = to.hands.workspace().to_path_buf();
+        let home_dir = to.hands.agent_home().map(Path::to_path_buf);
+        let mut last = stores.last.lock().await;
+        let from = from.clone();
+        let target = stores.clone();
+        let (workspace, home) = blocking(move || {
+            target
+                .workspace
+                .import(&from.workspace, &loaded.workspace)?;
+            let workspace = target
+                .workspace
+                .restore(&loaded.workspace, &workspace_dir, None)?;
+            let home = match (&loaded.home, home_dir) {
+                (Some(manifest), Some(dir)) => {
+                    target.home.import(&from.home, manifest)?;
+                    Some(target.home.restore(manifest, &dir, None)?)
+                }
+                _ => None,
+            };
+            Ok((workspace, home))
+        })
+        .await?;
+        last.loaded = true;
+        last.workspace = Some(workspace);
+        last.home = home;
+        Ok(())
+    }
+}
+
+/// The directories a session's checkpoints are of.
+struct Trees {
+    workspace: PathBuf,
+    home: Option<PathBuf>,
+}
+
+impl Trees {
+    fn of(session: &Session) -> Option<Trees> {
+        if session.hands.isolation() == Isolation::Remote {
+            return None;
+        }
+        let workspace = session.hands.workspace().to_path_buf();
+        if !workspace.is_dir() {
+            return None;
+        }
+        Some(Trees {
+            workspace,
+            home: session
+                .hands
+                .agent_home()
+                .filter(|home| home.is_dir())
+                .map(Path::to_path_buf),
+        })
+    }
+}
+
+impl SessionCheckpoints {
+    fn open(dir: &Path) -> Result<SessionCheckpoints, EngineError> {
+        let store = |name: &str| -> Result<Arc<CheckpointStore>, EngineError> {
+            let disk = LocalDisk::open(&dir.join(name))?;
+            Ok(Arc::new(CheckpointStore::new(
+                Arc::new(disk),
+                Config::default(),
+            )))
+        };
+        Ok(SessionCheckpoints {
+            workspace: store("workspace")?,
+            home: store("home")?,
+            last: tokio::sync::Mutex::new(Last::default()),
+        })
+    }
+
+    /// Loads the newest checkpoint's trees, once (after a gateway start).
+    async fn load_last(self: &Arc<Self>, last: &mut Last) -> Result<(), EngineError> {
+        if last.loaded {
+            return Ok(());
+        }
+        let stores = self.clone();
+        let (workspace, home) = blocking(move || {
+            let Some(newest) = stores.workspace.page(None, 1)?.checkpoints.pop() else {
+                return Ok((None, None));
+            };
+            let workspace = stores.workspace.load(&newest.id)?;
+            let home = match home_of(&workspace) {
+                Some(home) => Some(stores.home.load(&home)?),
+                None => None,
+            };
+            Ok((Some(workspace), home))
+        })
+        .await?;
+        *last = Last {
+            loaded: true,
+            workspace,
+            home,
+        };
+        Ok(())
+    }
+
+    /// Takes the trees' checkpoint; with `skip_unchanged`, one that changed nothing since the
+    /// last is deleted again (`None`). Returns what it stored, its new bytes and its time.
+    async fn take_locked(
+        self: &Arc<Self>,
+        last: &mut Last,
+        trees: &Trees,
+        turn: u64,
+        reason: &'static str,
+        skip_unchanged: bool,
+    ) -> Result<Option<(CheckpointInfo, u64, Duration)>, EngineError> {
+        let started = Instant::now();
+        let stores = self.clone();
+        let previous_ws = last.workspace.clone();
+        let previous_home = last.home.clone();
+        let (workspace_dir, home_dir) = (trees.workspace.clone(), trees.home.clone());
+        let (workspace, home, bytes_new, changed) = blocking(move || {
+            let (home, home_stats) = match &home_dir {
+                Some(dir) => {
+                    let (manifest, stats) = stores.home.take_labelled(
+                        dir,
+                        previous_home.as_ref(),
+                        json!({ "reason": reason, "turn": turn }),
+                    )?;
+                    (Some(manifest), Some(stats))
+                }
+                None => (None, None),
+            };
+            let label = json!({
+                "reason": reason,
+                "turn": turn,
+                "home": home.as_ref().map(|m| m.id.clone()),
+            });
+            let taken = stores
+                .workspace
+                .take_labelled(&workspace_dir, previous_ws.as_ref(), label);
+            let (workspace, stats) = match taken {
+                Ok(taken) => taken,
+                Err(e) => {
+                    if let Some(home) = &home {
+                        let _ = stores.home.delete(&home.id);
+                    }
+                    return Err(e);
+                }
+            };
+            let changed =
+                stats.files_changed + home_stats.as_ref().map_or(0, |stats| stats.files_changed);
+            let bytes_new = stats.bytes_new + home_stats.map_or(0, |stats| stats.bytes_new);
+            Ok((workspace, home, bytes_new, changed))
+        })
+        .await?;
+        if skip_unchanged && changed == 0 && last.workspace.is_some() {
+            // The new manifests name only chunks the last one does; they still serve as the
+            // quick check's fresher stat.
+            let stores = self.clone();
+            let (ws_id, home_id) = (workspace.id.clone(), home.as_ref().map(|m| m.id.clone()));
+            blocking(move || {
+                stores.workspace.delete(&ws_id)?;
+                if let Some(home_id) = home_id {
+                    stores.home.delete(&home_id)?;
+                }
+                Ok(())
+            })
+            .await?;
+            return Ok(None);
+        }
+        let info = info_of(&workspace);
+        last.workspace = Some(workspace);
+        if home.is_some() {
+            last.home = home;
+        }
+        Ok(Some((info, bytes_new, started.elapsed())))
+    }
+}
+
+/// The home checkpoint a workspace checkpoint was taken with.
+fn home_of(workspace: &Manifest) -> Option<String> {
+    workspace.label["home"].as_str().map(str::to_owned)
+}
+
+fn info_of(manifest: &Manifest) -> CheckpointInfo {
+    let created = chrono::DateTime::from_timestamp_millis(
+        i64::try_from(manifest.created_at_ms).unwrap_or(i64::MAX),
+    )
+    .unwrap_or_default();
+    CheckpointInfo {
+        id: manifest.id.clone(),
+        turn: manifest.label["turn"].as_u64().unwrap_or(0),
+        created_at: created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        files: manifest.summary.files,
+        bytes: manifest.summary.bytes,
+        files_changed: manifest.summary.files_changed,
+        reason: manifest.label["reason"]
+            .as_str()
+            .unwrap_or("turn")
+            .to_owned(),
+    }
+}
+
+/// Runs store work on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?
+        .map_err(EngineError::from)
+}

@@ -1,0 +1,508 @@
+//! Checkpoints (checkpoints.md) on real bwrap hands with the built-in shell agent: a turn that
+//! changed files leaves a `checkpoint` event and one that changed nothing none; the list, a
+//! listing and a file (with `Range`) as of a checkpoint, the diff between two; a rewind puts
+//! back every file byte for byte (keeping what it replaced as a checkpoint) and the agent's
+//! next prompt says so; a fork is a new session holding the checkpoint's files; a corrupted
+//! chunk is found by its hash and restores nothing; and every bad input's status and code.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::helpers::{Conversation, TestGateway, in_bwrap};
+
+fn base(session: &str) -> String {
+    format!("/sessions/{session}/checkpoints")
+}
+
+/// Reads until the next `checkpoint` event and returns its data.
+async fn next_checkpoint(chat: &mut Conversation<'_>, what: &str) -> Value {
+    let seen = chat
+        .until(&format!("the checkpoint after {what}"), |e| {
+            e.event == "checkpoint"
+        })
+        .await;
+    seen.last().expect("a checkpoint event").data.clone()
+}
+
+async fn status_and_code(response: reqwest::Response) -> (u16, String) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("a JSON error body");
+    (status, body["code"].as_str().unwrap_or_default().to_owned())
+}
+
+async fn post(gw: &TestGateway, token: &str, path: &str, body: Value) -> reqwest::Response {
+    gw.request(reqwest::Method::POST, token, path)
+        .json(&body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+}
+
+async fn bytes_of(gw: &TestGateway, token: &str, path: &str) -> Vec<u8> {
+    let response = gw.get(token, path).await;
+    assert_eq!(response.status(), 200, "GET {path}");
+    response.bytes().await.expect("the body").to_vec()
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// The chunk files of a session's workspace checkpoints.
+fn chunk_files(data: &Path, session: &str) -> Vec<PathBuf> {
+    let root = data
+        .join("sessions")
+        .join(session)
+        .join("checkpoints/workspace/chunks");
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir(&root).expect("the chunk directory") {
+        for file in std::fs::read_dir(dir.expect("an entry").path()).expect("a chunk directory") {
+            let path = file.expect("an entry").path();
+            if !path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
+    let gw = in_bwrap(|_| {}).await;
+    let mut chat = gw.conversation("phone-checkpoints").await;
+    chat.turn_ok(
+        "mkdir -p src/deep && printf 'one\\n' > src/a.txt && head -c 300000 /dev/urandom > blob.bin \
+         && ln -s src/a.txt link && printf 'x' > src/deep/x",
+    )
+    .await;
+    let first = next_checkpoint(&mut chat, "the first turn").await;
+    assert_eq!(first["reason"], "turn");
+    assert_eq!(first["turn"], 1);
+    assert_eq!(first["files_changed"], 4, "{first}");
+    assert!(
+        first["bytes_new"].as_u64().expect("a number") > 300_000 / 2,
+        "{first}"
+    );
+    let c1 = first["id"].as_str().expect("a string").to_owned();
+    let blob = read(&chat.workspace().join("blob.bin"));
+
+    chat.turn_ok("printf 'two\\n' > src/a.txt && mv blob.bin gone.bin && printf 'new\\n' > b.txt")
+        .await;
+    let second = next_checkpoint(&mut chat, "the second turn").await;
+    assert_eq!(second["turn"], 2);
+    assert_eq!(
+        second["files_changed"], 4,
+        "a.txt, b.txt, blob.bin, gone.bin: {second}"
+    );
+    assert!(
+        second["bytes_new"].as_u64().expect("a number") < 100_000,
+        "a renamed file's chunks are stored once: {second}"
+    );
+    let c2 = second["id"].as_str().expect("a string").to_owned();
+
+    // A turn that changes nothing stores no checkpoint: the next one's diff is against c2.
+    chat.turn_ok("true").await;
+    chat.turn_ok("printf 'z' > z.txt").await;
+    let third = next_checkpoint(&mut chat, "the fourth turn").await;
+    assert_eq!(third["turn"], 4);
+    let c3 = third["id"].as_str().expect("a string").to_owned();
+    let list = gw.get_json(&chat.token, &base(&chat.session)).await;
+    let ids: Vec<&str> = list["checkpoints"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|c| c["id"].as_str().expect("a string"))
+        .collect();
+    assert_eq!(ids, [c3.as_str(), c2.as_str(), c1.as_str()], "{list}");
+    assert_eq!(list["next"], Value::Null);
+    assert_eq!(
+        list["checkpoints"][2]["files"], 3,
+        "blob.bin, a.txt, x: {list}"
+    );
+    assert_eq!(list["checkpoints"][2]["reason"], "turn");
+    assert_eq!(list["checkpoints"][0]["files_changed"], 1, "{list}");
+    let paged = gw
+        .get_json(&chat.token, &format!("{}?limit=1", base(&chat.session)))
+        .await;
+    assert_eq!(paged["checkpoints"].as_array().expect("an array").len(), 1);
+    assert_eq!(paged["next"], c3.as_str());
+    let rest = gw
+        .get_json(
+            &chat.token,
+            &format!("{}?limit=1&before={c3}", base(&chat.session)),
+        )
+        .await;
+    assert_eq!(rest["checkpoints"][0]["id"], c2.as_str());
+    let z_diff = gw
+        .get_json(&chat.token, &format!("{}/{c3}/diff", base(&chat.session)))
+        .await;
+    assert_eq!(z_diff["against"], c2.as_str(), "{z_diff}");
+
+    // Files as of the first checkpoint: listing, content, a range.
+    let listed = gw
+        .get_json(
+            &chat.token,
+            &format!("{}/{c1}/files?depth=2", base(&chat.session)),
+        )
+        .await;
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|e| e["path"].as_str().expect("a string"))
+        .collect();
+    assert_eq!(
+        paths,
+        ["blob.bin", "link", "src", "src/a.txt", "src/deep"],
+        "{listed}"
+    );
+    assert_eq!(listed["entries"][1]["type"], "symlink");
+    assert_eq!(listed["entries"][1]["target"], "src/a.txt");
+    let inner = gw
+        .get_json(
+            &chat.token,
+            &format!("{}/{c1}/files?path=src/deep", base(&chat.session)),
+        )
+        .await;
+    assert_eq!(inner["entries"][0]["path"], "src/deep/x");
+    let content = format!("{}/{c1}/files/content?path=", base(&chat.session));
+    assert_eq!(
+        bytes_of(&gw, &chat.token, &format!("{content}src/a.txt")).await,
+        b"one\n"
+    );
+    assert_eq!(
+        bytes_of(&gw, &chat.token, &format!("{content}blob.bin")).await,
+        blob
+    );
+    let ranged = gw
+        .request(
+            reqwest::Method::GET,
+            &chat.token,
+            &format!("{content}blob.bin"),
+        )
+        .header("Range", "bytes=1000-1999")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(ranged.status(), 206);
+    assert_eq!(ranged.headers()["content-range"], "bytes 1000-1999/300000");
+    assert_eq!(ranged.bytes().await.expect("a body"), blob[1000..2000]);
+
+    // The diff of the second turn.
+    let diff = gw
+        .get_json(&chat.token, &format!("{}/{c2}/diff", base(&chat.session)))
+        .await;
+    assert_eq!(diff["against"], c1.as_str());
+    let names = |key: &str| -> Vec<String> {
+        diff[key]
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|e| e["path"].as_str().expect("a string").to_owned())
+            .collect()
+    };
+    assert_eq!(names("added"), ["b.txt", "gone.bin"], "{diff}");
+    assert_eq!(names("removed"), ["blob.bin"], "{diff}");
+    assert_eq!(names("modified"), ["src/a.txt"], "{diff}");
+    let text = diff["modified"][0]["diff"].as_str().expect("a string");
+    assert!(text.contains("-one") && text.contains("+two"), "{text}");
+    assert_eq!(diff["removed"][0]["size"], 300_000);
+    let first_diff = gw
+        .get_json(&chat.token, &format!("{}/{c1}/diff", base(&chat.session)))
+        .await;
+    assert_eq!(first_diff["against"], Value::Null);
+    assert_eq!(first_diff["added"].as_array().expect("an array").len(), 6);
+
+    // Rewind to the first: byte for byte, what it replaced kept.
+    let rewound = post(
+        &gw,
+        &chat.token,
+        &format!("{}/{c1}/rewind", base(&chat.session)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(rewound.status(), 202);
+    let answer: Value = rewound.json().await.expect("a JSON body");
+    assert_eq!(answer["checkpoint"]["id"], c1.as_str());
+    let seen = chat
+        .until("the rewound event", |e| e.event == "rewound")
+        .await;
+    let event = &seen.last().expect("an event").data;
+    assert_eq!(event["checkpoint"], c1.as_str());
+    assert_eq!(
+        event["saved"],
+        c3.as_str(),
+        "nothing changed since c3: {event}"
+    );
+    let ws = chat.workspace();
+    assert_eq!(read(&ws.join("src/a.txt")), b"one\n");
+    assert_eq!(read(&ws.join("blob.bin")), blob);
+    assert_eq!(read(&ws.join("src/deep/x")), b"x");
+    assert_eq!(
+        std::fs::read_link(ws.join("link")).expect("the link"),
+        Path::new("src/a.txt")
+    );
+    assert!(
+        !ws.join("b.txt").exists() && !ws.join("gone.bin").exists() && !ws.join("z.txt").exists()
+    );
+    // The agent's next prompt says so; its commands see the rewound files.
+    let seen = chat.turn_ok("cat src/a.txt").await;
+    let said = super::helpers::text_of(&seen);
+    assert!(said.contains(&c1) && said.contains("one"), "{said}");
+
+    // Fork the second checkpoint into a new session.
+    let forked = post(
+        &gw,
+        &chat.token,
+        &format!("{}/{c2}/fork", base(&chat.session)),
+        json!({"title": "try again"}),
+    )
+    .await;
+    assert_eq!(forked.status(), 201);
+    let forked: Value = forked.json().await.expect("a JSON body");
+    assert_eq!(forked["title"], "try again");
+    let fork_id = forked["id"].as_str().expect("a string").to_owned();
+    let fork_ws = gw.data.join("sessions").join(&fork_id).join("workspace");
+    assert_eq!(read(&fork_ws.join("src/a.txt")), b"two\n");
+    assert_eq!(read(&fork_ws.join("gone.bin")), blob);
+    assert_eq!(read(&fork_ws.join("b.txt")), b"new\n");
+    assert!(!fork_ws.join("blob.bin").exists() && !fork_ws.join("z.txt").exists());
+    let fork_list = gw.get_json(&chat.token, &base(&fork_id)).await;
+    assert_eq!(fork_list["checkpoints"][0]["id"], c2.as_str());
+    let mut fork_events = gw.events(&chat.token, &fork_id, None).await;
+    let seen = fork_events
+        .until("the forked event", |e| e.event == "forked")
+        .await;
+    let forked_event = &seen.last().expect("an event").data;
+    assert_eq!(forked_event["source_session"], chat.session.as_str());
+    assert_eq!(forked_event["checkpoint"], c2.as_str());
+    // The fork's hands run on those files.
+    let mut fork_chat = Conversation {
+        gw: &gw,
+        token: chat.token.clone(),
+        session: fork_id.clone(),
+        events: fork_events,
+    };
+    let seen = fork_chat.turn_ok("cat b.txt src/a.txt").await;
+    let said = super::helpers::text_of(&seen);
+    assert!(said.contains("new") && said.contains("two"), "{said}");
+
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn bad_checkpoint_requests_get_their_status_and_code() {
+    let gw = in_bwrap(|_| {}).await;
+    let mut chat = gw.conversation("phone-checkpoints").await;
+    chat.turn_ok("mkdir d && printf 'a' > d/f").await;
+    let c1 = next_checkpoint(&mut chat, "the turn").await["id"]
+        .as_str()
+        .expect("a string")
+        .to_owned();
+    let b = base(&chat.session);
+    let other = gw.register("laptop-checkpoints").await;
+    let cases: Vec<(String, &str, u16, &str)> = vec![
+        (
+            b.clone(),
+            "another owner's session",
+            404,
+            "SESSION_NOT_FOUND",
+        ),
+        (
+            format!("{b}/{c1}/files"),
+            "another owner's checkpoint",
+            404,
+            "SESSION_NOT_FOUND",
+        ),
+    ];
+    for (path, what, status, code) in cases {
+        let got = status_and_code(gw.get(&other, &path).await).await;
+        assert_eq!(got, (status, code.to_owned()), "{what}");
+    }
+    let unknown = "000000000001-00000000";
+    let cases: Vec<(String, &str, u16, &str)> = vec![
+        (format!("{b}?limit=0"), "limit 0", 400, "INVALID_QUERY"),
+        (
+            format!("{b}?limit=201"),
+            "limit over 200",
+            400,
+            "INVALID_QUERY",
+        ),
+        (
+            format!("{b}?limit=x"),
+            "limit not a number",
+            400,
+            "INVALID_QUERY",
+        ),
+        (
+            format!("{b}?before={unknown}"),
+            "before naming nothing",
+            404,
+            "CHECKPOINT_NOT_FOUND",
+        ),
+        (
+            format!("{b}/{unknown}/files"),
+            "an unknown checkpoint",
+            404,
+            "CHECKPOINT_NOT_FOUND",
+        ),
+        (
+            format!("{b}/..%2F..%2Fmeta/files"),
+            "an id that is a path",
+            404,
+            "CHECKPOINT_NOT_FOUND",
+        ),
+        (
+            format!("{b}/{c1}/files?path=../x"),
+            "a path above the root",
+            403,
+            "PATH_ESCAPE",
+        ),
+        (
+            format!("{b}/{c1}/files?path=nope"),
+            "a missing directory",
+            404,
+            "FILE_NOT_FOUND",
+        ),
+        (
+            format!("{b}/{c1}/files?path=d/f"),
+            "a file listed as a directory",
+            409,
+            "NOT_A_DIRECTORY",
+        ),
+        (
+            format!("{b}/{c1}/files?depth=9"),
+            "depth over 5",
+            400,
+            "INVALID_QUERY",
+        ),
+        (
+            format!("{b}/{c1}/files/content?path=d"),
+            "a directory's content",
+            403,
+            "NOT_REGULAR_FILE",
+        ),
+        (
+            format!("{b}/{c1}/files/content"),
+            "content of the root",
+            400,
+            "INVALID_PATH",
+        ),
+        (
+            format!("{b}/{c1}/files/content?path=d/none"),
+            "a missing file",
+            404,
+            "FILE_NOT_FOUND",
+        ),
+        (
+            format!("{b}/{c1}/diff?against={unknown}"),
+            "a diff against nothing",
+            404,
+            "CHECKPOINT_NOT_FOUND",
+        ),
+    ];
+    for (path, what, status, code) in cases {
+        let got = status_and_code(gw.get(&chat.token, &path).await).await;
+        assert_eq!(got, (status, code.to_owned()), "{what}: GET {path}");
+    }
+    let range = gw
+        .request(
+            reqwest::Method::GET,
+            &chat.token,
+            &format!("{b}/{c1}/files/content?path=d/f"),
+        )
+        .header("Range", "bytes=5-9")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(range.status(), 416);
+    assert_eq!(range.headers()["content-range"], "bytes */1");
+    for (body, what) in [
+        (json!({"restart": "yes"}), "restart not a boolean"),
+        (json!({"bogus": true}), "an unknown field"),
+        (json!([1]), "not an object"),
+    ] {
+        let got =
+            status_and_code(post(&gw, &chat.token, &format!("{b}/{c1}/rewind"), body).await).await;
+        assert_eq!(got, (400, "INVALID_REQUEST_BODY".into()), "{what}");
+    }
+    let long = "t".repeat(201);
+    let got = status_and_code(
+        post(
+            &gw,
+            &chat.token,
+            &format!("{b}/{c1}/fork"),
+            json!({"title": long}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got, (400, "INVALID_REQUEST_BODY".into()), "a long title");
+    let got = status_and_code(
+        post(
+            &gw,
+            &chat.token,
+            &format!("{b}/{unknown}/rewind"),
+            json!({}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got, (404, "CHECKPOINT_NOT_FOUND".into()));
+
+    // A rewind while a turn runs is refused and changes nothing.
+    chat.start_working("printf 'b' > d/f && sleep 30").await;
+    let written = chat.workspace().join("d/f");
+    let deadline = std::time::Instant::now() + super::helpers::WAIT;
+    while read(&written) != b"b" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never wrote d/f"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let got =
+        status_and_code(post(&gw, &chat.token, &format!("{b}/{c1}/rewind"), json!({})).await).await;
+    assert_eq!(got, (409, "TURN_RUNNING".into()));
+    assert_eq!(chat.cancel().await.status(), 202);
+    chat.until_turn_end("the cancelled sleep").await;
+    let c2 = next_checkpoint(&mut chat, "the cancelled turn").await["id"]
+        .as_str()
+        .expect("a string")
+        .to_owned();
+    assert_eq!(read(&chat.workspace().join("d/f")), b"b");
+
+    // A corrupted chunk: found by its hash, the rewind and the fork change nothing.
+    let chunks = chunk_files(&gw.data, &chat.session);
+    assert!(!chunks.is_empty());
+    for chunk in &chunks {
+        let mut bytes = read(chunk);
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(chunk, bytes).expect("a chunk written");
+    }
+    let got =
+        status_and_code(post(&gw, &chat.token, &format!("{b}/{c1}/rewind"), json!({})).await).await;
+    assert_eq!(got, (409, "CHECKPOINT_BROKEN".into()), "a broken rewind");
+    assert_eq!(read(&chat.workspace().join("d/f")), b"b", "nothing changed");
+    let got =
+        status_and_code(post(&gw, &chat.token, &format!("{b}/{c2}/fork"), json!({})).await).await;
+    assert_eq!(got, (409, "CHECKPOINT_BROKEN".into()), "a broken fork");
+    let sessions = gw.get_json(&chat.token, "/sessions").await;
+    assert_eq!(
+        sessions["sessions"].as_array().expect("an array").len(),
+        1,
+        "a failed fork leaves no session: {sessions}"
+    );
+    let got = status_and_code(
+        gw.get(&chat.token, &format!("{b}/{c1}/files/content?path=d/f"))
+            .await,
+    )
+    .await;
+    assert_eq!(got, (409, "CHECKPOINT_BROKEN".into()));
+    gw.stop().await;
+}
