@@ -366,7 +366,7 @@ impl Checkpoints {
             session.hands.restart().await;
         }
         let info = info_of(&target);
-        session.set_rewound_notice(&info);
+        session.set_rewound_notice(&info.id, info.turn, &info.created_at);
         session.emit(
             None,
             EventBody::Rewound {
@@ -378,50 +378,9 @@ impl Checkpoints {
         Ok(info)
     }
 
-    /// `POST …/checkpoints/{id}/fork`: a new session of `device_id` whose workspace and agent
-    /// home are checkpoint `id`'s and whose first event names where it came from. When the
-    /// checkpoint holds the agent's home, the new session resumes the source's ACP session
-    /// from it. A fork that fails leaves no session behind.
-    pub async fn fork(
-        &self,
-        engine: &Arc<crate::Engine>,
-        source: &Arc<Session>,
-        id: &str,
-        device_id: &str,
-        title: Option<String>,
-    ) -> Result<Arc<Session>, EngineError> {
-        let (from, loaded) = self.load(source, id, true).await?;
-        let checkpoint = loaded.workspace.id.clone();
-        let with_home = loaded.home.is_some();
-        let title = title.unwrap_or_else(|| format!("{} (fork)", source.title()));
-        let forked = crate::sessions::create_session(engine, device_id, Some(title)).await?;
-        let seeded = async {
-            self.seed(&from, loaded, &forked).await?;
-            if with_home && let Some(acp) = source.meta().acp_session_id {
-                forked.continue_acp_session(acp).await?;
-            }
-            Ok::<(), EngineError>(())
-        }
-        .await;
-        if let Err(e) = seeded {
-            if let Err(deleted) = crate::sessions::delete_session(engine, &forked).await {
-                tracing::warn!(session = %forked.id, error = %deleted, "cannot remove a failed fork");
-            }
-            return Err(e);
-        }
-        forked.emit(
-            None,
-            EventBody::Forked {
-                source_session: source.id.clone(),
-                checkpoint,
-            },
-        );
-        Ok(forked)
-    }
-
     /// A fork's trees: checkpoint `loaded` (of `from`) restored into `to`'s (which no hands
     /// use yet) and stored as `to`'s first checkpoint.
-    async fn seed(
+    pub async fn seed(
         &self,
         from: &Arc<SessionCheckpoints>,
         loaded: Loaded,

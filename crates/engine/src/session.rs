@@ -509,17 +509,16 @@ impl Session {
     }
 
     /// Tells the agent's next prompt the workspace was rewound to `checkpoint`.
-    pub fn set_rewound_notice(&self, checkpoint: &crate::checkpoints::CheckpointInfo) {
+    pub fn set_rewound_notice(&self, checkpoint: &str, turn: u64, created_at: &str) {
         let text = format!(
-            "Note: the person rewound this session's workspace to checkpoint {} (taken after \
-             turn {}, {}). Files are as they were then; what changed since is kept in a \
-             checkpoint of its own.",
-            checkpoint.id, checkpoint.turn, checkpoint.created_at
+            "Note: the person rewound this session's workspace to checkpoint {checkpoint} \
+             (taken after turn {turn}, {created_at}). Files are as they were then; what changed \
+             since is kept in a checkpoint of its own."
         );
         self.lock().rewound = Some(warren_brain::Notice {
             kind: warren_brain::REWOUND_NOTICE,
             text,
-            checkpoint: Some(checkpoint.id.clone()),
+            checkpoint: Some(checkpoint.to_owned()),
         });
     }
 

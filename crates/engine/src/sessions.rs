@@ -261,6 +261,46 @@ pub async fn create_session(
     Ok(session)
 }
 
+/// `POST …/checkpoints/{id}/fork`: a new session of `device_id` whose workspace and agent
+/// home are checkpoint `id`'s and whose first event names where it came from. When the
+/// checkpoint holds the agent's home, the new session resumes the source's ACP session
+/// from it. A fork that fails leaves no session behind.
+pub async fn fork_session(
+    engine: &Arc<Engine>,
+    source: &Arc<Session>,
+    id: &str,
+    device_id: &str,
+    title: Option<String>,
+) -> Result<Arc<Session>, EngineError> {
+    let (from, loaded) = engine.checkpoints.load(source, id, true).await?;
+    let checkpoint = loaded.workspace.id.clone();
+    let with_home = loaded.home.is_some();
+    let title = title.unwrap_or_else(|| format!("{} (fork)", source.title()));
+    let forked = create_session(engine, device_id, Some(title)).await?;
+    let seeded = async {
+        engine.checkpoints.seed(&from, loaded, &forked).await?;
+        if with_home && let Some(acp) = source.meta().acp_session_id {
+            forked.continue_acp_session(acp).await?;
+        }
+        Ok::<(), EngineError>(())
+    }
+    .await;
+    if let Err(e) = seeded {
+        if let Err(deleted) = delete_session(engine, &forked).await {
+            tracing::warn!(session = %forked.id, error = %deleted, "cannot remove a failed fork");
+        }
+        return Err(e);
+    }
+    forked.emit(
+        None,
+        warren_protocol::gateway::EventBody::Forked {
+            source_session: source.id.clone(),
+            checkpoint,
+        },
+    );
+    Ok(forked)
+}
+
 /// `DELETE /v1/sessions/{id}`: ends the turn, stops brain and hands (every process in them),
 /// removes the data: workspace, snapshot, event log.
 pub async fn delete_session(

@@ -31,12 +31,12 @@ use crate::session::Session;
 
 pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
     OpenApiRouter::new()
-        .routes(routes!(list))
-        .routes(routes!(files))
-        .routes(routes!(content))
-        .routes(routes!(diff))
-        .routes(routes!(rewind))
-        .routes(routes!(fork))
+        .routes(routes!(list_checkpoints))
+        .routes(routes!(checkpoint_files))
+        .routes(routes!(checkpoint_file))
+        .routes(routes!(checkpoint_diff))
+        .routes(routes!(rewind_checkpoint))
+        .routes(routes!(fork_checkpoint))
 }
 
 /// The device's session named by the path's `{id}`, and the checkpoint id when there is one.
@@ -103,7 +103,7 @@ fn invalid_query(message: String) -> GatewayError {
         (status = 404, description = "SESSION_NOT_FOUND, or CHECKPOINT_NOT_FOUND (`before`)", body = ErrorBody),
     ),
 )]
-async fn list(
+async fn list_checkpoints(
     request: CheckpointRequest,
     uri: axum::http::Uri,
 ) -> Result<axum::Json<CheckpointPage>, GatewayError> {
@@ -141,7 +141,7 @@ async fn list(
         (status = 409, description = "NOT_A_DIRECTORY, or CHECKPOINT_BROKEN: its entry list does not match its hashes", body = ErrorBody),
     ),
 )]
-async fn files(
+async fn checkpoint_files(
     request: CheckpointRequest,
     uri: axum::http::Uri,
 ) -> Result<axum::Json<FileList>, GatewayError> {
@@ -210,7 +210,7 @@ fn file_entry(entry: &Entry) -> FileEntry {
         (status = 416, description = "RANGE_NOT_SATISFIABLE (Content-Range: bytes */size)", body = ErrorBody),
     ),
 )]
-async fn content(
+async fn checkpoint_file(
     request: CheckpointRequest,
     uri: axum::http::Uri,
     asked: HeaderMap,
@@ -344,7 +344,7 @@ struct DiffAnswer {
         (status = 409, description = "CHECKPOINT_BROKEN", body = ErrorBody),
     ),
 )]
-async fn diff(
+async fn checkpoint_diff(
     request: CheckpointRequest,
     uri: axum::http::Uri,
 ) -> Result<axum::Json<DiffAnswer>, GatewayError> {
@@ -438,7 +438,7 @@ struct Rewound {
         (status = 507, description = "STORAGE_FULL", body = ErrorBody),
     ),
 )]
-async fn rewind(
+async fn rewind_checkpoint(
     request: CheckpointRequest,
     OptionalJson(body): OptionalJson<RewindBody>,
 ) -> Result<Response, GatewayError> {
@@ -485,24 +485,20 @@ struct ForkBody {
         (status = 507, description = "STORAGE_FULL", body = ErrorBody),
     ),
 )]
-async fn fork(
+async fn fork_checkpoint(
     request: CheckpointRequest,
     OptionalJson(body): OptionalJson<ForkBody>,
 ) -> Result<Response, GatewayError> {
     if let Some(title) = &body.title {
         crate::api::check_title(title)?;
     }
-    let forked = request
-        .gateway
-        .engine
-        .checkpoints
-        .fork(
-            &request.gateway.engine,
-            &request.session,
-            &request.checkpoint,
-            &request.device_id,
-            body.title,
-        )
-        .await?;
+    let forked = warren_engine::sessions::fork_session(
+        &request.gateway.engine,
+        &request.session,
+        &request.checkpoint,
+        &request.device_id,
+        body.title,
+    )
+    .await?;
     Ok((StatusCode::CREATED, axum::Json(forked.info())).into_response())
 }
