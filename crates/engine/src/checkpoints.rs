@@ -35,6 +35,8 @@ pub const MAX_PAGE: usize = 200;
 
 /// Every session's checkpoints, opened on first use.
 pub struct Checkpoints {
+    /// `--snapshots s3://…`: the checkpoints go under each session's prefix there.
+    objects: Option<warren_store::objects::Objects>,
     keep: usize,
     max_age: Duration,
     open: Mutex<HashMap<String, Arc<SessionCheckpoints>>>,
@@ -84,8 +86,13 @@ pub struct SessionCheckpoints {
 }
 
 impl Checkpoints {
-    pub fn new(keep: u32, max_age: Duration) -> Checkpoints {
+    pub fn new(
+        objects: Option<warren_store::objects::Objects>,
+        keep: u32,
+        max_age: Duration,
+    ) -> Checkpoints {
         Checkpoints {
+            objects,
             keep: keep.max(1) as usize,
             max_age,
             open: Mutex::new(HashMap::new()),
@@ -103,7 +110,10 @@ impl Checkpoints {
         if let Some(open) = self.open().get(&session.id) {
             return Ok(open.clone());
         }
-        let opened = Arc::new(SessionCheckpoints::open(&session.dir.join("checkpoints"))?);
+        let opened = Arc::new(match &self.objects {
+            Some(objects) => SessionCheckpoints::in_bucket(objects, &session.id)?,
+            None => SessionCheckpoints::open(&session.dir.join("checkpoints"))?,
+        });
         Ok(self
             .open()
             .entry(session.id.clone())
@@ -448,6 +458,33 @@ impl SessionCheckpoints {
             let disk = LocalDisk::open(&dir.join(name))?;
             Ok(Arc::new(CheckpointStore::new(
                 Arc::new(disk),
+                Config::default(),
+            )))
+        };
+        Ok(SessionCheckpoints {
+            workspace: store("workspace")?,
+            home: store("home")?,
+            last: tokio::sync::Mutex::new(Last::default()),
+        })
+    }
+
+    /// The stores under the session's prefix of the object store (`…/checkpoints/workspace`
+    /// and `…/home`); their requests run on the current runtime.
+    fn in_bucket(
+        objects: &warren_store::objects::Objects,
+        session_id: &str,
+    ) -> Result<SessionCheckpoints, EngineError> {
+        let prefix = objects
+            .session_prefix(session_id)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let store = |name: &str| -> Result<Arc<CheckpointStore>, EngineError> {
+            let bucket = warren_checkpoint::Bucket::new(
+                objects.store(),
+                &format!("{prefix}/checkpoints/{name}"),
+                tokio::runtime::Handle::current(),
+            )?;
+            Ok(Arc::new(CheckpointStore::new(
+                Arc::new(bucket),
                 Config::default(),
             )))
         };

@@ -170,7 +170,15 @@ impl Engine {
             (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
             _ => 0,
         };
+        let checkpoint_objects = match &args.snapshots {
+            Some(url) => Some(
+                warren_store::objects::Objects::from_url(url)
+                    .map_err(|e| EngineError::InvalidRequest(format!("--snapshots {url}: {e}")))?,
+            ),
+            None => None,
+        };
         let checkpoints = Arc::new(checkpoints::Checkpoints::new(
+            checkpoint_objects,
             args.checkpoints_keep,
             args.checkpoints_max_age,
         ));

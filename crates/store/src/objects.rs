@@ -179,6 +179,18 @@ impl Objects {
         })
     }
 
+    /// The object store itself, for what keeps objects of its own under a session
+    /// ([`Self::session_prefix`]): a session's checkpoints.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    /// `<prefix>/sessions/<session>`: everything of the session is beneath it (and goes with
+    /// [`Self::delete_session`]).
+    pub fn session_prefix(&self, session: &str) -> Result<String, ObjectError> {
+        Ok(self.session_path(session)?.to_string())
+    }
+
     /// `<prefix>/sessions/<session>`.
     fn session_path(&self, session: &str) -> Result<ObjectPath, ObjectError> {
         check_part("session id", session)?;

@@ -506,3 +506,86 @@ async fn bad_checkpoint_requests_get_their_status_and_code() {
     assert_eq!(got, (409, "CHECKPOINT_BROKEN".into()));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn with_snapshots_in_s3_checkpoints_live_in_the_bucket_and_rewind_and_fork_from_it() {
+    use warren_test_support::services::S3;
+    let s3 = S3::start();
+    s3.create_bucket("checkpoints");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let args = ["--snapshots", "s3://checkpoints/warren"].map(str::to_owned);
+    let gateway = super::helpers::GatewayProcess::start(&data, &args, &s3.env());
+    let token = gateway.register("phone-checkpoints-s3").await;
+    let session = gateway.create_session(&token).await;
+    let mut events = gateway.events(&token, &session, None).await;
+    let mut ids = Vec::new();
+    for text in ["v1", "v2"] {
+        gateway
+            .turn(
+                &token,
+                &session,
+                &mut events,
+                &format!("printf '{text}' > f.txt"),
+            )
+            .await;
+        let seen = events
+            .until("the checkpoint", |e| e.event == "checkpoint")
+            .await;
+        let id = seen.last().expect("an event").data["id"]
+            .as_str()
+            .expect("a string")
+            .to_owned();
+        ids.push(id);
+    }
+    let (c1, c2) = (&ids[0], &ids[1]);
+    let keys = super::snapshots_s3::keys_of(&s3, "checkpoints", &session).await;
+    let manifest = format!("warren/sessions/{session}/checkpoints/workspace/manifests/{c1}");
+    assert!(keys.contains(&manifest), "{keys:#?}");
+    assert!(
+        keys.iter()
+            .any(|k| k.contains("/checkpoints/workspace/chunks/")),
+        "{keys:#?}"
+    );
+    let session_dir = data.join("sessions").join(&session);
+    assert!(
+        !session_dir.join("checkpoints").exists(),
+        "nothing of them on the gateway's disk"
+    );
+    let b = base(&session);
+    let content = gateway
+        .get(&token, &format!("{b}/{c1}/files/content?path=f.txt"))
+        .await;
+    assert_eq!(content.status(), 200);
+    assert_eq!(content.bytes().await.expect("a body").as_ref(), b"v1");
+    let rewound = gateway
+        .request(reqwest::Method::POST, &token, &format!("{b}/{c1}/rewind"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(rewound.status(), 202);
+    assert_eq!(read(&session_dir.join("workspace/f.txt")), b"v1");
+    let forked = gateway
+        .request(reqwest::Method::POST, &token, &format!("{b}/{c2}/fork"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(forked.status(), 201);
+    let forked: Value = forked.json().await.expect("a JSON body");
+    let fork_id = forked["id"].as_str().expect("a string");
+    assert_eq!(
+        read(&data.join("sessions").join(fork_id).join("workspace/f.txt")),
+        b"v2"
+    );
+    let deleted = gateway
+        .delete(&token, &format!("/sessions/{session}"))
+        .await;
+    assert_eq!(deleted.status(), 204);
+    let keys = super::snapshots_s3::keys_of(&s3, "checkpoints", &session).await;
+    assert!(
+        keys.is_empty(),
+        "a deleted session's checkpoints go: {keys:#?}"
+    );
+}

@@ -77,7 +77,7 @@ async fn object(s3: &S3, bucket: &str, session: &str) -> Option<Vec<u8>> {
 
 /// Every key in `bucket` under `warren/sessions/<session>/`, listed with moto's S3 API
 /// (`ListObjectsV2`, which moto answers unsigned).
-async fn keys_of(s3: &S3, bucket: &str, session: &str) -> Vec<String> {
+pub(super) async fn keys_of(s3: &S3, bucket: &str, session: &str) -> Vec<String> {
     let listing = reqwest::Client::new()
         .get(format!("{}/{bucket}", s3.endpoint()))
         .query(&[
