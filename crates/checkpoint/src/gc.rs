@@ -1,5 +1,5 @@
 //! Collecting chunks no kept checkpoint uses (mark and sweep), and the retention policy
-//! ([`keep`]) that decides which checkpoints are kept.
+//! ([`to_drop`]) that decides which checkpoints go.
 //!
 //! The sweep's rule: a chunk is deleted only when no kept manifest names it **and** it was last
 //! written or refreshed more than the grace (`Config::grace`, an hour by default) before the
@@ -79,7 +79,12 @@ pub(crate) fn collect(chunks: &Chunks, kept: &[&Manifest]) -> Result<CollectStat
 
 /// The checkpoints of `listed` to drop: all but the newest `keep_n`, and those older than
 /// `max_age` at `now`; the newest one is never dropped, whatever the limits.
-pub fn keep(listed: &[Listed], keep_n: usize, max_age: Duration, now: SystemTime) -> Vec<String> {
+pub fn to_drop(
+    listed: &[Listed],
+    keep_n: usize,
+    max_age: Duration,
+    now: SystemTime,
+) -> Vec<String> {
     let mut sorted = listed.to_vec();
     newest_first(&mut sorted);
     let now_ms = now
@@ -136,7 +141,7 @@ mod tests {
         ];
         for (ages, keep_n, max_age, dropped_ages) in table {
             let all = listed(ages, now_ms);
-            let dropped = keep(&all, *keep_n, *max_age, now);
+            let dropped = to_drop(&all, *keep_n, *max_age, now);
             let expected: Vec<String> = listed(dropped_ages, now_ms)
                 .into_iter()
                 .map(|l| l.id)

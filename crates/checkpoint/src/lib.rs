@@ -9,7 +9,7 @@
 //! verified before anything in the target changes; a rewind over the tree the checkpoint came
 //! from touches only what differs), `read_file`,
 //! `list`, `diff`, `page` (the stored checkpoints, newest first), `delete` and `collect` (the
-//! chunks no kept checkpoint uses); [`keep`] is the retention policy. Manifests read from storage
+//! chunks no kept checkpoint uses); [`to_drop`] is the retention policy. Manifests read from storage
 //! are treated as hostile: no path in one can make a restore write outside its target or
 //! through a link.
 //!
@@ -36,7 +36,7 @@ mod tree;
 pub use backend::{ChunkBatch, ChunkStore};
 pub use bucket::Bucket;
 pub use chunk::{ChunkId, ChunkRef};
-pub use gc::{CollectStats, keep};
+pub use gc::{CollectStats, to_drop};
 pub use listing::{Listed, Page};
 pub use local::LocalDisk;
 pub use manifest::{Content, Entry, Manifest, Summary};

@@ -1,6 +1,6 @@
 //! [`CheckpointStore`]: the handle with every verb, over one [`ChunkStore`]. It holds no
 //! checkpoint in memory and no session: callers keep the manifests they need (the previous
-//! one, for the next take) and decide which checkpoints to keep ([`crate::keep`]).
+//! one, for the next take) and decide which checkpoints to keep ([`crate::to_drop`]).
 
 use std::io::Write;
 use std::ops::Range;

@@ -166,6 +166,9 @@ impl Checkpoints {
         let Some((info, bytes_new, elapsed)) = taken else {
             return Ok(None);
         };
+        // Old checkpoints go before this one is announced: a list read after the event
+        // holds what is kept.
+        self.retain(&stores).await;
         session.emit(
             (turn > 0).then_some(turn),
             EventBody::Checkpoint {
@@ -176,7 +179,6 @@ impl Checkpoints {
                 elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
             },
         );
-        self.retain(&stores).await;
         Ok(Some(info))
     }
 
@@ -195,21 +197,19 @@ impl Checkpoints {
             if listed.len() <= keep + slack && !too_old {
                 return Ok(());
             }
-            let kept = warren_checkpoint::keep(&listed, keep, max_age, SystemTime::now());
+            let dropped = warren_checkpoint::to_drop(&listed, keep, max_age, SystemTime::now());
             let mut kept_ws = Vec::new();
             let mut kept_home = Vec::new();
-            for id in &kept {
-                let manifest = stores.workspace.load(id)?;
+            for listed in listed.iter().filter(|l| !dropped.contains(&l.id)) {
+                let manifest = stores.workspace.load(&listed.id)?;
                 if let Some(home) = home_of(&manifest) {
                     kept_home.push(stores.home.load(&home)?);
                 }
                 kept_ws.push(manifest);
             }
             let home_ids: Vec<&str> = kept_home.iter().map(|m| m.id.as_str()).collect();
-            for listed in &listed {
-                if !kept.contains(&listed.id) {
-                    stores.workspace.delete(&listed.id)?;
-                }
+            for id in &dropped {
+                stores.workspace.delete(id)?;
             }
             for listed in stores.home.page(None, usize::MAX)?.checkpoints {
                 if !home_ids.contains(&listed.id.as_str()) {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use warren_checkpoint::{Bucket, CheckpointStore, Config, LocalDisk, Manifest, keep};
+use warren_checkpoint::{Bucket, CheckpointStore, Config, LocalDisk, Manifest, to_drop};
 
 use super::support::{Row, ms, print_table};
 
@@ -366,7 +366,7 @@ fn measure(
         });
 
         let listed = store.page(None, usize::MAX)?.checkpoints;
-        let dropped = keep(
+        let dropped = to_drop(
             &listed,
             KEEP_N,
             Duration::from_secs(30 * 24 * 3600),

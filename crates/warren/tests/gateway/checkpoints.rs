@@ -589,3 +589,46 @@ async fn with_snapshots_in_s3_checkpoints_live_in_the_bucket_and_rewind_and_fork
         "a deleted session's checkpoints go: {keys:#?}"
     );
 }
+
+#[tokio::test]
+async fn old_checkpoints_go_by_the_keep_flag_and_the_newest_stay_readable() {
+    let gw = in_bwrap(|args| args.checkpoints_keep = 2).await;
+    let mut chat = gw.conversation("phone-checkpoints-keep").await;
+    let mut ids = Vec::new();
+    for n in 1..=4 {
+        chat.turn_ok(&format!(
+            "printf '{n}' > n.txt && head -c 100000 /dev/urandom > r{n}"
+        ))
+        .await;
+        let id = next_checkpoint(&mut chat, &format!("turn {n}")).await["id"]
+            .as_str()
+            .expect("a string")
+            .to_owned();
+        ids.push(id);
+    }
+    // Two kept and one spare: the fourth takes the list over, and it is cut to two.
+    let list = gw.get_json(&chat.token, &base(&chat.session)).await;
+    let listed: Vec<&str> = list["checkpoints"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|c| c["id"].as_str().expect("a string"))
+        .collect();
+    assert_eq!(listed, [ids[3].as_str(), ids[2].as_str()], "{list}");
+    let gone = status_and_code(
+        gw.get(
+            &chat.token,
+            &format!("{}/{}/files", base(&chat.session), ids[0]),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(gone, (404, "CHECKPOINT_NOT_FOUND".into()));
+    let kept = format!("{}/{}/files/content?path=r3", base(&chat.session), ids[2]);
+    assert_eq!(
+        bytes_of(&gw, &chat.token, &kept).await,
+        read(&chat.workspace().join("r3")),
+        "the chunks kept checkpoints use stay"
+    );
+    gw.stop().await;
+}
