@@ -373,3 +373,81 @@ fn a_rewind_that_needs_a_broken_chunk_changes_nothing() {
     assert_eq!(tree(&root), now, "the workspace is as it was");
     assert_eq!(names(dir.path()), ["store", "ws"], "no staging left");
 }
+
+#[test]
+fn a_label_and_the_counts_are_kept_in_the_root_and_read_without_the_entries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("tree");
+    write(&root, "a.txt", b"one");
+    write(&root, "sub/b.bin", &noise(1, 100_000));
+    let (store, _) = local_store(&dir.path().join("store"));
+    let label = serde_json::json!({"reason": "turn", "turn": 7});
+    let (first, _) = store
+        .take_labelled(&root, None, label.clone())
+        .expect("takes");
+    write(&root, "a.txt", b"two!");
+    let (second, stats) = store.take(&root, Some(&first)).expect("takes again");
+    let head = store.head(&first.id).expect("the first's root");
+    assert_eq!(head.label, label);
+    assert!(head.entries.is_empty(), "a head reads no entries");
+    assert_eq!(
+        (
+            head.summary.files,
+            head.summary.bytes,
+            head.summary.files_changed
+        ),
+        (2, 100_003, 2)
+    );
+    let head = store.head(&second.id).expect("the second's root");
+    assert_eq!(head.label, serde_json::Value::Null);
+    assert_eq!(head.summary.files_changed, stats.files_changed);
+    assert_eq!(head.summary.files_changed, 1);
+    assert!(matches!(
+        store.head("000000000001-00000000"),
+        Err(warren_checkpoint::Error::NotFound(_))
+    ));
+}
+
+#[test]
+fn an_import_copies_only_the_chunks_a_checkpoint_needs_and_restores_from_its_new_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("tree");
+    write(&root, "big.bin", &noise(2, 400_000));
+    write(&root, "a.txt", b"kept");
+    let (source, _) = local_store(&dir.path().join("source"));
+    let (first, _) = source.take(&root, None).expect("takes");
+    write(&root, "other.bin", &noise(3, 300_000));
+    let (_second, _) = source.take(&root, Some(&first)).expect("takes again");
+    let target_dir = dir.path().join("target");
+    let (target, _) = local_store(&target_dir);
+    let copied = target.import(&source, &first).expect("imports");
+    assert!(
+        (400_000..600_000).contains(&copied),
+        "the first's chunks and root only, not other.bin's: {copied}"
+    );
+    let stored = chunk_bytes(&target_dir);
+    let again = target.import(&source, &first).expect("imports again");
+    assert!(
+        again < 4096,
+        "a second import copies only the root: {again}"
+    );
+    assert_eq!(chunk_bytes(&target_dir), stored, "no chunk written twice");
+    let loaded = target.load(&first.id).expect("loads in the new store");
+    let restored = dir.path().join("restored");
+    target
+        .restore(&loaded, &restored, None)
+        .expect("restores from the new store");
+    assert_eq!(
+        std::fs::read(restored.join("big.bin")).expect("big"),
+        noise(2, 400_000)
+    );
+    assert!(!restored.join("other.bin").exists());
+}
+
+/// The bytes of every chunk file in a store.
+fn chunk_bytes(store_dir: &Path) -> u64 {
+    chunk_files(store_dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).expect("a chunk").len())
+        .sum()
+}
