@@ -337,6 +337,10 @@ fn measure(
         target: "",
     });
 
+    if local.is_some() {
+        rows.extend(fork_and_tar(store, &previous, root, dir)?);
+    }
+
     if let Some((_, sweeper)) = local {
         let back = &history[history.len() - 1 - REWIND_TURNS];
         settle();
@@ -398,6 +402,93 @@ fn measure(
             target: "",
         });
     }
+    Ok(rows)
+}
+
+/// A fork (the checkpoint's chunks copied into a new session's store, then restored into its
+/// workspace) and an archived session's restore from its last checkpoint, against the
+/// whole-tar snapshot of the same tree (`warren-snapshot`, what archives were before).
+fn fork_and_tar(
+    store: &CheckpointStore,
+    last: &Manifest,
+    root: &Path,
+    dir: &Path,
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let fork_store_dir = dir.join("fork-store");
+    let forked = CheckpointStore::new(
+        Arc::new(LocalDisk::open(&fork_store_dir)?),
+        Config::default(),
+    );
+    let fork_ws = dir.join("fork-workspace");
+    settle();
+    let started = Instant::now();
+    let copied = forked.import(store, last)?;
+    let imported = started.elapsed();
+    forked.restore(last, &fork_ws, None)?;
+    let total = started.elapsed();
+    rows.push(Row {
+        measurement: "fork (chunks copied to the new session's store + restore)".to_owned(),
+        result: format!(
+            "{} ({} copying {:.0} MiB, {} restoring)",
+            ms(total),
+            ms(imported),
+            copied as f64 / MIB as f64,
+            ms(total - imported)
+        ),
+        target: "< 1 s",
+    });
+    std::fs::remove_dir_all(&fork_ws)?;
+    std::fs::remove_dir_all(&fork_store_dir)?;
+
+    let tar = dir.join("snapshot.tar.zst");
+    settle();
+    let started = Instant::now();
+    let packed = warren_snapshot::pack(root, std::fs::File::create(&tar)?)
+        .map_err(|e| anyhow::anyhow!("pack: {e}"))?;
+    let pack_time = started.elapsed();
+    let tar_bytes = std::fs::metadata(&tar)?.len();
+    rows.push(Row {
+        measurement: "whole-tar snapshot of the same tree (archives before checkpoints)".to_owned(),
+        result: format!(
+            "{:.2} s, {:.0} MiB written every time ({} files)",
+            pack_time.as_secs_f64(),
+            tar_bytes as f64 / MIB as f64,
+            packed.n_files
+        ),
+        target: "",
+    });
+    let untarred = dir.join("untarred");
+    std::fs::create_dir_all(&untarred)?;
+    settle();
+    let started = Instant::now();
+    warren_snapshot::unpack(
+        std::fs::File::open(&tar)?,
+        &untarred,
+        &warren_snapshot::UnpackLimits::default(),
+    )
+    .map_err(|e| anyhow::anyhow!("unpack: {e}"))?;
+    let unpack_time = started.elapsed();
+    let restored = dir.join("archived-restore");
+    settle();
+    let started = Instant::now();
+    store.restore(last, &restored, None)?;
+    let restore_time = started.elapsed();
+    rows.push(Row {
+        measurement: "an archived session's restore: its last checkpoint vs the whole tar"
+            .to_owned(),
+        result: format!(
+            "{} vs {} ({:.2}×)",
+            ms(restore_time),
+            ms(unpack_time),
+            restore_time.as_secs_f64() / unpack_time.as_secs_f64()
+        ),
+        target: "",
+    });
+    for done in [&untarred, &restored] {
+        std::fs::remove_dir_all(done)?;
+    }
+    std::fs::remove_file(&tar)?;
     Ok(rows)
 }
 
