@@ -632,3 +632,121 @@ async fn old_checkpoints_go_by_the_keep_flag_and_the_newest_stay_readable() {
     );
     gw.stop().await;
 }
+
+/// Every path beneath `root` with what it is: a file's mode and SHA-256, a link's target, a
+/// directory's mode.
+fn digest(root: &Path) -> std::collections::BTreeMap<String, String> {
+    use sha2::Digest;
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a directory") {
+            let path = entry.expect("an entry").path();
+            let rel = path
+                .strip_prefix(root)
+                .expect("beneath the root")
+                .to_string_lossy()
+                .into_owned();
+            let meta = std::fs::symlink_metadata(&path).expect("stat");
+            let mode = meta.permissions().mode() & 0o7777;
+            let what = if meta.file_type().is_symlink() {
+                format!(
+                    "link {}",
+                    std::fs::read_link(&path).expect("a link").display()
+                )
+            } else if meta.is_dir() {
+                pending.push(path.clone());
+                format!("dir {mode:o}")
+            } else {
+                let bytes = std::fs::read(&path).expect("a file");
+                format!(
+                    "file {mode:o} {}",
+                    hex::encode(sha2::Sha256::digest(&bytes))
+                )
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_fork_file_by_file() {
+    let gw = in_bwrap(|_| {}).await;
+    let mut chat = gw.conversation("phone-checkpoints-real").await;
+    // A medium repository made here (2,400 files in 40 directories), cloned in the workspace;
+    // a node_modules of 300 packages; 200 MiB of noise.
+    chat.turn_ok(
+        "set -e; mkdir -p /tmp/origin && cd /tmp/origin && git init -q \
+         && for d in $(seq 1 40); do mkdir d$d; for f in $(seq 1 60); do echo \"line $d $f\" > d$d/f$f.txt; done; done \
+         && git add -A && git -c user.email=w@example.com -c user.name=w commit -qm init \
+         && cd \"$OLDPWD\" && git clone -q /tmp/origin repo \
+         && for p in $(seq 1 300); do mkdir -p node_modules/pkg$p/lib; echo '{\"name\":\"pkg'$p'\"}' > node_modules/pkg$p/package.json; \
+            for f in 1 2 3 4; do echo \"module.exports = $p$f;\" > node_modules/pkg$p/lib/f$f.js; done; done \
+         && chmod 755 node_modules/pkg1/lib/f1.js && ln -s node_modules/pkg2 linked \
+         && head -c 209715200 /dev/urandom > big.bin",
+    )
+    .await;
+    let first = next_checkpoint(&mut chat, "the first turn").await;
+    let c1 = first["id"].as_str().expect("a string").to_owned();
+    assert!(
+        first["files_changed"].as_u64().expect("a number") > 2400 + 1500,
+        "{first}"
+    );
+    let ws = chat.workspace();
+    let before = digest(&ws);
+
+    // One MiB of the big file, a tracked file, a package gone, a commit.
+    chat.turn_ok(
+        "set -e; dd if=/dev/urandom of=big.bin bs=1M count=1 seek=100 conv=notrunc status=none \
+         && echo changed >> repo/d7/f7.txt && rm -r node_modules/pkg300 \
+         && cd repo && git -c user.email=w@example.com -c user.name=w commit -qam change",
+    )
+    .await;
+    let second = next_checkpoint(&mut chat, "the 1 MiB turn").await;
+    let c2 = second["id"].as_str().expect("a string").to_owned();
+    let stored = second["bytes_new"].as_u64().expect("a number");
+    assert!(
+        stored < 4 << 20,
+        "1 MiB changed in 200 MiB stores about that: {second}"
+    );
+    let after = digest(&ws);
+    assert_ne!(before, after);
+
+    let rewound = post(
+        &gw,
+        &chat.token,
+        &format!("{}/{c1}/rewind", base(&chat.session)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(rewound.status(), 202);
+    assert_eq!(digest(&ws), before, "the rewind puts back every file");
+    let seen = chat
+        .turn_ok("cd repo && git status --porcelain && git log --oneline | wc -l")
+        .await;
+    let said = super::helpers::text_of(&seen);
+    assert!(!said.contains("f7.txt"), "git sees a clean clone: {said}");
+
+    let forked = post(
+        &gw,
+        &chat.token,
+        &format!("{}/{c2}/fork", base(&chat.session)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(forked.status(), 201);
+    let forked: Value = forked.json().await.expect("a JSON body");
+    let fork_ws = gw
+        .data
+        .join("sessions")
+        .join(forked["id"].as_str().expect("a string"))
+        .join("workspace");
+    assert_eq!(
+        digest(&fork_ws),
+        after,
+        "the fork holds the second checkpoint"
+    );
+    gw.stop().await;
+}
