@@ -34,6 +34,11 @@ pub trait ChunkStore: Send + Sync {
     fn list_manifests(&self) -> Result<Vec<String>, Error>;
     /// Removes the manifest of checkpoint `id`; a missing one is not an error.
     fn delete_manifest(&self, id: &str) -> Result<(), Error>;
+    /// The file holding chunk `id`'s stored form, when this backend keeps chunks as files a
+    /// batch of another store on the same file system may link ([`ChunkBatch::put_link`]).
+    fn chunk_file(&self, _id: &ChunkId) -> Option<std::path::PathBuf> {
+        None
+    }
     /// Removes what failed or interrupted writes left behind before `before` (never the
     /// partial writes of a batch still open); returns how many were removed.
     fn clean_leftovers(&self, before: SystemTime) -> Result<u64, Error>;
@@ -43,6 +48,12 @@ pub trait ChunkStore: Send + Sync {
 pub trait ChunkBatch: Send + Sync {
     /// Writes chunk `id` (its stored form) into the batch; putting an id twice is harmless.
     fn put(&self, id: &ChunkId, stored: &[u8]) -> Result<(), Error>;
+    /// Puts chunk `id` by linking `from` (another store's [`ChunkStore::chunk_file`]), sharing
+    /// its bytes; returns its size, or `None` when this backend cannot (another file system,
+    /// no such file): the caller then writes it with [`Self::put`].
+    fn put_link(&self, _id: &ChunkId, _from: &std::path::Path) -> Result<Option<u64>, Error> {
+        Ok(None)
+    }
     /// Makes every chunk put so far visible and durable.
     fn commit(self: Box<Self>) -> Result<(), Error>;
 }

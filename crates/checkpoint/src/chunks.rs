@@ -80,8 +80,9 @@ impl Chunks {
         Ok(stored.len() as u64)
     }
 
-    /// Copies chunk `id` from `from` (another store) into `batch` unless this store has it,
-    /// verified on the way; returns the stored bytes written. `path` names who needed it.
+    /// Copies chunk `id` from `from` (another store) into `batch` unless this store has it:
+    /// linked when both keep chunks as files on one file system (a restore verifies it), else
+    /// verified on the way. Returns the stored bytes brought. `path` names who needed it.
     pub(crate) fn copy_from(
         &self,
         batch: &dyn ChunkBatch,
@@ -100,6 +101,12 @@ impl Chunks {
         let written = self.backend.chunk_written_at(id)?;
         if written.is_some_and(|written| self.fresh(written)) {
             return Ok(0);
+        }
+        if written.is_none()
+            && let Some(file) = from.backend.chunk_file(id)
+            && let Some(len) = batch.put_link(id, &file)?
+        {
+            return Ok(len);
         }
         let stored = from.backend.get_chunk(id)?.ok_or_else(|| Error::Missing {
             path: path.to_owned(),

@@ -108,6 +108,10 @@ fn write_new(path: &Path, bytes: &[u8], fsync: bool) -> std::io::Result<()> {
 }
 
 impl ChunkStore for LocalDisk {
+    fn chunk_file(&self, id: &ChunkId) -> Option<PathBuf> {
+        Some(self.chunk_path(id))
+    }
+
     fn batch(&self) -> Result<Box<dyn ChunkBatch + '_>, Error> {
         let tag = self
             .temp_path("batch")
@@ -301,8 +305,9 @@ impl LocalBatch<'_> {
     }
 }
 
-impl ChunkBatch for LocalBatch<'_> {
-    fn put(&self, id: &ChunkId, stored: &[u8]) -> Result<(), Error> {
+impl LocalBatch<'_> {
+    /// The hidden name chunk `id` is written under until the commit (its fan directory made).
+    fn temp_for(&self, id: &ChunkId) -> Result<PathBuf, Error> {
         let path = self.disk.chunk_path(id);
         let (Some(fan), Some(name)) = (path.parent(), path.file_name()) else {
             return Err(Error::Invalid(format!("{} names no chunk", path.display())));
@@ -312,7 +317,33 @@ impl ChunkBatch for LocalBatch<'_> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(Error::io(format!("cannot create {}", fan.display()), e)),
         }
-        let temp = fan.join(format!(".{}.{}", name.to_string_lossy(), self.tag));
+        Ok(fan.join(format!(".{}.{}", name.to_string_lossy(), self.tag)))
+    }
+}
+
+impl ChunkBatch for LocalBatch<'_> {
+    fn put_link(&self, id: &ChunkId, from: &Path) -> Result<Option<u64>, Error> {
+        let temp = self.temp_for(id)?;
+        match std::fs::hard_link(from, &temp) {
+            Ok(()) => {}
+            // Put twice in this batch: the first stands.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(Some(0)),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.kind() == std::io::ErrorKind::CrossesDevices
+                    || e.raw_os_error() == Some(rustix::io::Errno::MLINK.raw_os_error()) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::io(format!("cannot link {}", temp.display()), e)),
+        }
+        let len = std::fs::metadata(&temp).map(|m| m.len()).unwrap_or(0);
+        self.pending().push((*id, temp));
+        Ok(Some(len))
+    }
+
+    fn put(&self, id: &ChunkId, stored: &[u8]) -> Result<(), Error> {
+        let temp = self.temp_for(id)?;
         match write_new(&temp, stored, false) {
             Ok(()) => {}
             // Put twice in this batch: the first write stands.

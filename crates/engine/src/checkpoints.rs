@@ -126,7 +126,8 @@ impl Checkpoints {
         self.open().remove(session_id);
     }
 
-    /// After a turn: a checkpoint when the turn used the hands and something changed.
+    /// At the end of a turn, before its `turn_end` (so the next turn's changes are never in
+    /// it): a checkpoint when the turn used the hands and something changed.
     pub async fn after_turn(&self, session: &Session, turn: u64) {
         if !session.hands.take_checkpoint_due() {
             return;

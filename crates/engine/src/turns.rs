@@ -72,11 +72,8 @@ async fn run_turn(
     let hold = session.hands.hold();
     run_turn_held(&gateway, &session, turn, text, cancel).await;
     drop(hold);
-    // The checkpoint and the snapshot must not keep the gateway alive (a shutdown waits for
-    // nothing here). A turn that used the hands leaves a checkpoint.
-    let checkpoints = gateway.checkpoints.clone();
+    // The snapshot must not keep the gateway alive (a shutdown waits for nothing here).
     drop(gateway);
-    checkpoints.after_turn(&session, turn).await;
     session.hands.snapshot_if_changed().await;
 }
 
@@ -143,7 +140,10 @@ async fn run_turn_held(
     notices.extend(session.take_rewound_notice());
     let result = brain.prompt_cancellable(text, notices, &cancel).await;
     match result {
-        Ok(stop_reason) => end_turn(session, turn, &stop_reason).await,
+        Ok(stop_reason) => {
+            gateway.checkpoints.after_turn(session, turn).await;
+            end_turn(session, turn, &stop_reason).await;
+        }
         Err(e) => {
             let worker_died = matches!(e, BrainError::WorkerExited { .. }) || !brain.is_alive();
             let code = if worker_died {
@@ -172,6 +172,7 @@ async fn run_turn_held(
                     },
                 );
             }
+            gateway.checkpoints.after_turn(session, turn).await;
             end_turn(session, turn, "error").await;
         }
     }

@@ -15,14 +15,22 @@ fn base(session: &str) -> String {
     format!("/sessions/{session}/checkpoints")
 }
 
-/// Reads until the next `checkpoint` event and returns its data.
-async fn next_checkpoint(chat: &mut Conversation<'_>, what: &str) -> Value {
-    let seen = chat
-        .until(&format!("the checkpoint after {what}"), |e| {
-            e.event == "checkpoint"
-        })
-        .await;
-    seen.last().expect("a checkpoint event").data.clone()
+/// The data of the `checkpoint` event among a turn's events, which comes before its
+/// `turn_end` (so a next turn's changes are never in it).
+fn checkpoint_in(seen: &[super::helpers::Received], what: &str) -> Value {
+    let at = seen
+        .iter()
+        .position(|e| e.event == "checkpoint")
+        .unwrap_or_else(|| panic!("no checkpoint in {what}: {seen:#?}"));
+    let end = seen
+        .iter()
+        .position(|e| e.event == "turn_end")
+        .unwrap_or(usize::MAX);
+    assert!(
+        at < end,
+        "the checkpoint of {what} comes before its turn_end"
+    );
+    seen[at].data.clone()
 }
 
 async fn status_and_code(response: reqwest::Response) -> (u16, String) {
@@ -74,12 +82,12 @@ fn chunk_files(data: &Path, session: &str) -> Vec<PathBuf> {
 async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
     let gw = in_bwrap(|_| {}).await;
     let mut chat = gw.conversation("phone-checkpoints").await;
-    chat.turn_ok(
+    let seen = chat.turn_ok(
         "mkdir -p src/deep && printf 'one\\n' > src/a.txt && head -c 300000 /dev/urandom > blob.bin \
          && ln -s src/a.txt link && printf 'x' > src/deep/x",
     )
     .await;
-    let first = next_checkpoint(&mut chat, "the first turn").await;
+    let first = checkpoint_in(&seen, "the first turn");
     assert_eq!(first["reason"], "turn");
     assert_eq!(first["turn"], 1);
     assert_eq!(first["files_changed"], 4, "{first}");
@@ -90,9 +98,10 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
     let c1 = first["id"].as_str().expect("a string").to_owned();
     let blob = read(&chat.workspace().join("blob.bin"));
 
-    chat.turn_ok("printf 'two\\n' > src/a.txt && mv blob.bin gone.bin && printf 'new\\n' > b.txt")
+    let seen = chat
+        .turn_ok("printf 'two\\n' > src/a.txt && mv blob.bin gone.bin && printf 'new\\n' > b.txt")
         .await;
-    let second = next_checkpoint(&mut chat, "the second turn").await;
+    let second = checkpoint_in(&seen, "the second turn");
     assert_eq!(second["turn"], 2);
     assert_eq!(
         second["files_changed"], 4,
@@ -106,8 +115,8 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
 
     // A turn that changes nothing stores no checkpoint: the next one's diff is against c2.
     chat.turn_ok("true").await;
-    chat.turn_ok("printf 'z' > z.txt").await;
-    let third = next_checkpoint(&mut chat, "the fourth turn").await;
+    let seen = chat.turn_ok("printf 'z' > z.txt").await;
+    let third = checkpoint_in(&seen, "the fourth turn");
     assert_eq!(third["turn"], 4);
     let c3 = third["id"].as_str().expect("a string").to_owned();
     let list = gw.get_json(&chat.token, &base(&chat.session)).await;
@@ -298,8 +307,8 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
 async fn bad_checkpoint_requests_get_their_status_and_code() {
     let gw = in_bwrap(|_| {}).await;
     let mut chat = gw.conversation("phone-checkpoints").await;
-    chat.turn_ok("mkdir d && printf 'a' > d/f").await;
-    let c1 = next_checkpoint(&mut chat, "the turn").await["id"]
+    let seen = chat.turn_ok("mkdir d && printf 'a' > d/f").await;
+    let c1 = checkpoint_in(&seen, "the turn")["id"]
         .as_str()
         .expect("a string")
         .to_owned();
@@ -469,8 +478,8 @@ async fn bad_checkpoint_requests_get_their_status_and_code() {
         status_and_code(post(&gw, &chat.token, &format!("{b}/{c1}/rewind"), json!({})).await).await;
     assert_eq!(got, (409, "TURN_RUNNING".into()));
     assert_eq!(chat.cancel().await.status(), 202);
-    chat.until_turn_end("the cancelled sleep").await;
-    let c2 = next_checkpoint(&mut chat, "the cancelled turn").await["id"]
+    let seen = chat.until_turn_end("the cancelled sleep").await;
+    let c2 = checkpoint_in(&seen, "the cancelled turn")["id"]
         .as_str()
         .expect("a string")
         .to_owned();
@@ -521,7 +530,7 @@ async fn with_snapshots_in_s3_checkpoints_live_in_the_bucket_and_rewind_and_fork
     let mut events = gateway.events(&token, &session, None).await;
     let mut ids = Vec::new();
     for text in ["v1", "v2"] {
-        gateway
+        let seen = gateway
             .turn(
                 &token,
                 &session,
@@ -529,10 +538,7 @@ async fn with_snapshots_in_s3_checkpoints_live_in_the_bucket_and_rewind_and_fork
                 &format!("printf '{text}' > f.txt"),
             )
             .await;
-        let seen = events
-            .until("the checkpoint", |e| e.event == "checkpoint")
-            .await;
-        let id = seen.last().expect("an event").data["id"]
+        let id = checkpoint_in(&seen, text)["id"]
             .as_str()
             .expect("a string")
             .to_owned();
@@ -596,11 +602,12 @@ async fn old_checkpoints_go_by_the_keep_flag_and_the_newest_stay_readable() {
     let mut chat = gw.conversation("phone-checkpoints-keep").await;
     let mut ids = Vec::new();
     for n in 1..=4 {
-        chat.turn_ok(&format!(
-            "printf '{n}' > n.txt && head -c 100000 /dev/urandom > r{n}"
-        ))
-        .await;
-        let id = next_checkpoint(&mut chat, &format!("turn {n}")).await["id"]
+        let seen = chat
+            .turn_ok(&format!(
+                "printf '{n}' > n.txt && head -c 100000 /dev/urandom > r{n}"
+            ))
+            .await;
+        let id = checkpoint_in(&seen, &format!("turn {n}"))["id"]
             .as_str()
             .expect("a string")
             .to_owned();
@@ -677,7 +684,7 @@ async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_f
     let mut chat = gw.conversation("phone-checkpoints-real").await;
     // A medium repository made here (2,400 files in 40 directories), cloned in the workspace;
     // a node_modules of 300 packages; 200 MiB of noise.
-    chat.turn_ok(
+    let seen = chat.turn_ok(
         "set -e; mkdir -p /tmp/origin && cd /tmp/origin && git init -q \
          && for d in $(seq 1 40); do mkdir d$d; for f in $(seq 1 60); do echo \"line $d $f\" > d$d/f$f.txt; done; done \
          && git add -A && git -c user.email=w@example.com -c user.name=w commit -qm init \
@@ -688,7 +695,7 @@ async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_f
          && head -c 209715200 /dev/urandom > big.bin",
     )
     .await;
-    let first = next_checkpoint(&mut chat, "the first turn").await;
+    let first = checkpoint_in(&seen, "the first turn");
     let c1 = first["id"].as_str().expect("a string").to_owned();
     assert!(
         first["files_changed"].as_u64().expect("a number") > 2400 + 1500,
@@ -698,13 +705,14 @@ async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_f
     let before = digest(&ws);
 
     // One MiB of the big file, a tracked file, a package gone, a commit.
-    chat.turn_ok(
-        "set -e; dd if=/dev/urandom of=big.bin bs=1M count=1 seek=100 conv=notrunc status=none \
+    let seen = chat
+        .turn_ok(
+            "set -e; dd if=/dev/urandom of=big.bin bs=1M count=1 seek=100 conv=notrunc status=none \
          && echo changed >> repo/d7/f7.txt && rm -r node_modules/pkg300 \
          && cd repo && git -c user.email=w@example.com -c user.name=w commit -qam change",
-    )
-    .await;
-    let second = next_checkpoint(&mut chat, "the 1 MiB turn").await;
+        )
+        .await;
+    let second = checkpoint_in(&seen, "the 1 MiB turn");
     let c2 = second["id"].as_str().expect("a string").to_owned();
     let stored = second["bytes_new"].as_u64().expect("a number");
     assert!(
