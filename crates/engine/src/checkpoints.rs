@@ -82,7 +82,7 @@ struct Last {
 pub struct SessionCheckpoints {
     pub workspace: Arc<CheckpointStore>,
     pub home: Arc<CheckpointStore>,
-    last: tokio::sync::Mutex<Last>,
+    last: Arc<tokio::sync::Mutex<Last>>,
 }
 
 impl Checkpoints {
@@ -126,13 +126,28 @@ impl Checkpoints {
         self.open().remove(session_id);
     }
 
-    /// At the end of a turn, before its `turn_end` (so the next turn's changes are never in
-    /// it): a checkpoint when the turn used the hands and something changed.
-    pub async fn after_turn(&self, session: &Session, turn: u64) {
+    /// At the end of a turn that used the hands, before its `turn_end`: holds the session's
+    /// checkpoint lock, so the next turn ([`Self::settled`]) cannot touch the hands until
+    /// [`Self::after_turn`] has taken this one's checkpoint. `None` when the hands were not used.
+    pub async fn reserve(&self, session: &Session) -> Option<Reserved> {
         if !session.hands.take_checkpoint_due() {
-            return;
+            return None;
         }
-        if let Err(e) = self.take(session, turn, "turn").await {
+        let stores = match self.of(session) {
+            Ok(stores) => stores,
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "no checkpoint store");
+                return None;
+            }
+        };
+        let last = stores.last.clone().lock_owned().await;
+        Some(Reserved { stores, last })
+    }
+
+    /// After `turn_end`: the reserved checkpoint, stored when something changed; a failure is
+    /// an `error` event (the earlier checkpoints stay).
+    pub async fn after_turn(&self, session: &Session, turn: u64, reserved: Reserved) {
+        if let Err(e) = self.take_reserved(session, turn, "turn", reserved).await {
             session.emit(
                 Some(turn),
                 EventBody::Error {
@@ -145,6 +160,14 @@ impl Checkpoints {
         }
     }
 
+    /// Waits for a checkpoint still being taken (a turn's first step).
+    pub async fn settled(&self, session: &Session) {
+        let stores = self.open().get(&session.id).cloned();
+        if let Some(stores) = stores {
+            drop(stores.last.lock().await);
+        }
+    }
+
     /// Takes a checkpoint of the session's trees, emits its `checkpoint` event and applies the
     /// retention rule. `None` when nothing changed since the last one (after a turn) or the
     /// session has no tree here.
@@ -154,11 +177,23 @@ impl Checkpoints {
         turn: u64,
         reason: &'static str,
     ) -> Result<Option<CheckpointInfo>, EngineError> {
+        let stores = self.of(session)?;
+        let last = stores.last.clone().lock_owned().await;
+        self.take_reserved(session, turn, reason, Reserved { stores, last })
+            .await
+    }
+
+    async fn take_reserved(
+        &self,
+        session: &Session,
+        turn: u64,
+        reason: &'static str,
+        reserved: Reserved,
+    ) -> Result<Option<CheckpointInfo>, EngineError> {
+        let Reserved { stores, mut last } = reserved;
         let Some(trees) = Trees::of(session) else {
             return Ok(None);
         };
-        let stores = self.of(session)?;
-        let mut last = stores.last.lock().await;
         stores.load_last(&mut last).await?;
         let taken = stores
             .take_locked(&mut last, &trees, turn, reason, reason == "turn")
@@ -427,6 +462,12 @@ impl Checkpoints {
     }
 }
 
+/// A turn's checkpoint to come: the session's checkpoint lock, held ([`Checkpoints::reserve`]).
+pub struct Reserved {
+    stores: Arc<SessionCheckpoints>,
+    last: tokio::sync::OwnedMutexGuard<Last>,
+}
+
 /// The directories a session's checkpoints are of.
 struct Trees {
     workspace: PathBuf,
@@ -465,7 +506,7 @@ impl SessionCheckpoints {
         Ok(SessionCheckpoints {
             workspace: store("workspace")?,
             home: store("home")?,
-            last: tokio::sync::Mutex::new(Last::default()),
+            last: Arc::new(tokio::sync::Mutex::new(Last::default())),
         })
     }
 
@@ -492,7 +533,7 @@ impl SessionCheckpoints {
         Ok(SessionCheckpoints {
             workspace: store("workspace")?,
             home: store("home")?,
-            last: tokio::sync::Mutex::new(Last::default()),
+            last: Arc::new(tokio::sync::Mutex::new(Last::default())),
         })
     }
 

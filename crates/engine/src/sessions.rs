@@ -291,6 +291,10 @@ pub async fn fork_session(
         }
         return Err(e);
     }
+    // The fork's hands start on its files, so they are browsed and run at once.
+    if let Err(e) = forked.hands.endpoint().await {
+        tracing::warn!(session = %forked.id, error = %e, "the fork's hands start at its first use");
+    }
     forked.emit(
         None,
         warren_protocol::gateway::EventBody::Forked {

@@ -84,6 +84,8 @@ async fn run_turn_held(
     text: String,
     cancel: CancellationToken,
 ) {
+    // The last turn's checkpoint is taken before this turn can change the files.
+    gateway.checkpoints.settled(session).await;
     // A cancel while the brain starts ends the turn at once, but the start itself runs to its
     // end: dropping it halfway could strand a worker or half-started hands, and the brain is
     // wanted by the next turn anyway.
@@ -140,10 +142,7 @@ async fn run_turn_held(
     notices.extend(session.take_rewound_notice());
     let result = brain.prompt_cancellable(text, notices, &cancel).await;
     match result {
-        Ok(stop_reason) => {
-            gateway.checkpoints.after_turn(session, turn).await;
-            end_turn(session, turn, &stop_reason).await;
-        }
+        Ok(stop_reason) => end_turn_checkpointed(gateway, session, turn, &stop_reason).await,
         Err(e) => {
             let worker_died = matches!(e, BrainError::WorkerExited { .. }) || !brain.is_alive();
             let code = if worker_died {
@@ -172,9 +171,26 @@ async fn run_turn_held(
                     },
                 );
             }
-            gateway.checkpoints.after_turn(session, turn).await;
-            end_turn(session, turn, "error").await;
+            end_turn_checkpointed(gateway, session, turn, "error").await;
         }
+    }
+}
+
+/// Ends a turn that may have used the hands: its checkpoint is reserved before `turn_end` (the
+/// next turn waits for it) and taken after, so `turn_end` is not delayed by it.
+async fn end_turn_checkpointed(
+    gateway: &Arc<Engine>,
+    session: &Session,
+    turn: u64,
+    stop_reason: &str,
+) {
+    let reserved = gateway.checkpoints.reserve(session).await;
+    end_turn(session, turn, stop_reason).await;
+    if let Some(reserved) = reserved {
+        gateway
+            .checkpoints
+            .after_turn(session, turn, reserved)
+            .await;
     }
 }
 

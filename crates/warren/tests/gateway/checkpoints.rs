@@ -15,22 +15,23 @@ fn base(session: &str) -> String {
     format!("/sessions/{session}/checkpoints")
 }
 
-/// The data of the `checkpoint` event among a turn's events, which comes before its
-/// `turn_end` (so a next turn's changes are never in it).
-fn checkpoint_in(seen: &[super::helpers::Received], what: &str) -> Value {
-    let at = seen
-        .iter()
-        .position(|e| e.event == "checkpoint")
-        .unwrap_or_else(|| panic!("no checkpoint in {what}: {seen:#?}"));
-    let end = seen
-        .iter()
-        .position(|e| e.event == "turn_end")
-        .unwrap_or(usize::MAX);
+/// The data of the `checkpoint` event that follows a turn's `turn_end` (`seen`, the turn's
+/// events, read up to it), read from `events`.
+async fn checkpoint_after(
+    events: &mut super::helpers::EventStream,
+    seen: &[super::helpers::Received],
+    what: &str,
+) -> Value {
     assert!(
-        at < end,
-        "the checkpoint of {what} comes before its turn_end"
+        !seen.iter().any(|e| e.event == "checkpoint"),
+        "the checkpoint of {what} comes after its turn_end"
     );
-    seen[at].data.clone()
+    let more = events
+        .until(&format!("the checkpoint after {what}"), |e| {
+            e.event == "checkpoint"
+        })
+        .await;
+    more.last().expect("a checkpoint event").data.clone()
 }
 
 async fn status_and_code(response: reqwest::Response) -> (u16, String) {
@@ -87,7 +88,7 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
          && ln -s src/a.txt link && printf 'x' > src/deep/x",
     )
     .await;
-    let first = checkpoint_in(&seen, "the first turn");
+    let first = checkpoint_after(&mut chat.events, &seen, "the first turn").await;
     assert_eq!(first["reason"], "turn");
     assert_eq!(first["turn"], 1);
     assert_eq!(first["files_changed"], 4, "{first}");
@@ -101,7 +102,7 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
     let seen = chat
         .turn_ok("printf 'two\\n' > src/a.txt && mv blob.bin gone.bin && printf 'new\\n' > b.txt")
         .await;
-    let second = checkpoint_in(&seen, "the second turn");
+    let second = checkpoint_after(&mut chat.events, &seen, "the second turn").await;
     assert_eq!(second["turn"], 2);
     assert_eq!(
         second["files_changed"], 4,
@@ -116,7 +117,7 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
     // A turn that changes nothing stores no checkpoint: the next one's diff is against c2.
     chat.turn_ok("true").await;
     let seen = chat.turn_ok("printf 'z' > z.txt").await;
-    let third = checkpoint_in(&seen, "the fourth turn");
+    let third = checkpoint_after(&mut chat.events, &seen, "the fourth turn").await;
     assert_eq!(third["turn"], 4);
     let c3 = third["id"].as_str().expect("a string").to_owned();
     let list = gw.get_json(&chat.token, &base(&chat.session)).await;
@@ -308,7 +309,7 @@ async fn bad_checkpoint_requests_get_their_status_and_code() {
     let gw = in_bwrap(|_| {}).await;
     let mut chat = gw.conversation("phone-checkpoints").await;
     let seen = chat.turn_ok("mkdir d && printf 'a' > d/f").await;
-    let c1 = checkpoint_in(&seen, "the turn")["id"]
+    let c1 = checkpoint_after(&mut chat.events, &seen, "the turn").await["id"]
         .as_str()
         .expect("a string")
         .to_owned();
@@ -479,7 +480,7 @@ async fn bad_checkpoint_requests_get_their_status_and_code() {
     assert_eq!(got, (409, "TURN_RUNNING".into()));
     assert_eq!(chat.cancel().await.status(), 202);
     let seen = chat.until_turn_end("the cancelled sleep").await;
-    let c2 = checkpoint_in(&seen, "the cancelled turn")["id"]
+    let c2 = checkpoint_after(&mut chat.events, &seen, "the cancelled turn").await["id"]
         .as_str()
         .expect("a string")
         .to_owned();
@@ -538,7 +539,7 @@ async fn with_snapshots_in_s3_checkpoints_live_in_the_bucket_and_rewind_and_fork
                 &format!("printf '{text}' > f.txt"),
             )
             .await;
-        let id = checkpoint_in(&seen, text)["id"]
+        let id = checkpoint_after(&mut events, &seen, text).await["id"]
             .as_str()
             .expect("a string")
             .to_owned();
@@ -607,7 +608,7 @@ async fn old_checkpoints_go_by_the_keep_flag_and_the_newest_stay_readable() {
                 "printf '{n}' > n.txt && head -c 100000 /dev/urandom > r{n}"
             ))
             .await;
-        let id = checkpoint_in(&seen, &format!("turn {n}"))["id"]
+        let id = checkpoint_after(&mut chat.events, &seen, &format!("turn {n}")).await["id"]
             .as_str()
             .expect("a string")
             .to_owned();
@@ -695,7 +696,7 @@ async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_f
          && head -c 209715200 /dev/urandom > big.bin",
     )
     .await;
-    let first = checkpoint_in(&seen, "the first turn");
+    let first = checkpoint_after(&mut chat.events, &seen, "the first turn").await;
     let c1 = first["id"].as_str().expect("a string").to_owned();
     assert!(
         first["files_changed"].as_u64().expect("a number") > 2400 + 1500,
@@ -712,7 +713,7 @@ async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_f
          && cd repo && git -c user.email=w@example.com -c user.name=w commit -qam change",
         )
         .await;
-    let second = checkpoint_in(&seen, "the 1 MiB turn");
+    let second = checkpoint_after(&mut chat.events, &seen, "the 1 MiB turn").await;
     let c2 = second["id"].as_str().expect("a string").to_owned();
     let stored = second["bytes_new"].as_u64().expect("a number");
     assert!(
