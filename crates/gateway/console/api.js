@@ -61,12 +61,12 @@ export function withQuery(path, params) {
   return text ? `${path}?${text}` : path;
 }
 
-/** Every event type of docs/gateway.md ("Events") and network.md; EventSource only reports named
- *  types it is told. */
+/** Every event type of docs/gateway.md ("Events"), network.md and checkpoints.md; EventSource
+ *  only reports named types it is told. */
 export const EVENT_TYPES = [
   "user_message", "turn_start", "update", "permission_request", "permission_resolved",
   "turn_end", "usage", "status", "hands", "files_changed", "error", "gap",
-  "egress_request", "egress", "credential_used",
+  "egress_request", "egress", "credential_used", "checkpoint", "forked", "rewound",
 ];
 
 const RETRY_MS = [250, 1000, 2000, 5000, 10000];

@@ -16,6 +16,10 @@
 // the view offers "Send to the command" instead, one tap, so that nothing typed there reaches a
 // command without the person saying so. `reveal(requestId)` scrolls to a permission or network
 // request and marks it (a notification's link).
+//
+// A turn's "N files changed" opens that checkpoint's changes (`onCheckpoint`), a fork's first
+// line links to its source session (`onOpenSession`). Coming back to the view (from those
+// changes, say) shows the log where it was left, or its end when it was at its end.
 
 import { EventStream, withQuery } from "./api.js";
 import { applyEvent, createConversation } from "./conversation.js";
@@ -31,13 +35,16 @@ export class ChatView {
    * `elements`: log, form, message, cancel, error, prompt (the question's form), promptText,
    * promptAnswer, promptError, offer (the "Send to the command" box), offerText, offerSend;
    * `api`; `onEvent(event, live)` for the other views; `onStatus(status)` for the connection;
-   * `onWatch(terminalName)` for a tool's terminal.
+   * `onWatch(terminalName)` for a tool's terminal; `onCheckpoint(checkpointId)` for a
+   * checkpoint's changes; `onOpenSession(sessionId)` for a fork's source; `sessionTitle(id)`, a
+   * session's title (null when unknown).
    */
-  constructor({ elements, api, onEvent, onStatus, onWatch }) {
+  constructor({ elements, api, onEvent, onStatus, onWatch, onCheckpoint = () => {}, onOpenSession = () => {}, sessionTitle = () => null }) {
     this.el = elements;
     this.api = api;
     this.onEvent = onEvent;
     this.onStatus = onStatus;
+    this.renderContext = { sessionTitle };
     this.session = null;
     this.stream = null;
     this.conversation = createConversation();
@@ -56,6 +63,7 @@ export class ChatView {
     this.promptTimer = null;
     this.revealing = null; // { requestId, until }: a request to scroll to once it is shown
     this.revealedId = null; // the request marked as the one a link pointed at
+    this.scrolled = null; // { top, atBottom } of the log as last seen on screen
 
     // The question's form and the offer (a view made without them answers no command).
     this.asks = Boolean(elements.prompt && elements.offer);
@@ -84,6 +92,17 @@ export class ChatView {
       if (option) this.answer(option);
       const watch = event.target.closest("button[data-terminal-id]");
       if (watch) onWatch(watch.dataset.terminalId);
+      const checkpoint = event.target.closest("button[data-checkpoint]");
+      if (checkpoint) onCheckpoint(checkpoint.dataset.checkpoint);
+      const source = event.target.closest("a[data-session]");
+      if (source) {
+        event.preventDefault();
+        onOpenSession(source.dataset.session);
+      }
+    });
+    this.el.log.addEventListener("scroll", () => {
+      const log = this.el.log;
+      if (log.clientHeight > 0) this.scrolled = { top: log.scrollTop, atBottom: log.scrollHeight - log.scrollTop - log.clientHeight < 80 };
     });
     window.addEventListener("offline", () => this.stream?.drop());
     // Back online or back in view: the connection may have died without a word (a network
@@ -118,6 +137,7 @@ export class ChatView {
     this.answeredTools = new Set();
     this.revealing = null;
     this.revealedId = null;
+    this.scrolled = null;
     if (this.asks) this.el.promptAnswer.value = "";
     this.showPrompt(null);
     this.showOffer(false);
@@ -138,12 +158,24 @@ export class ChatView {
     if (this.historyUntil === 0) this.scheduleFlush();
   }
 
-  /** The Chat view opened: the log was hidden, so it could not follow the newest events. */
+  /** The Chat view opened: the log was hidden, so it could not follow the newest events; one
+   *  left scrolled back is shown there again. */
   show() {
-    this.el.log.scrollTop = this.el.log.scrollHeight;
+    const log = this.el.log;
+    log.scrollTop = this.scrolled && !this.scrolled.atBottom ? this.scrolled.top : log.scrollHeight;
   }
 
   hide() {}
+
+  /** Stops following the session's events for now (it is being deleted); `resume` goes on
+   *  after the last one seen. */
+  pause() {
+    this.stream?.stop();
+  }
+
+  resume() {
+    if (this.session) this.stream?.start(this.stream.lastSeq);
+  }
 
   close() {
     this.stream?.stop();
@@ -186,13 +218,16 @@ export class ChatView {
     const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 80;
     const appended = document.createDocumentFragment();
     for (const item of this.pending.values()) {
-      const node = toDom(renderItem(item), document);
+      const node = toDom(renderItem(item, this.renderContext), document);
       const old = this.nodes.get(item.id);
       if (item.requestId !== undefined && item.requestId === this.revealedId) node.classList.add("revealed");
       if (old) {
         // A thought the person unfolded stays unfolded while it streams.
         if (old.tagName === "DETAILS" && old.open) node.open = true;
         old.replaceWith(node);
+      } else if (this.nodes.has(item.before)) {
+        // Placed among earlier items (a checkpoint that came after the next turn began).
+        this.nodes.get(item.before).before(node);
       } else {
         appended.append(node);
       }

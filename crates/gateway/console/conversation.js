@@ -30,6 +30,15 @@
 // - A `credential_used` (the egress proxy set a credential on a request) is a quiet line too;
 //   uses of the same credential, host, method, path and status one after the other in the chat
 //   fold into one line with a count (a `git push` makes several requests).
+// - A `checkpoint` (the workspace kept after a turn that used the sandbox) is a line with its
+//   number of files changed, at the end of its turn: one that comes once the next turn has begun
+//   goes before that turn's first item (`before`: the id of the item it is shown before), and it
+//   closes nothing that streams. None when no file changed, nor for a fork's first checkpoint
+//   (the `forked` line says it). A `forked` event (a new session's first, made from another
+//   session's checkpoint) is a line naming the source session and checkpoint; `rewound` (the
+//   workspace became a checkpoint's) a quiet line naming it by its turn when its `checkpoint`
+//   event was seen.
+// - Every item carries the `turn` of the event that made it (null outside turns).
 
 /** A new, empty conversation. */
 export function createConversation() {
@@ -43,6 +52,8 @@ export function createConversation() {
     permissions: new Map(), // request id → permission or egress request item
     refused: new Set(), // "turn|host:port|rule" of the refused destinations already said
     plan: null,
+    eventTurn: null, // the turn of the event being applied
+    checkpointTurns: new Map(), // checkpoint id → the turn it follows, from its event
     turnTools: new Set(), // tool calls seen since the turn started
     tailFailed: [], // tool calls that failed after the agent's last other word in this turn
     nextId: 1,
@@ -53,6 +64,7 @@ function add(conversation, item) {
   conversation.openAgent = null;
   conversation.openThought = null;
   item.id = conversation.nextId++;
+  item.turn ??= conversation.eventTurn;
   conversation.items.push(item);
   return item;
 }
@@ -67,6 +79,7 @@ export function applyEvent(conversation, event) {
     if (event.seq <= conversation.lastSeq) return [];
     conversation.lastSeq = event.seq;
   }
+  conversation.eventTurn = typeof event.turn === "number" ? event.turn : null;
   if (movesOn(event)) conversation.tailFailed = [];
   switch (event.type) {
     case "user_message":
@@ -123,6 +136,12 @@ export function applyEvent(conversation, event) {
       return [add(conversation, { kind: "error", seq: event.seq, code: event.code ?? "ERROR", message: event.message ?? "" })];
     case "gap":
       return note(conversation, event, `Earlier events were compacted: ${event.after + 1}–${event.next_seq - 1} are not shown.`);
+    case "checkpoint":
+      return applyCheckpoint(conversation, event);
+    case "forked":
+      return [add(conversation, { kind: "forked", seq: event.seq, sourceSession: idOf(event.source_session), checkpointId: idOf(event.checkpoint) })];
+    case "rewound":
+      return [add(conversation, { kind: "rewound", seq: event.seq, checkpointId: idOf(event.checkpoint), checkpointTurn: conversation.checkpointTurns.get(idOf(event.checkpoint)) ?? null, savedId: idOf(event.saved), restart: Boolean(event.restart) })];
     default:
       // files_changed, usage and types added later change nothing in the conversation.
       return [];
@@ -212,6 +231,30 @@ function applyCredentialUsed(conversation, event) {
     return [last];
   }
   return [add(conversation, { kind: "credential", seq: event.seq, ...use, count: 1 })];
+}
+
+/** A checkpoint's line, placed at the end of its turn (see the rules above); none when it
+ *  changed no file, or starts a fork. */
+function applyCheckpoint(conversation, event) {
+  const filesChanged = Math.max(0, Number(event.files_changed) || 0);
+  const reason = String(event.reason ?? "turn");
+  conversation.checkpointTurns.set(String(event.id ?? ""), conversation.eventTurn);
+  if (filesChanged === 0 || reason === "fork") return [];
+  const item = { kind: "checkpoint", seq: event.seq, checkpointId: String(event.id ?? ""), turn: conversation.eventTurn, filesChanged, reason };
+  const items = conversation.items;
+  let at = items.length;
+  if (item.turn !== null) while (at > 0 && typeof items[at - 1].turn === "number" && items[at - 1].turn > item.turn) at--;
+  if (at === items.length) return [add(conversation, item)];
+  // Late: before the next turn's first item, the open message left open.
+  item.id = conversation.nextId++;
+  item.before = items[at].id;
+  items.splice(at, 0, item);
+  return [item];
+}
+
+/** An id the gateway sends as a string, or as an object with an `id`. */
+function idOf(value) {
+  return String((value !== null && typeof value === "object" ? value.id : value) ?? "");
 }
 
 /** `host:port`, with an IPv6 address in brackets (`[::1]:443`); the host alone without a port. */

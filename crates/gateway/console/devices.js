@@ -123,15 +123,21 @@ export function newDeviceId(kind = "browser", random = (n) => crypto.getRandomVa
 
 /**
  * Asks in the page's confirmation dialog (`#confirm`): `title`, `paragraphs`, the confirming
- * button's `confirm` label. `action` runs on confirmation; if it throws, its message is shown
+ * button's `confirm` label (in the danger colour unless `danger` is false), and with `field`
+ * (`{label, value}`) a text box (Enter confirms).
+ * `action(text)` runs on confirmation, with the box's text; if it throws, its message is shown
  * and the dialog stays, so the person can try again or cancel. Resolves true once the action
  * succeeded, false when cancelled.
  */
-export function confirmDialog({ title, paragraphs, confirm, cancelable = true, action = async () => {} }) {
+export function confirmDialog({ title, paragraphs, confirm, cancelable = true, danger = true, field = null, action = async () => {} }) {
   const dialog = document.getElementById("confirm");
   const ok = document.getElementById("confirm-ok");
   const cancel = document.getElementById("confirm-cancel");
   const error = document.getElementById("confirm-error");
+  const box = document.getElementById("confirm-field");
+  document.getElementById("confirm-field-row").hidden = !field;
+  document.getElementById("confirm-field-label").textContent = field?.label ?? "";
+  box.value = field?.value ?? "";
   document.getElementById("confirm-title").textContent = title;
   document.getElementById("confirm-text").replaceChildren(
     ...paragraphs.map((text) => {
@@ -141,15 +147,17 @@ export function confirmDialog({ title, paragraphs, confirm, cancelable = true, a
     }),
   );
   ok.textContent = confirm;
+  ok.className = danger ? "danger" : "primary";
   ok.disabled = false;
   cancel.hidden = !cancelable;
   showError(error, "");
   return new Promise((resolve) => {
     let answer = false;
     const onOk = async () => {
+      if (ok.disabled) return;
       ok.disabled = true;
       try {
-        await action();
+        await action(box.value.trim());
       } catch (failure) {
         ok.disabled = false;
         showError(error, failure.message);
@@ -159,6 +167,12 @@ export function confirmDialog({ title, paragraphs, confirm, cancelable = true, a
       dialog.close();
     };
     const onCancel = () => dialog.close();
+    const onEnter = (event) => {
+      if (event.key === "Enter" && !event.isComposing) {
+        event.preventDefault();
+        onOk();
+      }
+    };
     // Escape while the action runs would leave it done and unsaid.
     const onEscape = (event) => {
       if (ok.disabled) event.preventDefault();
@@ -169,14 +183,17 @@ export function confirmDialog({ title, paragraphs, confirm, cancelable = true, a
       cancel.removeEventListener("click", onCancel);
       dialog.removeEventListener("cancel", onEscape);
       dialog.removeEventListener("close", onClose);
+      box.removeEventListener("keydown", onEnter);
       resolve(answer);
     };
     ok.addEventListener("click", onOk);
     cancel.addEventListener("click", onCancel);
     dialog.addEventListener("cancel", onEscape);
     dialog.addEventListener("close", onClose);
+    box.addEventListener("keydown", onEnter);
     dialog.showModal();
-    (cancelable ? cancel : ok).focus();
+    (field ? box : cancelable ? cancel : ok).focus();
+    if (field) box.select();
   });
 }
 

@@ -2,6 +2,7 @@
 // new file): a line diff by longest common subsequence, then hunks with three lines of context,
 // as `diff -u` prints them. Texts too large for the quadratic table are shown as one hunk that
 // removes every old line and adds every new one, which is still correct, only less tidy.
+// `diffLineClasses` says how each line of a unified diff (made here or by the gateway) looks.
 
 const CONTEXT_LINES = 3;
 const MAX_TABLE_CELLS = 4_000_000;
@@ -96,4 +97,23 @@ export function unifiedDiff(path, oldText, newText) {
     for (const o of slice) lines.push(o.op + o.line);
   }
   return lines;
+}
+
+/** The class of each line of a unified diff: "file" (a header before the hunks), "hunk" (an `@@`
+ *  line, or a `\ No newline at end of file` remark), "add", "del" or "ctx". Inside a hunk a line
+ *  is what its first character says, so a removed line reading `-- x` is no header. */
+export function diffLineClasses(lines) {
+  let inHunk = false;
+  return lines.map((line) => {
+    if (line.startsWith("@@")) {
+      inHunk = true;
+      return "hunk";
+    }
+    if (line.startsWith("diff ")) inHunk = false;
+    if (!inHunk) return "file";
+    if (line.startsWith("+")) return "add";
+    if (line.startsWith("-")) return "del";
+    if (line.startsWith("\\")) return "hunk";
+    return "ctx";
+  });
 }

@@ -1,7 +1,7 @@
-// The Files view's read-only viewer: a file of the workspace shown as text, with line numbers,
-// soft wrap on or off, and colours by its extension (highlight.js, vendored, loaded with the
-// first file that has a language), instead of a download. Loaded by files.js when a file is
-// first opened, so the console's first load does not carry it.
+// The Files view's read-only viewer: a file of the workspace (or of one of its checkpoints) shown
+// as text, with line numbers, soft wrap on or off, and colours by its extension (highlight.js,
+// vendored, loaded with the first file that has a language), instead of a download. Loaded by
+// files.js when a file is first opened, so the console's first load does not carry it.
 //
 // - The content comes from `GET /files/content` with `Range: bytes=0-<VIEW_MAX_BYTES - 1>`: a
 //   larger file shows its first MiB, says so, and offers the download of the whole.
@@ -239,10 +239,10 @@ export class FileViewer {
     localStorage.setItem("warren.viewer.wrap", String(on));
   }
 
-  /** Shows the file at `path` of `sessionId`; `downloadUrl` is its download link; `size`, when
-   *  the listing said it. `keepScroll`: the same file read again (it changed), shown where it
-   *  was scrolled to. */
-  async open({ sessionId, path, downloadUrl, size = null, keepScroll = false }) {
+  /** Shows the file at `path`, read from `contentUrl` (the live or a checkpoint's content route,
+   *  without the token); `downloadUrl` is its download link; `size`, when the listing said it.
+   *  `keepScroll`: the same file read again (it changed), shown where it was scrolled to. */
+  async open({ path, contentUrl, downloadUrl, size = null, keepScroll = false }) {
     const ticket = ++this.ticket;
     const name = path.split("/").at(-1);
     this.path = path;
@@ -262,7 +262,7 @@ export class FileViewer {
     this.el.body.setAttribute("aria-busy", "true");
     let plan;
     try {
-      plan = viewerPlan({ name, ...(await this.read(sessionId, path, size)) });
+      plan = viewerPlan({ name, ...(await this.read(contentUrl, size)) });
     } catch (error) {
       if (ticket === this.ticket) {
         this.el.viewer.dataset.kind = "error";
@@ -293,9 +293,9 @@ export class FileViewer {
     this.el.body.replaceChildren();
   }
 
-  /** The file's first VIEW_MAX_BYTES and its whole size (`size`: what the listing said). */
-  async read(sessionId, path, size) {
-    const url = `/v1/sessions/${encodeURIComponent(sessionId)}/files/content?${new URLSearchParams({ path })}`;
+  /** The first VIEW_MAX_BYTES of the file at `url` and its whole size (`size`: what the listing
+   *  said). */
+  async read(url, size) {
     const headers = { Authorization: `Bearer ${this.api.token}` };
     // An empty file has no byte 0 to start a range at (416): one listed empty is asked whole.
     if (size !== 0) headers.Range = `bytes=0-${VIEW_MAX_BYTES - 1}`;

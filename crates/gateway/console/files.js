@@ -8,6 +8,10 @@
 // `goTo` shows what the location says. A `files_changed` event refreshes the folder while the
 // view is open, and the open file when it is among the changed paths; file names reach the
 // page only as text.
+//
+// The same view, `readOnly`, browses a checkpoint's files (checkpoints.js): its routes below
+// `/checkpoints/<cid>` (`setSession(id, prefix)`), with the listing, the viewer and downloads
+// but no upload, new folder, rename or delete.
 
 import { withQuery } from "./api.js";
 
@@ -16,13 +20,16 @@ const joinPath = (dir, name) => (dir ? `${dir}/${name}` : name);
 export class FilesView {
   /** `elements`: panel, list, path, up, upload, input, newFolder, progress (its box),
    *  progressBar, progressText, error, and the viewer's: viewer, viewerName, viewerNote,
-   *  viewerBody, viewerWrap, viewerDownload, viewerClose. `onNavigate({dir, file})` is asked to
-   *  go to a folder or a file (and then calls `goTo`); `onClose()` to close the file. */
-  constructor({ elements, api, onNavigate = (place) => this.goTo(place), onClose = () => this.goTo({ dir: this.dir, file: null }) }) {
+   *  viewerBody, viewerWrap, viewerDownload, viewerClose (`readOnly`: none of upload to
+   *  progressText). `onNavigate({dir, file})` is asked to go to a folder or a file (and then
+   *  calls `goTo`); `onClose()` to close the file. */
+  constructor({ elements, api, readOnly = false, onNavigate = (place) => this.goTo(place), onClose = () => this.goTo({ dir: this.dir, file: null }) }) {
     this.el = elements;
     this.api = api;
+    this.readOnly = readOnly;
     this.onNavigate = onNavigate;
     this.sessionId = null;
+    this.prefix = ""; // the routes' place below the session: "" (the workspace) or a checkpoint's
     this.dir = "";
     this.file = null;
     this.viewer = null; // a FileViewer, once a file was opened
@@ -31,13 +38,6 @@ export class FilesView {
     this.stale = true;
     this.refreshTimer = null;
 
-    this.el.upload.addEventListener("click", () => this.el.input.click());
-    this.el.input.addEventListener("change", () => {
-      const files = [...this.el.input.files];
-      this.el.input.value = "";
-      this.uploadAll(files);
-    });
-    this.el.newFolder.addEventListener("click", () => this.newFolder());
     this.el.up.addEventListener("click", () => this.onNavigate({ dir: this.dir.split("/").slice(0, -1).join("/"), file: null }));
     this.el.viewerClose.addEventListener("click", () => onClose());
     this.el.list.addEventListener("click", (event) => {
@@ -49,6 +49,17 @@ export class FilesView {
       else if (button.dataset.action === "rename") this.rename(path);
       else if (button.dataset.action === "delete") this.remove(path, button.dataset.type === "dir");
     });
+    if (!readOnly) this.listenForUploads();
+  }
+
+  listenForUploads() {
+    this.el.upload.addEventListener("click", () => this.el.input.click());
+    this.el.input.addEventListener("change", () => {
+      const files = [...this.el.input.files];
+      this.el.input.value = "";
+      this.uploadAll(files);
+    });
+    this.el.newFolder.addEventListener("click", () => this.newFolder());
     const panel = this.el.panel;
     panel.addEventListener("dragover", (event) => {
       if (![...(event.dataTransfer?.types ?? [])].includes("Files")) return;
@@ -65,8 +76,10 @@ export class FilesView {
     });
   }
 
-  setSession(sessionId) {
+  /** Shows `sessionId`'s files, or (`prefix` `/checkpoints/<cid>`) a checkpoint's. */
+  setSession(sessionId, prefix = "") {
     this.sessionId = sessionId;
+    this.prefix = prefix;
     this.dir = "";
     this.stale = true;
     this.closeFile();
@@ -110,7 +123,7 @@ export class FilesView {
     }
     // Closed, or another file opened, while the viewer loaded.
     if (this.file !== path) return;
-    this.viewer.open({ sessionId: this.sessionId, path, downloadUrl: this.downloadUrl(path), size: this.sizes.get(path) ?? null, keepScroll: again });
+    this.viewer.open({ path, contentUrl: this.url("/files/content", { path }), downloadUrl: this.downloadUrl(path), size: this.sizes.get(path) ?? null, keepScroll: again });
   }
 
   closeFile() {
@@ -151,12 +164,13 @@ export class FilesView {
   }
 
   url(route, params) {
-    return withQuery(`/v1/sessions/${encodeURIComponent(this.sessionId)}${route}`, params);
+    return withQuery(`/v1/sessions/${encodeURIComponent(this.sessionId)}${this.prefix}${route}`, params);
   }
 
   async refresh() {
     if (!this.sessionId) return;
     const sessionId = this.sessionId;
+    const prefix = this.prefix;
     const dir = this.dir;
     this.stale = false;
     let listing;
@@ -167,7 +181,7 @@ export class FilesView {
       this.showError(`Could not list the folder: ${error.message}`);
       return;
     }
-    if (sessionId !== this.sessionId || dir !== this.dir) return;
+    if (sessionId !== this.sessionId || prefix !== this.prefix || dir !== this.dir) return;
     this.showError("");
     this.render(listing.entries ?? []);
   }
@@ -182,7 +196,7 @@ export class FilesView {
     if (items.length === 0) {
       const empty = document.createElement("li");
       empty.className = "meta";
-      empty.textContent = "This folder is empty. Upload a file or drop one here.";
+      empty.textContent = this.readOnly ? "This folder is empty." : "This folder is empty. Upload a file or drop one here.";
       items.push(empty);
     }
     this.el.list.replaceChildren(...items);
@@ -217,7 +231,7 @@ export class FilesView {
       download.setAttribute("aria-label", `Download ${entry.name}`);
       actions.append(download);
     }
-    for (const [action, label] of [["rename", "Rename"], ["delete", "Delete"]]) {
+    for (const [action, label] of this.readOnly ? [] : [["rename", "Rename"], ["delete", "Delete"]]) {
       const button = document.createElement("button");
       button.type = "button";
       button.dataset.action = action;

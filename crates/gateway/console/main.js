@@ -2,15 +2,17 @@
 // with a pairing code, or paste a device token; the token is kept in localStorage; sign-out is
 // asked first and revokes the device: devices.js), the session list, the open
 // session's header (with a warning when its hands run unconfined or share the host's network)
-// and its five views (Chat, Terminal, Files, Preview, Network), and the location (route.js):
-// every move into a session, a view, a folder or a file is a history entry, so that Back goes
-// back through them and from a session to the list, never out of the console, and a reload
-// comes back to the same place; `#/s/<id>/r/<request_id>` (a notification's link) opens the
-// session's chat at that request. The "Session title" box names a new session; "Rename
-// session" renames the open one (`PATCH`).
+// and its six views (Chat, Terminal, Files, Preview, Network, Checkpoints), and the location
+// (route.js): every move into a session, a view, a folder, a file or a checkpoint's changes or
+// files is a history entry, so that Back goes back through them and from a session to the list,
+// never out of the console, and a reload comes back to the same place; `#/s/<id>/r/<request_id>`
+// (a notification's link) opens the session's chat at that request. The "Session title" box
+// names a new session; "Rename session" renames the open one (`PATCH`); a fork (checkpoints.js)
+// is a new session, opened at once.
 
 import { ApiError, createApi } from "./api.js";
 import { ChatView } from "./chat.js";
+import { CheckpointsView } from "./checkpoints.js";
 import { AccountPanel, JoinForm, pairCodeFromHash, pairLinkWhileSignedIn } from "./devices.js";
 import { dropBrowserSubscription, forgetWorkerToken, saveWorkerToken } from "./push.js";
 import { FilesView } from "./files.js";
@@ -18,7 +20,7 @@ import { NetworkView } from "./network.js";
 import { PreviewView } from "./preview.js";
 import { TerminalView } from "./terminal.js";
 import { handsWords, stateWords } from "./render.js";
-import { VIEWS, parseRoute, routeHash, sameRoute } from "./route.js";
+import { VIEWS, parseRoute, routeHash, sameRoute, sessionRoute } from "./route.js";
 import { watchViewport } from "./viewport.js";
 import "./install.js"; // the service worker (offline use, installing the app) and the offline state
 
@@ -70,6 +72,9 @@ const chat = new ChatView({
     if (state.session) go(sessionRoute(state.session.id, "terminal"));
     terminal.watch(name);
   },
+  onCheckpoint: (id) => state.session && go(sessionRoute(state.session.id, "checkpoints", { checkpoint: id, show: "diff" })),
+  onOpenSession: (id) => go(sessionRoute(id, "chat")),
+  sessionTitle: (id) => knownTitle(id),
 });
 const terminal = new TerminalView({
   elements: {
@@ -132,7 +137,57 @@ const network = new NetworkView({
   },
   api,
 });
-const viewObjects = { chat, terminal, files, preview, network };
+// A checkpoint's files: the Files view's listing and viewer, read-only, in the Checkpoints view.
+const checkpointFiles = new FilesView({
+  elements: {
+    panel: $("checkpoint-files"),
+    list: $("checkpoint-files-list"),
+    path: $("checkpoint-files-path"),
+    up: $("checkpoint-files-up"),
+    error: $("checkpoint-files-error"),
+    viewer: $("checkpoint-file-viewer"),
+    viewerName: $("checkpoint-viewer-name"),
+    viewerNote: $("checkpoint-viewer-note"),
+    viewerBody: $("checkpoint-viewer-body"),
+    viewerWrap: $("checkpoint-viewer-wrap"),
+    viewerDownload: $("checkpoint-viewer-download"),
+    viewerClose: $("checkpoint-viewer-close"),
+  },
+  api,
+  readOnly: true,
+  onNavigate: (place) => state.session && go(sessionRoute(state.session.id, "checkpoints", { checkpoint: checkpoints.checkpoint, show: "files", ...place })),
+  onClose: () => closeFile(),
+});
+const checkpoints = new CheckpointsView({
+  elements: {
+    panel: $("panel-checkpoints"),
+    home: $("checkpoints-home"),
+    list: $("checkpoints"),
+    more: $("checkpoints-more"),
+    refresh: $("checkpoints-refresh"),
+    note: $("checkpoints-note"),
+    error: $("checkpoints-error"),
+    diff: $("checkpoint-diff"),
+    diffTitle: $("checkpoint-diff-title"),
+    diffMeta: $("checkpoint-diff-meta"),
+    diffBody: $("checkpoint-diff-body"),
+    diffClose: $("checkpoint-diff-close"),
+    browser: $("checkpoint-files"),
+    browserTitle: $("checkpoint-files-title"),
+    browserClose: $("checkpoint-files-close"),
+  },
+  api,
+  files: checkpointFiles,
+  onNavigate: (place) => state.session && go(sessionRoute(state.session.id, "checkpoints", place)),
+  onClose: () => closeCheckpoint(),
+  onForked: (session) => {
+    state.sessions.unshift(session);
+    renderSessions();
+    go(sessionRoute(session.id, "chat"));
+  },
+  sessionTitle: (id) => knownTitle(id),
+});
+const viewObjects = { chat, terminal, files, preview, network, checkpoints };
 
 // ---- sign-in ----
 
@@ -323,10 +378,14 @@ $("new-session-form").addEventListener("submit", async (event) => {
 $("delete-session").addEventListener("click", async () => {
   const session = state.session;
   if (!session || !confirm(`Delete the session “${titleOf(session)}”, its conversation and its files?`)) return;
+  // Its event stream ends as it goes: not followed meanwhile, so that no reconnect asks for a
+  // session that is gone.
+  chat.pause();
   try {
     await api.request("DELETE", `/v1/sessions/${session.id}`);
   } catch (error) {
     if (!(error instanceof ApiError && error.code === "SESSION_NOT_FOUND")) {
+      chat.resume();
       showError($("chat-error"), `Not deleted: ${error.message}`);
       return;
     }
@@ -377,8 +436,9 @@ function showList() {
   loadSessions();
 }
 
-/** Opens `session` at `view`; `filesPlace` (`{dir, file}`) is the Files view's folder and file. */
-function openSession(session, view, filesPlace = null) {
+/** Opens `session` at `route`'s view, and its place there (the Files view's folder and file, the
+ *  Checkpoints view's checkpoint). */
+function openSession(session, route) {
   if (state.session?.id !== session.id) {
     closeSession();
     state.session = session;
@@ -386,6 +446,7 @@ function openSession(session, view, filesPlace = null) {
     files.setSession(session.id);
     preview.setSession(session.id);
     network.setSession(session.id);
+    checkpoints.setSession(session.id);
     chat.open(session);
   }
   $("no-session").hidden = true;
@@ -393,8 +454,9 @@ function openSession(session, view, filesPlace = null) {
   $("app").dataset.view = "session";
   renderSessionHead();
   renderSessions();
-  if (filesPlace) files.goTo(filesPlace);
-  selectView(view);
+  if (route.view === "files") files.goTo(route);
+  if (route.view === "checkpoints") checkpoints.goTo(route);
+  selectView(route.view);
 }
 
 function closeSession() {
@@ -404,6 +466,7 @@ function closeSession() {
   chat.close();
   terminal.setSession(null);
   network.setSession(null);
+  checkpoints.setSession(null);
   state.session = null;
   $("session").hidden = true;
   $("no-session").hidden = false;
@@ -439,6 +502,14 @@ function sessionEvent(event, live) {
     case "files_changed":
       files.filesChanged(event.paths ?? [], event.truncated ?? false);
       return;
+    case "checkpoint":
+      checkpoints.changed();
+      return;
+    case "rewound":
+      // Rewound here or on another device: the files are the checkpoint's now.
+      files.filesChanged([], true);
+      checkpoints.changed();
+      return;
     case "egress":
     case "egress_request":
     case "permission_resolved":
@@ -468,7 +539,8 @@ for (const tab of tabs) {
   });
 }
 
-/** A tab: the open session's view `name` (the Files view at its folder and file). */
+/** A tab: the open session's view `name` (the Files view at its folder and file; the
+ *  Checkpoints view at its list, a checkpoint's changes and files being a step away from it). */
 function goToView(name) {
   if (state.session) go(sessionRoute(state.session.id, name, name === "files" ? files.place() : {}));
 }
@@ -481,6 +553,8 @@ function selectView(name) {
     const selected = view === name;
     $(`tab-${view}`).setAttribute("aria-selected", String(selected));
     $(`tab-${view}`).tabIndex = selected ? 0 : -1;
+    // A screen too narrow for every tab scrolls them: the selected one is in view.
+    if (selected) $(`tab-${view}`).scrollIntoView({ block: "nearest", inline: "nearest" });
     $(`panel-${view}`).hidden = !selected;
   }
   if (previous !== name) viewObjects[previous].hide();
@@ -497,10 +571,6 @@ let depth = 0;
 
 const pageUrl = (hash) => location.pathname + location.search + hash;
 const isPhone = () => matchMedia("(max-width: 799px)").matches;
-
-function sessionRoute(id, view, { dir = "", file = null } = {}) {
-  return { kind: "session", id, view, dir, file, requestId: null };
-}
 
 /** Goes to `route`: a new history entry (unless it is where the console is), then shown. */
 function go(route) {
@@ -522,13 +592,24 @@ function backToList() {
   showRoute({ kind: "list" });
 }
 
-/** Closes the open file: back to the folder it was opened from, or to the folder anew. */
+/** Closes the open file (of the workspace or of a checkpoint): back to the folder it was opened
+ *  from, or to the folder anew. */
 function closeFile() {
   const route = parseRoute(location.hash);
   if (route.kind !== "session") return files.goTo({ dir: files.dir, file: null });
   const folder = { ...route, file: null };
   if (route.file && history.state?.from === routeHash(folder)) history.back();
   else go(folder);
+}
+
+/** Leaves a checkpoint's changes or files: back to where they were opened from (the list, or
+ *  the Chat's "N files changed"), or to the list anew. */
+function closeCheckpoint() {
+  const route = parseRoute(location.hash);
+  if (route.kind !== "session") return;
+  const from = parseRoute(history.state?.from ?? "");
+  if (from.kind === "session" && from.id === route.id && from.checkpoint === null) history.back();
+  else go(sessionRoute(route.id, "checkpoints"));
 }
 
 /** The page's first route (after sign-in, or as it loads signed in). */
@@ -580,7 +661,7 @@ function showRoute(route) {
     showList();
     return;
   }
-  openSession(session, route.view, route.view === "files" ? { dir: route.dir, file: route.file } : null);
+  openSession(session, route);
   if (route.requestId) chat.reveal(route.requestId);
   // Said the console's way (`#/s/…` links become `#session=…`), in the same entry.
   const hash = routeHash(route);
@@ -591,6 +672,12 @@ function showRoute(route) {
 
 function titleOf(session) {
   return session.title || `Session ${session.id.slice(0, 8)}`;
+}
+
+/** The title of the listed session `id`, or null (not one of this device's, or deleted). */
+function knownTitle(id) {
+  const session = state.sessions.find((s) => s.id === id);
+  return session ? titleOf(session) : null;
 }
 
 function listWords(session) {

@@ -3,11 +3,13 @@
 // command wrote (user text, tool titles, output, file paths, error messages) is only ever text.
 // Command output (the shell agent's streamed output, a tool call's text content) is terminal
 // text (output.js: monospace, ANSI colours, folded when long, a Copy button), never Markdown.
-// Buttons carry `data-*` attributes; chat.js listens for their clicks (output.js for its own).
+// Buttons carry `data-*` attributes; chat.js listens for their clicks (output.js for its own):
+// a checkpoint's "N files changed" (`data-checkpoint`) opens its changes, a fork's link to its
+// source session (`data-session`) opens that session.
 
 import { h } from "./vdom.js";
 import { markdown } from "./markdown.js";
-import { unifiedDiff } from "./diff.js";
+import { diffLineClasses, unifiedDiff } from "./diff.js";
 import { hostPort } from "./conversation.js";
 import { outputBlock, outputKey } from "./output.js";
 
@@ -16,8 +18,9 @@ const TOOL_STATUS = { pending: "pending", in_progress: "running", completed: "do
 const TOOL_STOPPED = { cancelled: "cancelled", interrupted: "interrupted" };
 const PLAN_MARK = { pending: "○", in_progress: "◐", completed: "●" };
 
-/** The node for one item. */
-export function renderItem(item) {
+/** The node for one item. `context.sessionTitle(id)`: a session's title, or null when it is not
+ *  known (a fork's source). */
+export function renderItem(item, context = {}) {
   const attrs = (cls) => ({ class: cls, "data-item": item.id, "data-seq": item.seq });
   switch (item.kind) {
     case "user":
@@ -49,6 +52,12 @@ export function renderItem(item) {
       return h("p", attrs("error"), h("strong", {}, "Error"), ` ${item.message} (${item.code})`);
     case "note":
       return h("p", attrs(item.text === "cancelled" ? "note cancelled" : "note"), item.text);
+    case "checkpoint":
+      return renderCheckpoint(item, attrs);
+    case "forked":
+      return renderForked(item, attrs, context.sessionTitle?.(item.sourceSession) ?? null);
+    case "rewound":
+      return renderRewound(item, attrs);
     default:
       return h("p", attrs("note"), "");
   }
@@ -104,12 +113,15 @@ export function toolOutputText(text) {
  *  `key` remembers a text output's fold (output.js). */
 export function renderToolContent(content, running = false, key = undefined) {
   switch (content?.type) {
-    case "diff":
+    case "diff": {
+      const lines = unifiedDiff(content.path, content.oldText, content.newText);
+      const classes = diffLineClasses(lines);
       return h(
         "pre",
         { class: "diff", "aria-label": `Changes to ${content.path}` },
-        unifiedDiff(content.path, content.oldText, content.newText).map((line) => h("span", { class: diffClass(line) }, line + "\n")),
+        lines.map((line, n) => h("span", { class: classes[n] }, line + "\n")),
       );
+    }
     case "terminal":
       // The command's output also streams as agent text; once it ended there is nothing to watch.
       if (!running) return null;
@@ -129,12 +141,55 @@ export function renderToolContent(content, running = false, key = undefined) {
   }
 }
 
-function diffClass(line) {
-  if (line.startsWith("@@")) return "hunk";
-  if (line.startsWith("+++") || line.startsWith("---")) return "file";
-  if (line.startsWith("+")) return "add";
-  if (line.startsWith("-")) return "del";
-  return "ctx";
+/** "1 file changed", "3 files changed". */
+export function filesChangedWords(n) {
+  return n === 1 ? "1 file changed" : `${n} files changed`;
+}
+
+// What a checkpoint taken for another reason than a turn's end says before its files changed.
+const CHECKPOINT_REASON = { rewind: "Before the rewind", archive: "Hands archived" };
+
+/** A checkpoint's line: "N files changed" as a button that opens its changes. */
+function renderCheckpoint(item, attrs) {
+  const reason = item.reason === "turn" ? null : (CHECKPOINT_REASON[item.reason] ?? `Checkpoint (${item.reason})`);
+  return h(
+    "p",
+    attrs(reason ? "checkpoint-line note" : "checkpoint-line"),
+    reason ? `${reason} · ` : null,
+    h("button", { type: "button", class: "small checkpoint-changes", "data-checkpoint": item.checkpointId, title: "Show the changes of this checkpoint" }, filesChangedWords(item.filesChanged)),
+  );
+}
+
+/** A rewind's line: the checkpoint the workspace became (by its turn when known), and that what
+ *  it held before was kept. */
+function renderRewound(item, attrs) {
+  const turn = item.checkpointTurn;
+  return h(
+    "p",
+    attrs("note rewound"),
+    "Workspace rewound to ",
+    turn === null ? ["checkpoint ", h("code", { title: item.checkpointId }, shortCheckpointId(item.checkpointId))] : turn > 0 ? `turn ${turn}` : "before the first turn",
+    item.savedId ? "; what it held before is kept as a checkpoint" : null,
+    item.restart ? ". The agent was restarted." : ".",
+  );
+}
+
+/** A checkpoint id, short enough for a line ("ck_1a2b3c4d5e…"); the whole id is its title. */
+export function shortCheckpointId(id) {
+  return id.length > 14 ? `${id.slice(0, 12)}…` : id;
+}
+
+/** A fork's first line: "Forked from <source session> at checkpoint <id>", the session a link. */
+function renderForked(item, attrs, title) {
+  const name = title ?? `session ${item.sourceSession.slice(0, 8)}`;
+  return h(
+    "p",
+    attrs("note forked"),
+    "Forked from ",
+    h("a", { href: `/#/s/${encodeURIComponent(item.sourceSession)}`, "data-session": item.sourceSession }, name),
+    " at checkpoint ",
+    h("code", { title: item.checkpointId }, shortCheckpointId(item.checkpointId)),
+  );
 }
 
 function renderPermission(item, attrs) {

@@ -4,8 +4,8 @@
 Drives a running `warren serve` with headless Chromium (/usr/bin/chromium) through Playwright,
 at a phone size (390x844, touch) and a desktop size (1280x800). Each flow of the spec is one
 function; they run in order on one page per size (sign in, create a session, chat, permission,
-cancel, agent text as text, terminal, reload, takeover, the agent's terminal, files, preview,
-reconnect, token sign-in, delete). Throughout, the run fails on a console error or page error
+cancel, agent text as text, terminal, reload, takeover, the agent's terminal, files,
+checkpoints, preview, reconnect, token sign-in, delete). Throughout, the run fails on a console error or page error
 of the console, a request to an origin other than the gateway's or a preview's, a horizontal
 scroll on the phone, or a dialog nobody asked for (an `alert` from agent text).
 
@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 from playwright.sync_api import expect, sync_playwright
 
 sys.path.insert(0, str(Path(__file__).parent))
+from flows_checkpoints import CheckpointFlows  # noqa: E402
 from flows_devices import DeviceFlows  # noqa: E402
 from flows_phone_layout import LayoutFlows  # noqa: E402
 
@@ -135,7 +136,7 @@ class Gateway:
         raise AssertionError(f"session {session_id} still running after {timeout_s} s")
 
 
-class Run(LayoutFlows, DeviceFlows):
+class Run(LayoutFlows, DeviceFlows, CheckpointFlows):
     """One size's page, what it saw, and the flows' results."""
 
     def __init__(self, args, browser, size):
@@ -1319,7 +1320,7 @@ class Run(LayoutFlows, DeviceFlows):
     FLOWS = [
         "sign_in_register", "create_session", "rename_session", "echo_hi", "compact_layout_and_keyboard", "shift_enter_is_a_newline", "permission_rm",
         "back_navigation", "cancel_turn", "cancelled_command_says_cancelled", "prompt_answer_box", "agent_html_is_text", "shell_output_is_terminal_text", "terminal_echo", "terminal_reload", "terminal_takeover",
-        "terminal_replay_is_not_answered", "agent_terminal_watch", "files_upload_download", "file_viewer", "preview_http_server", "network_request_and_view",
+        "terminal_replay_is_not_answered", "agent_terminal_watch", "files_upload_download", "file_viewer", "checkpoints_diff_rewind_fork", "preview_http_server", "network_request_and_view",
         "credential_line_and_switch", "reconnect_no_duplicate", "frozen_connection_reconnects",
         "sign_in_token_and_sign_out", "accessible_names", "isolation_warning", "dark_scheme", "installable_and_offline",
         "pair_second_device", "devices_list_and_revoke", "sign_out_asks_first", "push_notification_shows_and_answers", "delete_session",

@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { unifiedDiff } from "../diff.js";
+import { diffLineClasses, unifiedDiff } from "../diff.js";
 
 const lines = (n, change = {}) => Array.from({ length: n }, (_, i) => change[i + 1] ?? `line ${i + 1}`).join("\n") + "\n";
 
@@ -28,3 +28,9 @@ for (const [name, oldText, newText, hunks] of cases) {
     assert.deepEqual(out.slice(2), hunks);
   });
 }
+
+test("diff lines are classed by where they are: headers before the hunks, + and - inside them", () => {
+  const lines = ["diff --git a/x b/x", "--- a/x", "+++ b/x", "@@ -1,3 +1,3 @@", " same", "--- a rule", "+++ a heading", "\\ No newline at end of file", "diff --git a/y b/y", "--- a/y"];
+  assert.deepEqual(diffLineClasses(lines), ["file", "file", "file", "hunk", "ctx", "del", "add", "hunk", "file", "file"]);
+  assert.deepEqual(diffLineClasses([]), []);
+});
