@@ -628,6 +628,11 @@ async fn a_replica_that_stalls_past_its_lease_writes_nothing_after_the_new_owner
         e.event == "turn_end" && e.data["stop_reason"] != "interrupted"
     })
     .await;
+    // B's own last event: the turn's checkpoint (B's first of the session), just after.
+    on_b.until("B's checkpoint after echo after", |e| {
+        e.event == "checkpoint"
+    })
+    .await;
     let n_stored = || {
         psql(
             &database,
