@@ -168,21 +168,9 @@ impl Checkpoints {
         }
     }
 
-    /// Takes a checkpoint of the session's trees, emits its `checkpoint` event and applies the
-    /// retention rule. `None` when nothing changed since the last one (after a turn) or the
-    /// session has no tree here.
-    pub async fn take(
-        &self,
-        session: &Session,
-        turn: u64,
-        reason: &'static str,
-    ) -> Result<Option<CheckpointInfo>, EngineError> {
-        let stores = self.of(session)?;
-        let last = stores.last.clone().lock_owned().await;
-        self.take_reserved(session, turn, reason, Reserved { stores, last })
-            .await
-    }
-
+    /// Takes the reserved checkpoint of the session's trees, applies the retention rule and
+    /// emits its `checkpoint` event. `None` when nothing changed since the last one (after a
+    /// turn) or the session has no tree here.
     async fn take_reserved(
         &self,
         session: &Session,
@@ -205,16 +193,7 @@ impl Checkpoints {
         // Old checkpoints go before this one is announced: a list read after the event
         // holds what is kept.
         self.retain(&stores).await;
-        session.emit(
-            (turn > 0).then_some(turn),
-            EventBody::Checkpoint {
-                id: info.id.clone(),
-                reason: reason.into(),
-                files_changed: info.files_changed,
-                bytes_new,
-                elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-            },
-        );
+        announce(session, turn, reason, &info, bytes_new, elapsed);
         Ok(Some(info))
     }
 
@@ -364,16 +343,7 @@ impl Checkpoints {
             .await?
         {
             Some((info, bytes_new, elapsed)) => {
-                session.emit(
-                    (turn > 0).then_some(turn),
-                    EventBody::Checkpoint {
-                        id: info.id.clone(),
-                        reason: "rewind".into(),
-                        files_changed: info.files_changed,
-                        bytes_new,
-                        elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-                    },
-                );
+                announce(session, turn, "rewind", &info, bytes_new, elapsed);
                 info.id
             }
             // Nothing changed since the last checkpoint: it is the saved state.
@@ -635,6 +605,27 @@ impl SessionCheckpoints {
         }
         Ok(Some((info, bytes_new, started.elapsed())))
     }
+}
+
+/// The `checkpoint` event of a stored checkpoint.
+fn announce(
+    session: &Session,
+    turn: u64,
+    reason: &str,
+    info: &CheckpointInfo,
+    bytes_new: u64,
+    elapsed: Duration,
+) {
+    session.emit(
+        (turn > 0).then_some(turn),
+        EventBody::Checkpoint {
+            id: info.id.clone(),
+            reason: reason.into(),
+            files_changed: info.files_changed,
+            bytes_new,
+            elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        },
+    );
 }
 
 /// The home checkpoint a workspace checkpoint was taken with.
