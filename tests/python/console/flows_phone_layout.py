@@ -332,7 +332,15 @@ class LayoutFlows:
         expect(keyword).to_have_text("def")
         expect(content.locator(".hljs-string").first).to_contain_text("Say hello")
         expect(content.locator(".hljs-comment").first).to_have_text("# A greeting.")
-        colours = keyword.evaluate("k => [getComputedStyle(k).color, getComputedStyle(k.closest('pre')).color, getComputedStyle(k).fontFamily]")
+        # The viewer may lay its blocks out again meanwhile: a replaced (detached) node has no
+        # computed style, so the current keyword is read until it is attached (bounded).
+        deadline = time.monotonic() + 5
+        while True:
+            colours = keyword.evaluate("k => k.isConnected ? [getComputedStyle(k).color, getComputedStyle(k.closest('pre')).color, getComputedStyle(k).fontFamily] : null")
+            if colours is not None or time.monotonic() > deadline:
+                break
+            self.page.wait_for_timeout(50)
+        assert colours is not None, "the keyword stayed detached"
         assert colours[0] != colours[1], f"the keyword has the text's colour: {colours}"
         assert "monospace" in colours[2], colours
         loaded = page.evaluate(loaded_highlight)
