@@ -19,6 +19,7 @@
 
 mod backend;
 mod bucket;
+mod cached;
 mod chunk;
 mod chunks;
 mod gc;
@@ -35,6 +36,7 @@ mod tree;
 
 pub use backend::{ChunkBatch, ChunkStore};
 pub use bucket::Bucket;
+pub use cached::Cached;
 pub use chunk::{ChunkId, ChunkRef};
 pub use gc::{CollectStats, to_drop};
 pub use listing::{Listed, Page};

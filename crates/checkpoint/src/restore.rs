@@ -32,7 +32,7 @@ use crate::chunks::Chunks;
 use crate::manifest::{Content, Entry, Manifest};
 use crate::rewind;
 use crate::take::{names_of, now_ns};
-use crate::tree::{open_dir, remove_tree, set_mtime, write_file};
+use crate::tree::{Writer, open_dir, remove_tree, set_mtime, write_file};
 
 static N_STAGINGS: AtomicU64 = AtomicU64::new(0);
 
@@ -43,7 +43,7 @@ pub(crate) fn restore(
     manifest: &Manifest,
     target: &Path,
     current: Option<&Manifest>,
-    n_threads: usize,
+    writer: Writer,
 ) -> Result<Manifest, Error> {
     Manifest::check(&manifest.entries)?;
     let started_ns = now_ns();
@@ -71,12 +71,12 @@ pub(crate) fn restore(
     ));
     let restored = (|| match current {
         Some(current) if !created => {
-            match rewind::rewind(chunks, manifest, target, &staging, current, n_threads)? {
+            match rewind::rewind(chunks, manifest, target, &staging, current, writer)? {
                 Some(entries) => Ok(entries),
-                None => stage_and_swap(chunks, manifest, target, &staging, n_threads),
+                None => stage_and_swap(chunks, manifest, target, &staging, writer),
             }
         }
-        _ => stage_and_swap(chunks, manifest, target, &staging, n_threads),
+        _ => stage_and_swap(chunks, manifest, target, &staging, writer),
     })();
     if restored.is_err() && created {
         // A target this restore created goes again: a failed fork leaves nothing behind.
@@ -101,14 +101,14 @@ fn stage_and_swap(
     manifest: &Manifest,
     target: &Path,
     staging: &Path,
-    n_threads: usize,
+    writer: Writer,
 ) -> Result<Vec<Entry>, Error> {
     let target_fd = open_dir(target)?;
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(staging)
         .map_err(|e| Error::io(format!("cannot create {}", staging.display()), e))?;
-    let built = build(chunks, manifest, staging, n_threads).and_then(|entries| {
+    let built = build(chunks, manifest, staging, writer).and_then(|entries| {
         let staging_fd = open_dir(staging)?;
         swap_in(&target_fd, &staging_fd, target)?;
         Ok(entries)
@@ -124,7 +124,7 @@ fn build(
     chunks: &Chunks,
     manifest: &Manifest,
     staging: &Path,
-    n_threads: usize,
+    writer: Writer,
 ) -> Result<Vec<Entry>, Error> {
     let mut entries = manifest.entries.clone();
     for entry in &entries {
@@ -135,12 +135,13 @@ fn build(
             Content::Symlink(link_target) => std::os::unix::fs::symlink(link_target, &path),
             Content::File(_) => continue,
         };
-        made.map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+        made.and_then(|()| writer.own(&path))
+            .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
     }
     let files: Vec<usize> = (0..entries.len())
         .filter(|i| matches!(entries[*i].content, Content::File(_)))
         .collect();
-    for (index, ino, dev) in write_files(chunks, &entries, &files, n_threads, |_, entry| {
+    for (index, ino, dev) in write_files(chunks, &entries, &files, writer, |_, entry| {
         staging.join(&entry.path)
     })? {
         entries[index].ino = ino;
@@ -168,13 +169,13 @@ fn build(
 }
 
 /// Writes the files `entries[i]` for each `i` of `files` at `path_of(i, entry)` from verified
-/// chunks, on `n_threads` threads; returns each one's index, inode and device. The first
-/// failure stops every thread.
+/// chunks, on the writer's threads and as its owner; returns each one's index, inode and
+/// device. The first failure stops every thread.
 pub(crate) fn write_files(
     chunks: &Chunks,
     entries: &[Entry],
     files: &[usize],
-    n_threads: usize,
+    writer: Writer,
     path_of: impl Fn(usize, &Entry) -> std::path::PathBuf + Sync,
 ) -> Result<Vec<(usize, u64, u64)>, Error> {
     let next = AtomicUsize::new(0);
@@ -182,7 +183,7 @@ pub(crate) fn write_files(
     let first_error = Mutex::new(None);
     let (done_tx, done_rx) = mpsc::channel::<(usize, u64, u64)>();
     std::thread::scope(|scope| {
-        for _ in 0..n_threads.max(1) {
+        for _ in 0..writer.n_threads.max(1) {
             let done_tx = done_tx.clone();
             let (next, failed, first_error, path_of) = (&next, &failed, &first_error, &path_of);
             scope.spawn(move || {
@@ -191,7 +192,7 @@ pub(crate) fn write_files(
                         return;
                     };
                     let entry = &entries[index];
-                    match write_file(chunks, entry, &path_of(index, entry)) {
+                    match write_file(chunks, entry, &path_of(index, entry), writer.owner) {
                         Ok((ino, dev)) => {
                             let _ = done_tx.send((index, ino, dev));
                         }
@@ -358,7 +359,11 @@ mod tests {
                 started_ns: 0,
                 stream: Vec::new(),
             };
-            let restored = restore(&chunks, &manifest, &target, None, 1);
+            let writer = Writer {
+                n_threads: 1,
+                owner: None,
+            };
+            let restored = restore(&chunks, &manifest, &target, None, writer);
             assert!(
                 matches!(restored, Err(Error::Unsafe { .. })),
                 "{restored:?}"

@@ -31,7 +31,7 @@ use crate::manifest::{Content, Entry, Manifest};
 use crate::path;
 use crate::restore::write_files;
 use crate::take::{Stamp, names_of};
-use crate::tree::{DirCursor, open_dir, remove_tree, set_mtime_at, split};
+use crate::tree::{DirCursor, Writer, open_dir, remove_tree, set_mtime_at, split};
 
 /// What the target holds at a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub(crate) fn rewind(
     target: &Path,
     staging: &Path,
     current: &Manifest,
-    n_threads: usize,
+    writer: Writer,
 ) -> Result<Option<Vec<Entry>>, Error> {
     let target_fd = open_dir(target)?;
     let Some(found) = walk(&target_fd) else {
@@ -64,14 +64,14 @@ pub(crate) fn rewind(
         .mode(0o700)
         .create(staging)
         .map_err(|e| Error::io(format!("cannot create {}", staging.display()), e))?;
-    let staged = stage(chunks, &entries, &plan, staging, n_threads);
+    let staged = stage(chunks, &entries, &plan, staging, writer);
     let applied = staged.and_then(|written| {
         for (index, ino, dev) in written {
             entries[index].ino = ino;
             entries[index].dev = dev;
         }
         let staging_fd = open_dir(staging)?;
-        apply(&entries, &plan, &target_fd, &staging_fd).map_err(|(what, e)| {
+        apply(&entries, &plan, &target_fd, &staging_fd, writer).map_err(|(what, e)| {
             Error::io(
                 format!(
                     "the rewind of {} stopped part way ({what}); rewinding again finishes it",
@@ -239,7 +239,7 @@ fn stage(
     entries: &[Entry],
     plan: &Plan,
     staging: &Path,
-    n_threads: usize,
+    writer: Writer,
 ) -> Result<Vec<(usize, u64, u64)>, Error> {
     let (files, links): (Vec<usize>, Vec<usize>) = plan
         .staged
@@ -249,10 +249,11 @@ fn stage(
         if let Content::Symlink(link) = &entries[index].content {
             let path = staging.join(index.to_string());
             std::os::unix::fs::symlink(link, &path)
+                .and_then(|()| writer.own(&path))
                 .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
         }
     }
-    write_files(chunks, entries, &files, n_threads, |index, _| {
+    write_files(chunks, entries, &files, writer, |index, _| {
         staging.join(index.to_string())
     })
 }
@@ -264,6 +265,7 @@ fn apply(
     plan: &Plan,
     target: &OwnedFd,
     staging: &OwnedFd,
+    writer: Writer,
 ) -> Result<(), (String, std::io::Error)> {
     let fail = |what: &str, path: &str| {
         let what = format!("{what} {path:?}");
@@ -295,7 +297,12 @@ fn apply(
             .map_err(|e| (format!("reaching {dir:?}"), e))?;
         match entry.content {
             Content::Dir => rustix::fs::mkdirat(dir_fd, name, Mode::from_raw_mode(0o700))
-                .map_err(fail("making", &entry.path))?,
+                .map_err(fail("making", &entry.path))
+                .and_then(|()| {
+                    writer
+                        .own_at(dir_fd, name)
+                        .map_err(|e| (format!("owning {:?}", entry.path), e))
+                })?,
             _ => rustix::fs::renameat(staging, index.to_string(), dir_fd, name)
                 .map_err(fail("placing", &entry.path))?,
         }

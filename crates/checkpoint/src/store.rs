@@ -17,6 +17,7 @@ use crate::manifest::{self, Content, Entry, Manifest};
 use crate::read::{self, Diff};
 use crate::restore;
 use crate::take::{self, TakeStats};
+use crate::tree::Writer;
 
 /// How a store works, chosen once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub struct Config {
     /// Threads that read, hash and compress files during a take, and write them during a
     /// restore; the default is the machine's cores, at most 4.
     pub n_threads: usize,
+    /// The owner (uid, gid) of what a restore or rewind writes: the sandbox's ids when the
+    /// process is root and the tree is a sandbox's; `None` keeps the process's own.
+    pub owner: Option<(u32, u32)>,
 }
 
 impl Default for Config {
@@ -36,6 +40,7 @@ impl Default for Config {
             n_threads: std::thread::available_parallelism()
                 .map(|n| n.get().min(4))
                 .unwrap_or(2),
+            owner: None,
         }
     }
 }
@@ -45,6 +50,7 @@ impl Default for Config {
 pub struct CheckpointStore {
     chunks: Chunks,
     n_threads: usize,
+    owner: Option<(u32, u32)>,
 }
 
 impl CheckpointStore {
@@ -56,6 +62,7 @@ impl CheckpointStore {
                 grace: config.grace,
             },
             n_threads: config.n_threads.max(1),
+            owner: config.owner,
         }
     }
 
@@ -180,7 +187,11 @@ impl CheckpointStore {
         target: &Path,
         current: Option<&Manifest>,
     ) -> Result<Manifest, Error> {
-        restore::restore(&self.chunks, manifest, target, current, self.n_threads)
+        let writer = Writer {
+            n_threads: self.n_threads,
+            owner: self.owner,
+        };
+        restore::restore(&self.chunks, manifest, target, current, writer)
     }
 
     /// Writes the bytes `range` of the file at `path` to `out`; returns how many.

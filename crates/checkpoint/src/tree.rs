@@ -15,6 +15,39 @@ use crate::Error;
 use crate::chunks::Chunks;
 use crate::manifest::{Content, Entry};
 
+/// How a restore writes: on how many threads, and as whom.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Writer {
+    pub n_threads: usize,
+    /// The uid and gid every written entry gets; `None`: the process's own.
+    pub owner: Option<(u32, u32)>,
+}
+
+impl Writer {
+    /// Gives `name` in `dir` (not following a link) to the owner, if there is one.
+    pub(crate) fn own_at(&self, dir: BorrowedFd<'_>, name: &str) -> std::io::Result<()> {
+        if let Some((uid, gid)) = self.owner {
+            rustix::fs::chownat(
+                dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Gives `path` (not following a link; a path in a staging directory only this process
+    /// uses) to the owner, if there is one.
+    pub(crate) fn own(&self, path: &Path) -> std::io::Result<()> {
+        match self.owner {
+            Some((uid, gid)) => std::os::unix::fs::lchown(path, Some(uid), Some(gid)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The directory at `path`, open.
 pub(crate) fn open_dir(path: &Path) -> Result<OwnedFd, Error> {
     rustix::fs::open(
@@ -26,8 +59,14 @@ pub(crate) fn open_dir(path: &Path) -> Result<OwnedFd, Error> {
 }
 
 /// Writes the file `entry` at `path` (which must not exist) from its chunks, each verified,
-/// with its mode (without setuid, setgid and sticky) and mtime; returns its inode and device.
-pub(crate) fn write_file(chunks: &Chunks, entry: &Entry, path: &Path) -> Result<(u64, u64), Error> {
+/// with its mode (without setuid, setgid and sticky), owner and mtime; returns its inode and
+/// device.
+pub(crate) fn write_file(
+    chunks: &Chunks,
+    entry: &Entry,
+    path: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<(u64, u64), Error> {
     let Content::File(file_chunks) = &entry.content else {
         return Err(Error::Invalid(format!("{:?} is not a file", entry.path)));
     };
@@ -42,6 +81,9 @@ pub(crate) fn write_file(chunks: &Chunks, entry: &Entry, path: &Path) -> Result<
     for chunk in file_chunks {
         let content = chunks.fetch(&chunk.id, &entry.path)?;
         file.write_all(&content).map_err(io_error)?;
+    }
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(io_error)?;
     }
     file.set_permissions(std::fs::Permissions::from_mode(entry.mode & 0o777))
         .map_err(io_error)?;

@@ -1,7 +1,9 @@
 //! Each session's checkpoints (checkpoints.md): its workspace (and the agent's home, when the
 //! agent runs in the hands) after every turn that used the hands, before a rewind, and at a
 //! fork, kept deduplicated by `warren-checkpoint` in `sessions/<id>/checkpoints/` (`workspace/`
-//! and `home/`, one store each).
+//! and `home/`, one store each), or with `--snapshots s3://…` in the bucket with this replica's
+//! copy there. They also keep the files of hands that do not run (the hands' [`Keeper`]): a
+//! pause stores one, an archive removes the trees it holds, a restore rebuilds them from it.
 //!
 //! A checkpoint's id is its workspace checkpoint's; the label in its root says why it was taken
 //! (`reason`), after which turn, and the id of the home checkpoint taken with it. A turn that
@@ -18,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
@@ -27,7 +29,8 @@ use warren_checkpoint::{CheckpointStore, Config, Error, LocalDisk, Manifest};
 use warren_protocol::gateway::EventBody;
 
 use crate::engine_error::EngineError;
-use crate::hands::Isolation;
+use crate::hands::snapshots::SnapshotInfo;
+use crate::hands::{Isolation, Keeper};
 use crate::session::Session;
 
 /// The most checkpoints one listing answers.
@@ -53,7 +56,9 @@ pub struct CheckpointInfo {
     pub files: u64,
     pub bytes: u64,
     pub files_changed: u64,
-    /// `turn`, `rewind` (the state a rewind replaced), `fork` (a fork's first).
+    /// `turn`, `rewind` (the state a rewind replaced), `fork` (a fork's first), `pause` (the
+    /// files as the hands were paused, and archived), `files` (the person's changes through the
+    /// files API, outside a turn).
     pub reason: String,
 }
 
@@ -110,15 +115,126 @@ impl Checkpoints {
         if let Some(open) = self.open().get(&session.id) {
             return Ok(open.clone());
         }
+        // What a restore writes belongs to the sandbox's user, as what it wrote itself.
+        let config = Config {
+            owner: session.hands.tree_owner(),
+            ..Config::default()
+        };
         let opened = Arc::new(match &self.objects {
-            Some(objects) => SessionCheckpoints::in_bucket(objects, &session.id)?,
-            None => SessionCheckpoints::open(&session.dir.join("checkpoints"))?,
+            Some(objects) => SessionCheckpoints::in_bucket(
+                objects,
+                &session.id,
+                &session.dir.join("checkpoints"),
+                config,
+            )?,
+            None => SessionCheckpoints::open(&session.dir.join("checkpoints"), config)?,
         });
         Ok(self
             .open()
             .entry(session.id.clone())
             .or_insert(opened)
             .clone())
+    }
+
+    /// Has the session's checkpoints keep its files while its hands do not run: a pause stores
+    /// one, an archive removes the trees it holds, a restore rebuilds them from the newest.
+    pub fn keep_files_of(self: &Arc<Self>, session: &Arc<Session>) {
+        session.hands.set_keeper(Arc::new(FilesKeeper {
+            checkpoints: self.clone(),
+            session: Arc::downgrade(session),
+        }));
+    }
+
+    /// A checkpoint of the session's trees as they are now, labelled `reason`, or the newest
+    /// when nothing changed since it.
+    async fn keep(
+        &self,
+        session: &Session,
+        reason: &'static str,
+    ) -> Result<CheckpointInfo, EngineError> {
+        let stores = self.of(session)?;
+        let Some(trees) = Trees::of(session) else {
+            return Err(EngineError::Internal(
+                "the session's workspace is not on this disk".into(),
+            ));
+        };
+        let turn = session.last_turn();
+        let mut last = stores.last.lock().await;
+        stores.load_last(&mut last).await?;
+        match stores
+            .take_locked(&mut last, &trees, turn, reason, true)
+            .await?
+        {
+            Some((info, bytes_new, elapsed)) => {
+                drop(last);
+                self.retain(&stores).await;
+                announce(session, turn, reason, &info, bytes_new, elapsed);
+                Ok(info)
+            }
+            None => last
+                .workspace
+                .as_ref()
+                .map(info_of)
+                .ok_or_else(|| EngineError::Internal("no checkpoint was stored".into())),
+        }
+    }
+
+    /// The session's newest checkpoint, if any: its root only, so a checkpoint whose entries
+    /// are broken is still found (and its restore fails, said). A store that cannot be read
+    /// is logged.
+    pub async fn newest(&self, session: &Session) -> Option<CheckpointInfo> {
+        let stores = self.of(session).ok()?;
+        let last = stores.last.lock().await;
+        if last.loaded {
+            return last.workspace.as_ref().map(info_of);
+        }
+        let reading = stores.clone();
+        let newest = blocking(move || {
+            let Some(newest) = reading.workspace.page(None, 1)?.checkpoints.pop() else {
+                return Ok(None);
+            };
+            Ok(Some(info_of(&reading.workspace.head(&newest.id)?)))
+        })
+        .await;
+        drop(last);
+        newest.unwrap_or_else(|e| {
+            tracing::warn!(session = %session.id, error = %e, "cannot read the newest checkpoint");
+            None
+        })
+    }
+
+    /// Rebuilds the session's workspace (and agent home) from its newest checkpoint, whole or
+    /// not at all; no sandbox uses them meanwhile. A broken checkpoint is an error, never a
+    /// partial tree.
+    async fn restore_newest(&self, session: &Session) -> Result<(), EngineError> {
+        let stores = self.of(session)?;
+        let mut last = stores.last.lock().await;
+        let workspace_dir = session.hands.workspace().to_path_buf();
+        let home_dir = session.hands.agent_home().map(Path::to_path_buf);
+        let target = stores.clone();
+        let (workspace, home) = blocking(move || {
+            let Some(newest) = target.workspace.page(None, 1)?.checkpoints.pop() else {
+                return Err(Error::NotFound("newest".into()));
+            };
+            let manifest = target.workspace.load(&newest.id)?;
+            let home = match home_of(&manifest) {
+                Some(id) => Some(target.home.load(&id)?),
+                None => None,
+            };
+            let workspace = target.workspace.restore(&manifest, &workspace_dir, None)?;
+            let home = match (home, home_dir) {
+                (Some(manifest), Some(dir)) => Some(target.home.restore(&manifest, &dir, None)?),
+                _ => None,
+            };
+            Ok((workspace, home))
+        })
+        .await?;
+        *last = Last {
+            loaded: true,
+            workspace: Some(workspace),
+            home,
+        };
+        Ok(())
     }
 
     /// Forgets a deleted session's stores.
@@ -432,6 +548,58 @@ impl Checkpoints {
     }
 }
 
+/// The hands' [`Keeper`]: the session's checkpoints.
+struct FilesKeeper {
+    checkpoints: Arc<Checkpoints>,
+    session: Weak<Session>,
+}
+
+impl FilesKeeper {
+    fn session(&self) -> Result<Arc<Session>, String> {
+        self.session
+            .upgrade()
+            .ok_or_else(|| "the session is gone".to_owned())
+    }
+}
+
+fn kept(info: &CheckpointInfo) -> SnapshotInfo {
+    SnapshotInfo {
+        taken_at: info.created_at.clone(),
+        bytes: info.bytes,
+    }
+}
+
+impl Keeper for FilesKeeper {
+    fn keep(
+        &self,
+        reason: &'static str,
+    ) -> warren_brain::BoxFuture<'_, Result<SnapshotInfo, String>> {
+        Box::pin(async move {
+            let session = self.session()?;
+            let info = self.checkpoints.keep(&session, reason).await;
+            info.map(|info| kept(&info)).map_err(|e| e.to_string())
+        })
+    }
+
+    fn newest(&self) -> warren_brain::BoxFuture<'_, Option<SnapshotInfo>> {
+        Box::pin(async move {
+            let session = self.session.upgrade()?;
+            self.checkpoints
+                .newest(&session)
+                .await
+                .map(|info| kept(&info))
+        })
+    }
+
+    fn restore_newest(&self) -> warren_brain::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let session = self.session()?;
+            let restored = self.checkpoints.restore_newest(&session).await;
+            restored.map_err(|e| e.to_string())
+        })
+    }
+}
+
 /// A turn's checkpoint to come: the session's checkpoint lock, held ([`Checkpoints::reserve`]).
 pub struct Reserved {
     stores: Arc<SessionCheckpoints>,
@@ -465,13 +633,10 @@ impl Trees {
 }
 
 impl SessionCheckpoints {
-    fn open(dir: &Path) -> Result<SessionCheckpoints, EngineError> {
+    fn open(dir: &Path, config: Config) -> Result<SessionCheckpoints, EngineError> {
         let store = |name: &str| -> Result<Arc<CheckpointStore>, EngineError> {
             let disk = LocalDisk::open(&dir.join(name))?;
-            Ok(Arc::new(CheckpointStore::new(
-                Arc::new(disk),
-                Config::default(),
-            )))
+            Ok(Arc::new(CheckpointStore::new(Arc::new(disk), config)))
         };
         Ok(SessionCheckpoints {
             workspace: store("workspace")?,
@@ -481,10 +646,13 @@ impl SessionCheckpoints {
     }
 
     /// The stores under the session's prefix of the object store (`…/checkpoints/workspace`
-    /// and `…/home`); their requests run on the current runtime.
+    /// and `…/home`), with this replica's copy in `dir` ([`warren_checkpoint::Cached`]); their
+    /// requests run on the current runtime.
     fn in_bucket(
         objects: &warren_store::objects::Objects,
         session_id: &str,
+        dir: &Path,
+        config: Config,
     ) -> Result<SessionCheckpoints, EngineError> {
         let prefix = objects
             .session_prefix(session_id)
@@ -495,9 +663,13 @@ impl SessionCheckpoints {
                 &format!("{prefix}/checkpoints/{name}"),
                 tokio::runtime::Handle::current(),
             )?;
+            let copy = LocalDisk::open(&dir.join(name))?;
             Ok(Arc::new(CheckpointStore::new(
-                Arc::new(bucket),
-                Config::default(),
+                Arc::new(warren_checkpoint::Cached::new(
+                    Arc::new(bucket),
+                    Arc::new(copy),
+                )),
+                config,
             )))
         };
         Ok(SessionCheckpoints {
@@ -513,7 +685,7 @@ impl SessionCheckpoints {
             return Ok(());
         }
         let stores = self.clone();
-        let (workspace, home) = blocking(move || {
+        let loaded = blocking(move || {
             let Some(newest) = stores.workspace.page(None, 1)?.checkpoints.pop() else {
                 return Ok((None, None));
             };
@@ -524,7 +696,21 @@ impl SessionCheckpoints {
             };
             Ok((Some(workspace), home))
         })
-        .await?;
+        .await;
+        let (workspace, home) = match loaded {
+            Ok(loaded) => loaded,
+            // A broken newest checkpoint must not stop every later one: the next take reads
+            // every file (no quick check), and its chunks are stored again where missing.
+            Err(
+                e @ EngineError::Checkpoint(
+                    Error::Broken { .. } | Error::Missing { .. } | Error::Corrupt(_),
+                ),
+            ) => {
+                tracing::warn!(error = %e, "the newest checkpoint is broken; the next is taken whole");
+                (None, None)
+            }
+            Err(e) => return Err(e),
+        };
         *last = Last {
             loaded: true,
             workspace,

@@ -122,12 +122,25 @@ impl Engine {
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let checkpoint_objects = match &args.snapshots {
+            Some(url) => Some(
+                warren_store::objects::Objects::from_url(url)
+                    .map_err(|e| EngineError::InvalidRequest(format!("--snapshots {url}: {e}")))?,
+            ),
+            None => None,
+        };
+        let checkpoints = Arc::new(checkpoints::Checkpoints::new(
+            checkpoint_objects,
+            args.checkpoints_keep,
+            args.checkpoints_max_age,
+        ));
         let parts = sessions::Parts {
             admission,
             hands_provider: provider,
             placement,
             storage,
             network,
+            checkpoints: checkpoints.clone(),
         };
         let sessions = Sessions::open(&args.data, pg, parts).await?;
         // Warm workers are agents on the host that need nothing of a session; the others start
@@ -170,18 +183,6 @@ impl Engine {
             (BrainPlacement::Hands, HandsProviderKind::Local) => args.warm_workers,
             _ => 0,
         };
-        let checkpoint_objects = match &args.snapshots {
-            Some(url) => Some(
-                warren_store::objects::Objects::from_url(url)
-                    .map_err(|e| EngineError::InvalidRequest(format!("--snapshots {url}: {e}")))?,
-            ),
-            None => None,
-        };
-        let checkpoints = Arc::new(checkpoints::Checkpoints::new(
-            checkpoint_objects,
-            args.checkpoints_keep,
-            args.checkpoints_max_age,
-        ));
         Ok(Arc::new(Engine {
             checkpoints,
             args,

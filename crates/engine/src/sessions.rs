@@ -65,6 +65,8 @@ pub struct Sessions {
     store: Option<warren_store::pg::Store>,
     /// The hands' network: each session's egress proxy.
     network: Arc<Network>,
+    /// Each session's checkpoints (they keep the files of hands that do not run).
+    checkpoints: Arc<crate::checkpoints::Checkpoints>,
     by_id: Mutex<HashMap<String, Arc<Session>>>,
     /// What [`Sessions::on_event_stored`] registered; every session's log taps them.
     event_hooks: Arc<RwLock<Vec<EventHook>>>,

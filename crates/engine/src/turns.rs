@@ -74,7 +74,10 @@ async fn run_turn(
     drop(hold);
     // The snapshot must not keep the gateway alive (a shutdown waits for nothing here).
     drop(gateway);
-    session.hands.snapshot_if_changed().await;
+    // Files kept in checkpoints have the turn's own; remote hands' are snapshotted whole.
+    if session.hands.keeper().is_none() {
+        session.hands.snapshot_if_changed().await;
+    }
 }
 
 async fn run_turn_held(

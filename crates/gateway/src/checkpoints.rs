@@ -147,18 +147,33 @@ async fn checkpoint_files(
 ) -> Result<axum::Json<FileList>, GatewayError> {
     let query = FileQuery::parse(uri.query())?;
     let (path, depth) = (query.path()?, query.depth()?);
-    let (stores, loaded) = request
-        .gateway
-        .engine
-        .checkpoints
-        .load(&request.session, &request.checkpoint, false)
-        .await?;
+    let listed = list_as_of(
+        &request.gateway,
+        &request.session,
+        &request.checkpoint,
+        path,
+        depth,
+    )
+    .await?;
+    Ok(axum::Json(listed))
+}
+
+/// The directory `path` (normalized) as of checkpoint `id`, `depth` levels (the files route
+/// answers an archived session's listing with it too).
+pub(crate) async fn list_as_of(
+    gateway: &Gateway,
+    session: &Session,
+    id: &str,
+    path: String,
+    depth: u32,
+) -> Result<FileList, GatewayError> {
+    let (stores, loaded) = gateway.engine.checkpoints.load(session, id, false).await?;
     let listed = stores
         .workspace
         .list(&loaded.workspace, &path, depth as usize)
         .map_err(warren_engine::EngineError::from)?;
     let truncated = listed.len() > MAX_LISTED;
-    Ok(axum::Json(FileList {
+    Ok(FileList {
         path,
         entries: listed
             .into_iter()
@@ -166,7 +181,7 @@ async fn checkpoint_files(
             .map(file_entry)
             .collect(),
         truncated,
-    }))
+    })
 }
 
 fn file_entry(entry: &Entry) -> FileEntry {
@@ -217,12 +232,26 @@ async fn checkpoint_file(
 ) -> Result<Response, GatewayError> {
     let query = FileQuery::parse(uri.query())?;
     let path = query.file_path()?;
-    let (stores, loaded) = request
-        .gateway
-        .engine
-        .checkpoints
-        .load(&request.session, &request.checkpoint, false)
-        .await?;
+    content_as_of(
+        &request.gateway,
+        &request.session,
+        &request.checkpoint,
+        path,
+        &asked,
+    )
+    .await
+}
+
+/// The file `path` (normalized) as of checkpoint `id`, the `Range` in `asked` honoured (the
+/// files route answers an archived session's download with it too).
+pub(crate) async fn content_as_of(
+    gateway: &Gateway,
+    session: &Session,
+    id: &str,
+    path: String,
+    asked: &HeaderMap,
+) -> Result<Response, GatewayError> {
+    let (stores, loaded) = gateway.engine.checkpoints.load(session, id, false).await?;
     let manifest = loaded.workspace;
     let size = match manifest.entry(&path) {
         Some(entry) if matches!(entry.content, Content::File(_)) => entry.size,
@@ -257,11 +286,27 @@ async fn checkpoint_file(
             return Ok(unsatisfiable(Some(format!("bytes */{size}"))));
         }
     };
-    // The first chunk is read before the answer starts, so a broken checkpoint is a 409 and
-    // not a cut-off body.
+    headers.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(range.end - range.start),
+    );
+    let manifest = Arc::new(manifest);
+    let body = checkpoint_body(stores.workspace.clone(), manifest, path, range).await?;
+    Ok((status, headers, body).into_response())
+}
+
+/// The bytes `range` of the file `path` of checkpoint `manifest` as a streamed body. Its first
+/// chunk is read before the answer starts, so a broken checkpoint is a 409 and not a cut-off
+/// body (the files route answers an archived session's download with it too).
+pub(crate) async fn checkpoint_body(
+    store: Arc<warren_checkpoint::CheckpointStore>,
+    manifest: Arc<warren_checkpoint::Manifest>,
+    path: String,
+    range: std::ops::Range<u64>,
+) -> Result<Body, GatewayError> {
     if range.start < range.end {
         let first = range.start..(range.start + 1).min(range.end);
-        let (store, manifest, path) = (stores.workspace.clone(), manifest.clone(), path.clone());
+        let (store, manifest, path) = (store.clone(), manifest.clone(), path.clone());
         tokio::task::spawn_blocking(move || {
             store.read_file(&manifest, &path, first, &mut std::io::sink())
         })
@@ -269,13 +314,8 @@ async fn checkpoint_file(
         .map_err(|e| GatewayError::Internal(e.to_string()))?
         .map_err(warren_engine::EngineError::from)?;
     }
-    headers.insert(
-        header::CONTENT_LENGTH,
-        HeaderValue::from(range.end - range.start),
-    );
     let (sender, receiver) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
     let failed = sender.clone();
-    let store = stores.workspace.clone();
     tokio::task::spawn_blocking(move || {
         let mut out = std::io::BufWriter::with_capacity(64 * 1024, ChannelWriter(sender));
         let read = store
@@ -289,12 +329,7 @@ async fn checkpoint_file(
             let _ = failed.blocking_send(Err(std::io::Error::other(e.to_string())));
         }
     });
-    Ok((
-        status,
-        headers,
-        Body::from_stream(tokio_stream_of(receiver)),
-    )
-        .into_response())
+    Ok(Body::from_stream(tokio_stream_of(receiver)))
 }
 
 /// An added or removed path.

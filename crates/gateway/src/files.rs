@@ -4,10 +4,12 @@
 //! Where an answer comes from: running hands answer through their execd's confined file routes,
 //! so the walk happens inside the sandbox (`..`, links out, swaps, FIFOs and devices are refused
 //! there, and a read never leaves the sandbox's view). Hands that do not run are never started or
-//! resumed to be browsed: paused, archived or lost hands are answered from the session's snapshot
-//! (a pause writes one, so it holds the files as they are), following the snapshot's own links by
-//! the same rule; a session with neither lists an empty root. Mutations start, resume or restore
-//! the hands, go through execd, and are followed by a snapshot ([`Hands::snapshot_soon`]).
+//! resumed to be browsed: paused, archived or lost hands are answered from the session's newest
+//! checkpoint (a pause stores one, so it holds the files as they are; links are described, not
+//! followed), or, for remote hands and sessions archived before checkpoints kept their files, from
+//! the whole-tar snapshot, following its own links by the same rule; a session with neither lists
+//! an empty root. Mutations start, resume or restore the hands, go through execd, and are followed
+//! by a checkpoint or snapshot ([`Hands::snapshot_soon`]).
 //!
 //! Paths are normalized here first, one rule for both sources: `/`-separated and relative to the
 //! workspace root (a leading `/` is the root, never the host's), `.` dropped, `..` resolved
@@ -239,31 +241,47 @@ struct Moved {
     to: String,
 }
 
-/// A snapshot's entries by path, as read once per snapshot file.
+/// The stored files' entries by path, as read once per checkpoint or snapshot file.
 struct Listing {
     entries: BTreeMap<String, ArchivedEntry>,
     /// The workspace as the hands' execd sees it (`/workspace` in bwrap), which an absolute
     /// link inside the workspace spells; `None` when unknown (absolute links then lead out).
     root: Option<std::path::PathBuf>,
+    /// Where the files' bytes are read.
+    origin: Origin,
 }
 
-/// Which version of the snapshot file a listing was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SnapshotVersion {
-    modified: std::time::SystemTime,
-    len: u64,
-    inode: u64,
+/// Where an archived listing's files are.
+enum Origin {
+    /// The session's newest checkpoint.
+    Checkpoint {
+        store: Arc<warren_checkpoint::CheckpointStore>,
+        manifest: Arc<warren_checkpoint::Manifest>,
+    },
+    /// The whole-tar snapshot.
+    Snapshot(SnapshotStore),
+}
+
+/// Which checkpoint, or which version of the snapshot file, a listing was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoredVersion {
+    Checkpoint(String),
+    Snapshot {
+        modified: std::time::SystemTime,
+        len: u64,
+        inode: u64,
+    },
 }
 
 /// The files routes' state: each session's last snapshot listing (archived sessions are browsed
 /// page by page; the archive is decompressed once per snapshot, not once per page).
 #[derive(Default)]
 pub struct Files {
-    listings: Mutex<HashMap<String, (SnapshotVersion, Arc<Listing>)>>,
+    listings: Mutex<HashMap<String, (StoredVersion, Arc<Listing>)>>,
 }
 
 impl Files {
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (SnapshotVersion, Arc<Listing>)>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (StoredVersion, Arc<Listing>)>> {
         self.listings
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -274,8 +292,25 @@ impl Files {
         self.cache().remove(session_id);
     }
 
+    /// The listing `version` of the session read before, if it is still the one asked for.
+    fn cached(
+        &self,
+        session_id: &str,
+        version: &StoredVersion,
+        root: &Option<std::path::PathBuf>,
+    ) -> Option<Arc<Listing>> {
+        let cache = self.cache();
+        let (cached, listing) = cache.get(session_id)?;
+        (cached == version && listing.root == *root).then(|| listing.clone())
+    }
+
+    fn keep(&self, session_id: &str, version: StoredVersion, listing: &Arc<Listing>) {
+        self.cache()
+            .insert(session_id.to_owned(), (version, listing.clone()));
+    }
+
     /// The session's snapshot listing, read anew when the snapshot changed.
-    async fn listing(
+    async fn snapshot_listing(
         &self,
         session_id: &str,
         store: &SnapshotStore,
@@ -283,16 +318,13 @@ impl Files {
     ) -> Result<Arc<Listing>, GatewayError> {
         use std::os::unix::fs::MetadataExt;
         let metadata = tokio::fs::metadata(store.cached_path().await?).await?;
-        let version = SnapshotVersion {
+        let version = StoredVersion::Snapshot {
             modified: metadata.modified()?,
             len: metadata.len(),
             inode: metadata.ino(),
         };
-        if let Some((cached, listing)) = self.cache().get(session_id)
-            && *cached == version
-            && listing.root == root
-        {
-            return Ok(listing.clone());
+        if let Some(listing) = self.cached(session_id, &version, &root) {
+            return Ok(listing);
         }
         let entries = store.list().await.map_err(snapshot_error)?;
         let listing = Arc::new(Listing {
@@ -301,9 +333,63 @@ impl Files {
                 .map(|entry| (entry.path.clone(), entry))
                 .collect(),
             root,
+            origin: Origin::Snapshot(store.clone()),
         });
-        self.cache()
-            .insert(session_id.to_owned(), (version, listing.clone()));
+        self.keep(session_id, version, &listing);
+        Ok(listing)
+    }
+
+    /// The listing of the session's checkpoint `id`, read once: its entries as a snapshot
+    /// would hold them (a link that leads out of the workspace is not kept, by `pack`'s rule).
+    async fn checkpoint_listing(
+        &self,
+        gateway: &Gateway,
+        session: &Session,
+        id: String,
+        root: Option<std::path::PathBuf>,
+    ) -> Result<Arc<Listing>, GatewayError> {
+        let version = StoredVersion::Checkpoint(id);
+        if let Some(listing) = self.cached(&session.id, &version, &root) {
+            return Ok(listing);
+        }
+        let StoredVersion::Checkpoint(id) = &version else {
+            unreachable!("made above")
+        };
+        let (stores, loaded) = gateway.engine.checkpoints.load(session, id, false).await?;
+        let manifest = loaded.workspace;
+        let mut entries = BTreeMap::new();
+        for entry in &manifest.entries {
+            let (kind, size, link_target) = match &entry.content {
+                warren_checkpoint::Content::File(_) => (EntryKind::File, entry.size, None),
+                warren_checkpoint::Content::Dir => (EntryKind::Dir, 0, None),
+                warren_checkpoint::Content::Symlink(target) => {
+                    let target_path = std::path::Path::new(target);
+                    if !warren_snapshot::path::link_kept(root.as_deref(), &entry.path, target_path)
+                    {
+                        continue;
+                    }
+                    (EntryKind::Symlink, 0, Some(target.clone()))
+                }
+            };
+            let archived = ArchivedEntry {
+                path: entry.path.clone(),
+                kind,
+                size,
+                mode: entry.mode,
+                mtime: entry.mtime_ns.div_euclid(1_000_000_000),
+                link_target,
+            };
+            entries.insert(entry.path.clone(), archived);
+        }
+        let listing = Arc::new(Listing {
+            entries,
+            root,
+            origin: Origin::Checkpoint {
+                store: stores.workspace.clone(),
+                manifest: Arc::new(manifest),
+            },
+        });
+        self.keep(&session.id, version, &listing);
         Ok(listing)
     }
 }
@@ -316,7 +402,9 @@ fn snapshot_error(error: SnapshotError) -> GatewayError {
 enum Source {
     /// The running hands (held awake while the answer is made).
     Live(ExecdClient, crate::hands::HandsHold),
-    /// The session's snapshot (the hands do not run).
+    /// The session's stored files (the hands do not run): its newest checkpoint, or the
+    /// whole-tar snapshot of remote hands and of sessions archived before checkpoints kept
+    /// their files.
     Snapshot(Arc<Listing>),
     /// No hands and no snapshot: an empty workspace.
     Empty,
@@ -326,13 +414,24 @@ async fn source(gateway: &Gateway, session: &Session) -> Result<Source, GatewayE
     if let Some((endpoint, hold)) = session.hands.running_endpoint().await {
         return Ok(Source::Live(endpoint.client()?, hold));
     }
+    let root = session.hands.root_as_seen();
+    if session.hands.keeper().is_some()
+        && let Some(newest) = gateway.engine.checkpoints.newest(session).await
+    {
+        let listing = gateway
+            .files
+            .checkpoint_listing(gateway, session, newest.id, root);
+        return Ok(Source::Snapshot(listing.await?));
+    }
     let store = session.hands.snapshots();
     if !store.is_stored().await {
         return Ok(Source::Empty);
     }
-    let root = session.hands.root_as_seen();
     Ok(Source::Snapshot(
-        gateway.files.listing(&session.id, store, root).await?,
+        gateway
+            .files
+            .snapshot_listing(&session.id, store, root)
+            .await?,
     ))
 }
 
@@ -689,7 +788,13 @@ async fn download(request: FileRequest, asked: HeaderMap) -> Result<Response, Ga
                 header::CONTENT_LENGTH,
                 HeaderValue::from(range.end - range.start),
             );
-            let body = snapshot_body(session.hands.snapshots().clone(), archived, range);
+            let body = match &listing.origin {
+                Origin::Snapshot(store) => snapshot_body(store.clone(), archived, range),
+                Origin::Checkpoint { store, manifest } => {
+                    let (store, manifest) = (store.clone(), manifest.clone());
+                    crate::checkpoints::checkpoint_body(store, manifest, archived, range).await?
+                }
+            };
             Ok((status, headers, body).into_response())
         }
         Source::Empty => Err(FilesError::not_found(&path).into()),
@@ -1039,6 +1144,7 @@ mod tests {
         Listing {
             entries: entries.into_iter().map(|e| (e.path.clone(), e)).collect(),
             root: Some("/workspace".into()),
+            origin: Origin::Snapshot(SnapshotStore::new(std::path::Path::new("/nowhere"), None)),
         }
     }
 
@@ -1055,6 +1161,7 @@ mod tests {
         let unknown_root = Listing {
             root: None,
             entries: listing.entries.clone(),
+            origin: Origin::Snapshot(SnapshotStore::new(std::path::Path::new("/nowhere"), None)),
         };
         assert_eq!(
             unknown_root.resolve("abs").expect_err("no root").kind,

@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod changes;
 pub mod host;
+pub mod keeper;
 pub mod local;
 pub mod remote;
 pub mod snapshots;
@@ -34,6 +35,7 @@ use warren_protocol::gateway::EventBody;
 use warren_store::objects::Objects;
 
 pub use self::host::host_error;
+pub use self::keeper::Keeper;
 use self::snapshots::{SnapshotInfo, SnapshotStore};
 
 /// `--brain-placement`: where the agent process runs (agents.md).
@@ -189,6 +191,11 @@ pub trait HandsProvider: Send + Sync + 'static {
     fn snapshot_objects(&self) -> Option<&Objects> {
         None
     }
+    /// The host uid and gid that own a sandbox's workspace and agent home (what the gateway
+    /// writes there itself, a checkpoint restored, must be theirs); `None`: the gateway's own.
+    fn tree_owner(&self) -> Option<(u32, u32)> {
+        None
+    }
 }
 
 /// The lifecycle state (the session's `hands` field).
@@ -308,6 +315,9 @@ pub struct Hands {
     /// Called whenever an instance is installed (started, adopted): the session's egress proxy
     /// listens from then on ([`crate::network`]).
     on_install: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// The session's checkpoints: what keeps the files of hands whose tree is on this disk
+    /// (see [`keeper`]); without one, the whole-tar snapshot does.
+    keeper: OnceLock<Arc<dyn Keeper>>,
     me: Weak<Hands>,
 }
 
@@ -398,6 +408,7 @@ impl Hands {
             known_nonce: Mutex::new(None),
             on_nonce: OnceLock::new(),
             terminals: Mutex::new(std::collections::HashMap::new()),
+            keeper: OnceLock::new(),
             on_install: OnceLock::new(),
             me: me.clone(),
         })
@@ -490,7 +501,39 @@ impl Hands {
         &self.snapshots
     }
 
+    /// Keeps the session's files in its checkpoints from now on (set once, before adoption).
+    pub fn set_keeper(&self, keeper: Arc<dyn Keeper>) {
+        let _ = self.keeper.set(keeper);
+    }
+
+    /// The checkpoints that keep these hands' files: hands whose tree is on this disk only.
+    pub fn keeper(&self) -> Option<&Arc<dyn Keeper>> {
+        if self.isolation() == Isolation::Remote {
+            return None;
+        }
+        self.keeper.get()
+    }
+
+    /// What the files are kept as while the hands do not run: the newest checkpoint, else a
+    /// whole-tar snapshot (remote hands, or a session archived before checkpoints kept them).
+    pub async fn stored_info(&self) -> Option<SnapshotInfo> {
+        if let Some(keeper) = self.keeper()
+            && let Some(info) = keeper.newest().await
+        {
+            return Some(info);
+        }
+        if self.snapshots.is_stored().await {
+            return self.snapshots.info().await;
+        }
+        None
+    }
+
     /// The agent's home on the gateway's disk, when the agent runs in these hands.
+    /// The host uid and gid the workspace and agent home belong to ([`HandsProvider::tree_owner`]).
+    pub fn tree_owner(&self) -> Option<(u32, u32)> {
+        self.provider.tree_owner()
+    }
+
     pub fn agent_home(&self) -> Option<&Path> {
         self.agent_home.as_deref()
     }
@@ -762,7 +805,7 @@ impl Hands {
     /// workspace gone).
     async fn bring_up(&self, live: &mut Live) -> Result<(HandsEndpoint, String), HandsError> {
         let previous = self.state();
-        let restore = self.workspace_gone() && self.snapshots.is_stored().await;
+        let restore = self.workspace_gone() && self.stored_info().await.is_some();
         let started = Instant::now();
         self.set_state(if restore {
             HandsState::Restoring
@@ -947,16 +990,34 @@ impl Hands {
     /// Fresh hands with the snapshot restored into them: tried twice; after two failures the
     /// session goes on with an empty workspace and an `error` event.
     async fn start_restored(&self, live: &mut Live) -> Result<Option<SnapshotInfo>, HandsError> {
-        let info = self.snapshots.info().await;
+        let kept = match self.keeper() {
+            Some(keeper) => keeper.newest().await.map(|info| (keeper.clone(), info)),
+            None => None,
+        };
+        let info = match &kept {
+            Some((_, info)) => Some(info.clone()),
+            None => self.snapshots.info().await,
+        };
         let mut last_error = String::new();
         for attempt in 1..=2 {
-            self.clear_workspace().await?;
-            self.start_instance(live).await?;
-            match self.restore_into(live).await {
+            let restored = match &kept {
+                // On this disk, before the sandbox starts: the checkpoint replaces the trees
+                // whole or not at all.
+                Some((keeper, _)) => match keeper.restore_newest().await {
+                    Ok(()) => self.start_instance(live).await.map(|()| Ok(()))?,
+                    Err(e) => Err(e),
+                },
+                None => {
+                    self.clear_workspace().await?;
+                    self.start_instance(live).await?;
+                    self.restore_into(live).await.map_err(|e| e.to_string())
+                }
+            };
+            match restored {
                 Ok(()) => return Ok(info),
                 Err(e) => {
                     tracing::warn!(session = %self.session_id, attempt, error = %e, "restore failed");
-                    last_error = e.to_string();
+                    last_error = e;
                     if let Some(instance) = live.instance.take() {
                         live.generation += 1;
                         instance.stop().await;
@@ -1048,10 +1109,25 @@ impl Hands {
             instance.endpoint().client().ok()?
         };
         self.status().changed = false;
-        self.write_snapshot(&client).await
+        self.write_snapshot(&client, "files").await
     }
 
-    async fn write_snapshot(&self, client: &ExecdClient) -> Option<SnapshotInfo> {
+    /// Stores the files as they are: a checkpoint labelled `reason` when a [`Keeper`] keeps
+    /// them, else the whole-tar snapshot streamed from the hands' execd.
+    async fn write_snapshot(
+        &self,
+        client: &ExecdClient,
+        reason: &'static str,
+    ) -> Option<SnapshotInfo> {
+        if let Some(keeper) = self.keeper() {
+            return match keeper.keep(reason).await {
+                Ok(info) => Some(info),
+                Err(e) => {
+                    self.snapshot_failed(&e);
+                    None
+                }
+            };
+        }
         let stream = match client.snapshot().await {
             Ok(stream) => stream,
             Err(e) => {
@@ -1136,8 +1212,7 @@ impl Hands {
             }
             HandsState::Paused
                 if paused_for.is_some_and(|paused| paused >= lifecycle.archive_after)
-                    && !changed
-                    && self.snapshots.exists() =>
+                    && !changed =>
             {
                 self.archive(lifecycle.snapshot_max).await;
             }
@@ -1169,7 +1244,7 @@ impl Hands {
         }
         let started = Instant::now();
         let snapshot = match instance.endpoint().client() {
-            Ok(client) => self.write_snapshot(&client).await,
+            Ok(client) => self.write_snapshot(&client, "pause").await,
             Err(_) => None,
         };
         if let Err(e) = instance.freeze().await {
@@ -1202,11 +1277,15 @@ impl Hands {
     /// when the snapshot is larger than `snapshot_max` or older than the last change.
     pub async fn archive(&self, snapshot_max: u64) {
         let mut live = self.live.lock().await;
-        // Only files as the stored snapshot has them may be removed.
-        if self.state() != HandsState::Paused || self.status().changed || !self.snapshots.exists() {
+        // Only files as the stored checkpoint or snapshot has them may be removed.
+        if self.state() != HandsState::Paused || self.status().changed {
             return;
         }
-        let Some(info) = self.snapshots.info().await else {
+        let kept = self.keeper().is_some();
+        if !kept && !self.snapshots.exists() {
+            return;
+        }
+        let Some(info) = self.stored_info().await else {
             return;
         };
         if info.bytes > snapshot_max {
@@ -1223,13 +1302,17 @@ impl Hands {
         if let Ok(Err(e)) = removed {
             tracing::warn!(session = %self.session_id, error = %e, "cannot remove the archived workspace");
         }
-        // The agent's home goes too once its snapshot holds it: the session is its files.
-        if let (Some(home), Some(_)) = (
-            self.agent_home.clone(),
-            self.home_snapshot_store().filter(|home| home.exists()),
-        ) {
+        // The agent's home goes too once its checkpoint or snapshot holds it: the session is
+        // its files.
+        let home_kept = kept
+            || self
+                .home_snapshot_store()
+                .is_some_and(SnapshotStore::exists);
+        if let Some(home) = self.agent_home.clone().filter(|_| home_kept) {
             let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(home)).await;
-            if let Ok(Err(e)) = removed {
+            if let Ok(Err(e)) = removed
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
                 tracing::warn!(session = %self.session_id, error = %e, "cannot remove the archived agent home");
             }
         }
@@ -1285,7 +1368,7 @@ impl Hands {
             Ok(None) => {
                 if self.state() == HandsState::None
                     && self.workspace_gone()
-                    && self.snapshots.is_stored().await
+                    && self.stored_info().await.is_some()
                 {
                     let mut status = self.status();
                     status.state = HandsState::Archived;

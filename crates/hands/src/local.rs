@@ -1037,6 +1037,10 @@ impl HandsProvider for LocalHands {
         self.isolation
     }
 
+    fn tree_owner(&self) -> Option<(u32, u32)> {
+        self.sandbox_ids()
+    }
+
     fn start(&self, spec: StartSpec) -> BoxFuture<'_, Result<Box<dyn HandsInstance>, HandsError>> {
         Box::pin(async move {
             let instance = self.start_local(&spec).await?;

@@ -135,9 +135,7 @@ impl<W: Write> Packer<W> {
             self.stats.n_skipped += 1;
             return Ok(());
         };
-        let stays = crate::path::from_link_dir(&self.root, relative, &target)
-            .is_some_and(|from_dir| crate::path::link_stays_inside(relative, &from_dir));
-        if !stays {
+        if !crate::path::link_kept(Some(&self.root), relative, &target) {
             self.stats.n_skipped += 1;
             return Ok(());
         }

@@ -105,6 +105,20 @@ pub(crate) fn from_link_dir(root: &Path, link_path: &str, target: &Path) -> Opti
     Some(relative)
 }
 
+/// Whether a stored tree keeps the symlink at `link_path` (normalized) to `target`: `pack`'s
+/// rule, which a listing of a checkpoint follows too. It must lead beneath `root` (the
+/// workspace as the sandbox sees it; `None`: unknown, so no absolute target is kept), read
+/// lexically from the link's directory.
+pub fn link_kept(root: Option<&Path>, link_path: &str, target: &Path) -> bool {
+    let from_dir = match root {
+        Some(root) => from_link_dir(root, link_path, target),
+        None => {
+            (!target.is_absolute() && !target.as_os_str().is_empty()).then(|| target.to_owned())
+        }
+    };
+    from_dir.is_some_and(|from_dir| link_stays_inside(link_path, &from_dir))
+}
+
 /// True when a symlink at `link_path` (normalized) pointing at `target` stays beneath the root,
 /// resolved lexically from the link's directory. Links through other links are resolved by
 /// whoever follows them (execd's file routes resolve beneath the root with openat2).

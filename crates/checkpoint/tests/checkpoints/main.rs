@@ -2,6 +2,7 @@
 //! quick check, files changing while read, broken and missing chunks, tampered manifests, a
 //! full disk, collection, reads and diffs, and the same on S3 (moto on loopback).
 
+mod cached;
 mod faults;
 mod gc;
 mod reads;
@@ -29,6 +30,7 @@ pub fn store_on(backend: Arc<dyn ChunkStore>, grace: Duration) -> CheckpointStor
         Config {
             grace,
             n_threads: 2,
+            owner: None,
         },
     )
 }

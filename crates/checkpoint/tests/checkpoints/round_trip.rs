@@ -451,3 +451,73 @@ fn chunk_bytes(store_dir: &Path) -> u64 {
         .map(|p| std::fs::metadata(p).expect("a chunk").len())
         .sum()
 }
+
+/// The ids a restore gives its entries in this test: `nobody` when the test runs as root
+/// (CI does), else the process's own (the only ones an unprivileged process may give).
+fn owner_for_test() -> (u32, u32) {
+    if rustix::process::geteuid().is_root() {
+        (65534, 65534)
+    } else {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
+    }
+}
+
+/// Every path beneath `root` with its owner, links not followed.
+fn owners(root: &Path) -> Vec<(String, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    super::walk(root)
+        .into_iter()
+        .map(|path| {
+            let metadata = std::fs::symlink_metadata(&path).expect("stats");
+            let shown = path
+                .strip_prefix(root)
+                .expect("beneath")
+                .display()
+                .to_string();
+            (shown, metadata.uid(), metadata.gid())
+        })
+        .collect()
+}
+
+#[test]
+fn a_restore_and_a_rewind_give_every_entry_they_write_to_the_owner_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, outside, target) = (
+        dir.path().join("ws"),
+        dir.path().join("outside"),
+        dir.path().join("restored"),
+    );
+    varied_tree(&root, &outside);
+    std::fs::remove_file(root.join("pipe")).expect("no FIFO in this tree");
+    let (uid, gid) = owner_for_test();
+    let store = warren_checkpoint::CheckpointStore::new(
+        Arc::new(warren_checkpoint::LocalDisk::open(&dir.path().join("store")).expect("opens")),
+        warren_checkpoint::Config {
+            owner: Some((uid, gid)),
+            ..warren_checkpoint::Config::default()
+        },
+    );
+    let (first, _) = store.take(&root, None).expect("takes");
+    let restored = store.restore(&first, &target, None).expect("restores");
+    let owned = owners(&target);
+    assert!(owned.len() > 5, "{owned:?}");
+    for (path, entry_uid, entry_gid) in &owned {
+        assert_eq!((*entry_uid, *entry_gid), (uid, gid), "{path}");
+    }
+
+    // A rewind over the restored tree: what it writes anew is the owner's too.
+    write(&root, "new/dir/file.txt", b"made by a later turn\n");
+    std::os::unix::fs::symlink("file.txt", root.join("new/dir/link")).expect("a link");
+    let (second, _) = store.take(&root, Some(&first)).expect("takes again");
+    store
+        .restore(&second, &target, Some(&restored))
+        .expect("rewinds");
+    for path in ["new", "new/dir", "new/dir/file.txt", "new/dir/link"] {
+        let metadata = std::fs::symlink_metadata(target.join(path)).expect("stats");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((metadata.uid(), metadata.gid()), (uid, gid), "{path}");
+    }
+}

@@ -40,6 +40,8 @@ pub struct Parts {
     pub storage: Arc<StorageHealth>,
     /// The hands' network: each session's egress proxy.
     pub network: Arc<Network>,
+    /// Each session's checkpoints (they keep the files of hands that do not run).
+    pub checkpoints: Arc<crate::checkpoints::Checkpoints>,
 }
 
 impl Sessions {
@@ -121,6 +123,7 @@ impl Sessions {
                     let session = Arc::new(session);
                     session.wire_hands();
                     sessions.network.attach(&session);
+                    sessions.checkpoints.keep_files_of(&session);
                     sessions.tap_events(&session);
                     sessions.map().insert(session.id.clone(), session);
                 }
@@ -167,6 +170,7 @@ impl Sessions {
             storage: parts.storage,
             store,
             network: parts.network,
+            checkpoints: parts.checkpoints,
             by_id: Mutex::new(HashMap::new()),
             event_hooks: Arc::default(),
         }
@@ -224,6 +228,7 @@ impl Sessions {
         ));
         session.wire_hands();
         self.network.attach(&session);
+        self.checkpoints.keep_files_of(&session);
         self.tap_events(&session);
         // Two requests may load one session at once: the first registered stays.
         let registered = self
@@ -352,6 +357,7 @@ impl Sessions {
         ));
         session.wire_hands();
         self.network.attach(&session);
+        self.checkpoints.keep_files_of(&session);
         self.tap_events(&session);
         self.map().insert(id, session.clone());
         session

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use warren_test_support::{python, repo_root};
 
-use super::helpers::in_bwrap;
+use super::helpers::{host_links, in_bwrap};
 
 /// How long the whole browser run may take (both sizes, every flow).
 const BROWSER_TESTS_WAIT: Duration = Duration::from_secs(15 * 60);
@@ -45,6 +45,8 @@ async fn the_console_works_in_a_real_browser() {
          the front end); this test runs it as its module docs say",
         run_py.display()
     );
+    // No test changes the host's links while the browser runs (they abort its loads).
+    let _links = host_links().await;
     // A credential for the npm registry (reached for real through the egress proxy), so the
     // flows see its `credential_used` lines and switch it (an extra header npm ignores).
     let gw = in_bwrap(|args| {

@@ -264,6 +264,18 @@ pub fn args_with_shell_agent(data: PathBuf) -> GatewayArgs {
     args
 }
 
+/// Held while a test changes this host's network interfaces (a veth link) and while the browser
+/// runs: Chromium aborts every load in flight (`net::ERR_NETWORK_CHANGED`) when a link comes or
+/// goes, so the two never overlap.
+static HOST_LINKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits (bounded: the browser run's own bound) until no other test changes the host's links.
+pub async fn host_links() -> tokio::sync::MutexGuard<'static, ()> {
+    tokio::time::timeout(std::time::Duration::from_secs(20 * 60), HOST_LINKS.lock())
+        .await
+        .expect("another test kept the host's links for 20 minutes")
+}
+
 /// A gateway with the shell agent whose hands must be bwrap sandboxes, its arguments then
 /// changed by `configure`.
 pub async fn in_bwrap(configure: impl FnOnce(&mut GatewayArgs)) -> TestGateway {

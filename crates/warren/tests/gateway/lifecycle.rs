@@ -176,9 +176,20 @@ async fn paused_hands_are_archived_then_restored_on_next_use_with_identical_file
     );
     assert_eq!(chat.info().await["hands"], "archived");
     assert!(!workspace.exists(), "the live workspace is removed");
+    // The archive is the session's newest checkpoint (taken at the pause), not a whole tar.
     assert!(
-        workspace.with_file_name("snapshot.tar.zst").is_file(),
-        "the snapshot stays"
+        !workspace.with_file_name("snapshot.tar.zst").exists(),
+        "no whole-tar snapshot of local hands"
+    );
+    let newest = gw
+        .get_json(
+            &chat.token,
+            &format!("/sessions/{}/checkpoints?limit=1", chat.session),
+        )
+        .await;
+    assert_eq!(
+        newest["checkpoints"][0]["created_at"], archived.data["snapshot_at"],
+        "the archive is the newest checkpoint: {newest}"
     );
     eventually("no process of the session is left", || {
         !processes.iter().any(|pid| alive(*pid))
@@ -404,13 +415,16 @@ async fn deleting_a_session_removes_its_workspace_snapshot_and_run_directory() {
         .parent()
         .expect("session dir")
         .to_path_buf();
-    assert!(session_dir.join("snapshot.tar.zst").is_file());
+    assert!(
+        session_dir.join("checkpoints/workspace").is_dir(),
+        "the paused files are in the session's checkpoints"
+    );
     let processes = hands_processes(&gw.data, &chat.session);
     let deleted = gw
         .delete(&chat.token, &format!("/sessions/{}", chat.session))
         .await;
     assert_eq!(deleted.status(), 204);
-    assert!(!session_dir.exists(), "workspace and snapshot removed");
+    assert!(!session_dir.exists(), "workspace and checkpoints removed");
     assert!(
         !gw.data
             .join("run")
@@ -559,7 +573,7 @@ async fn paused_hands_whose_snapshot_is_over_snapshot_max_are_never_archived() {
 }
 
 #[tokio::test]
-async fn a_snapshot_that_cannot_be_restored_twice_gives_an_empty_workspace_an_error_and_the_session_goes_on()
+async fn an_archive_that_cannot_be_restored_twice_gives_an_empty_workspace_an_error_and_the_session_goes_on()
  {
     let gw = TestGateway::start(|data| {
         quick_lifecycle(data, Duration::from_millis(300), Duration::from_millis(300))
@@ -571,8 +585,20 @@ async fn a_snapshot_that_cannot_be_restored_twice_gives_an_empty_workspace_an_er
         e.event == "hands" && e.data["state"] == "archived"
     })
     .await;
-    let snapshot = chat.workspace().with_file_name("snapshot.tar.zst");
-    std::fs::write(&snapshot, b"this is not a zstd tar").expect("corrupt the snapshot");
+    // The archive is the newest checkpoint: every chunk of it made to not match its hash.
+    let chunks = chat
+        .workspace()
+        .with_file_name("checkpoints")
+        .join("workspace/chunks");
+    let mut n_corrupted = 0;
+    for dir in std::fs::read_dir(&chunks).expect("the chunk directory") {
+        for file in std::fs::read_dir(dir.expect("an entry").path()).expect("a chunk directory") {
+            std::fs::write(file.expect("a chunk").path(), b"not what its name hashes")
+                .expect("corrupt a chunk");
+            n_corrupted += 1;
+        }
+    }
+    assert!(n_corrupted > 0, "the archived files are in chunks");
 
     let seen = chat.turn("ls -A; echo listed").await;
     let error = seen

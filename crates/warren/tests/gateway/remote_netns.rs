@@ -22,8 +22,8 @@ use warren_gateway::config::HandsProviderKind;
 use warren_test_support::{WAIT, alive, eventually, within};
 
 use super::helpers::{
-    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, listening_url,
-    on_postgres, store_for, warren_bin,
+    Conversation, Received, TestGateway, agent_text, args_with_shell_agent, host_links,
+    listening_url, on_postgres, store_for, warren_bin,
 };
 
 const TOKEN: &str = "netns-hands-token";
@@ -351,6 +351,8 @@ fn value<'a>(output: &'a str, word: &str) -> &'a str {
 
 #[tokio::test]
 async fn remote_hands_in_another_network_namespace_keep_their_processes_for_the_next_gateway() {
+    // Declared first, dropped last: the link is gone before the browser may run again.
+    let _links = host_links().await;
     let mut netns = Netns::make();
     let root = tempfile::tempdir().expect("the execd's root");
     let url = netns.start_execd(root.path(), 0).await;

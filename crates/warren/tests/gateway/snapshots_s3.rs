@@ -1,11 +1,11 @@
 //! `warren gateway --snapshots s3://bucket/prefix` (the real binary, whose environment holds the
-//! S3 settings) against an S3 endpoint (moto on loopback): an archived session's snapshot is
-//! the object in the bucket and its files download with ranges; a gateway on another data
-//! directory that never held the snapshot serves and restores it from the bucket; deleting a
-//! session deletes its objects, and a delete while the endpoint is down still succeeds; with the
-//! endpoint stopped, a snapshot fails with an `error` event while the previous snapshot still
-//! restores; remote hands' snapshots go to the bucket too, and once their machine is gone their
-//! files are read from it.
+//! S3 settings) against an S3 endpoint (moto on loopback): an archived session's files are its
+//! newest checkpoint, in the bucket, and download with ranges; a gateway on another data
+//! directory that never held them serves and restores them from the bucket; deleting a session
+//! deletes its objects, and a delete while the endpoint is down still succeeds; with the
+//! endpoint stopped, an archived session still restores (from this replica's copy) and the new
+//! checkpoint fails with an `error` event; remote hands' whole-tar snapshots go to the bucket,
+//! and once their machine is gone their files are read from it.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -127,8 +127,18 @@ fn assert_restored(seen: &[Received], printed: &str, what: &str) {
     );
 }
 
+/// The keys of the session's checkpoint manifests (`…/checkpoints/workspace/manifests/…`).
+async fn manifest_keys(s3: &S3, bucket: &str, session: &str) -> Vec<String> {
+    let under = format!("warren/sessions/{session}/checkpoints/workspace/manifests/");
+    keys_of(s3, bucket, session)
+        .await
+        .into_iter()
+        .filter(|key| key.starts_with(&under))
+        .collect()
+}
+
 #[tokio::test]
-async fn an_archived_sessions_snapshot_is_the_object_in_the_bucket_and_serves_ranges() {
+async fn an_archived_sessions_files_are_its_checkpoint_in_the_bucket_and_serve_ranges() {
     let s3 = S3::start();
     s3.create_bucket("archives");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -137,19 +147,18 @@ async fn an_archived_sessions_snapshot_is_the_object_in_the_bucket_and_serves_ra
     let (token, session, mut events) = session_with_notes(&gateway).await;
     archived(&mut events).await;
 
-    let stored = object(&s3, "archives", &session)
-        .await
-        .expect("the snapshot is in the bucket");
-    let local = std::fs::read(
-        data.join("sessions")
-            .join(&session)
-            .join("snapshot.tar.zst"),
-    )
-    .expect("the replica's copy");
+    let keys = keys_of(&s3, "archives", &session).await;
     assert!(
-        stored[..] == local[..],
-        "the object is the snapshot the replica wrote"
+        !manifest_keys(&s3, "archives", &session).await.is_empty(),
+        "the checkpoint is in the bucket: {keys:#?}"
     );
+    assert!(
+        !keys.iter().any(|key| key.ends_with(".tar.zst")),
+        "no whole-tar snapshot of local hands: {keys:#?}"
+    );
+    let session_dir = data.join("sessions").join(&session);
+    assert!(!session_dir.join("workspace").exists(), "archived");
+    assert!(!session_dir.join("snapshot.tar.zst").exists());
     assert_range_of_notes(&gateway, &token, &session).await;
 }
 
@@ -166,7 +175,7 @@ async fn a_gateway_that_never_held_the_snapshot_serves_and_restores_it_from_the_
     drop(first);
 
     // The session's records as a shared store would give them to the second gateway; its
-    // snapshot stays in the bucket only.
+    // checkpoints stay in the bucket only.
     let (from, to) = (
         first_data.join("sessions").join(&session),
         second_data.join("sessions").join(&session),
@@ -180,8 +189,9 @@ async fn a_gateway_that_never_held_the_snapshot_serves_and_restores_it_from_the_
     let info = second.session_info(&token, &session).await;
     assert_eq!(info["hands"], "archived", "{info}");
     assert!(
-        !to.join("snapshot.tar.zst").exists(),
-        "the second gateway holds no copy of the snapshot yet"
+        std::fs::read_dir(to.join("checkpoints/workspace/manifests"))
+            .map_or(true, |mut manifests| manifests.next().is_none()),
+        "the second gateway holds no copy of the checkpoints"
     );
 
     assert_range_of_notes(&second, &token, &session).await;
@@ -214,13 +224,9 @@ async fn deleting_a_session_deletes_its_objects() {
     archived(&mut events).await;
     let keys = keys_of(&s3, "deletes", &session).await;
     assert!(
-        keys.contains(&format!("warren/sessions/{session}/snapshot.tar.zst")),
-        "the snapshot is in the bucket before the delete: {keys:#?}"
-    );
-    assert!(
         keys.iter()
             .any(|key| key.starts_with(&format!("warren/sessions/{session}/checkpoints/"))),
-        "and the turn's checkpoint: {keys:#?}"
+        "the checkpoints are in the bucket before the delete: {keys:#?}"
     );
 
     let deleted = gateway
@@ -258,7 +264,8 @@ async fn deleting_a_session_while_object_storage_is_down_still_deletes_it() {
 }
 
 #[tokio::test]
-async fn a_snapshot_while_object_storage_is_down_is_an_error_and_the_previous_one_still_restores() {
+async fn with_object_storage_down_an_archive_restores_from_the_copy_and_a_new_checkpoint_is_an_error()
+ {
     let mut s3 = S3::start();
     s3.create_bucket("outage");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -274,16 +281,10 @@ async fn a_snapshot_while_object_storage_is_down_is_an_error_and_the_previous_on
         )
         .await;
     archived(&mut events).await;
-    let snapshot = data
-        .join("sessions")
-        .join(&session)
-        .join("snapshot.tar.zst");
-    let previous = std::fs::read(&snapshot).expect("the snapshot");
-    assert_eq!(
-        object(&s3, "outage", &session).await.as_deref(),
-        Some(&previous[..]),
-        "the snapshot is in the bucket"
-    );
+    let stored = manifest_keys(&s3, "outage", &session).await;
+    assert!(!stored.is_empty(), "the checkpoint is in the bucket");
+    let listed = format!("/sessions/{session}/checkpoints");
+    let before = gateway.get_json(&token, &listed).await;
 
     s3.stop();
     let seen = gateway
@@ -294,22 +295,25 @@ async fn a_snapshot_while_object_storage_is_down_is_an_error_and_the_previous_on
             "cat notes.txt; printf 'version two' > notes.txt",
         )
         .await;
-    assert_restored(&seen, "version one", "from the previous snapshot");
-    // The turn's checkpoint fails too (its chunks are in the same bucket): its own error.
+    assert_restored(&seen, "version one", "from this replica's copy");
+    // The turn's checkpoint cannot reach the bucket: its error, the earlier ones kept.
     let failed = events
-        .until("the snapshot's error", |e| {
-            e.event == "error" && e.data["code"] == "SNAPSHOT_FAILED"
+        .until("the checkpoint's error", |e| {
+            e.event == "error" && e.data["code"] == "CHECKPOINT_FAILED"
         })
         .await;
     let error = failed.last().expect("an error event");
     assert!(
-        error.data.to_string().contains("SNAPSHOT_FAILED"),
+        error.data["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the earlier ones are kept")),
         "{:?}",
         error.data
     );
-    assert!(
-        std::fs::read(&snapshot).expect("the snapshot") == previous,
-        "the previous snapshot is kept"
+    assert_eq!(
+        gateway.get_json(&token, &listed).await["checkpoints"],
+        before["checkpoints"],
+        "listed from the copy while the bucket is down"
     );
 }
 

@@ -369,45 +369,84 @@ async fn a_failed_append_is_held_unpublished_and_written_in_order_once_space_ret
 }
 
 #[tokio::test]
-async fn a_snapshot_that_does_not_fit_on_the_disk_keeps_the_previous_one_and_says_why() {
+async fn a_checkpoint_that_does_not_fit_on_the_disk_keeps_the_earlier_ones_and_says_why() {
     let disk = SmallDisk::mount("24m");
     let gw = TestGateway::start_in(args_with_shell_agent(disk.path().join("data"))).await;
     let mut chat = gw.conversation("phone-snapfull").await;
     chat.turn("echo small > a.txt").await;
-    let snapshot = chat.workspace().with_file_name("snapshot.tar.zst");
-    warren_test_support::eventually("the snapshot after a turn that used tools", || {
-        snapshot.is_file()
-    })
-    .await;
-    let before = std::fs::read(&snapshot).expect("the first snapshot");
+    let listed = format!("/sessions/{}/checkpoints", chat.session);
+    chat.until("the first turn's checkpoint", |e| e.event == "checkpoint")
+        .await;
+    let before = gw.get_json(&chat.token, &listed).await;
+    let first = before["checkpoints"][0]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
 
-    // 14 MB that do not compress, on a 24 MB disk: the workspace fits, its snapshot does not.
+    // 14 MB that do not compress, on a 24 MB disk: the workspace fits, its checkpoint does not.
     chat.turn("head -c 14000000 /dev/urandom > big.bin").await;
     let seen = chat
-        .until("the failed snapshot reported", |e| {
-            e.event == "error" && e.data["code"] == "SNAPSHOT_FAILED"
+        .until("the failed checkpoint reported", |e| {
+            e.event == "error" && e.data["code"] == "CHECKPOINT_FAILED"
         })
         .await;
     let error = &seen.last().expect("error event").data;
     assert!(
         error["message"]
             .as_str()
-            .is_some_and(|m| m.contains("previous one is kept")),
+            .is_some_and(|m| m.contains("the earlier ones are kept")),
         "{error}"
     );
-    assert_eq!(
-        std::fs::read(&snapshot).expect("the snapshot is still there"),
-        before,
-        "the previous snapshot is intact"
-    );
     assert!(
-        !snapshot.with_extension("zst.tmp").exists(),
-        "the partial snapshot is removed"
+        !seen.iter().any(|e| e.event == "checkpoint"),
+        "no checkpoint announced: {seen:?}"
     );
-    let entries = warren_snapshot::list(std::io::BufReader::new(
-        std::fs::File::open(&snapshot).expect("open"),
-    ))
-    .expect("the kept snapshot reads");
-    assert!(entries.iter().any(|e| e.path == "a.txt"), "{entries:?}");
+    // The earlier checkpoint is whole: listed, and its file reads.
+    let after = gw.get_json(&chat.token, &listed).await;
+    assert_eq!(after["checkpoints"], before["checkpoints"], "{after}");
+    let content = gw
+        .get(
+            &chat.token,
+            &format!("{listed}/{first}/files/content?path=a.txt"),
+        )
+        .await;
+    assert_eq!(content.status(), 200);
+    assert_eq!(
+        content.bytes().await.expect("the body").as_ref(),
+        b"small\n"
+    );
+    // What the failed take wrote is gone: no hidden chunk, no manifest being written.
+    let store = chat
+        .workspace()
+        .with_file_name("checkpoints")
+        .join("workspace");
+    let leftovers: Vec<_> = walkdir(&store.join("chunks"))
+        .into_iter()
+        .chain(walkdir(&store.join("tmp")))
+        .filter(|path| {
+            path.starts_with(store.join("tmp"))
+                || path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     gw.stop().await;
+}
+
+/// Every file beneath `root`.
+fn walkdir(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a directory").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
 }

@@ -341,11 +341,14 @@ async fn shutting_down_mid_turn_ends_the_turn_interrupted_stops_the_brain_and_le
         hands.iter().all(|pid| alive(*pid)),
         "the hands are left for the next gateway"
     );
-    let snapshot = std::fs::read_dir(data.join("sessions"))
+    let kept = std::fs::read_dir(data.join("sessions"))
         .expect("sessions")
         .flatten()
-        .any(|entry| entry.path().join("snapshot.tar.zst").is_file());
-    assert!(snapshot, "the hands were snapshotted before the pause");
+        .any(|entry| {
+            std::fs::read_dir(entry.path().join("checkpoints/workspace/manifests"))
+                .is_ok_and(|mut manifests| manifests.next().is_some())
+        });
+    assert!(kept, "the hands' files were checkpointed before the pause");
     super::helpers::stop_left_hands(&data);
     warren_test_support::eventually("the left hands are stopped", || {
         !hands.iter().any(|pid| alive(*pid))
