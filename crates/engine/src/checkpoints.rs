@@ -36,6 +36,9 @@ use crate::session::Session;
 /// The most checkpoints one listing answers.
 pub const MAX_PAGE: usize = 200;
 
+/// The most files changed under a take that a listing or event names.
+pub const MAX_CHANGED_UNDER: usize = 100;
+
 /// Every session's checkpoints, opened on first use.
 pub struct Checkpoints {
     /// `--snapshots s3://…`: the checkpoints go under each session's prefix there.
@@ -56,6 +59,9 @@ pub struct CheckpointInfo {
     pub files: u64,
     pub bytes: u64,
     pub files_changed: u64,
+    /// Files that changed while the checkpoint read them (each stored as that read saw it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changed_under: Vec<String>,
     /// `turn`, `rewind` (the state a rewind replaced), `fork` (a fork's first), `pause` (the
     /// files as the hands were paused, and archived), `files` (the person's changes through the
     /// files API, outside a turn).
@@ -810,6 +816,7 @@ fn announce(
             files_changed: info.files_changed,
             bytes_new,
             elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            changed_under: info.changed_under.clone(),
         },
     );
 }
@@ -831,6 +838,12 @@ fn info_of(manifest: &Manifest) -> CheckpointInfo {
         files: manifest.summary.files,
         bytes: manifest.summary.bytes,
         files_changed: manifest.summary.files_changed,
+        changed_under: manifest
+            .changed_under
+            .iter()
+            .take(MAX_CHANGED_UNDER)
+            .cloned()
+            .collect(),
         reason: manifest.label["reason"]
             .as_str()
             .unwrap_or("turn")

@@ -283,13 +283,18 @@ pub enum EventBody {
     },
     /// A checkpoint of the workspace (and the agent's home) was stored (checkpoints.md):
     /// after a turn that used the hands (`reason` `turn`), before a rewind (`rewind`), or a
-    /// fork's first (`fork`); the event's `turn` is the turn it follows.
+    /// fork's first (`fork`), before a pause (`pause`), after a change through the files API
+    /// (`files`); the event's `turn` is the turn it follows.
     Checkpoint {
         id: String,
         reason: String,
         files_changed: u64,
         bytes_new: u64,
         elapsed_ms: u64,
+        /// Files that changed while they were read: each is stored as one read saw it, which
+        /// may be a moment between two writes (absent when none).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        changed_under: Vec<String>,
     },
     /// The first event of a session forked from another's checkpoint.
     Forked {

@@ -305,6 +305,60 @@ async fn turns_leave_checkpoints_that_list_read_diff_rewind_and_fork() {
 }
 
 #[tokio::test]
+async fn a_file_written_while_its_checkpoint_reads_it_is_named_with_the_checkpoint() {
+    let gw = in_bwrap(|_| {}).await;
+    let mut chat = gw.conversation("phone-checkpoints-live").await;
+    // A writer that keeps appending to a large file, past the end of its turn (throttled, so
+    // the file stays tens of MB).
+    let seen = chat
+        .turn_ok(
+            "head -c 30000000 /dev/urandom > log.bin && (setsid sh -c 'while :; do head -c 65536 \
+             /dev/urandom >> log.bin; sleep 0.01; done' >/dev/null 2>&1 &); echo started",
+        )
+        .await;
+    checkpoint_after(&mut chat.events, &seen, "the writer's turn").await;
+    // Each turn's checkpoint reads log.bin again (its stat changed); one of them sees it change
+    // while it reads. Bounded: at most eight turns.
+    for attempt in 0..8 {
+        let seen = chat.turn_ok(&format!("echo {attempt} > turn.txt")).await;
+        let event = checkpoint_after(&mut chat.events, &seen, "a turn").await;
+        let named = |value: &Value| {
+            value["changed_under"]
+                .as_array()
+                .is_some_and(|names| names.iter().any(|name| name == "log.bin"))
+        };
+        if !named(&event) {
+            assert!(event.get("changed_under").is_none(), "{event}");
+            continue;
+        }
+        // The listing says it too, and the file reads as one read saw it: a prefix of what
+        // the writer wrote, whole chunks of it.
+        let id = event["id"].as_str().expect("an id");
+        let listed = gw
+            .get_json(&chat.token, &format!("{}?limit=1", base(&chat.session)))
+            .await;
+        assert_eq!(listed["checkpoints"][0]["id"], id);
+        assert!(named(&listed["checkpoints"][0]), "{listed}");
+        let stored = bytes_of(
+            &gw,
+            &chat.token,
+            &format!("{}/{id}/files/content?path=log.bin", base(&chat.session)),
+        )
+        .await;
+        let live = read(&chat.workspace().join("log.bin"));
+        assert!(
+            stored.len() >= 30_000_000 && live.starts_with(&stored),
+            "{} stored bytes are the start of the {} live ones",
+            stored.len(),
+            live.len()
+        );
+        gw.stop().await;
+        return;
+    }
+    panic!("eight checkpoints read log.bin while it grew and none saw it change");
+}
+
+#[tokio::test]
 async fn bad_checkpoint_requests_get_their_status_and_code() {
     let gw = in_bwrap(|_| {}).await;
     let mut chat = gw.conversation("phone-checkpoints").await;
