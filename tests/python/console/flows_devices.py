@@ -153,6 +153,23 @@ class DeviceFlows:
     def _push_to(self, cdp, registration_id, payload):
         cdp.send("ServiceWorker.deliverPushMessage", {"origin": self.origin, "registrationId": registration_id, "data": json.dumps(payload)})
 
+    def _pushed_and_shown(self, cdp, registration_id, payload, tag):
+        """Delivers `payload` as a push and returns the one notification tagged `tag` it shows.
+        DevTools' `deliverPushMessage` answers before the worker ran and says nothing of a
+        message it did not deliver (rarely here, nothing was shown within 15 s while every other
+        step worked); a real push service delivers again, and so does this, once, when nothing
+        shows within 5 s, and says so."""
+        self._push_to(cdp, registration_id, payload)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            shown = self.page.evaluate(NOTIFICATIONS, tag)
+            if len(shown) == 1:
+                return shown
+            self.page.wait_for_timeout(100)
+        print(f"push tagged {tag} showed nothing within 5 s; delivered again", flush=True)
+        self._push_to(cdp, registration_id, payload)
+        return self._notifications(tag, lambda n: len(n) == 1)
+
     def _registration_id(self, cdp):
         """The console's service worker registration, as the DevTools protocol names it."""
         registrations = []
@@ -485,8 +502,7 @@ class DeviceFlows:
                 "actions": actions, "request": request_id,
             }
             tag = f"{self.session_id}:{request_id}"
-            self._push_to(cdp, registration_id, payload)
-            [shown] = self._notifications(tag, lambda n: len(n) == 1)
+            [shown] = self._pushed_and_shown(cdp, registration_id, payload, tag)
             assert (shown["title"], shown["body"]) == (self.title, "The agent asks to run: rm pushed.txt"), shown
             assert shown["actions"] == [["allow", "Run it"], ["reject", "Don't run it"]], shown
             assert shown["requireInteraction"] and shown["renotify"], shown
@@ -510,8 +526,7 @@ class DeviceFlows:
             second_tag = f"{self.session_id}:{second_id}"
             second_url = f"/#/s/{self.session_id}/r/{second_id}"
             second_payload = {**payload, "text": "The agent asks to run: rm -f never-there.txt", "url": second_url, "request": second_id}
-            self._push_to(cdp, registration_id, second_payload)
-            self._notifications(second_tag, lambda n: len(n) == 1)
+            self._pushed_and_shown(cdp, registration_id, second_payload, second_tag)
             with page.expect_event("framenavigated", predicate=lambda frame: frame == page.main_frame and frame.url.endswith(second_url)):
                 assert worker.evaluate(CLICK_NOTIFICATION, [second_tag, ""]) == "clicked"
             expect(page.get_by_role("heading", name=self.title, exact=True)).to_be_visible()
@@ -519,8 +534,7 @@ class DeviceFlows:
             self._notifications(second_tag, lambda n: n == [])  # a click closes it
 
             # Answered in the page while its notification is up: the notification goes.
-            self._push_to(cdp, registration_id, second_payload)
-            self._notifications(second_tag, lambda n: len(n) == 1)
+            self._pushed_and_shown(cdp, registration_id, second_payload, second_tag)
             second_group.get_by_role("button", name="Don't run it", exact=True).click()
             expect(second_group).to_contain_text("Answered: Don't run it")
             pending.remove(second_id)
