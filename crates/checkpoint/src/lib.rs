@@ -22,6 +22,7 @@ mod bucket;
 mod cached;
 mod chunk;
 mod chunks;
+mod export;
 mod gc;
 mod listing;
 mod local;

@@ -205,6 +205,12 @@ impl CheckpointStore {
         read::read_file(&self.chunks, manifest, path, range, out)
     }
 
+    /// Writes the checkpoint's tree to `out` as a zstd-compressed tar archive, each chunk
+    /// verified as it is written; a broken one fails it part way.
+    pub fn export(&self, manifest: &Manifest, out: &mut dyn Write) -> Result<(), Error> {
+        crate::export::export(&self.chunks, manifest, out)
+    }
+
     /// The entries beneath `dir` (`""` for the root) at most `depth` levels down.
     pub fn list<'a>(
         &self,

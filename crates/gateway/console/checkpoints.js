@@ -26,7 +26,7 @@ export const MAX_DIFF_LINES = 2000;
 
 // ---- words ----
 
-const REASONS = { turn: "after the turn", rewind: "before a rewind", archive: "hands archived", fork: "the fork's start" };
+const REASONS = { turn: "after the turn", rewind: "before a rewind", pause: "sandbox paused", files: "your file changes", fork: "the fork's start" };
 
 /** Why a checkpoint was taken, in words. */
 export function reasonWords(reason) {
@@ -224,8 +224,9 @@ export function renderDiff(diff) {
 
 // ---- the list ----
 
-/** One checkpoint of the list, with its actions (`data-action`, `data-checkpoint`). */
-export function renderCheckpoint(checkpoint, now = Date.now()) {
+/** One checkpoint of the list, with its actions (`data-action`, `data-checkpoint`) and, given
+ *  `exportUrl`, a link downloading its files as a `.tar.zst`. */
+export function renderCheckpoint(checkpoint, now = Date.now(), exportUrl = null) {
   const action = (name, label, cls = "") => h("button", { type: "button", class: cls, "data-action": name, "data-checkpoint": checkpoint.id }, label);
   return h(
     "li",
@@ -238,7 +239,15 @@ export function renderCheckpoint(checkpoint, now = Date.now()) {
       h("span", { class: "meta checkpoint-time" }, timeWords(checkpoint.created_at, now)),
     ),
     h("p", { class: "meta" }, checkpointMeta(checkpoint)),
-    h("div", { class: "actions" }, action("diff", "Diff"), action("files", "Browse files"), action("rewind", "Rewind", "danger"), action("fork", "Fork")),
+    h(
+      "div",
+      { class: "actions" },
+      action("diff", "Diff"),
+      action("files", "Browse files"),
+      action("rewind", "Rewind", "danger"),
+      action("fork", "Fork"),
+      exportUrl ? h("a", { class: "button", href: exportUrl, download: "", "aria-label": `Download the files of ${checkpointName(checkpoint)}` }, "Download") : null,
+    ),
   );
 }
 
@@ -413,7 +422,8 @@ export class CheckpointsView {
   render() {
     const items = this.list?.items ?? [];
     const now = Date.now();
-    const nodes = items.map((checkpoint) => toDom(renderCheckpoint(checkpoint, now), document));
+    const exportUrl = (checkpoint) => this.url(`/${encodeURIComponent(checkpoint.id)}/export`, { access_token: this.api.token });
+    const nodes = items.map((checkpoint) => toDom(renderCheckpoint(checkpoint, now, exportUrl(checkpoint)), document));
     if (nodes.length === 0) {
       const empty = document.createElement("li");
       empty.className = "meta";

@@ -147,7 +147,7 @@ export function filesChangedWords(n) {
 }
 
 // What a checkpoint taken for another reason than a turn's end says before its files changed.
-const CHECKPOINT_REASON = { rewind: "Before the rewind", archive: "Hands archived" };
+const CHECKPOINT_REASON = { rewind: "Before the rewind", pause: "Sandbox paused", files: "Your file changes" };
 
 /** A checkpoint's line: "N files changed" as a button that opens its changes. */
 function renderCheckpoint(item, attrs) {

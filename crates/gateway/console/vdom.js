@@ -14,7 +14,7 @@ const ATTRIBUTES = new Set([
   "class", "href", "rel", "target", "role", "title", "type", "open",
   "aria-label", "aria-hidden", "data-seq", "data-item", "data-request-id", "data-option-id",
   "data-terminal-id", "data-action", "data-list", "data-rule", "data-credential", "aria-checked",
-  "disabled", "data-checkpoint", "data-session", "data-path",
+  "disabled", "data-checkpoint", "data-session", "data-path", "download",
 ]);
 
 // Links lead to the web or to this origin, never to `javascript:` or `data:`.

@@ -35,6 +35,7 @@ pub fn routes() -> OpenApiRouter<Arc<Gateway>> {
         .routes(routes!(checkpoint_files))
         .routes(routes!(checkpoint_file))
         .routes(routes!(checkpoint_diff))
+        .routes(routes!(export_checkpoint))
         .routes(routes!(rewind_checkpoint))
         .routes(routes!(fork_checkpoint))
 }
@@ -437,6 +438,57 @@ async fn checkpoint_diff(
     .map_err(|e| GatewayError::Internal(e.to_string()))?
     .map_err(warren_engine::EngineError::from)?;
     Ok(axum::Json(answer))
+}
+
+/// `GET /v1/sessions/{id}/checkpoints/{cid}/export`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/checkpoints/{cid}/export",
+    tag = "checkpoints",
+    params(("id" = String, Path, description = "The session's id"), ("cid" = String, Path, description = "The checkpoint's id")),
+    security(("device_token" = []), ("device_token_query" = [])),
+    responses(
+        (status = 200, description = "The workspace as of the checkpoint, a zstd-compressed tar (`<session>-<checkpoint>.tar.zst`), streamed; a chunk found broken part way cuts the stream", content_type = "application/zstd", body = Vec<u8>),
+        (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
+        (status = 404, description = "SESSION_NOT_FOUND or CHECKPOINT_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "CHECKPOINT_BROKEN: its entry list does not match its hashes", body = ErrorBody),
+    ),
+)]
+async fn export_checkpoint(request: CheckpointRequest) -> Result<Response, GatewayError> {
+    let (stores, loaded) = request
+        .gateway
+        .engine
+        .checkpoints
+        .load(&request.session, &request.checkpoint, false)
+        .await?;
+    let name = format!(
+        "{}-{}.{}",
+        request.session.id,
+        request.checkpoint,
+        warren_snapshot::EXTENSION
+    );
+    let mut headers = download_headers(&name);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/zstd"),
+    );
+    headers.remove(header::ACCEPT_RANGES);
+    let (sender, receiver) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    let failed = sender.clone();
+    let (store, manifest) = (stores.workspace.clone(), loaded.workspace);
+    tokio::task::spawn_blocking(move || {
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, ChannelWriter(sender));
+        if let Err(e) = store.export(&manifest, &mut out) {
+            tracing::debug!(error = %e, "checkpoint export ended early");
+            let _ = failed.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    Ok((
+        StatusCode::OK,
+        headers,
+        Body::from_stream(tokio_stream_of(receiver)),
+    )
+        .into_response())
 }
 
 /// `POST …/rewind` body.

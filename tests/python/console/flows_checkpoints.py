@@ -141,6 +141,15 @@ class CheckpointFlows:
             self.tap_targets()
             self.shot("checkpoints")
 
+            # Its files as a .tar.zst: the link downloads the export (a zstd frame).
+            download_link = self._checkpoint_item(first).get_by_role("link", name=f"Download the files of turn {first}", exact=True)
+            expect(download_link).to_have_attribute("download", "")
+            href = download_link.get_attribute("href")
+            assert "/export?access_token=" in href, href
+            exported = page.request.get(self.origin + href)
+            assert exported.status == 200 and exported.headers["content-type"] == "application/zstd", (exported.status, exported.headers)
+            assert exported.body()[:4] == b"\x28\xb5\x2f\xfd", exported.body()[:4]
+
             # The first turn's files, as they were: a.txt still says "first".
             self._checkpoint_item(first).get_by_role("button", name="Browse files", exact=True).click()
             expect(page.get_by_role("heading", name=f"Files as of turn {first}", exact=True)).to_be_visible()

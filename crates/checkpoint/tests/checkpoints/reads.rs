@@ -123,3 +123,82 @@ fn a_diff_lists_added_removed_and_modified_with_a_unified_diff_for_text() {
     ];
     assert_eq!(diff.modified, expected);
 }
+
+#[test]
+fn an_export_is_a_tar_of_the_tree_and_a_broken_chunk_cuts_it() {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("ws");
+    let big = noise(4, 900_000);
+    write(&root, "a/b/big.bin", &big);
+    write(&root, "a/small.txt", b"small\n");
+    write(&root, "empty", b"");
+    let long = format!("{}/deep.txt", "n".repeat(120));
+    write(&root, &long, b"a path over 100 bytes\n");
+    std::fs::set_permissions(
+        root.join("a/small.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .expect("chmod");
+    std::os::unix::fs::symlink("a/small.txt", root.join("link")).expect("a link");
+    let (store, _) = local_store(&dir.path().join("store"));
+    let (manifest, _) = store.take(&root, None).expect("takes");
+
+    let mut exported = Vec::new();
+    store.export(&manifest, &mut exported).expect("exports");
+    let tarred = zstd::decode_all(&exported[..]).expect("zstd");
+    let mut archive = tar::Archive::new(&tarred[..]);
+    let mut seen = Vec::new();
+    for entry in archive.entries().expect("a tar") {
+        let mut entry = entry.expect("an entry");
+        let path = entry.path().expect("a path").to_string_lossy().into_owned();
+        let kind = entry.header().entry_type();
+        let mode = entry.header().mode().expect("a mode");
+        let link = entry
+            .link_name()
+            .expect("a link name")
+            .map(|l| l.to_string_lossy().into_owned());
+        let mut content = Vec::new();
+        entry.read_to_end(&mut content).expect("the content");
+        seen.push((path, kind, mode, link, content));
+    }
+    let find = |path: &str| {
+        seen.iter()
+            .find(|(p, ..)| p.trim_end_matches('/') == path)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{path} in the export: {:?}",
+                    seen.iter().map(|s| &s.0).collect::<Vec<_>>()
+                )
+            })
+    };
+    assert_eq!(seen.len(), manifest.entries.len(), "every entry once");
+    assert_eq!(find("a/b/big.bin").4, big);
+    assert_eq!(find("a/small.txt").2 & 0o777, 0o640);
+    assert_eq!(find(&long).4, b"a path over 100 bytes\n");
+    assert_eq!(find("empty").4, b"");
+    assert_eq!(find("a/b").1, tar::EntryType::Directory);
+    assert_eq!(find("link").1, tar::EntryType::Symlink);
+    assert_eq!(find("link").3.as_deref(), Some("a/small.txt"));
+
+    // A chunk of big.bin rotted: the export fails naming it, part way.
+    let Some(Content::File(chunks)) = manifest.entry("a/b/big.bin").map(|e| &e.content) else {
+        panic!("a file");
+    };
+    let hex = chunks[1].id.to_hex();
+    std::fs::write(
+        dir.path()
+            .join("store/chunks")
+            .join(&hex[..2])
+            .join(&hex[2..]),
+        b"rot",
+    )
+    .expect("corrupts a chunk");
+    let mut cut = Vec::new();
+    let error = store
+        .export(&manifest, &mut cut)
+        .expect_err("a broken chunk");
+    assert!(error.to_string().contains("checkpoint broken"), "{error}");
+    assert!(cut.len() < exported.len(), "cut, not ended");
+}

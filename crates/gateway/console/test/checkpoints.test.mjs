@@ -116,8 +116,8 @@ test("replayed after a reconnect or reload (`after=`), the events make the same 
 });
 
 test("a checkpoint of another reason says it; a fork's first makes no line", () => {
-  const reasons = ["rewind", "archive", "fork"].flatMap((reason, n) => [checkpoint(2 * n + 1, 3, `ck-${reason}-0`, 0, reason), checkpoint(2 * n + 2, 3, `ck-${reason}`, 2, reason)]);
-  assert.deepEqual(lines(fold(reasons)).map((item) => textOf(renderItem(item))), ["Before the rewind · 2 files changed", "Hands archived · 2 files changed"]);
+  const reasons = ["rewind", "pause", "fork"].flatMap((reason, n) => [checkpoint(2 * n + 1, 3, `ck-${reason}-0`, 0, reason), checkpoint(2 * n + 2, 3, `ck-${reason}`, 2, reason)]);
+  assert.deepEqual(lines(fold(reasons)).map((item) => textOf(renderItem(item))), ["Before the rewind · 2 files changed", "Sandbox paused · 2 files changed"]);
 });
 
 test("a rewind is a quiet line naming the checkpoint by its turn, and saying the state before was kept", () => {
@@ -275,7 +275,7 @@ test("the newest page again goes on top of the pages loaded, or replaces them af
 test("a checkpoint in words: its turn, why it was taken, its sizes", () => {
   assert.equal(checkpointName({ turn: 3 }), "turn 3");
   assert.equal(checkpointName({ turn: 0 }), "before the first turn");
-  assert.deepEqual(["turn", "rewind", "archive", "fork", "other"].map(reasonWords), ["after the turn", "before a rewind", "hands archived", "the fork's start", "other"]);
+  assert.deepEqual(["turn", "rewind", "pause", "files", "fork", "other"].map(reasonWords), ["after the turn", "before a rewind", "sandbox paused", "your file changes", "the fork's start", "other"]);
   assert.equal(checkpointMeta({ files: 12, bytes: 4200, files_changed: 3 }), "12 files, 4.1 KB · 3 changed");
   assert.equal(checkpointMeta({ files: 1, bytes: 5, files_changed: 0 }), "1 file, 5 B · nothing changed");
 });
@@ -298,6 +298,12 @@ test("the list's entry: turn, reason, time, sizes, and its four actions", () => 
     [["Diff", "diff", "ck-7"], ["Browse files", "files", "ck-7"], ["Rewind", "rewind", "ck-7"], ["Fork", "fork", "ck-7"]],
   );
   assert.equal(findAll(renderCheckpoint(cp("ck-8")), (n) => n.attrs.class === "checkpoint-reason").length, 0, "a turn's own needs no reason");
+  assert.equal(findAll(node, (n) => n.tag === "a").length, 0, "no download link without its URL");
+  const link = findAll(renderCheckpoint(cp("ck-9", 5), 0, "/v1/sessions/s/checkpoints/ck-9/export?access_token=t"), (n) => n.tag === "a");
+  assert.deepEqual(
+    link.map((a) => [textOf(a), a.attrs.href, a.attrs.download, a.attrs["aria-label"]]),
+    [["Download", "/v1/sessions/s/checkpoints/ck-9/export?access_token=t", "", "Download the files of turn 5"]],
+  );
 });
 
 test("the rewind asks first, saying what happens to the workspace and that the current state is kept", () => {

@@ -657,6 +657,55 @@ async fn with_snapshots_in_s3_checkpoints_live_in_the_bucket_and_rewind_and_fork
 }
 
 #[tokio::test]
+async fn a_checkpoint_exports_as_a_tar_zst_that_unpacks_to_its_files() {
+    let gw = in_bwrap(|_| {}).await;
+    let mut chat = gw.conversation("phone-checkpoints-export").await;
+    let seen = chat
+        .turn_ok(
+            "mkdir -p src/empty && printf 'one\\n' > src/a.txt && chmod 640 src/a.txt \
+             && head -c 300000 /dev/urandom > blob.bin && ln -s src/a.txt link",
+        )
+        .await;
+    let id = checkpoint_after(&mut chat.events, &seen, "the turn").await["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let path = format!("{}/{id}/export", base(&chat.session));
+    let response = gw.get(&chat.token, &path).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/zstd");
+    let disposition = response.headers()["content-disposition"]
+        .to_str()
+        .expect("ASCII")
+        .to_owned();
+    assert!(
+        disposition.contains(&format!("{}-{id}.tar.zst", chat.session)),
+        "{disposition}"
+    );
+    let body = response.bytes().await.expect("the export");
+    // Unpacked by the snapshot format's own checked unpack: the workspace as it was.
+    let unpacked = tempfile::tempdir().expect("a directory to unpack into");
+    warren_snapshot::unpack(&body[..], unpacked.path(), &Default::default())
+        .expect("the export unpacks");
+    assert_eq!(digest(unpacked.path()), digest(&chat.workspace()));
+
+    let unknown = gw
+        .get(&chat.token, &format!("{}/nope/export", base(&chat.session)))
+        .await;
+    assert_eq!(
+        status_and_code(unknown).await,
+        (404, "CHECKPOINT_NOT_FOUND".to_owned())
+    );
+    let other = gw.register("laptop-checkpoints-export").await;
+    let foreign = gw.get(&other, &path).await;
+    assert_eq!(
+        status_and_code(foreign).await,
+        (404, "SESSION_NOT_FOUND".to_owned())
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn old_checkpoints_go_by_the_keep_flag_and_the_newest_stay_readable() {
     let gw = in_bwrap(|args| args.checkpoints_keep = 2).await;
     let mut chat = gw.conversation("phone-checkpoints-keep").await;
