@@ -50,7 +50,9 @@ pub trait ChunkBatch: Send + Sync {
     fn put(&self, id: &ChunkId, stored: &[u8]) -> Result<(), Error>;
     /// Puts chunk `id` by linking `from` (another store's [`ChunkStore::chunk_file`]), sharing
     /// its bytes; returns its size, or `None` when this backend cannot (another file system,
-    /// no such file): the caller then writes it with [`Self::put`].
+    /// no such file): the caller then writes it with [`Self::put`]. Its content being complete
+    /// and durable already, a linked chunk may be visible before the commit (a dropped batch
+    /// leaves it for the sweep); the commit makes the link durable.
     fn put_link(&self, _id: &ChunkId, _from: &std::path::Path) -> Result<Option<u64>, Error> {
         Ok(None)
     }

@@ -122,6 +122,7 @@ impl ChunkStore for LocalDisk {
             disk: self,
             tag,
             pending: Mutex::new(Vec::new()),
+            linked: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -295,6 +296,8 @@ struct LocalBatch<'a> {
     tag: String,
     /// The chunks written so far and their temporary paths.
     pending: Mutex<Vec<(ChunkId, PathBuf)>>,
+    /// Chunks linked into place ([`ChunkBatch::put_link`]): the commit makes the links durable.
+    linked: std::sync::atomic::AtomicBool,
 }
 
 impl LocalBatch<'_> {
@@ -322,11 +325,17 @@ impl LocalBatch<'_> {
 }
 
 impl ChunkBatch for LocalBatch<'_> {
+    /// Links straight into place: the content is already complete and durable in the store it
+    /// comes from, so it may be seen before the commit, which makes the link itself durable.
     fn put_link(&self, id: &ChunkId, from: &Path) -> Result<Option<u64>, Error> {
-        let temp = self.temp_for(id)?;
-        match std::fs::hard_link(from, &temp) {
+        let path = self.disk.chunk_path(id);
+        if let Some(fan) = path.parent() {
+            std::fs::create_dir_all(fan)
+                .map_err(|e| Error::io(format!("cannot create {}", fan.display()), e))?;
+        }
+        match std::fs::hard_link(from, &path) {
             Ok(()) => {}
-            // Put twice in this batch: the first stands.
+            // Already stored (or put twice): the one in place stands.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(Some(0)),
             Err(e)
                 if e.kind() == std::io::ErrorKind::NotFound
@@ -335,11 +344,11 @@ impl ChunkBatch for LocalBatch<'_> {
             {
                 return Ok(None);
             }
-            Err(e) => return Err(Error::io(format!("cannot link {}", temp.display()), e)),
+            Err(e) => return Err(Error::io(format!("cannot link {}", path.display()), e)),
         }
-        let len = std::fs::metadata(&temp).map(|m| m.len()).unwrap_or(0);
-        self.pending().push((*id, temp));
-        Ok(Some(len))
+        self.linked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)))
     }
 
     fn put(&self, id: &ChunkId, stored: &[u8]) -> Result<(), Error> {
@@ -360,6 +369,10 @@ impl ChunkBatch for LocalBatch<'_> {
     fn commit(self: Box<Self>) -> Result<(), Error> {
         let pending = std::mem::take(&mut *self.pending());
         if pending.is_empty() {
+            // Links alone: their names are durable before a manifest names them.
+            if self.linked.load(std::sync::atomic::Ordering::Relaxed) {
+                return self.disk.sync();
+            }
             return Ok(());
         }
         let placed = (|| {
