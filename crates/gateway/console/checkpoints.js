@@ -53,7 +53,10 @@ export function timeWords(iso, now = Date.now()) {
 export function checkpointMeta(checkpoint) {
   const files = checkpoint.files === 1 ? "1 file" : `${checkpoint.files ?? 0} files`;
   const changed = checkpoint.files_changed ?? 0;
-  return `${files}, ${formatBytes(checkpoint.bytes ?? 0)} · ${changed === 0 ? "nothing changed" : `${changed} changed`}`;
+  // Files that changed while the checkpoint read them: stored as that read saw them.
+  const under = Array.isArray(checkpoint.changed_under) ? checkpoint.changed_under : [];
+  const moving = under.length === 0 ? "" : ` · ${under.length === 1 ? `${under[0]} was` : `${under.length} files were`} being written as it was taken`;
+  return `${files}, ${formatBytes(checkpoint.bytes ?? 0)} · ${changed === 0 ? "nothing changed" : `${changed} changed`}${moving}`;
 }
 
 /** What the rewind's confirmation says it does. */

@@ -278,6 +278,8 @@ test("a checkpoint in words: its turn, why it was taken, its sizes", () => {
   assert.deepEqual(["turn", "rewind", "pause", "files", "fork", "other"].map(reasonWords), ["after the turn", "before a rewind", "sandbox paused", "your file changes", "the fork's start", "other"]);
   assert.equal(checkpointMeta({ files: 12, bytes: 4200, files_changed: 3 }), "12 files, 4.1 KB · 3 changed");
   assert.equal(checkpointMeta({ files: 1, bytes: 5, files_changed: 0 }), "1 file, 5 B · nothing changed");
+  assert.equal(checkpointMeta({ files: 2, bytes: 5, files_changed: 1, changed_under: ["log.bin"] }), "2 files, 5 B · 1 changed · log.bin was being written as it was taken");
+  assert.equal(checkpointMeta({ files: 2, bytes: 5, files_changed: 2, changed_under: ["a", "b"] }), "2 files, 5 B · 2 changed · 2 files were being written as it was taken");
 });
 
 test("a checkpoint of today shows its time; an older one its day too", () => {
