@@ -84,18 +84,27 @@ pub struct ChunkRef {
 }
 
 /// Cuts what `reader` yields into chunks and hands each to `each`, in order; returns the bytes
-/// read. `window` is the caller's buffer, reused across calls (it grows to [`WINDOW`]).
+/// read. `window` is the caller's buffer, reused across calls: it grows to what `size_hint`
+/// (the stream's expected length) needs, at least two of the largest chunks and at most
+/// [`WINDOW`], so a small file costs a small buffer (a longer stream is cut all the same).
 pub(crate) fn cut_stream(
     reader: &mut impl Read,
     window: &mut Vec<u8>,
+    size_hint: u64,
     mut each: impl FnMut(&[u8]) -> Result<(), Error>,
 ) -> Result<u64, CutError> {
-    window.resize(WINDOW, 0);
+    let wanted = usize::try_from(size_hint.saturating_add(1))
+        .unwrap_or(WINDOW)
+        .clamp(2 * MAX_CHUNK, WINDOW);
+    if window.len() < wanted {
+        window.resize(wanted, 0);
+    }
+    let capacity = window.len();
     let mut filled = 0usize;
     let mut eof = false;
     let mut total = 0u64;
     loop {
-        while !eof && filled < WINDOW {
+        while !eof && filled < capacity {
             match reader.read(&mut window[filled..]) {
                 Ok(0) => eof = true,
                 Ok(n) => {
@@ -191,7 +200,7 @@ mod tests {
     fn cut_all(data: &[u8]) -> Vec<(usize, ChunkId)> {
         let mut window = Vec::new();
         let mut chunks = Vec::new();
-        let read = cut_stream(&mut &data[..], &mut window, |chunk| {
+        let read = cut_stream(&mut &data[..], &mut window, data.len() as u64, |chunk| {
             chunks.push((chunk.len(), ChunkId::of(chunk)));
             Ok(())
         })

@@ -246,15 +246,20 @@ pub(crate) fn take(
     let stream = encode_entries(&entries);
     let mut stream_chunks = Vec::new();
     let mut window = Vec::new();
-    cut_stream(&mut &stream[..], &mut window, |chunk| {
-        let id = ChunkId::of(chunk);
-        stats.manifest_bytes_new += chunks.put(&*batch, &seen, &mut packer, &id, chunk)?;
-        stream_chunks.push(ChunkRef {
-            id,
-            len: chunk.len() as u32,
-        });
-        Ok(())
-    })
+    cut_stream(
+        &mut &stream[..],
+        &mut window,
+        stream.len() as u64,
+        |chunk| {
+            let id = ChunkId::of(chunk);
+            stats.manifest_bytes_new += chunks.put(&*batch, &seen, &mut packer, &id, chunk)?;
+            stream_chunks.push(ChunkRef {
+                id,
+                len: chunk.len() as u32,
+            });
+            Ok(())
+        },
+    )
     .map_err(|e| match e {
         CutError::Store(e) => e,
         CutError::Read(e) => Error::io("cannot read the manifest's entries", e),
@@ -342,7 +347,7 @@ fn read_file(
             return Ok(Outcome::Unreadable);
         }
         let mut chunks = Vec::new();
-        let cut = cut_stream(file, window, |chunk| {
+        let cut = cut_stream(file, window, before.size, |chunk| {
             let id = ChunkId::of(chunk);
             bytes_new += shared
                 .chunks
