@@ -1,7 +1,7 @@
 //! Credentials at the edge (network.md "Credentials") with the real bwrap sandbox, the built-in
 //! shell agent and real tools inside: curl, Python's `urllib` and `requests`, Node's `fetch` and
 //! `git push` reach local HTTPS upstreams that answer only with the right header, while the
-//! token never enters the sandbox, an event, the data directory (snapshots included) or the
+//! token never enters the sandbox, an event, the data directory (checkpoints included) or the
 //! gateway's log at any level; a redirect to another host does not carry it; an upstream with a
 //! certificate the gateway does not trust is refused saying how to trust it; a device the
 //! credential is not offered to gets none, and a session can turn its credentials off.
@@ -239,10 +239,11 @@ async fn egress(gw: &TestGateway, token: &str, session: &str) -> Value {
     response.json().await.expect("JSON")
 }
 
-/// The text of `path`, zstd-compressed files (snapshots) decompressed.
+/// The text of `path`, zstd-compressed files (snapshots, checkpoint chunks and manifests: any
+/// file that starts with a zstd frame) decompressed.
 fn readable_text(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap_or_default();
-    let bytes = if path.extension().is_some_and(|e| e == "zst") {
+    let bytes = if bytes.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         zstd::decode_all(bytes.as_slice()).unwrap_or(bytes)
     } else {
         bytes
@@ -265,7 +266,7 @@ async fn tools_in_the_hands_use_credentials_they_never_see() {
     let up = Upstreams::start().await;
     let gw = in_bwrap(|args| {
         up.configure(args);
-        // The hands are archived (a snapshot made) once the turns are over.
+        // The hands are archived (their files checkpointed) once the turns are over.
         args.hands_idle_pause = std::time::Duration::from_secs(2);
         args.hands_archive_after = std::time::Duration::from_secs(1);
     })
@@ -453,7 +454,7 @@ async fn tools_in_the_hands_use_credentials_they_never_see() {
         "the bundle ends with the CA"
     );
 
-    // The hands archived: the snapshot is part of what is searched below.
+    // The hands archived: their checkpoint is part of what is searched below.
     let rest = chat
         .until("the hands archived", |e| {
             e.event == "hands" && e.data["state"] == "archived"
@@ -481,11 +482,13 @@ async fn tools_in_the_hands_use_credentials_they_never_see() {
         "the log was captured"
     );
     let files = files_under(&data);
+    let chunks = data
+        .join("sessions")
+        .join(&session)
+        .join("checkpoints/workspace/chunks");
     assert!(
-        files
-            .iter()
-            .any(|f| f.extension().is_some_and(|e| e == "zst")),
-        "a snapshot of session {session} is among the files searched"
+        files.iter().any(|f| f.starts_with(&chunks)),
+        "the chunks of session {session}'s checkpoints are among the files searched"
     );
     for secret in secrets() {
         assert!(

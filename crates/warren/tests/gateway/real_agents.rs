@@ -212,8 +212,15 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
     super::helpers::files_under(dir)
         .into_iter()
         .filter(|path| {
-            std::fs::read(path)
-                .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            std::fs::read(path).is_ok_and(|bytes| {
+                // Checkpoint chunks and snapshots are zstd frames: searched decompressed.
+                let bytes = if bytes.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+                    zstd::decode_all(bytes.as_slice()).unwrap_or(bytes)
+                } else {
+                    bytes
+                };
+                bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+            })
         })
         .collect()
 }
@@ -356,15 +363,16 @@ async fn a_real_agent_runs_in_the_hands(preset: &str, program: &str, probe: &str
         session.hands.state(),
         warren_gateway::hands::HandsState::Archived
     );
-    // The agent's home is part of the snapshot: archived with the workspace, then restored.
+    // The agent's home is part of the checkpoint: archived with the workspace, then restored.
     let session_dir = gw.data.join("sessions").join(&chat.session);
     assert!(
         !session_dir.join("agent-home").exists(),
         "the archived home is removed"
     );
     assert!(
-        session_dir.join("agent-home.tar.zst").is_file(),
-        "its snapshot is kept"
+        std::fs::read_dir(session_dir.join("checkpoints/home/manifests"))
+            .is_ok_and(|mut manifests| manifests.next().is_some()),
+        "its checkpoint is kept"
     );
     let before = fake.main_bodies().len();
     let (events, _) = run_turn_allowing(&mut chat, "what did we do before?").await;
