@@ -159,9 +159,8 @@ async fn checkpoint_files(
     Ok(axum::Json(listed))
 }
 
-/// The directory `path` (normalized) as of checkpoint `id`, `depth` levels (the files route
-/// answers an archived session's listing with it too).
-pub(crate) async fn list_as_of(
+/// The directory `path` (normalized) as of checkpoint `id`, `depth` levels.
+async fn list_as_of(
     gateway: &Gateway,
     session: &Session,
     id: &str,
@@ -243,9 +242,8 @@ async fn checkpoint_file(
     .await
 }
 
-/// The file `path` (normalized) as of checkpoint `id`, the `Range` in `asked` honoured (the
-/// files route answers an archived session's download with it too).
-pub(crate) async fn content_as_of(
+/// The file `path` (normalized) as of checkpoint `id`, the `Range` in `asked` honoured.
+async fn content_as_of(
     gateway: &Gateway,
     session: &Session,
     id: &str,

@@ -348,14 +348,11 @@ impl Files {
         id: String,
         root: Option<std::path::PathBuf>,
     ) -> Result<Arc<Listing>, GatewayError> {
-        let version = StoredVersion::Checkpoint(id);
+        let version = StoredVersion::Checkpoint(id.clone());
         if let Some(listing) = self.cached(&session.id, &version, &root) {
             return Ok(listing);
         }
-        let StoredVersion::Checkpoint(id) = &version else {
-            unreachable!("made above")
-        };
-        let (stores, loaded) = gateway.engine.checkpoints.load(session, id, false).await?;
+        let (stores, loaded) = gateway.engine.checkpoints.load(session, &id, false).await?;
         let manifest = loaded.workspace;
         let mut entries = BTreeMap::new();
         for entry in &manifest.entries {
