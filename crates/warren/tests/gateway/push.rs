@@ -182,6 +182,15 @@ async fn subscriptions_are_the_devices_own_and_bad_ones_are_refused_with_a_code(
         body
     };
     let point = subscription["keys"]["p256dh"].as_str().expect("p256dh");
+    // The same X with the last bit of Y flipped: never on the curve (a point has Y and p - Y,
+    // and p - Y differs from Y in more than its last bit).
+    let off_curve = {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut bytes = engine.decode(point).expect("p256dh is base64url");
+        *bytes.last_mut().expect("a point") ^= 1;
+        engine.encode(bytes)
+    };
     let cases = [
         (
             with("endpoint", json!("https://push.example.com/x")),
@@ -204,7 +213,7 @@ async fn subscriptions_are_the_devices_own_and_bad_ones_are_refused_with_a_code(
             "a short p256dh",
         ),
         (
-            with("p256dh", json!(format!("BA{}", &point[2..]))),
+            with("p256dh", json!(off_curve)),
             "INVALID_PUSH_SUBSCRIPTION",
             "a point off the curve",
         ),
