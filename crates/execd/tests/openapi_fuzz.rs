@@ -112,12 +112,75 @@ async fn seed(base: &str) -> Seeded {
         answer[field].as_str().expect("an id").to_owned()
     };
     let terminal = serde_json::json!({ "command": "echo seeded" });
-    Seeded {
+    let seeded = Seeded {
         pty: post("/pty", serde_json::json!({}), "session_id").await,
         pty_to_delete: post("/pty", serde_json::json!({}), "session_id").await,
         terminal: post("/v1/terminals", terminal.clone(), "terminal_id").await,
         terminal_to_release: post("/v1/terminals", terminal, "terminal_id").await,
+    };
+    // The terminal the run reads has exited before the run starts: every `wait_ms` on it then
+    // answers at once, and a terminal that never finishes fails here, named, not as a timeout
+    // of some request in the middle of the run.
+    let exited = terminal_state(&http, base, &seeded.terminal, 20_000).await;
+    assert!(
+        exited["exit_status"].is_object(),
+        "the seeded terminal `echo seeded` did not finish within 20 s: {exited}"
+    );
+    seeded
+}
+
+/// `GET /v1/terminals/{id}/output?wait_ms=…` as JSON (or what went wrong, as a string).
+async fn terminal_state(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    wait_ms: u64,
+) -> serde_json::Value {
+    let answer = http
+        .get(format!("{base}/v1/terminals/{id}/output?wait_ms={wait_ms}"))
+        .header("X-EXECD-ACCESS-TOKEN", TOKEN)
+        .timeout(std::time::Duration::from_millis(wait_ms + 10_000))
+        .send()
+        .await;
+    match answer {
+        Ok(answer) => answer
+            .json()
+            .await
+            .unwrap_or_else(|e| format!("not JSON: {e}").into()),
+        Err(e) => format!("no answer: {e}").into(),
     }
+}
+
+/// What the daemon says of its terminals, and the processes it has, for a failed run.
+async fn diagnosis(base: &str, ids: &Seeded) -> String {
+    let http = reqwest::Client::new();
+    let seeded = terminal_state(&http, base, &ids.terminal, 0).await;
+    let list = http
+        .get(format!("{base}/v1/terminals"))
+        .header("X-EXECD-ACCESS-TOKEN", TOKEN)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await;
+    let list = match list {
+        Ok(answer) => answer.text().await.unwrap_or_default(),
+        Err(e) => format!("no answer: {e}"),
+    };
+    let me = std::process::id().to_string();
+    let children: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter(|stat| {
+            // `pid (comm) state ppid …`: the comm may hold spaces, so split after its `)`.
+            let after = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+            after.split(' ').nth(1) == Some(me.as_str())
+        })
+        .collect();
+    format!(
+        "the seeded terminal now: {seeded}\nthe terminals: {list}\nthis process's children:\n{}",
+        children.join("")
+    )
 }
 
 /// Examples per operation and phase; the seed makes a run repeatable.
@@ -192,7 +255,12 @@ async fn schemathesis_finds_no_defect_in_any_operation() {
     let output = std::fs::read_to_string(&stdout_path).unwrap_or_default();
     println!("{output}");
     let status = status.unwrap_or_else(|e| panic!("cannot run schemathesis: {e}"));
-    assert!(status.success(), "schemathesis failed: {status}");
+    if !status.success() {
+        panic!(
+            "schemathesis failed: {status}\n{}",
+            diagnosis(&base, &ids).await
+        );
+    }
     let report = std::fs::read_to_string(&junit).expect("schemathesis wrote its report");
     assert!(report.contains("<testsuite"), "{report}");
     assert!(
