@@ -5,9 +5,14 @@
 //! a [`Manifest`]: every entry's path, type, mode, size, mtime, link target and chunk list.
 //!
 //! [`CheckpointStore`] has the verbs: `take` (only what changed since the previous checkpoint is
-//! read: size, mtime, inode and device are the quick check), `load`, `restore` (every chunk
+//! read: size, mtime, inode and device are the quick check), `take_streamed` (the same of a tree
+//! on another machine, from the stream its execd's [`produce`] wrote given [`Manifest::known`]),
+//! `load`, `restore` (every chunk
 //! verified before anything in the target changes; a rewind over the tree the checkpoint came
-//! from touches only what differs), `read_file`,
+//! from touches only what differs), `restore_from` (a fork's: files of the tree the checkpoint
+//! was taken of that the quick check still vouches for are copied in the kernel, the rest built
+//! from chunks), `import` (a checkpoint's chunks linked into another store), `patch` (what
+//! turns a remote tree into a checkpoint, for [`apply_patch`] there), `read_file`,
 //! `list`, `diff`, `page` (the stored checkpoints, newest first), `delete` and `collect` (the
 //! chunks no kept checkpoint uses); [`to_drop`] is the retention policy. Manifests read from storage
 //! are treated as hostile: no path in one can make a restore write outside its target or
@@ -27,11 +32,13 @@ mod gc;
 mod listing;
 mod local;
 mod manifest;
+mod patch;
 mod path;
 mod read;
 mod restore;
 mod rewind;
 mod store;
+mod stream;
 mod take;
 mod tree;
 
@@ -43,8 +50,10 @@ pub use gc::{CollectStats, to_drop};
 pub use listing::{Listed, Page};
 pub use local::LocalDisk;
 pub use manifest::{Content, Entry, Manifest, Summary};
+pub use patch::{ApplyStats, PatchStats, apply_patch};
 pub use read::{Diff, Modified};
 pub use store::{CheckpointStore, Config};
+pub use stream::{CHANGES_CONTENT_TYPE, Known, KnownFile, ProduceStats, produce};
 pub use take::TakeStats;
 
 /// Why a checkpoint could not be taken, read, restored or collected.

@@ -329,11 +329,20 @@ impl ChunkBatch for LocalBatch<'_> {
     /// comes from, so it may be seen before the commit, which makes the link itself durable.
     fn put_link(&self, id: &ChunkId, from: &Path) -> Result<Option<u64>, Error> {
         let path = self.disk.chunk_path(id);
-        if let Some(fan) = path.parent() {
+        let mut linked = std::fs::hard_link(from, &path);
+        // The fan directory is made only when missing: a fork links tens of thousands of
+        // chunks into a few hundred directories.
+        if linked
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            && let Some(fan) = path.parent()
+            && !fan.is_dir()
+        {
             std::fs::create_dir_all(fan)
                 .map_err(|e| Error::io(format!("cannot create {}", fan.display()), e))?;
+            linked = std::fs::hard_link(from, &path);
         }
-        match std::fs::hard_link(from, &path) {
+        match linked {
             Ok(()) => {}
             // Already stored (or put twice): the one in place stands.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(Some(0)),

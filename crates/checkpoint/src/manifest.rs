@@ -56,6 +56,24 @@ pub struct Manifest {
     pub(crate) stream: Vec<ChunkRef>,
 }
 
+impl Manifest {
+    /// The manifest of an empty tree, stored nowhere: what a patch into a tree whose content
+    /// is unknown starts from (everything is sent, everything else removed).
+    pub fn empty() -> Manifest {
+        Manifest {
+            id: String::new(),
+            created_at_ms: 0,
+            entries: Vec::new(),
+            skipped: 0,
+            changed_under: Vec::new(),
+            label: serde_json::Value::Null,
+            summary: Summary::default(),
+            started_ns: 0,
+            stream: Vec::new(),
+        }
+    }
+}
+
 /// A checkpoint's counts, kept in its root.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {

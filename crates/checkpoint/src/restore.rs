@@ -11,6 +11,11 @@
 //! the same inode (a sandbox's bind mount of it sees the restored tree), and the old tree, now
 //! in the staging directory, is removed. A failed rename undoes the ones before it.
 //!
+//! [`CheckpointStore::restore_from`] (a fork) builds the staging directory the same way, but
+//! copies a file from the tree the checkpoint was taken of when that still holds it
+//! (`crate::tree::Source`) rather than writing it from chunks: a fork of a large tree costs
+//! the kernel's copy of it, not the chunks' reading, hashing and decompression.
+//!
 //! Over a directory checkpointed a moment before (`current`, as a rewind does), only what
 //! differs is touched (`crate::rewind`), with the same rule: nothing changes until every chunk
 //! it needs has been verified. Manifests are checked before anything is written
@@ -31,10 +36,40 @@ use crate::Error;
 use crate::chunks::Chunks;
 use crate::manifest::{Content, Entry, Manifest};
 use crate::rewind;
+use crate::store::CheckpointStore;
 use crate::take::{names_of, now_ns};
-use crate::tree::{Writer, open_dir, remove_tree, set_mtime, write_file};
+use crate::tree::{Source, Writer, open_dir, remove_tree, set_mtime, write_file};
 
 static N_STAGINGS: AtomicU64 = AtomicU64::new(0);
+
+impl CheckpointStore {
+    /// Makes `target` (created when missing) hold exactly `manifest`'s tree, as
+    /// [`Self::restore`] does without a `current`, taking the content of files from `source`
+    /// where it still holds them: `source` is the directory the checkpoint was taken of (a
+    /// fork's source session's workspace), on the same file system as `target` for the copy
+    /// to be a reflink or an in-kernel copy. A file of `source` is copied only when its stat
+    /// (size, mtime, inode, device) is the one the checkpoint recorded, the checkpoint trusts
+    /// that mtime (the quick check a take relies on), its ctime is older than the checkpoint's
+    /// walk too (nothing written since, even with the mtime put back), and its stat has not
+    /// changed by the end of the copy; every other file (changed since, replaced by a link or
+    /// anything else, missing, or reached only through a link) is written from chunks, each
+    /// verified, and `None` writes every file from chunks. The rest is the restore's rule: the
+    /// tree is built in a staging directory and swapped in, so a broken or missing chunk
+    /// leaves `target` as it was, and what is written belongs to the store's owner. Returns
+    /// `manifest` with the restored files' inodes: the next take's `previous`.
+    pub fn restore_from(
+        &self,
+        manifest: &Manifest,
+        target: &Path,
+        source: Option<&Path>,
+    ) -> Result<Manifest, Error> {
+        let writer = Writer {
+            n_threads: self.n_threads,
+            owner: self.owner,
+        };
+        restore_with(&self.chunks, manifest, target, None, source, writer)
+    }
+}
 
 /// Restores `manifest` into `target` (created when missing); returns the manifest with the
 /// restored files' inodes, to be the next take's `previous`.
@@ -43,6 +78,19 @@ pub(crate) fn restore(
     manifest: &Manifest,
     target: &Path,
     current: Option<&Manifest>,
+    writer: Writer,
+) -> Result<Manifest, Error> {
+    restore_with(chunks, manifest, target, current, None, writer)
+}
+
+/// [`restore`], copying files from `source` where it holds them ([`Source`]) when the whole
+/// tree is staged.
+fn restore_with(
+    chunks: &Chunks,
+    manifest: &Manifest,
+    target: &Path,
+    current: Option<&Manifest>,
+    source: Option<&Path>,
     writer: Writer,
 ) -> Result<Manifest, Error> {
     Manifest::check(&manifest.entries)?;
@@ -73,10 +121,10 @@ pub(crate) fn restore(
         Some(current) if !created => {
             match rewind::rewind(chunks, manifest, target, &staging, current, writer)? {
                 Some(entries) => Ok(entries),
-                None => stage_and_swap(chunks, manifest, target, &staging, writer),
+                None => stage_and_swap(chunks, manifest, target, &staging, source, writer),
             }
         }
-        _ => stage_and_swap(chunks, manifest, target, &staging, writer),
+        _ => stage_and_swap(chunks, manifest, target, &staging, source, writer),
     })();
     if restored.is_err() && created {
         // A target this restore created goes again: a failed fork leaves nothing behind.
@@ -101,6 +149,7 @@ fn stage_and_swap(
     manifest: &Manifest,
     target: &Path,
     staging: &Path,
+    source: Option<&Path>,
     writer: Writer,
 ) -> Result<Vec<Entry>, Error> {
     let target_fd = open_dir(target)?;
@@ -108,7 +157,8 @@ fn stage_and_swap(
         .mode(0o700)
         .create(staging)
         .map_err(|e| Error::io(format!("cannot create {}", staging.display()), e))?;
-    let built = build(chunks, manifest, staging, writer).and_then(|entries| {
+    let source = source.and_then(|source| Source::open(source, manifest));
+    let built = build(chunks, manifest, staging, source.as_ref(), writer).and_then(|entries| {
         let staging_fd = open_dir(staging)?;
         swap_in(&target_fd, &staging_fd, target)?;
         Ok(entries)
@@ -124,6 +174,7 @@ fn build(
     chunks: &Chunks,
     manifest: &Manifest,
     staging: &Path,
+    source: Option<&Source<'_>>,
     writer: Writer,
 ) -> Result<Vec<Entry>, Error> {
     let mut entries = manifest.entries.clone();
@@ -141,7 +192,7 @@ fn build(
     let files: Vec<usize> = (0..entries.len())
         .filter(|i| matches!(entries[*i].content, Content::File(_)))
         .collect();
-    for (index, ino, dev) in write_files(chunks, &entries, &files, writer, |_, entry| {
+    for (index, ino, dev) in write_files(chunks, &entries, &files, writer, source, |_, entry| {
         staging.join(&entry.path)
     })? {
         entries[index].ino = ino;
@@ -168,14 +219,16 @@ fn build(
     Ok(entries)
 }
 
-/// Writes the files `entries[i]` for each `i` of `files` at `path_of(i, entry)` from verified
-/// chunks, on the writer's threads and as its owner; returns each one's index, inode and
-/// device. The first failure stops every thread.
+/// Writes the files `entries[i]` for each `i` of `files` at `path_of(i, entry)`, copied from
+/// `source` where it holds them and otherwise from verified chunks, on the writer's threads
+/// and as its owner; returns each one's index, inode and device. The first failure stops every
+/// thread.
 pub(crate) fn write_files(
     chunks: &Chunks,
     entries: &[Entry],
     files: &[usize],
     writer: Writer,
+    source: Option<&Source<'_>>,
     path_of: impl Fn(usize, &Entry) -> std::path::PathBuf + Sync,
 ) -> Result<Vec<(usize, u64, u64)>, Error> {
     let next = AtomicUsize::new(0);
@@ -192,7 +245,8 @@ pub(crate) fn write_files(
                         return;
                     };
                     let entry = &entries[index];
-                    match write_file(chunks, entry, &path_of(index, entry), writer.owner) {
+                    let path = path_of(index, entry);
+                    match write_file(chunks, entry, &path, writer.owner, source) {
                         Ok((ino, dev)) => {
                             let _ = done_tx.send((index, ino, dev));
                         }

@@ -253,7 +253,7 @@ fn stage(
                 .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
         }
     }
-    write_files(chunks, entries, &files, writer, |index, _| {
+    write_files(chunks, entries, &files, writer, None, |index, _| {
         staging.join(index.to_string())
     })
 }

@@ -2,7 +2,7 @@
 //! checkpoint in memory and no session: callers keep the manifests they need (the previous
 //! one, for the next take) and decide which checkpoints to keep ([`crate::to_drop`]).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -10,14 +10,30 @@ use std::time::{Duration, SystemTime};
 
 use crate::Error;
 use crate::backend::ChunkStore;
+use crate::chunk::ChunkId;
 use crate::chunks::{Chunks, Seen};
 use crate::gc::{self, CollectStats};
 use crate::listing::{self, Page};
 use crate::manifest::{self, Content, Entry, Manifest};
 use crate::read::{self, Diff};
 use crate::restore;
-use crate::take::{self, TakeStats};
+use crate::stream;
+use crate::take::{self, Naming, TakeStats};
 use crate::tree::Writer;
+
+/// A new checkpoint's id and time, now, with `label`.
+fn naming(label: serde_json::Value) -> Naming {
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let (id, created_at_ms) = listing::new_id(now_ms);
+    Naming {
+        id,
+        created_at_ms,
+        label,
+    }
+}
 
 /// How a store works, chosen once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +64,9 @@ impl Default for Config {
 /// Checkpoints kept in one [`ChunkStore`]. Every verb is synchronous: call it from a blocking
 /// thread. It may be shared by threads (`Arc`); takes may run at once.
 pub struct CheckpointStore {
-    chunks: Chunks,
-    n_threads: usize,
-    owner: Option<(u32, u32)>,
+    pub(crate) chunks: Chunks,
+    pub(crate) n_threads: usize,
+    pub(crate) owner: Option<(u32, u32)>,
 }
 
 impl CheckpointStore {
@@ -85,20 +101,21 @@ impl CheckpointStore {
         previous: Option<&Manifest>,
         label: serde_json::Value,
     ) -> Result<(Manifest, TakeStats), Error> {
-        let now_ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        let (id, created_at_ms) = listing::new_id(now_ms);
-        take::take(
-            &self.chunks,
-            root,
-            previous,
-            self.n_threads,
-            id,
-            created_at_ms,
-            label,
-        )
+        take::take(&self.chunks, root, previous, self.n_threads, naming(label))
+    }
+
+    /// Takes and stores a checkpoint from `changes`, a stream [`crate::produce`] wrote of a
+    /// tree on another machine (its execd's) given `previous.known()`, exactly as
+    /// [`Self::take_labelled`] would have taken it there. The stream is hostile input: a path,
+    /// length or claim it cannot make, or a stream cut short, fails the take with
+    /// [`Error::Corrupt`] or [`Error::Unsafe`], and nothing it stored becomes visible.
+    pub fn take_streamed(
+        &self,
+        changes: &mut dyn Read,
+        previous: Option<&Manifest>,
+        label: serde_json::Value,
+    ) -> Result<(Manifest, TakeStats), Error> {
+        stream::consume(&self.chunks, changes, previous, naming(label))
     }
 
     /// Checkpoint `id`'s root only (its label and summary; `entries` empty): what a listing
@@ -125,26 +142,62 @@ impl CheckpointStore {
             .ok_or_else(|| Error::NotFound(id.to_owned()))?;
         let batch = self.chunks.backend.batch()?;
         let seen = Seen::default();
-        let mut copied = 0u64;
         let what = format!("the manifest of {id}");
-        for chunk in &manifest.stream {
-            copied += self
-                .chunks
-                .copy_from(&*batch, &seen, &from.chunks, &chunk.id, &what)?;
-        }
-        for entry in &manifest.entries {
-            if let Content::File(chunks) = &entry.content {
-                for chunk in chunks {
-                    copied += self.chunks.copy_from(
-                        &*batch,
-                        &seen,
-                        &from.chunks,
-                        &chunk.id,
-                        &entry.path,
-                    )?;
+        // Every chunk with who needs it; the copies (mostly links) run on the store's threads.
+        let needed: Vec<(&ChunkId, &str)> = manifest
+            .stream
+            .iter()
+            .map(|chunk| (&chunk.id, what.as_str()))
+            .chain(manifest.entries.iter().flat_map(|entry| {
+                match &entry.content {
+                    Content::File(chunks) => chunks
+                        .iter()
+                        .map(|chunk| (&chunk.id, entry.path.as_str()))
+                        .collect::<Vec<_>>(),
+                    _ => Vec::new(),
+                }
+            }))
+            .collect();
+        let per_thread = needed.len().div_ceil(self.n_threads).max(1);
+        // Set by the first thread that fails: the others stop.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let copied = std::thread::scope(|scope| {
+            let workers: Vec<_> = needed
+                .chunks(per_thread)
+                .map(|part| {
+                    let (batch, seen, stop) = (&*batch, &seen, &stop);
+                    scope.spawn(move || -> Result<u64, Error> {
+                        let mut copied = 0u64;
+                        for (id, path) in part {
+                            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                break;
+                            }
+                            match self.chunks.copy_from(batch, seen, &from.chunks, id, path) {
+                                Ok(n) => copied += n,
+                                Err(e) => {
+                                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                                    return Err(e);
+                                }
+                            }
+                        }
+                        Ok(copied)
+                    })
+                })
+                .collect();
+            let mut copied = 0u64;
+            let mut failed = None;
+            for worker in workers {
+                match worker.join() {
+                    Ok(Ok(n)) => copied += n,
+                    Ok(Err(e)) => failed = failed.or(Some(e)),
+                    Err(_) => {
+                        let panicked = std::io::Error::other("an import thread panicked");
+                        failed = failed.or(Some(Error::io("importing a checkpoint", panicked)));
+                    }
                 }
             }
-        }
+            failed.map_or(Ok(copied), Err)
+        })?;
         batch.commit()?;
         self.chunks.backend.put_manifest(id, &root)?;
         Ok(copied + root.len() as u64)

@@ -1,13 +1,13 @@
 //! Taking a checkpoint: a walk of the tree and a few threads reading what changed.
 //!
-//! The walk (on the calling thread) lists each directory through a descriptor opened
-//! `O_NOFOLLOW` beneath its parent's, so it never leaves the root, whatever the tree does while
-//! it is walked: a symlink is stored as a link and never followed, and a directory swapped for
-//! a link is not entered. A regular file whose size, mtime, inode and device match the previous
-//! checkpoint's entry (and whose mtime was old enough then to trust, see
-//! `Manifest::trusts`) keeps that entry's chunks unread; any other is opened (`O_NOFOLLOW`,
-//! beneath its directory) and handed to a worker. At most twice as many files as workers are
-//! open at once.
+//! The walk ([`walk_tree`], on the calling thread; `crate::stream::produce` walks the same way)
+//! lists each directory through a descriptor opened `O_NOFOLLOW` beneath its parent's, so it
+//! never leaves the root, whatever the tree does while it is walked: a symlink is stored as a
+//! link and never followed, and a directory swapped for a link is not entered. A regular file
+//! whose size, mtime, inode and device match the previous checkpoint's entry (and whose mtime
+//! was old enough then to trust, see `Manifest::trusts`) keeps that entry's chunks unread; any
+//! other is opened (`O_NOFOLLOW`, beneath its directory) and handed to a worker. At most twice
+//! as many files as workers are open at once.
 //!
 //! A worker cuts the file into chunks, hashes and stores the new ones, then compares the file's
 //! stat before and after: when size, mtime or ctime moved, it reads the file once more; if it
@@ -15,11 +15,14 @@
 //! `changed_under`, and its recorded stat (from before that read) no longer matches the file,
 //! so the next checkpoint reads it again. FIFOs, sockets, devices, names that are not UTF-8
 //! and what cannot be opened or read are skipped and counted. When anything fails to store,
-//! the take fails and its batch is dropped: nothing it wrote becomes visible.
+//! the take fails and its batch is dropped: nothing it wrote becomes visible. Storing what was
+//! found ([`store_checkpoint`]: the entry list's chunks, the commit, the root) is shared with a
+//! take from a stream.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
+use std::ops::ControlFlow;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -90,7 +93,7 @@ impl Stamp {
         }
     }
 
-    fn of_file(file: &File) -> std::io::Result<Stamp> {
+    pub(crate) fn of_file(file: &File) -> std::io::Result<Stamp> {
         let m = file.metadata()?;
         Ok(Stamp {
             size: m.size(),
@@ -108,7 +111,7 @@ impl Stamp {
         })
     }
 
-    fn entry(&self, path: String, content: Content, size: u64) -> Entry {
+    pub(crate) fn entry(&self, path: String, content: Content, size: u64) -> Entry {
         Entry {
             path,
             content,
@@ -160,25 +163,44 @@ struct Shared<'a> {
     failed: AtomicBool,
 }
 
-/// Takes a checkpoint of the tree beneath `root` as `id`, reusing `previous`'s chunks where
-/// the quick check allows, and stores it.
+/// The name a checkpoint is stored under and what its caller said of it.
+pub(crate) struct Naming {
+    pub(crate) id: String,
+    pub(crate) created_at_ms: u64,
+    pub(crate) label: serde_json::Value,
+}
+
+/// What a take found, ready to store: entries sorted by path, `changed_under` sorted, and when
+/// the walk began by the clock of the machine whose tree it is.
+pub(crate) struct Taken {
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) skipped: u64,
+    pub(crate) changed_under: Vec<String>,
+    pub(crate) started_ns: i64,
+}
+
+/// Opens the directory a checkpoint is taken of.
+pub(crate) fn open_root(root: &Path) -> Result<OwnedFd, Error> {
+    rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("cannot open {}", root.display()), e.into()))
+}
+
+/// Takes a checkpoint of the tree beneath `root`, reusing `previous`'s chunks where the quick
+/// check allows, and stores it.
 pub(crate) fn take(
     chunks: &Chunks,
     root: &Path,
     previous: Option<&Manifest>,
     n_threads: usize,
-    id: String,
-    created_at_ms: u64,
-    label: serde_json::Value,
+    naming: Naming,
 ) -> Result<(Manifest, TakeStats), Error> {
     let started = Instant::now();
     let started_ns = now_ns();
-    let root_fd = rustix::fs::open(
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| Error::io(format!("cannot open {}", root.display()), e.into()))?;
+    let root_fd = open_root(root)?;
     let batch = chunks.backend.batch()?;
     let seen = Seen::with(previous.into_iter().flat_map(Manifest::chunk_ids));
     let shared = Shared {
@@ -241,9 +263,32 @@ pub(crate) fn take(
         .collect();
     entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
     walked.changed_under.sort_unstable();
+    let taken = Taken {
+        entries,
+        skipped: walked.skipped,
+        changed_under: walked.changed_under,
+        started_ns,
+    };
+    let manifest = store_checkpoint(chunks, batch, &seen, previous, naming, taken, &mut stats)?;
+    stats.elapsed = started.elapsed();
+    Ok((manifest, stats))
+}
 
+/// Stores `taken` as checkpoint `naming.id`: the entry list's chunks go into `batch`, which is
+/// committed before the root is written, so a checkpoint that fails here leaves nothing
+/// visible. Fills in `stats` but for what the caller counted (`bytes_read`, the content's
+/// `bytes_new`) and `elapsed`.
+pub(crate) fn store_checkpoint<'a>(
+    chunks: &'a Chunks,
+    batch: Box<dyn ChunkBatch + 'a>,
+    seen: &Seen,
+    previous: Option<&Manifest>,
+    naming: Naming,
+    taken: Taken,
+    stats: &mut TakeStats,
+) -> Result<Manifest, Error> {
     let mut packer = Packer::new()?;
-    let stream = encode_entries(&entries);
+    let stream = encode_entries(&taken.entries);
     let mut stream_chunks = Vec::new();
     let mut window = Vec::new();
     cut_stream(
@@ -252,7 +297,7 @@ pub(crate) fn take(
         stream.len() as u64,
         |chunk| {
             let id = ChunkId::of(chunk);
-            stats.manifest_bytes_new += chunks.put(&*batch, &seen, &mut packer, &id, chunk)?;
+            stats.manifest_bytes_new += chunks.put(&*batch, seen, &mut packer, &id, chunk)?;
             stream_chunks.push(ChunkRef {
                 id,
                 len: chunk.len() as u32,
@@ -267,14 +312,14 @@ pub(crate) fn take(
     batch.commit()?;
 
     let mut manifest = Manifest {
-        id,
-        created_at_ms,
-        entries,
-        skipped: walked.skipped,
-        changed_under: walked.changed_under,
-        label,
+        id: naming.id,
+        created_at_ms: naming.created_at_ms,
+        entries: taken.entries,
+        skipped: taken.skipped,
+        changed_under: taken.changed_under,
+        label: naming.label,
         summary: Summary::default(),
-        started_ns,
+        started_ns: taken.started_ns,
         stream: stream_chunks,
     };
     manifest.summary = Summary {
@@ -291,8 +336,7 @@ pub(crate) fn take(
     stats.files_changed = manifest.summary.files_changed;
     stats.skipped = manifest.skipped;
     stats.changed_under = manifest.changed_under.clone();
-    stats.elapsed = started.elapsed();
-    Ok((manifest, stats))
+    Ok(manifest)
 }
 
 fn worker(
@@ -421,6 +465,178 @@ fn vanished(errno: Errno) -> bool {
     )
 }
 
+/// What the walk found at one name, in walk order: a directory's names (sorted bytewise)
+/// right after it, before its next sibling.
+pub(crate) enum Found<T> {
+    Dir {
+        path: String,
+        stamp: Stamp,
+    },
+    Symlink {
+        path: String,
+        stamp: Stamp,
+        target: String,
+    },
+    /// A regular file the quick check vouched for (`known` is what it answered); not opened.
+    Unchanged {
+        path: String,
+        stamp: Stamp,
+        known: T,
+    },
+    /// Any other regular file, opened (`O_NOFOLLOW | O_NONBLOCK`, beneath its directory);
+    /// `stamp` is the open file's.
+    Opened {
+        path: String,
+        stamp: Stamp,
+        file: File,
+    },
+    /// A FIFO, socket or device, a name that is not UTF-8 or not a safe path, what could not
+    /// be stat'ed, opened or listed, an empty or non-UTF-8 link target.
+    Skipped,
+    /// A name that was listed and was gone or swapped by the time it was looked at.
+    Vanished(String),
+}
+
+/// Walks the tree beneath `root_fd` (see the module's docs), asking `quick_check` about each
+/// regular file before opening it and handing everything found to `each`, which may stop the
+/// walk. Fails only when the root cannot be listed.
+pub(crate) fn walk_tree<T>(
+    root_fd: OwnedFd,
+    mut quick_check: impl FnMut(&str, &Stamp) -> Option<T>,
+    mut each: impl FnMut(Found<T>) -> ControlFlow<()>,
+) -> Result<(), Error> {
+    let root_names =
+        names_of(&root_fd).map_err(|e| Error::io("cannot list the checkpoint's root", e))?;
+    let mut frames = vec![Frame {
+        fd: root_fd,
+        path: String::new(),
+        names: root_names,
+    }];
+    while let Some(frame) = frames.last_mut() {
+        let Some(name) = frame.names.pop() else {
+            frames.pop();
+            continue;
+        };
+        let Ok(name_text) = name.to_str() else {
+            if each(Found::Skipped).is_break() {
+                break;
+            }
+            continue;
+        };
+        let relative = path::join(&frame.path, name_text);
+        let found = if path::refusal(&relative).is_some() {
+            Found::Skipped
+        } else {
+            match rustix::fs::statat(&frame.fd, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => match visit(frame, &name, relative, &stat, &mut quick_check) {
+                    Visited::Found(found) => found,
+                    Visited::Dir { found, frame } => {
+                        frames.push(frame);
+                        found
+                    }
+                },
+                Err(errno) if vanished(errno) => Found::Vanished(relative),
+                Err(_) => Found::Skipped,
+            }
+        };
+        if each(found).is_break() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// What [`visit`] made of a name: a directory also gives the frame to walk it.
+enum Visited<T> {
+    Found(Found<T>),
+    Dir { found: Found<T>, frame: Frame },
+}
+
+/// Looks at the name `name` of `frame`, whose lstat is `stat`.
+fn visit<T>(
+    frame: &Frame,
+    name: &CString,
+    relative: String,
+    stat: &rustix::fs::Stat,
+    quick_check: &mut impl FnMut(&str, &Stamp) -> Option<T>,
+) -> Visited<T> {
+    let stamp = Stamp::of(stat);
+    let found = match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => {
+            let opened = rustix::fs::openat(
+                &frame.fd,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            );
+            let fd = match opened {
+                Ok(fd) => fd,
+                Err(errno) if vanished(errno) => return Visited::Found(Found::Vanished(relative)),
+                Err(_) => return Visited::Found(Found::Skipped),
+            };
+            let Ok(names) = names_of(&fd) else {
+                return Visited::Found(Found::Skipped);
+            };
+            return Visited::Dir {
+                found: Found::Dir {
+                    path: relative.clone(),
+                    stamp,
+                },
+                frame: Frame {
+                    fd,
+                    path: relative,
+                    names,
+                },
+            };
+        }
+        FileType::Symlink => match rustix::fs::readlinkat(&frame.fd, name, Vec::new()) {
+            Ok(target) => match target.into_string() {
+                Ok(target) if !target.is_empty() => Found::Symlink {
+                    path: relative,
+                    stamp,
+                    target,
+                },
+                _ => Found::Skipped,
+            },
+            Err(errno) if vanished(errno) || errno == Errno::INVAL => Found::Vanished(relative),
+            Err(_) => Found::Skipped,
+        },
+        FileType::RegularFile => {
+            if let Some(known) = quick_check(&relative, &stamp) {
+                return Visited::Found(Found::Unchanged {
+                    path: relative,
+                    stamp,
+                    known,
+                });
+            }
+            // O_NONBLOCK: a file swapped for a FIFO since the stat does not hang the open.
+            let opened = rustix::fs::openat(
+                &frame.fd,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            );
+            let file = match opened {
+                Ok(fd) => File::from(fd),
+                Err(errno) if vanished(errno) => return Visited::Found(Found::Vanished(relative)),
+                Err(_) => return Visited::Found(Found::Skipped),
+            };
+            match (Stamp::of_file(&file), file.metadata()) {
+                (Ok(stamp), Ok(metadata)) if metadata.is_file() => Found::Opened {
+                    path: relative,
+                    stamp,
+                    file,
+                },
+                _ => Found::Vanished(relative),
+            }
+        }
+        _ => Found::Skipped,
+    };
+    Visited::Found(found)
+}
+
+/// The walk of a take: entries in walk order (the files handed to workers hold no chunks
+/// yet), stopped when a worker failed.
 fn walk(
     root_fd: OwnedFd,
     previous: Option<&Manifest>,
@@ -432,135 +648,45 @@ fn walk(
         skipped: 0,
         changed_under: Vec::new(),
     };
-    let root_names =
-        names_of(&root_fd).map_err(|e| Error::io("cannot list the checkpoint's root", e))?;
-    let mut frames = vec![Frame {
-        fd: root_fd,
-        path: String::new(),
-        names: root_names,
-    }];
-    while let Some(frame) = frames.last_mut() {
+    let quick_check = |path: &str, stamp: &Stamp| {
+        unchanged(previous, path, stamp).map(|entry| entry.content.clone())
+    };
+    walk_tree(root_fd, quick_check, |found| {
         if failed.load(Ordering::Relaxed) {
-            break;
+            return ControlFlow::Break(());
         }
-        let Some(name) = frame.names.pop() else {
-            frames.pop();
-            continue;
-        };
-        let Ok(name_text) = name.to_str() else {
-            walked.skipped += 1;
-            continue;
-        };
-        let relative = path::join(&frame.path, name_text);
-        if path::refusal(&relative).is_some() {
-            walked.skipped += 1;
-            continue;
-        }
-        let stat = match rustix::fs::statat(&frame.fd, &name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => stat,
-            Err(errno) if vanished(errno) => {
-                walked.changed_under.push(relative);
-                continue;
+        match found {
+            Found::Dir { path, stamp } => {
+                walked.entries.push(stamp.entry(path, Content::Dir, 0));
             }
-            Err(_) => {
-                walked.skipped += 1;
-                continue;
-            }
-        };
-        let stamp = Stamp::of(&stat);
-        match FileType::from_raw_mode(stat.st_mode) {
-            FileType::Directory => {
-                let opened = rustix::fs::openat(
-                    &frame.fd,
-                    &name,
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                );
-                let fd = match opened {
-                    Ok(fd) => fd,
-                    Err(errno) if vanished(errno) => {
-                        walked.changed_under.push(relative);
-                        continue;
-                    }
-                    Err(_) => {
-                        walked.skipped += 1;
-                        continue;
-                    }
-                };
-                let Ok(names) = names_of(&fd) else {
-                    walked.skipped += 1;
-                    continue;
-                };
+            Found::Symlink {
+                path,
+                stamp,
+                target,
+            } => {
+                let size = target.len() as u64;
                 walked
                     .entries
-                    .push(stamp.entry(relative.clone(), Content::Dir, 0));
-                frames.push(Frame {
-                    fd,
-                    path: relative,
-                    names,
-                });
+                    .push(stamp.entry(path, Content::Symlink(target), size));
             }
-            FileType::Symlink => match rustix::fs::readlinkat(&frame.fd, &name, Vec::new()) {
-                Ok(target) => match target.into_string() {
-                    Ok(target) if !target.is_empty() => {
-                        let size = target.len() as u64;
-                        walked
-                            .entries
-                            .push(stamp.entry(relative, Content::Symlink(target), size));
-                    }
-                    _ => walked.skipped += 1,
-                },
-                Err(errno) if vanished(errno) || errno == Errno::INVAL => {
-                    walked.changed_under.push(relative);
-                }
-                Err(_) => walked.skipped += 1,
-            },
-            FileType::RegularFile => {
-                if let Some(unchanged) = unchanged(previous, &relative, &stamp) {
-                    let content = unchanged.content.clone();
-                    walked
-                        .entries
-                        .push(stamp.entry(relative, content, stamp.size));
-                    continue;
-                }
-                // O_NONBLOCK: a file swapped for a FIFO since the stat does not hang the open.
-                let opened = rustix::fs::openat(
-                    &frame.fd,
-                    &name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                    Mode::empty(),
-                );
-                let file = match opened {
-                    Ok(fd) => File::from(fd),
-                    Err(errno) if vanished(errno) => {
-                        walked.changed_under.push(relative);
-                        continue;
-                    }
-                    Err(_) => {
-                        walked.skipped += 1;
-                        continue;
-                    }
-                };
-                let stamp = match (Stamp::of_file(&file), file.metadata()) {
-                    (Ok(stamp), Ok(metadata)) if metadata.is_file() => stamp,
-                    _ => {
-                        walked.changed_under.push(relative);
-                        continue;
-                    }
-                };
+            Found::Unchanged { path, stamp, known } => {
+                walked.entries.push(stamp.entry(path, known, stamp.size));
+            }
+            Found::Opened { path, stamp, file } => {
                 let index = walked.entries.len();
                 walked
                     .entries
-                    .push(stamp.entry(relative, Content::File(Vec::new()), 0));
-                let job = Job { index, file, stamp };
-                if jobs.send(job).is_err() {
+                    .push(stamp.entry(path, Content::File(Vec::new()), 0));
+                if jobs.send(Job { index, file, stamp }).is_err() {
                     // Every worker is gone: one failed, and its error is reported.
-                    break;
+                    return ControlFlow::Break(());
                 }
             }
-            _ => walked.skipped += 1,
+            Found::Skipped => walked.skipped += 1,
+            Found::Vanished(path) => walked.changed_under.push(path),
         }
-    }
+        ControlFlow::Continue(())
+    })?;
     Ok(walked)
 }
 
@@ -578,7 +704,7 @@ fn unchanged<'a>(previous: Option<&'a Manifest>, path: &str, stamp: &Stamp) -> O
 }
 
 /// Files and links added, removed or changed from `previous` to `entries` (both sorted).
-fn n_changed(previous: Option<&Manifest>, entries: &[Entry]) -> u64 {
+pub(crate) fn n_changed(previous: Option<&Manifest>, entries: &[Entry]) -> u64 {
     let counted = |e: &Entry| !matches!(e.content, Content::Dir);
     let Some(previous) = previous else {
         return entries.iter().filter(|e| counted(e)).count() as u64;

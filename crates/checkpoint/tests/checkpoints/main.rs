@@ -1,13 +1,17 @@
 //! The checkpoint store against real trees in temporary directories: round trips, dedup, the
 //! quick check, files changing while read, broken and missing chunks, tampered manifests, a
-//! full disk, collection, reads and diffs, and the same on S3 (moto on loopback).
+//! full disk, collection, reads and diffs, the same on S3 (moto on loopback), checkpoints
+//! taken from a changes stream, and a fork's restore copying from the tree it was taken of.
 
 mod cached;
 mod faults;
+mod fork;
 mod gc;
+mod patch;
 mod reads;
 mod round_trip;
 mod s3;
+mod stream;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -5,9 +5,10 @@
 //! the first checkpoint (MiB/s), a checkpoint with nothing changed, 100 turns that each change
 //! 1 MiB (768 KiB in place in a large file and 16 small files rewritten with 16 KiB) and are
 //! checkpointed (time and bytes stored per turn, and the store's total against one full copy),
-//! a restore into a fresh directory, a rewind in place to the checkpoint ten turns back (the
-//! current state checkpointed first, as a rewind does), and a collection keeping the newest
-//! ten (without the grace, so the sweep has something to delete). `--s3 s3://bucket/prefix`
+//! a restore into a fresh directory, a fork (an import into a new store, then a restore that
+//! copies the files the workspace still holds unchanged), a rewind in place to the checkpoint
+//! ten turns back (the current state checkpointed first, as a rewind does), and a collection
+//! keeping the newest ten (without the grace, so the sweep has something to delete). `--s3 s3://bucket/prefix`
 //! (the `AWS_*` variables set) repeats the first checkpoint, ten turns and the fresh restore
 //! against that bucket. The workspace is in the page cache when it is read, and dirty pages of
 //! earlier steps are written back before each timed step: these are the store's figures, not
@@ -408,7 +409,8 @@ fn measure(
 }
 
 /// A fork (the checkpoint's chunks copied into a new session's store, then restored into its
-/// workspace) and an archived session's restore from its last checkpoint, against the
+/// workspace, copying the files the source workspace still holds unchanged, as the engine's
+/// fork does) and an archived session's restore from its last checkpoint, against the
 /// whole-tar snapshot of the same tree (`warren-snapshot`, what archives were before).
 fn fork_and_tar(
     store: &CheckpointStore,
@@ -427,12 +429,14 @@ fn fork_and_tar(
     let started = Instant::now();
     let copied = forked.import(store, last)?;
     let imported = started.elapsed();
-    forked.restore(last, &fork_ws, None)?;
+    forked.restore_from(last, &fork_ws, Some(root))?;
     let total = started.elapsed();
+    same_file(&root.join("data/blob-000.bin"), root, &fork_ws)?;
     rows.push(Row {
-        measurement: "fork (chunks copied to the new session's store + restore)".to_owned(),
+        measurement: "fork (chunks linked into the new session's store + restore from the source)"
+            .to_owned(),
         result: format!(
-            "{} ({} copying {:.0} MiB, {} restoring)",
+            "{} ({} linking {:.0} MiB, {} restoring)",
             ms(total),
             ms(imported),
             copied as f64 / MIB as f64,
