@@ -11,7 +11,12 @@
 //! cheap). The walk, the restore and the rewind work on the session's directories on the
 //! gateway's disk, every step beneath a directory reached without following a link
 //! (`warren-checkpoint`), so what the sandbox does to its tree meanwhile can make a step fail
-//! but never reach outside it. Hands reached by URL have no tree here: they take none.
+//! but never reach outside it. Hands reached by URL have no tree here: their execd walks its
+//! workspace and streams every entry, with the content of only the files the last checkpoint
+//! cannot vouch for (`warren_checkpoint::Known`); a rewind sends it a patch from the last
+//! checkpoint to the target, which it applies whole or not at all; a fork into such hands
+//! patches the new execd's tree from empty. Their agent home is not theirs to keep (the
+//! agent runs elsewhere). What such an execd streams is treated as hostile input.
 //!
 //! One lock per session ([`SessionCheckpoints::last`]) orders takes, rewinds and forks, and
 //! keeps the last checkpoint of each tree, the next take's quick check. After a take, the
@@ -30,8 +35,9 @@ use warren_protocol::gateway::EventBody;
 
 use crate::engine_error::EngineError;
 use crate::hands::snapshots::SnapshotInfo;
-use crate::hands::{Isolation, Keeper};
+use crate::hands::{HandsError, HandsHold, Isolation, Keeper};
 use crate::session::Session;
+use warren_execd_client::{ExecdClient, Tree};
 
 /// The most checkpoints one listing answers.
 pub const MAX_PAGE: usize = 200;
@@ -159,9 +165,9 @@ impl Checkpoints {
         reason: &'static str,
     ) -> Result<CheckpointInfo, EngineError> {
         let stores = self.of(session)?;
-        let Some(trees) = Trees::of(session) else {
+        let Some(trees) = Trees::of(session).await else {
             return Err(EngineError::Internal(
-                "the session's workspace is not on this disk".into(),
+                "the session's workspace is neither on this disk nor in running hands".into(),
             ));
         };
         let turn = session.last_turn();
@@ -301,7 +307,7 @@ impl Checkpoints {
         reserved: Reserved,
     ) -> Result<Option<CheckpointInfo>, EngineError> {
         let Reserved { stores, mut last } = reserved;
-        let Some(trees) = Trees::of(session) else {
+        let Some(trees) = Trees::of(session).await else {
             return Ok(None);
         };
         stores.load_last(&mut last).await?;
@@ -448,11 +454,10 @@ impl Checkpoints {
         // back first).
         session.hands.endpoint().await?;
         let _hold = session.hands.hold();
-        let Some(trees) = Trees::of(session) else {
-            return Err(EngineError::InvalidRequest(
-                "this session's hands are reached by URL: their files are not kept as checkpoints"
-                    .into(),
-            ));
+        let Some(trees) = Trees::of(session).await else {
+            return Err(EngineError::Hands(HandsError::Failed(
+                "the session's hands are not running".into(),
+            )));
         };
         let turn = session.last_turn();
         let mut last = stores.last.lock().await;
@@ -475,28 +480,41 @@ impl Checkpoints {
                 .map(|m| m.id.clone())
                 .unwrap_or_default(),
         };
-        let restored = {
-            let stores = stores.clone();
-            let current_ws = last.workspace.clone();
-            let current_home = last.home.clone();
-            blocking(move || {
-                let workspace = stores.workspace.restore(
-                    &target.workspace,
-                    &trees.workspace,
-                    current_ws.as_ref(),
-                )?;
-                let home = match (&target.home, &trees.home) {
-                    (Some(manifest), Some(dir)) => {
-                        Some(stores.home.restore(manifest, dir, current_home.as_ref())?)
-                    }
-                    _ => current_home,
-                };
-                Ok((workspace, home, target.workspace))
-            })
-            .await?
+        let (workspace, home, target) = match trees {
+            Trees::Disk { workspace, home } => {
+                let stores = stores.clone();
+                let current_ws = last.workspace.clone();
+                let current_home = last.home.clone();
+                blocking(move || {
+                    let restored = stores.workspace.restore(
+                        &target.workspace,
+                        &workspace,
+                        current_ws.as_ref(),
+                    )?;
+                    let home = match (&target.home, &home) {
+                        (Some(manifest), Some(dir)) => {
+                            Some(stores.home.restore(manifest, dir, current_home.as_ref())?)
+                        }
+                        _ => current_home,
+                    };
+                    Ok((Some(restored), home, target.workspace))
+                })
+                .await?
+            }
+            Trees::Execd { client, _hold } => {
+                let current = last.workspace.clone().unwrap_or_else(Manifest::empty);
+                patch_execd(&stores, &client, &target.workspace, current).await?;
+                // The tree is the target's now: the next take counts its changes from there.
+                // The patched files have new inodes, so it reads them again (the quick check
+                // trusts no entry of theirs) and vouches for the files left alone.
+                (
+                    Some(target.workspace.clone()),
+                    last.home.clone(),
+                    target.workspace,
+                )
+            }
         };
-        let (workspace, home, target) = restored;
-        last.workspace = Some(workspace);
+        last.workspace = workspace;
         last.home = home;
         drop(last);
         session.hands.mark_changed();
@@ -516,17 +534,27 @@ impl Checkpoints {
         Ok(info)
     }
 
-    /// A fork's trees: checkpoint `loaded` (of `from`) restored into `to`'s (which no hands
-    /// use yet) and stored as `to`'s first checkpoint.
+    /// A fork's trees: checkpoint `loaded` (of `from`, the stores of session `source`)
+    /// restored into `to`'s (which no hands use yet) and stored as `to`'s first checkpoint.
+    /// A file of `source`'s trees that the checkpoint's quick check still vouches for is
+    /// copied in the kernel rather than rebuilt from its chunks.
     pub async fn seed(
         &self,
         from: &Arc<SessionCheckpoints>,
         loaded: Loaded,
+        source: &Session,
         to: &Session,
     ) -> Result<(), EngineError> {
         let stores = self.of(to)?;
+        if to.hands.isolation() == Isolation::Remote {
+            return self.seed_execd(from, loaded, to, &stores).await;
+        }
         let workspace_dir = to.hands.workspace().to_path_buf();
         let home_dir = to.hands.agent_home().map(Path::to_path_buf);
+        let (source_workspace, source_home) = match Trees::of(source).await {
+            Some(Trees::Disk { workspace, home }) => (Some(workspace), home),
+            _ => (None, None),
+        };
         let mut last = stores.last.lock().await;
         let from = from.clone();
         let target = stores.clone();
@@ -534,13 +562,19 @@ impl Checkpoints {
             target
                 .workspace
                 .import(&from.workspace, &loaded.workspace)?;
-            let workspace = target
-                .workspace
-                .restore(&loaded.workspace, &workspace_dir, None)?;
+            let workspace = target.workspace.restore_from(
+                &loaded.workspace,
+                &workspace_dir,
+                source_workspace.as_deref(),
+            )?;
             let home = match (&loaded.home, home_dir) {
                 (Some(manifest), Some(dir)) => {
                     target.home.import(&from.home, manifest)?;
-                    Some(target.home.restore(manifest, &dir, None)?)
+                    Some(
+                        target
+                            .home
+                            .restore_from(manifest, &dir, source_home.as_deref())?,
+                    )
                 }
                 _ => None,
             };
@@ -550,6 +584,92 @@ impl Checkpoints {
         last.loaded = true;
         last.workspace = Some(workspace);
         last.home = home;
+        Ok(())
+    }
+
+    /// [`Self::seed`] for hands reached by URL: the checkpoint is stored as `to`'s first, then
+    /// patched into its execd's tree (whatever that held is replaced). The next take reads
+    /// every file once (their inodes are the new tree's).
+    async fn seed_execd(
+        &self,
+        from: &Arc<SessionCheckpoints>,
+        loaded: Loaded,
+        to: &Session,
+        stores: &Arc<SessionCheckpoints>,
+    ) -> Result<(), EngineError> {
+        let mut last = stores.last.lock().await;
+        let imported = {
+            let (from, target, manifest) = (from.clone(), stores.clone(), loaded.workspace);
+            blocking(move || {
+                target.workspace.import(&from.workspace, &manifest)?;
+                Ok(manifest)
+            })
+            .await?
+        };
+        let endpoint = to.hands.endpoint().await?;
+        let _hold = to.hands.hold();
+        let client = endpoint.client()?;
+        patch_execd(stores, &client, &imported, Manifest::empty()).await?;
+        last.loaded = true;
+        last.workspace = Some(imported);
+        last.home = None;
+        Ok(())
+    }
+}
+
+/// Makes the tree of the execd behind `client` hold `target`: a patch from `current` (what it
+/// holds now, as its last checkpoint says) streamed from the store as it is made; the execd
+/// applies it whole or not at all.
+async fn patch_execd(
+    stores: &Arc<SessionCheckpoints>,
+    client: &ExecdClient,
+    target: &Manifest,
+    current: Manifest,
+) -> Result<(), EngineError> {
+    let (sender, receiver) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    let failed = sender.clone();
+    let (store, target) = (stores.workspace.clone(), target.clone());
+    let (made_tx, made_rx) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, ChannelWriter(sender));
+        let made = store.patch(&target, &current, &mut out).and_then(|_| {
+            out.flush()
+                .map_err(|e| Error::Unavailable(format!("the hands' execd: {e}")))
+        });
+        if let Err(e) = &made {
+            // The execd sees a broken body and changes nothing.
+            let _ = failed.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+        let _ = made_tx.send(made.map(|_| ()));
+    });
+    let body = reqwest::Body::wrap_stream(futures_util::stream::poll_fn({
+        let mut receiver = receiver;
+        move |cx| receiver.poll_recv(cx)
+    }));
+    let applied = client.patch(Tree::Workspace, body).await;
+    // A store failure is the cause of the execd's refusal: it is reported first.
+    match made_rx.await {
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(())) => {}
+        Err(_) => return Err(EngineError::Internal("the patch task ended".into())),
+    }
+    applied.map_err(|e| HandsError::Failed(format!("the hands' execd refused the rewind: {e}")))?;
+    Ok(())
+}
+
+/// A blocking writer into a body channel.
+struct ChannelWriter(tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>);
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(bytes::Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }
@@ -612,22 +732,37 @@ pub struct Reserved {
     last: tokio::sync::OwnedMutexGuard<Last>,
 }
 
-/// The directories a session's checkpoints are of.
-struct Trees {
-    workspace: PathBuf,
-    home: Option<PathBuf>,
+/// Where a session's checkpoints are read from and written to.
+enum Trees {
+    /// The directories on this disk (local hands): the workspace and the agent's home.
+    Disk {
+        workspace: PathBuf,
+        home: Option<PathBuf>,
+    },
+    /// The workspace of hands reached by URL, through their execd (held awake meanwhile): it
+    /// streams what changed since the last checkpoint, and applies a rewind's patch.
+    Execd {
+        client: ExecdClient,
+        _hold: HandsHold,
+    },
 }
 
 impl Trees {
-    fn of(session: &Session) -> Option<Trees> {
+    /// The session's trees; `None` when they are neither on this disk nor in running hands.
+    async fn of(session: &Session) -> Option<Trees> {
         if session.hands.isolation() == Isolation::Remote {
-            return None;
+            let (endpoint, hold) = session.hands.running_endpoint().await?;
+            let client = endpoint.client().ok()?;
+            return Some(Trees::Execd {
+                client,
+                _hold: hold,
+            });
         }
         let workspace = session.hands.workspace().to_path_buf();
         if !workspace.is_dir() {
             return None;
         }
-        Some(Trees {
+        Some(Trees::Disk {
             workspace,
             home: session
                 .hands
@@ -739,7 +874,26 @@ impl SessionCheckpoints {
         let stores = self.clone();
         let previous_ws = last.workspace.clone();
         let previous_home = last.home.clone();
-        let (workspace_dir, home_dir) = (trees.workspace.clone(), trees.home.clone());
+        let (workspace_dir, home_dir) = match trees {
+            Trees::Disk { workspace, home } => (workspace.clone(), home.clone()),
+            Trees::Execd { client, .. } => {
+                let label = json!({ "reason": reason, "turn": turn, "home": null });
+                let (workspace, stats) =
+                    take_from_execd(&self.workspace, client, previous_ws, label).await?;
+                let (changed, bytes_new) = (stats.files_changed, stats.bytes_new);
+                return self
+                    .settle_take(
+                        last,
+                        workspace,
+                        None,
+                        changed,
+                        bytes_new,
+                        skip_unchanged,
+                        started,
+                    )
+                    .await;
+            }
+        };
         let (workspace, home, bytes_new, changed) = blocking(move || {
             let (home, home_stats) = match &home_dir {
                 Some(dir) => {
@@ -775,6 +929,31 @@ impl SessionCheckpoints {
             Ok((workspace, home, bytes_new, changed))
         })
         .await?;
+        self.settle_take(
+            last,
+            workspace,
+            home,
+            changed,
+            bytes_new,
+            skip_unchanged,
+            started,
+        )
+        .await
+    }
+
+    /// A take's end: with `skip_unchanged`, one that changed nothing since the last is deleted
+    /// again (`None`); else it becomes the last.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_take(
+        self: &Arc<Self>,
+        last: &mut Last,
+        workspace: Manifest,
+        home: Option<Manifest>,
+        changed: u64,
+        bytes_new: u64,
+        skip_unchanged: bool,
+        started: Instant,
+    ) -> Result<Option<(CheckpointInfo, u64, Duration)>, EngineError> {
         if skip_unchanged && changed == 0 && last.workspace.is_some() {
             // The new manifests name only chunks the last one does; they still serve as the
             // quick check's fresher stat.
@@ -797,6 +976,25 @@ impl SessionCheckpoints {
         }
         Ok(Some((info, bytes_new, started.elapsed())))
     }
+}
+
+/// A checkpoint of the workspace of the execd behind `client`: it streams every entry, with
+/// the content of the files `previous` cannot vouch for, straight into the store.
+async fn take_from_execd(
+    store: &Arc<CheckpointStore>,
+    client: &ExecdClient,
+    previous: Option<Manifest>,
+    label: serde_json::Value,
+) -> Result<(Manifest, warren_checkpoint::TakeStats), EngineError> {
+    let known = previous.as_ref().map(Manifest::known).unwrap_or_default();
+    let changes = client.changes(Tree::Workspace, &known).await.map_err(|e| {
+        HandsError::Failed(format!("the hands' execd cannot stream its files: {e}"))
+    })?;
+    let changes = futures_util::TryStreamExt::map_err(changes, std::io::Error::other);
+    let mut reader =
+        tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(Box::pin(changes)));
+    let store = store.clone();
+    blocking(move || store.take_streamed(&mut reader, previous.as_ref(), label)).await
 }
 
 /// The `checkpoint` event of a stored checkpoint.

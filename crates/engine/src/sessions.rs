@@ -280,7 +280,10 @@ pub async fn fork_session(
     let title = title.unwrap_or_else(|| format!("{} (fork)", source.title()));
     let forked = create_session(engine, device_id, Some(title)).await?;
     let seeded = async {
-        engine.checkpoints.seed(&from, loaded, &forked).await?;
+        engine
+            .checkpoints
+            .seed(&from, loaded, source, &forked)
+            .await?;
         if with_home && let Some(acp) = source.meta().acp_session_id {
             forked.continue_acp_session(acp).await?;
         }

@@ -12,7 +12,9 @@
 //! the hands nonce, and an execd that is another sandbox answers `HANDS_IDENTITY_MISMATCH`. The
 //! OpenSandbox routes are deliberately absent: they are for third-party SDKs.
 
+mod changes;
 mod files;
+mod patch;
 mod pty;
 
 use std::path::PathBuf;

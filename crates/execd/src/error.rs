@@ -21,6 +21,7 @@ use crate::fs::error::PathError;
 use crate::opensandbox::error::CompatError;
 use crate::pty::error::PtyError;
 use crate::workspace::error::WorkspaceError;
+use crate::workspace::patch::PatchError;
 use warren_snapshot::SnapshotError;
 
 /// OpenSandbox's 401 body text, byte for byte.
@@ -63,6 +64,8 @@ pub enum ApiError {
     HandsIdentityMismatch,
     #[error(transparent)]
     Workspace(#[from] WorkspaceError),
+    #[error(transparent)]
+    Patch(#[from] PatchError),
     #[error(transparent)]
     Proxy(#[from] crate::proxy::error::ProxyError),
 }
@@ -178,9 +181,12 @@ impl ApiError {
                     }
                     SnapshotError::Io(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
                 },
-                WorkspaceError::Task(_) => (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+                WorkspaceError::Task(_) | WorkspaceError::Unreadable(_) => {
+                    (S::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR")
+                }
                 WorkspaceError::UnknownTree(_) => (S::BAD_REQUEST, "INVALID_REQUEST_BODY"),
             },
+            ApiError::Patch(error) => patch_status_and_code(error),
             ApiError::Proxy(error) => match error {
                 crate::proxy::error::ProxyError::InvalidPort(_) => (S::BAD_REQUEST, "INVALID_PORT"),
                 crate::proxy::error::ProxyError::Unreachable { .. } => {
@@ -202,7 +208,14 @@ impl ApiError {
             {
                 Some(error.to_string())
             }
-            ApiError::Workspace(error @ WorkspaceError::Task(_)) => Some(error.to_string()),
+            ApiError::Workspace(
+                error @ (WorkspaceError::Task(_) | WorkspaceError::Unreadable(_)),
+            ) => Some(error.to_string()),
+            ApiError::Patch(error)
+                if patch_status_and_code(error).0 == StatusCode::INTERNAL_SERVER_ERROR =>
+            {
+                Some(error.to_string())
+            }
             ApiError::Workspace(WorkspaceError::Snapshot(error @ SnapshotError::Io(source)))
                 if source.kind() != std::io::ErrorKind::StorageFull =>
             {
@@ -231,6 +244,29 @@ fn path_status_and_code(error: &PathError) -> (StatusCode, &'static str) {
         PathError::NotADirectory(_) => (StatusCode::CONFLICT, "NOT_A_DIRECTORY"),
         PathError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
         PathError::InvalidMove(_) => (StatusCode::BAD_REQUEST, "INVALID_MOVE"),
+    }
+}
+
+/// The codes of a failed patch: 400 for one that can never apply, 409 for a tree that changed
+/// since the checkpoint the patch was made against. Applying reads no store, so the store's own
+/// errors would be internal here.
+fn patch_status_and_code(error: &PatchError) -> (StatusCode, &'static str) {
+    use warren_checkpoint::Error as E;
+    match error {
+        PatchError::Apply(error) => match error {
+            E::Corrupt(_) => (StatusCode::BAD_REQUEST, "PATCH_CORRUPT"),
+            E::Unsafe { .. } => (StatusCode::BAD_REQUEST, "PATCH_UNSAFE_ENTRY"),
+            E::Invalid(_) => (StatusCode::CONFLICT, "PATCH_STALE"),
+            E::StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "STORAGE_FULL"),
+            E::Io { .. }
+            | E::NotFound(_)
+            | E::Broken { .. }
+            | E::Missing { .. }
+            | E::NoEntry(_)
+            | E::WrongKind { .. }
+            | E::Unavailable(_) => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
+        },
+        PatchError::Task(_) => (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"),
     }
 }
 

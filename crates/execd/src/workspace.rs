@@ -5,6 +5,10 @@
 //! blocking thread joined to the HTTP body by a bounded channel (or `SyncIoBridge`), so memory
 //! is bounded whatever the workspace's size.
 //!
+//! `POST /v1/workspace/changes` (in [`changes`]) streams what changed since a checkpoint, for
+//! the gateway to take the next one, and `POST /v1/workspace/patch` (in [`patch`]) applies a
+//! rewind's patch, whole or not at all.
+//!
 //! A snapshot that fails midway aborts the response body: the client sees a broken stream
 //! (and `unpack` of what it got fails as corrupt), never a short archive that looks whole. The
 //! restore route has no body size limit of its own: `UnpackLimits` bounds what it writes.
@@ -22,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::TryStreamExt;
 use tokio::sync::mpsc;
 use tokio_util::io::{StreamReader, SyncIoBridge};
-use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 use warren_protocol::error::ErrorBody;
 use warren_protocol::hands::RestoreResult;
@@ -31,7 +35,9 @@ use warren_snapshot::{SnapshotError, UnpackLimits};
 use crate::error::ApiError;
 use crate::route_helpers;
 
+mod changes;
 pub mod error;
+pub mod patch;
 pub use error::WorkspaceError;
 
 /// Bytes the packer hands to the response at once, and chunks in flight: about 1 MiB queued.
@@ -82,8 +88,11 @@ pub fn routes(workspace: Workspace) -> OpenApiRouter {
     OpenApiRouter::new()
         .routes(routes!(snapshot))
         .routes(routes!(restore))
-        // Only the restore route reads a body.
+        .routes(routes!(patch::patch))
+        // The restore and patch routes read bodies as streams, bounded by what they write.
         .layer(DefaultBodyLimit::disable())
+        // Added after that layer, so it keeps a limit of its own: a JSON body read whole.
+        .routes(routes!(changes::changes).layer(DefaultBodyLimit::max(changes::MAX_KNOWN_BYTES)))
         .with_state(workspace)
 }
 

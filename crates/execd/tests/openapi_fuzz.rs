@@ -45,6 +45,11 @@ checks.positive_data_acceptance.expected-statuses = ["101", "401", "404", "409",
 [[operations]]
 include-path = "/v1/workspace/restore"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "409"]
+
+# Random bytes are no patch either: only one a checkpoint store wrote applies.
+[[operations]]
+include-path = "/v1/workspace/patch"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "409"]
 "#;
 
 /// Operations whose path names something that exists, so they reach more than their 404: a PTY

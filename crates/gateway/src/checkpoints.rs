@@ -516,10 +516,11 @@ struct Rewound {
     security(("device_token" = []), ("device_token_query" = [])),
     responses(
         (status = 202, description = "The workspace (and the agent's home) are the checkpoint's; what they held was kept as a checkpoint first; the agent's next prompt says so", body = Rewound),
-        (status = 400, description = "INVALID_REQUEST_BODY, or INVALID_REQUEST_BODY for hands reached by URL", body = ErrorBody),
+        (status = 400, description = "INVALID_REQUEST_BODY", body = ErrorBody),
         (status = 401, description = "UNAUTHORIZED: a missing, unknown, revoked or expired device token", body = ErrorBody),
         (status = 404, description = "SESSION_NOT_FOUND or CHECKPOINT_NOT_FOUND", body = ErrorBody),
         (status = 409, description = "TURN_RUNNING: a turn runs; or CHECKPOINT_BROKEN: nothing was changed", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: remote hands' execd could not stream or apply the change; nothing was changed", body = ErrorBody),
         (status = 507, description = "STORAGE_FULL", body = ErrorBody),
     ),
 )]
@@ -567,6 +568,7 @@ struct ForkBody {
         (status = 404, description = "SESSION_NOT_FOUND or CHECKPOINT_NOT_FOUND", body = ErrorBody),
         (status = 409, description = "CHECKPOINT_BROKEN: a chunk is corrupt or was collected; no session was made", body = ErrorBody),
         (status = 429, description = "QUOTA_EXCEEDED or SERVER_BUSY", body = ErrorBody),
+        (status = 502, description = "HANDS_FAILED: the new session's remote hands could not take the files; no session was made", body = ErrorBody),
         (status = 507, description = "STORAGE_FULL", body = ErrorBody),
     ),
 )]

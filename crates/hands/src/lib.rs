@@ -506,11 +506,9 @@ impl Hands {
         let _ = self.keeper.set(keeper);
     }
 
-    /// The checkpoints that keep these hands' files: hands whose tree is on this disk only.
+    /// The checkpoints that keep these hands' files (remote hands' are streamed by their
+    /// execd).
     pub fn keeper(&self) -> Option<&Arc<dyn Keeper>> {
-        if self.isolation() == Isolation::Remote {
-            return None;
-        }
         self.keeper.get()
     }
 

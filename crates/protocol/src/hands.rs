@@ -1,7 +1,8 @@
 //! Wire types of the hands' own routes on execd: who this execd is (`GET /v1/hands/identity`,
 //! the nonce the gateway checks on every (re)connect, so another sandbox is never taken for
-//! this one) and what a workspace restore wrote (`POST /v1/workspace/restore`). The snapshot
-//! itself is a zstd-compressed tar, not JSON.
+//! this one), what a workspace restore wrote (`POST /v1/workspace/restore`) and what a patch
+//! did (`POST /v1/workspace/patch`). The snapshot itself is a zstd-compressed tar and the patch
+//! a binary stream (`warren_checkpoint::apply_patch`), not JSON.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,4 +29,16 @@ pub struct RestoreResult {
     pub files: u64,
     /// File content bytes written.
     pub bytes: u64,
+}
+
+/// The answer to `POST /v1/workspace/patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PatchResult {
+    /// Files written from the patch's content (new or changed since the checkpoint it was made
+    /// against).
+    pub files_written: u64,
+    /// Their bytes.
+    pub bytes_written: u64,
+    /// Paths removed, every entry beneath a removed directory counted.
+    pub removed: u64,
 }

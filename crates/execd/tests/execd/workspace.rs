@@ -412,3 +412,216 @@ async fn a_snapshot_body_aborted_midway_is_an_error_for_the_client_not_a_short_a
         "{error}"
     );
 }
+
+/// The gateway's side of a rewind of remote hands, played by a checkpoint store in the test: a
+/// patch against the checkpoint just taken turns execd's root into the earlier checkpoint,
+/// leaving what did not change in place; a cut one is 400 and changes nothing.
+#[tokio::test]
+async fn a_patch_from_a_checkpoint_store_turns_the_root_into_the_earlier_checkpoint() {
+    let (root, store_dir, expected) = (tempdir(), tempdir(), tempdir());
+    populate(root.path());
+    let store = warren_checkpoint::CheckpointStore::new(
+        std::sync::Arc::new(warren_checkpoint::LocalDisk::open(store_dir.path()).expect("opens")),
+        warren_checkpoint::Config::default(),
+    );
+    let (earlier, _) = store
+        .take(root.path(), None)
+        .expect("takes the earlier checkpoint");
+    std::fs::write(root.path().join("src/main.rs"), "fn main() { todo!() }\n").expect("writes");
+    std::fs::remove_file(root.path().join("run.sh")).expect("rm");
+    std::fs::create_dir_all(root.path().join("added/deeper")).expect("mkdir");
+    std::fs::write(root.path().join("added/deeper/new.txt"), "new").expect("writes");
+    let (current, _) = store
+        .take(root.path(), Some(&earlier))
+        .expect("takes the current checkpoint");
+    let mut patch = Vec::new();
+    let sent = store
+        .patch(&earlier, &current, &mut patch)
+        .expect("makes the patch");
+    assert_eq!(sent.n_files_sent, 2, "{sent:?}");
+    let noise_inode = std::fs::metadata(root.path().join("noise.bin"))
+        .expect("stats")
+        .ino();
+    let client = start(root.path(), tcp(), None).await;
+    let bounded = std::time::Duration::from_secs(30);
+
+    let cut = patch[..patch.len() - 1].to_vec();
+    let refused = tokio::time::timeout(bounded, client.patch(Tree::Workspace, cut.into()))
+        .await
+        .expect("execd answers the cut patch in time");
+    let now = tree(root.path());
+    assert_refused(refused, 400, "PATCH_CORRUPT", "a cut patch");
+    assert_eq!(tree(root.path()), now, "the root is unchanged");
+
+    let applied = tokio::time::timeout(bounded, client.patch(Tree::Workspace, patch.into()))
+        .await
+        .expect("execd answers the patch in time")
+        .expect("applies");
+    assert_eq!(
+        (
+            applied.files_written,
+            applied.bytes_written,
+            applied.removed
+        ),
+        (2, sent.bytes_sent, 3)
+    );
+    store
+        .restore(&earlier, expected.path(), None)
+        .expect("restores the earlier checkpoint");
+    assert_eq!(tree(root.path()), tree(expected.path()));
+    assert_eq!(
+        std::fs::metadata(root.path().join("noise.bin"))
+            .expect("stats")
+            .ino(),
+        noise_inode,
+        "an unchanged file stays in place"
+    );
+}
+
+/// Sets the mtime of every file and directory beneath `root` to one moment in 2020, so the
+/// checkpoint taken next trusts them (the quick check distrusts mtimes near the walk).
+fn age(root: &Path) {
+    let long_ago =
+        std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("lists") {
+            let path = entry.expect("entry").path();
+            let metadata = std::fs::symlink_metadata(&path).expect("lstat");
+            if metadata.is_dir() {
+                stack.push(path.clone());
+            }
+            if metadata.is_dir() || metadata.is_file() {
+                std::fs::File::open(&path)
+                    .and_then(|f| f.set_modified(long_ago))
+                    .expect("sets the mtime");
+            }
+        }
+    }
+}
+
+/// The changes stream of `tree` given `known`, whole, within a bounded wait.
+async fn changes_bytes(
+    client: &ExecdClient,
+    tree: Tree,
+    known: &warren_checkpoint::Known,
+) -> Vec<u8> {
+    let collected = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        let stream = client.changes(tree, known).await.expect("changes start");
+        stream.try_collect::<Vec<bytes::Bytes>>().await
+    })
+    .await
+    .expect("the changes stream ends in time");
+    collected.expect("the changes stream completes").concat()
+}
+
+/// The gateway's side of a checkpoint of remote hands, played by a checkpoint store in the
+/// test: the stream execd sends makes the checkpoint a local take of the same tree makes; the
+/// next one carries only the file that changed.
+#[tokio::test]
+async fn checkpoint_changes_from_execd_make_the_checkpoint_a_local_take_makes() {
+    let (root, store_dir) = (tempdir(), tempdir());
+    populate(root.path());
+    age(root.path());
+    let store = warren_checkpoint::CheckpointStore::new(
+        std::sync::Arc::new(warren_checkpoint::LocalDisk::open(store_dir.path()).expect("opens")),
+        warren_checkpoint::Config::default(),
+    );
+    let client = start(root.path(), tcp(), None).await;
+
+    let stream = changes_bytes(&client, Tree::Workspace, &Default::default()).await;
+    let (first, stats) = store
+        .take_streamed(&mut &stream[..], None, serde_json::json!({"turn": 1}))
+        .expect("takes the streamed checkpoint");
+    let (local, _) = store.take(root.path(), None).expect("takes locally");
+    assert_eq!(first.entries, local.entries, "entries and chunk lists");
+    assert_eq!(first.summary, local.summary);
+    assert_eq!(stats.files, 4);
+    assert_eq!(first.known().len(), 4, "every aged file is trusted");
+
+    std::fs::write(root.path().join("src/main.rs"), "fn main() { changed() }\n").expect("writes");
+    let stream = changes_bytes(&client, Tree::Workspace, &first.known()).await;
+    assert!(
+        stream.len() < 4096,
+        "{} bytes: the 3 MiB file travelled again",
+        stream.len()
+    );
+    let (second, stats) = store
+        .take_streamed(&mut &stream[..], Some(&first), serde_json::Value::Null)
+        .expect("takes the next one");
+    assert_eq!((stats.files_changed, stats.bytes_read), (1, 24));
+    let mut content = Vec::new();
+    store
+        .read_file(&second, "src/main.rs", 0..24, &mut content)
+        .expect("reads");
+    assert_eq!(content, b"fn main() { changed() }\n");
+}
+
+/// The route's answers other than a stream: its content type, the home tree, and 400 for an
+/// unknown tree or a body that is not `Known`, 413 over the body limit.
+#[tokio::test]
+async fn checkpoint_changes_answer_their_content_type_and_refuse_bad_requests() {
+    let (workspace, home) = (tempdir(), tempdir());
+    std::fs::write(workspace.path().join("w.txt"), "workspace").expect("writes");
+    std::fs::write(home.path().join("h.txt"), "home").expect("writes");
+    let client = serve(Config {
+        root: workspace.path().to_path_buf(),
+        home: Some(home.path().to_path_buf()),
+        listen: tcp(),
+        ..Config::default()
+    })
+    .await;
+    let stream = changes_bytes(&client, Tree::Home, &Default::default()).await;
+    let store_dir = tempdir();
+    let store = warren_checkpoint::CheckpointStore::new(
+        std::sync::Arc::new(warren_checkpoint::LocalDisk::open(store_dir.path()).expect("opens")),
+        warren_checkpoint::Config::default(),
+    );
+    let (manifest, _) = store
+        .take_streamed(&mut &stream[..], None, serde_json::Value::Null)
+        .expect("takes");
+    let paths: Vec<&str> = manifest.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["h.txt"], "the home, not the workspace");
+
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let url = |query: &str| format!("{}/v1/workspace/changes{query}", client.base_url());
+    let answer = http
+        .post(url(""))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.headers()[reqwest::header::CONTENT_TYPE],
+        warren_checkpoint::CHANGES_CONTENT_TYPE
+    );
+    for (query, body, status) in [
+        ("?tree=etc", serde_json::json!({}), 400),
+        ("", serde_json::json!({"files": []}), 400),
+        ("", serde_json::json!({"files": {"a": {"size": -1}}}), 400),
+        ("", serde_json::json!([]), 400),
+    ] {
+        let answer = http
+            .post(url(query))
+            .json(&body)
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(answer.status(), status, "{query} {body}");
+        let error: serde_json::Value = answer.json().await.expect("an error body");
+        assert_eq!(error["code"], "INVALID_REQUEST_BODY", "{query} {body}");
+    }
+    let over_the_limit = vec![b' '; 64 * 1024 * 1024 + 1];
+    let answer = http
+        .post(url(""))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(over_the_limit)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(answer.status(), 413);
+}

@@ -867,3 +867,124 @@ async fn real_workspaces_a_git_clone_a_node_tree_and_a_200_mib_file_rewind_and_f
     );
     gw.stop().await;
 }
+
+/// Remote hands (`--hands-provider remote`, a real `warren execd` on a temp root): each turn's
+/// checkpoint is streamed by their execd (the gateway has no tree of theirs), a rewind patches
+/// their tree, and a fork seeds the new session's execd. One execd serves every session here,
+/// as the URL template has no `{session}`: the fork's patch replaces that same root, exactly.
+#[tokio::test]
+async fn remote_hands_are_checkpointed_rewound_and_forked_through_their_execd() {
+    let execd = super::sandbox::RemoteExecd::start("t").await;
+    let url = execd.url.clone();
+    let gw = TestGateway::start_changed(super::helpers::args_with_shell_agent, |args| {
+        args.hands_provider = warren_gateway::config::HandsProviderKind::Remote;
+        args.hands_url_template = Some(url);
+        args.hands_token = Some("t".into());
+    })
+    .await;
+    let mut chat = gw.conversation("phone-checkpoints-remote").await;
+    let root = execd.root.path().to_path_buf();
+    let seen = chat
+        .turn_ok(
+            "mkdir -p src && printf 'one\\n' > src/a.txt && head -c 2000000 /dev/urandom > big.bin \
+             && ln -s src/a.txt link && chmod 640 src/a.txt",
+        )
+        .await;
+    let first = checkpoint_after(&mut chat.events, &seen, "the first remote turn").await;
+    assert_eq!(first["files_changed"], 3, "a.txt, big.bin, link: {first}");
+    assert!(
+        first["bytes_new"].as_u64().expect("a number") > 2_000_000 / 2,
+        "{first}"
+    );
+    let c1 = first["id"].as_str().expect("a string").to_owned();
+    assert!(
+        !chat.workspace().join("big.bin").exists(),
+        "no tree of remote hands on the gateway's disk"
+    );
+    let session_dir = gw.data.join("sessions").join(&chat.session);
+    assert!(
+        !session_dir.join("snapshot.tar.zst").exists(),
+        "no whole tar is written after a remote turn"
+    );
+    let big = read(&root.join("big.bin"));
+
+    let seen = chat
+        .turn_ok("printf 'two\\n' > src/a.txt && printf 'new\\n' > b.txt")
+        .await;
+    let second = checkpoint_after(&mut chat.events, &seen, "the second remote turn").await;
+    assert_eq!(second["files_changed"], 2, "a.txt, b.txt: {second}");
+    assert!(
+        second["bytes_new"].as_u64().expect("a number") < 50_000,
+        "big.bin was neither sent nor stored again: {second}"
+    );
+    let c2 = second["id"].as_str().expect("a string").to_owned();
+    // A turn that changed nothing stores none.
+    chat.turn_ok("true").await;
+    let list = gw.get_json(&chat.token, &base(&chat.session)).await;
+    assert_eq!(list["checkpoints"][0]["id"], c2.as_str(), "{list}");
+    assert_eq!(list["checkpoints"][1]["id"], c1.as_str(), "{list}");
+
+    // Read and diffed from the store, like local hands' checkpoints.
+    let content = format!("{}/{c1}/files/content?path=", base(&chat.session));
+    assert_eq!(
+        bytes_of(&gw, &chat.token, &format!("{content}big.bin")).await,
+        big
+    );
+    let diff = gw
+        .get_json(&chat.token, &format!("{}/{c2}/diff", base(&chat.session)))
+        .await;
+    assert_eq!(diff["added"][0]["path"], "b.txt", "{diff}");
+    assert_eq!(diff["modified"][0]["path"], "src/a.txt", "{diff}");
+
+    // A rewind patches the execd's tree: b.txt goes, a.txt is back, big.bin untouched.
+    let big_inode = std::fs::metadata(root.join("big.bin"))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .expect("big.bin");
+    let rewound = post(
+        &gw,
+        &chat.token,
+        &format!("{}/{c1}/rewind", base(&chat.session)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(rewound.status(), 202);
+    chat.until("the rewound event", |e| e.event == "rewound")
+        .await;
+    assert_eq!(read(&root.join("src/a.txt")), b"one\n");
+    assert!(!root.join("b.txt").exists());
+    assert_eq!(
+        std::fs::read_link(root.join("link")).expect("the link"),
+        Path::new("src/a.txt")
+    );
+    let mode = std::fs::metadata(root.join("src/a.txt"))
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .expect("a.txt");
+    assert_eq!(mode, 0o640);
+    let same_inode = std::fs::metadata(root.join("big.bin"))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .expect("big.bin");
+    assert_eq!(same_inode, big_inode, "an unchanged file is not rewritten");
+    let seen = chat.turn_ok("cat src/a.txt").await;
+    let said = super::helpers::text_of(&seen);
+    assert!(said.contains(&c1) && said.contains("one"), "{said}");
+
+    // A fork of c2 seeds its execd's tree from empty: exactly c2's files.
+    std::fs::write(root.join("stray.txt"), "not in c2").expect("a stray file");
+    let forked = post(
+        &gw,
+        &chat.token,
+        &format!("{}/{c2}/fork", base(&chat.session)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(forked.status(), 201);
+    assert_eq!(read(&root.join("src/a.txt")), b"two\n");
+    assert_eq!(read(&root.join("b.txt")), b"new\n");
+    assert_eq!(read(&root.join("big.bin")), big);
+    assert!(
+        !root.join("stray.txt").exists(),
+        "the fork's tree is c2's alone"
+    );
+    gw.stop().await;
+    execd.stop().await;
+}

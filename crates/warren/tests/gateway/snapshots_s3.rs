@@ -339,7 +339,8 @@ fn a_bad_snapshots_url_is_a_startup_error_naming_it() {
 }
 
 #[tokio::test]
-async fn remote_hands_snapshots_are_in_the_bucket_and_serve_their_files_once_the_hands_are_gone() {
+async fn remote_hands_checkpoints_are_in_the_bucket_and_serve_their_files_once_the_hands_are_gone()
+{
     let s3 = S3::start();
     s3.create_bucket("remote");
     let execd = super::sandbox::RemoteExecd::start("s3-remote-token").await;
@@ -361,21 +362,21 @@ async fn remote_hands_snapshots_are_in_the_bucket_and_serve_their_files_once_the
         std::fs::read_to_string(execd.root.path().join("notes.txt")).expect("in the execd's root"),
         "hello object storage"
     );
-    // The change is snapshotted shortly after, into the bucket.
-    let deadline = std::time::Instant::now() + warren_test_support::WAIT;
-    let stored = loop {
-        if let Some(stored) = object(&s3, "remote", &session).await {
-            break stored;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the remote hands' snapshot reaches the bucket"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
-    assert!(!stored.is_empty());
+    // The turn's checkpoint (streamed by the execd) is in the bucket.
+    let seen = events
+        .until("the turn's checkpoint", |e| {
+            e.event == "checkpoint" || e.event == "error"
+        })
+        .await;
+    let last = seen.last().expect("an event");
+    assert_eq!(last.event, "checkpoint", "{:?}", last.data);
+    assert_eq!(manifest_keys(&s3, "remote", &session).await.len(), 1);
+    assert!(
+        object(&s3, "remote", &session).await.is_none(),
+        "no whole tar is written for remote hands"
+    );
     // The hands' machine goes away: they are lost, and their files are answered from the
-    // snapshot in the bucket, ranges included.
+    // checkpoint in the bucket, ranges included.
     execd.stop().await;
     events
         .until("the remote hands lost", |e| {
