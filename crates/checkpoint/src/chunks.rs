@@ -18,7 +18,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::Error;
 use crate::backend::{ChunkBatch, ChunkStore};
-use crate::chunk::{ChunkId, Packer, unpack};
+use std::io::Read;
+
+use crate::chunk::{ChunkId, ChunkRef, CutError, Packer, cut_stream, unpack};
 
 /// A backend and the rules of its chunks.
 pub(crate) struct Chunks {
@@ -50,7 +52,44 @@ impl Seen {
     }
 }
 
+/// What [`Chunks::put_stream`] made of a stream: its chunks, its length and the stored bytes
+/// that were new.
+pub(crate) struct PutStream {
+    pub(crate) chunks: Vec<ChunkRef>,
+    pub(crate) size: u64,
+    pub(crate) bytes_new: u64,
+}
+
 impl Chunks {
+    /// Cuts `content` (about `size_hint` bytes) into chunks and [`Self::put`]s each one: what a
+    /// take does with every file it reads and with its manifest's entry list.
+    pub(crate) fn put_stream(
+        &self,
+        batch: &dyn ChunkBatch,
+        seen: &Seen,
+        packer: &mut Packer,
+        window: &mut Vec<u8>,
+        content: &mut impl Read,
+        size_hint: u64,
+    ) -> Result<PutStream, CutError> {
+        let mut chunks = Vec::new();
+        let mut bytes_new = 0u64;
+        let size = cut_stream(content, window, size_hint, |chunk| {
+            let id = ChunkId::of(chunk);
+            bytes_new += self.put(batch, seen, packer, &id, chunk)?;
+            chunks.push(ChunkRef {
+                id,
+                len: chunk.len() as u32,
+            });
+            Ok(())
+        })?;
+        Ok(PutStream {
+            chunks,
+            size,
+            bytes_new,
+        })
+    }
+
     /// Stores chunk `id` with `content` in `batch` unless the store has it; returns the stored
     /// (compressed) bytes written, 0 when it was there already.
     pub(crate) fn put(

@@ -69,7 +69,7 @@ use crate::manifest::{Content, Entry, Manifest};
 use crate::path;
 use crate::store::CheckpointStore;
 use crate::take::Stamp;
-use crate::tree::{DirCursor, Writer, open_dir, set_mtime_at, split};
+use crate::tree::{DirCursor, Writer, open_dir, set_mtime_at, settle_modes_and_times, split};
 
 /// The first bytes of every patch: the format and its version.
 const MAGIC: &[u8; 8] = b"WPATCH01";
@@ -864,49 +864,11 @@ fn apply(
     }
     cursor.reset();
 
-    for (index, stamp) in &plan.kept {
-        let entry = &entries[*index];
-        let (dir, name) = split(&entry.path);
-        let dir_fd = cursor.dir(dir).map_err(reach(dir))?;
-        if stamp.mode != entry.mode & 0o777 {
-            // Through a descriptor opened O_NOFOLLOW: a file swapped for a link since it was
-            // looked at fails here rather than changing what the link points at.
-            let file = rustix::fs::openat(
-                dir_fd,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(fail("opening", &entry.path))?;
-            rustix::fs::fchmod(&file, Mode::from_raw_mode(entry.mode & 0o777))
-                .map_err(fail("changing the mode of", &entry.path))?;
-        }
-        if stamp.mtime_ns != entry.mtime_ns {
-            set_mtime_at(dir_fd, name, entry.mtime_ns)
-                .map_err(|e| (format!("setting the time of {:?}", entry.path), e))?;
-        }
-    }
-    // Links' times, then directories' modes and times, deepest first: making or renaming
-    // something in a directory changes its time.
-    for entry in entries.iter().rev() {
-        let (dir, name) = split(&entry.path);
-        match entry.content {
-            Content::Symlink(_) => {
-                let dir_fd = cursor.dir(dir).map_err(reach(dir))?;
-                set_mtime_at(dir_fd, name, entry.mtime_ns)
-                    .map_err(|e| (format!("setting the time of {:?}", entry.path), e))?;
-            }
-            Content::Dir => {
-                let own = cursor.dir(&entry.path).map_err(reach(&entry.path))?;
-                rustix::fs::fchmod(own, Mode::from_raw_mode(entry.mode & 0o777))
-                    .map_err(fail("changing the mode of", &entry.path))?;
-                let dir_fd = cursor.dir(dir).map_err(reach(dir))?;
-                set_mtime_at(dir_fd, name, entry.mtime_ns)
-                    .map_err(|e| (format!("setting the time of {:?}", entry.path), e))?;
-            }
-            Content::File(_) => {}
-        }
-    }
+    let kept = plan
+        .kept
+        .iter()
+        .map(|(index, stamp)| (&entries[*index], stamp));
+    settle_modes_and_times(&mut cursor, entries, kept)?;
     Ok(removed)
 }
 

@@ -31,7 +31,7 @@ use crate::manifest::{Content, Entry, Manifest};
 use crate::path;
 use crate::restore::write_files;
 use crate::take::{Stamp, names_of};
-use crate::tree::{DirCursor, Writer, open_dir, remove_tree, set_mtime_at, split};
+use crate::tree::{DirCursor, Writer, open_dir, remove_tree, settle_modes_and_times, split};
 
 /// What the target holds at a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,57 +309,9 @@ fn apply(
     }
     cursor.reset();
 
-    for (index, stamp) in &plan.kept {
-        let entry = &entries[*index];
-        if let Some(stamp) = stamp {
-            let (dir, name) = split(&entry.path);
-            let dir_fd = cursor
-                .dir(dir)
-                .map_err(|e| (format!("reaching {dir:?}"), e))?;
-            if stamp.mode != entry.mode {
-                // Through a descriptor opened O_NOFOLLOW: a file swapped for a link since the
-                // walk fails here rather than changing what the link points at.
-                let file = rustix::fs::openat(
-                    dir_fd,
-                    name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(fail("opening", &entry.path))?;
-                rustix::fs::fchmod(&file, Mode::from_raw_mode(entry.mode & 0o777))
-                    .map_err(fail("changing the mode of", &entry.path))?;
-            }
-            if stamp.mtime_ns != entry.mtime_ns {
-                set_mtime_at(dir_fd, name, entry.mtime_ns)
-                    .map_err(|e| (format!("setting the time of {:?}", entry.path), e))?;
-            }
-        }
-    }
-    // Links' times, then directories' modes and times, deepest first.
-    for entry in entries.iter().rev() {
-        let (dir, name) = split(&entry.path);
-        match entry.content {
-            Content::Symlink(_) => {
-                let dir_fd = cursor
-                    .dir(dir)
-                    .map_err(|e| (format!("reaching {dir:?}"), e))?;
-                set_mtime_at(dir_fd, name, entry.mtime_ns)
-                    .map_err(|e| (format!("setting the time of {:?}", entry.path), e))?;
-            }
-            Content::Dir => {
-                let own = cursor
-                    .dir(&entry.path)
-                    .map_err(|e| (format!("reaching {:?}", entry.path), e))?;
-                rustix::fs::fchmod(own, Mode::from_raw_mode(entry.mode & 0o777))
-                    .map_err(fail("changing the mode of", &entry.path))?;
-                let dir_fd = cursor
-                    .dir(dir)
-                    .map_err(|e| (format!("reaching {dir:?}"), e))?;
-                set_mtime_at(dir_fd, name, entry.mtime_ns)
-                    .map_err(|e| (format!("setting the time of {:?}", entry.path), e))?;
-            }
-            Content::File(_) => {}
-        }
-    }
-    Ok(())
+    let kept = plan
+        .kept
+        .iter()
+        .filter_map(|(index, stamp)| Some((&entries[*index], stamp.as_ref()?)));
+    settle_modes_and_times(&mut cursor, entries, kept)
 }

@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::backend::ChunkBatch;
-use crate::chunk::{ChunkId, ChunkRef, CutError, Packer, cut_stream};
+use crate::chunk::{CutError, Packer};
 use crate::chunks::{Chunks, Seen};
 use crate::manifest::{Content, Entry, Manifest};
 use crate::path;
@@ -651,26 +651,19 @@ impl Receiver<'_> {
         }
         let mut reread = false;
         loop {
-            let mut chunks = Vec::new();
-            let (store, seen, packer) = (self.chunks, self.seen, &mut self.packer);
-            let batch = self.batch;
-            let bytes_new = &mut self.stats.bytes_new;
-            let cut = cut_stream(
-                &mut FileContent(incoming),
+            let put = self.chunks.put_stream(
+                self.batch,
+                self.seen,
+                &mut self.packer,
                 &mut self.window,
+                &mut FileContent(incoming),
                 stamp.size,
-                |chunk| {
-                    let id = ChunkId::of(chunk);
-                    *bytes_new += store.put(batch, seen, packer, &id, chunk)?;
-                    chunks.push(ChunkRef {
-                        id,
-                        len: chunk.len() as u32,
-                    });
-                    Ok(())
-                },
             );
-            let size = match cut {
-                Ok(size) => size,
+            let (chunks, size) = match put {
+                Ok(put) => {
+                    self.stats.bytes_new += put.bytes_new;
+                    (put.chunks, put.size)
+                }
                 Err(CutError::Store(error)) => return Err(error),
                 Err(CutError::Read(error)) => {
                     return Err(incoming

@@ -36,7 +36,7 @@ use rustix::io::Errno;
 
 use crate::Error;
 use crate::backend::ChunkBatch;
-use crate::chunk::{ChunkId, ChunkRef, CutError, Packer, cut_stream};
+use crate::chunk::{ChunkRef, CutError, Packer};
 use crate::chunks::{Chunks, Seen};
 use crate::manifest::{Content, Entry, Manifest, Summary, encode_entries, encode_root};
 use crate::path;
@@ -289,26 +289,21 @@ pub(crate) fn store_checkpoint<'a>(
 ) -> Result<Manifest, Error> {
     let mut packer = Packer::new()?;
     let stream = encode_entries(&taken.entries);
-    let mut stream_chunks = Vec::new();
-    let mut window = Vec::new();
-    cut_stream(
-        &mut &stream[..],
-        &mut window,
-        stream.len() as u64,
-        |chunk| {
-            let id = ChunkId::of(chunk);
-            stats.manifest_bytes_new += chunks.put(&*batch, seen, &mut packer, &id, chunk)?;
-            stream_chunks.push(ChunkRef {
-                id,
-                len: chunk.len() as u32,
-            });
-            Ok(())
-        },
-    )
-    .map_err(|e| match e {
-        CutError::Store(e) => e,
-        CutError::Read(e) => Error::io("cannot read the manifest's entries", e),
-    })?;
+    let put = chunks
+        .put_stream(
+            &*batch,
+            seen,
+            &mut packer,
+            &mut Vec::new(),
+            &mut &stream[..],
+            stream.len() as u64,
+        )
+        .map_err(|e| match e {
+            CutError::Store(e) => e,
+            CutError::Read(e) => Error::io("cannot read the manifest's entries", e),
+        })?;
+    stats.manifest_bytes_new += put.bytes_new;
+    let stream_chunks = put.chunks;
     batch.commit()?;
 
     let mut manifest = Manifest {
@@ -390,20 +385,15 @@ fn read_file(
         if file.seek(SeekFrom::Start(0)).is_err() {
             return Ok(Outcome::Unreadable);
         }
-        let mut chunks = Vec::new();
-        let cut = cut_stream(file, window, before.size, |chunk| {
-            let id = ChunkId::of(chunk);
-            bytes_new += shared
+        let put =
+            shared
                 .chunks
-                .put(shared.batch, shared.seen, packer, &id, chunk)?;
-            chunks.push(ChunkRef {
-                id,
-                len: chunk.len() as u32,
-            });
-            Ok(())
-        });
-        let size = match cut {
-            Ok(size) => size,
+                .put_stream(shared.batch, shared.seen, packer, window, file, before.size);
+        let (chunks, size) = match put {
+            Ok(put) => {
+                bytes_new += put.bytes_new;
+                (put.chunks, put.size)
+            }
             Err(CutError::Read(_)) => return Ok(Outcome::Unreadable),
             Err(CutError::Store(error)) => return Err(error),
         };

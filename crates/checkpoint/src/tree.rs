@@ -285,6 +285,65 @@ pub(crate) fn set_mtime(path: &Path, mtime_ns: i64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The last step of changing a tree in place (a rewind, a patch), once every name is where it
+/// belongs: the modes and times of the files kept (`kept`, each with its stat as looked at),
+/// then links' times and directories' modes and times, deepest first (making or renaming
+/// something in a directory changes its time). Every step is beneath a directory reached
+/// without following a link; a mode is changed through a descriptor opened `O_NOFOLLOW`, so a
+/// file swapped for a link since it was looked at fails here rather than changing what the
+/// link points at.
+pub(crate) fn settle_modes_and_times<'a>(
+    cursor: &mut DirCursor<'_>,
+    entries: &[Entry],
+    kept: impl Iterator<Item = (&'a Entry, &'a Stamp)>,
+) -> Result<(), (String, std::io::Error)> {
+    let fail = |what: &str, path: &str| {
+        let what = format!("{what} {path:?}");
+        move |e: std::io::Error| (what, e)
+    };
+    for (entry, stamp) in kept {
+        let (dir, name) = split(&entry.path);
+        let dir_fd = cursor.dir(dir).map_err(fail("reaching", dir))?;
+        if stamp.mode != entry.mode & 0o777 {
+            let file = rustix::fs::openat(
+                dir_fd,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| fail("opening", &entry.path)(e.into()))?;
+            rustix::fs::fchmod(&file, Mode::from_raw_mode(entry.mode & 0o777))
+                .map_err(|e| fail("changing the mode of", &entry.path)(e.into()))?;
+        }
+        if stamp.mtime_ns != entry.mtime_ns {
+            set_mtime_at(dir_fd, name, entry.mtime_ns)
+                .map_err(fail("setting the time of", &entry.path))?;
+        }
+    }
+    for entry in entries.iter().rev() {
+        let (dir, name) = split(&entry.path);
+        match entry.content {
+            Content::Symlink(_) => {
+                let dir_fd = cursor.dir(dir).map_err(fail("reaching", dir))?;
+                set_mtime_at(dir_fd, name, entry.mtime_ns)
+                    .map_err(fail("setting the time of", &entry.path))?;
+            }
+            Content::Dir => {
+                let own = cursor
+                    .dir(&entry.path)
+                    .map_err(fail("reaching", &entry.path))?;
+                rustix::fs::fchmod(own, Mode::from_raw_mode(entry.mode & 0o777))
+                    .map_err(|e| fail("changing the mode of", &entry.path)(e.into()))?;
+                let dir_fd = cursor.dir(dir).map_err(fail("reaching", dir))?;
+                set_mtime_at(dir_fd, name, entry.mtime_ns)
+                    .map_err(fail("setting the time of", &entry.path))?;
+            }
+            Content::File(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// Sets the access and modification times of `name` in `dir` (not following a link).
 pub(crate) fn set_mtime_at(dir: BorrowedFd<'_>, name: &str, mtime_ns: i64) -> std::io::Result<()> {
     let times = Timestamps {
