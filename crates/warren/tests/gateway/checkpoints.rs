@@ -923,6 +923,39 @@ async fn remote_hands_are_checkpointed_rewound_and_forked_through_their_execd() 
     let list = gw.get_json(&chat.token, &base(&chat.session)).await;
     assert_eq!(list["checkpoints"][0]["id"], c2.as_str(), "{list}");
     assert_eq!(list["checkpoints"][1]["id"], c1.as_str(), "{list}");
+    // A change through the files API is checkpointed too, a second later.
+    let uploaded = gw
+        .request(
+            reqwest::Method::PUT,
+            &chat.token,
+            &format!("/sessions/{}/files/content?path=up.txt", chat.session),
+        )
+        .body("uploaded")
+        .send()
+        .await
+        .expect("answers");
+    assert!(uploaded.status().is_success(), "{}", uploaded.status());
+    let seen = chat
+        .until("the files' checkpoint", |e| {
+            e.event == "checkpoint" || e.event == "error"
+        })
+        .await;
+    let files = &seen.last().expect("an event").data;
+    assert_eq!(files["reason"], "files", "{files}");
+    assert_eq!(files["files_changed"], 1, "{files}");
+    let c_files = files["id"].as_str().expect("a string").to_owned();
+    assert_eq!(
+        bytes_of(
+            &gw,
+            &chat.token,
+            &format!(
+                "{}/{c_files}/files/content?path=up.txt",
+                base(&chat.session)
+            )
+        )
+        .await,
+        b"uploaded"
+    );
 
     // Read and diffed from the store, like local hands' checkpoints.
     let content = format!("{}/{c1}/files/content?path=", base(&chat.session));
@@ -951,7 +984,7 @@ async fn remote_hands_are_checkpointed_rewound_and_forked_through_their_execd() 
     chat.until("the rewound event", |e| e.event == "rewound")
         .await;
     assert_eq!(read(&root.join("src/a.txt")), b"one\n");
-    assert!(!root.join("b.txt").exists());
+    assert!(!root.join("b.txt").exists() && !root.join("up.txt").exists());
     assert_eq!(
         std::fs::read_link(root.join("link")).expect("the link"),
         Path::new("src/a.txt")
