@@ -994,7 +994,18 @@ async fn take_from_execd(
     let mut reader =
         tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(Box::pin(changes)));
     let store = store.clone();
-    blocking(move || store.take_streamed(&mut reader, previous.as_ref(), label)).await
+    let taken = tokio::task::spawn_blocking(move || {
+        store.take_streamed(&mut reader, previous.as_ref(), label)
+    })
+    .await
+    .map_err(|e| EngineError::Internal(e.to_string()))?;
+    taken.map_err(|e| match e {
+        // What the execd sent is at fault, not the store: nothing was stored.
+        Error::Corrupt(_) | Error::Unsafe { .. } => EngineError::Hands(HandsError::Failed(
+            format!("the hands' execd streamed a checkpoint that cannot be taken: {e}"),
+        )),
+        e => e.into(),
+    })
 }
 
 /// The `checkpoint` event of a stored checkpoint.
