@@ -551,15 +551,8 @@ mod tests {
     #[test]
     fn the_quick_check_trusts_only_mtimes_older_than_the_walk_by_the_margin() {
         let manifest = Manifest {
-            id: String::new(),
-            created_at_ms: 0,
-            entries: Vec::new(),
-            skipped: 0,
-            changed_under: Vec::new(),
-            label: serde_json::Value::Null,
-            summary: Summary::default(),
             started_ns: 10_000_000_000,
-            stream: Vec::new(),
+            ..Manifest::empty()
         };
         let mut entry = file("a", &[1]);
         for (mtime_ns, trusted) in [
