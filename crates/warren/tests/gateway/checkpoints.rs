@@ -918,12 +918,8 @@ async fn remote_hands_are_checkpointed_rewound_and_forked_through_their_execd() 
         "big.bin was neither sent nor stored again: {second}"
     );
     let c2 = second["id"].as_str().expect("a string").to_owned();
-    // A turn that changed nothing stores none.
-    chat.turn_ok("true").await;
-    let list = gw.get_json(&chat.token, &base(&chat.session)).await;
-    assert_eq!(list["checkpoints"][0]["id"], c2.as_str(), "{list}");
-    assert_eq!(list["checkpoints"][1]["id"], c1.as_str(), "{list}");
-    // A change through the files API is checkpointed too, a second later.
+    // A change through the files API is checkpointed too, a second later (no turn runs, and
+    // the second turn's checkpoint is stored: nothing else takes it).
     let uploaded = gw
         .request(
             reqwest::Method::PUT,
@@ -956,6 +952,12 @@ async fn remote_hands_are_checkpointed_rewound_and_forked_through_their_execd() 
         .await,
         b"uploaded"
     );
+    // A turn that changed nothing stores none.
+    chat.turn_ok("true").await;
+    let list = gw.get_json(&chat.token, &base(&chat.session)).await;
+    assert_eq!(list["checkpoints"][0]["id"], c_files.as_str(), "{list}");
+    assert_eq!(list["checkpoints"][1]["id"], c2.as_str(), "{list}");
+    assert_eq!(list["checkpoints"][2]["id"], c1.as_str(), "{list}");
 
     // Read and diffed from the store, like local hands' checkpoints.
     let content = format!("{}/{c1}/files/content?path=", base(&chat.session));
